@@ -1,0 +1,1 @@
+"""Inference engine. Invariant: nothing in this package imports Textual or Rich."""

@@ -1,0 +1,47 @@
+"""Decode-attention backends behind one interface (see base.DecodeAttention).
+
+`get_backend(name, device)` with name in auto | triton | flash-attn | torch. `auto` picks triton
+on CUDA when Triton imports, else torch. Backend modules are imported lazily, so a CPU-only
+install never needs triton or flash-attn.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import torch
+
+from fgchat.engine.attention.base import DecodeAttention
+from fgchat.engine.errors import FgchatError
+
+BACKEND_NAMES: tuple[str, ...] = ("auto", "triton", "flash-attn", "torch")
+
+__all__ = ["BACKEND_NAMES", "DecodeAttention", "get_backend", "triton_available"]
+
+
+def triton_available() -> bool:
+    """True when the triton package can be imported (checked without importing it)."""
+    return importlib.util.find_spec("triton") is not None
+
+
+def get_backend(name: str, device: torch.device) -> DecodeAttention:
+    """Build the named backend for `device`. Raises FgchatError (one line) when it cannot run."""
+    if name not in BACKEND_NAMES:
+        raise FgchatError(f"unknown attention backend '{name}' (choose {', '.join(BACKEND_NAMES)})")
+    if name == "auto":
+        name = "triton" if device.type == "cuda" and torch.cuda.is_available() and triton_available() else "torch"
+    if name == "torch":
+        from fgchat.engine.attention.torch_ref import TorchDecodeAttention
+
+        return TorchDecodeAttention()
+    if name == "triton":
+        if device.type != "cuda":
+            raise FgchatError(f"the triton attention backend needs a CUDA device, not {device.type} (use --attention torch)")
+        try:
+            from fgchat.engine.attention.triton_decode import TritonDecodeAttention
+        except ImportError as exc:
+            raise FgchatError(f"triton is not importable ({exc}); use --attention torch") from exc
+        return TritonDecodeAttention(device)
+    from fgchat.engine.attention.flash import FlashAttnDecode
+
+    return FlashAttnDecode(device)

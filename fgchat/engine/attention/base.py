@@ -1,0 +1,85 @@
+"""The decode-attention interface shared by every backend, plus shape checks and split planning.
+
+One call computes attention for the current decode token of B batch lanes against ONE layer's
+KV cache. Invariants every backend keeps:
+- nothing here syncs with the host or branches on tensor *values*; only shapes steer Python code,
+  so a call can be captured in a CUDA graph and replayed after slot_ids / seq_lens change in place;
+- a lane reads cache positions [0, min(seq_len, T)) of slot slot_ids[lane] and nothing else, so
+  garbage (even NaN) beyond seq_len or in other slots never reaches the output;
+- a lane with seq_len == 0 (an idle lane) gets zeros, never NaN (torch and triton backends).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+from torch import Tensor
+
+
+class DecodeAttention(Protocol):
+    """Single-token (decode) attention over a slotted KV cache. See the module docstring."""
+
+    name: str
+
+    def __call__(
+        self,
+        q: Tensor,  # [B, Hq, D], RoPE applied
+        k_cache: Tensor,  # [S, T, Hkv, D], one layer, contiguous
+        v_cache: Tensor,  # [S, T, Hkv, D]
+        slot_ids: Tensor,  # int32 [B] on the device: cache slot read by each lane
+        seq_lens: Tensor,  # int32 [B] on the device: valid positions, current token included
+        out: Tensor,  # [B, Hq, D], written in place
+        scale: float,  # softmax scale, usually 1/sqrt(D)
+        max_len_hint: int | None = None,  # host-side bound on seq_lens; eager only, may be ignored
+    ) -> None: ...
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def check_decode_shapes(
+    q: Tensor, k_cache: Tensor, v_cache: Tensor, slot_ids: Tensor, seq_lens: Tensor, out: Tensor
+) -> tuple[int, int, int, int, int]:
+    """Validate shapes/dtypes (host metadata only, graph-safe). Returns (B, Hq, Hkv, D, T).
+
+    Raises ValueError: a mismatch here is a programming error, not a user error.
+    """
+    if q.dim() != 3 or k_cache.dim() != 4:
+        raise ValueError(f"q must be [B, Hq, D] and k_cache [S, T, Hkv, D]; got {tuple(q.shape)}, {tuple(k_cache.shape)}")
+    batch, num_q_heads, head_dim = q.shape
+    _, max_context, num_kv_heads, cache_head_dim = k_cache.shape
+    if v_cache.shape != k_cache.shape:
+        raise ValueError(f"v_cache shape {tuple(v_cache.shape)} != k_cache shape {tuple(k_cache.shape)}")
+    if cache_head_dim != head_dim:
+        raise ValueError(f"head dim of q ({head_dim}) != head dim of the cache ({cache_head_dim})")
+    if num_q_heads % num_kv_heads != 0:
+        raise ValueError(f"Hq={num_q_heads} is not a multiple of Hkv={num_kv_heads}")
+    if tuple(out.shape) != tuple(q.shape):
+        raise ValueError(f"out shape {tuple(out.shape)} != q shape {tuple(q.shape)}")
+    for name, t in (("slot_ids", slot_ids), ("seq_lens", seq_lens)):
+        if t.dtype != torch.int32 or t.dim() != 1 or t.shape[0] != batch:
+            raise ValueError(f"{name} must be int32 [{batch}], got {t.dtype} {tuple(t.shape)}")
+    return batch, num_q_heads, num_kv_heads, head_dim, max_context
+
+
+def plan_num_splits(
+    batch: int,
+    num_kv_heads: int,
+    max_context: int,
+    block_n: int,
+    sm_count: int,
+    programs_per_sm: int = 2,
+    max_splits: int = 64,
+) -> int:
+    """Number of KV splits for a split-K decode kernel.
+
+    Invariant (graph safety): depends only on shapes and the device's SM count, never on sequence
+    lengths, so a graph captured at one length launches the same grid as an eager call at another.
+    Aim: batch * num_kv_heads * splits ~= programs_per_sm * sm_count, with every split able to own
+    at least one BLOCK_N tile of the longest possible sequence (max_context).
+    """
+    lanes = max(1, batch * num_kv_heads)
+    want = cdiv(programs_per_sm * sm_count, lanes)
+    return max(1, min(want, cdiv(max_context, block_n), max_splits))

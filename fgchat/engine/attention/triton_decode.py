@@ -1,0 +1,223 @@
+"""fgchat's own split-K ("flash-decoding") decode-attention kernel, in Triton.
+
+Two launches per call:
+1. `_split_kernel`, grid (B, Hkv, num_splits). Program (lane, kv head, split) reads seq_len and
+   the slot from device memory, takes its own chunk of [0, seq_len) and runs an online softmax
+   over it for all G query heads of the KV group at once (G padded to BLOCK_G >= 16 rows so
+   tl.dot applies; each K/V tile is loaded once per group). It writes a normalised partial output
+   and its log2-sum-exp (lse); a split with no positions writes lse = -inf and no output.
+2. `_combine_kernel`, grid (B, Hq): merges the splits' partials weighted by exp2(lse - max).
+
+Graph-safety invariants:
+- the grid and num_splits depend only on (B, Hkv, T, D) and the SM count (plan_num_splits);
+  max_len_hint is ignored; there is no host sync and no Python branch on tensor values;
+- chunk = cdiv(cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N is derived on the device, so a
+  graph captured at any length is correct at every other length 1..T;
+- seq_len is clamped to T, so a bad length can never read past the cache;
+- the combine step never reads the partial output of an empty split (that memory is
+  uninitialised) and maps a lane with no work at all (seq_len == 0) to zeros, never NaN.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from fgchat.engine.attention.base import check_decode_shapes, plan_num_splits
+from fgchat.engine.errors import FgchatError
+
+LOG2_E = 1.4426950408889634  # log2(e): exp(x) == exp2(x * LOG2_E)
+
+
+@triton.jit
+def _split_kernel(
+    q_ptr, k_ptr, v_ptr, slot_ptr, len_ptr, part_ptr, lse_ptr,
+    qk_scale,  # softmax scale * log2(e): the kernel works in base 2
+    max_context, group, num_splits,
+    stride_qb, stride_qh,
+    stride_ks, stride_kt, stride_kh,
+    stride_vs, stride_vt, stride_vh,
+    stride_pb, stride_ph, stride_ps,  # partial out [B, Hq, splits, D], D contiguous
+    stride_lb, stride_lh,  # lse [B, Hq, splits], splits contiguous
+    HEAD_DIM: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    lane = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+
+    slot = tl.load(slot_ptr + lane).to(tl.int64)
+    seq_len = tl.minimum(tl.load(len_ptr + lane), max_context)
+    # Every split derives its range from the device-side length: short sequences still spread
+    # over all splits (in BLOCK_N steps); splits past the end get start >= end and do nothing.
+    chunk = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
+    start = split * chunk
+    end = tl.minimum(start + chunk, seq_len)
+
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    g_mask = offs_g < group
+    q_heads = kv_head * group + offs_g  # the query heads that share this KV head
+
+    q = tl.load(
+        q_ptr + lane * stride_qb + q_heads[:, None] * stride_qh + offs_d[None, :],
+        mask=g_mask[:, None],
+        other=0.0,
+    )
+    k_base = k_ptr + slot * stride_ks + kv_head * stride_kh
+    v_base = v_ptr + slot * stride_vs + kv_head * stride_vh
+
+    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)  # running max (base-2 logits)
+    l_i = tl.zeros([BLOCK_G], tl.float32)  # running sum of exp2(logit - m_i)
+    acc = tl.zeros([BLOCK_G, HEAD_DIM], tl.float32)
+    for n0 in range(start, end, BLOCK_N):
+        pos = n0 + offs_n
+        n_mask = pos < end  # masked K/V are loaded as 0, so garbage beyond seq_len is never read
+        k = tl.load(k_base + pos[:, None] * stride_kt + offs_d[None, :], mask=n_mask[:, None], other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+        s = tl.where(n_mask[None, :], s, float("-inf"))
+        # pos n0 < end is always valid, so every row max is finite and alpha/p never see inf - inf.
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_base + pos[:, None] * stride_vt + offs_d[None, :], mask=n_mask[:, None], other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        m_i = m_new
+
+    has_work = l_i > 0.0  # l_i >= 1 for any split that saw a position, 0 otherwise
+    l_safe = tl.where(has_work, l_i, 1.0)
+    lse = tl.where(has_work, m_i + tl.log2(l_safe), float("-inf"))
+    tl.store(lse_ptr + lane * stride_lb + q_heads * stride_lh + split, lse, mask=g_mask)
+    part = acc / l_safe[:, None]
+    part_ptrs = part_ptr + lane * stride_pb + q_heads[:, None] * stride_ph + split * stride_ps + offs_d[None, :]
+    tl.store(part_ptrs, part, mask=g_mask[:, None] & (end > start))
+
+
+@triton.jit
+def _combine_kernel(
+    part_ptr, lse_ptr, out_ptr,
+    num_splits,
+    stride_pb, stride_ph, stride_ps,
+    stride_lb, stride_lh,
+    stride_ob, stride_oh,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+):
+    lane = tl.program_id(0)
+    head = tl.program_id(1)
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, HEAD_DIM)
+
+    lse = tl.load(lse_ptr + lane * stride_lb + head * stride_lh + offs_s, mask=offs_s < num_splits, other=float("-inf"))
+    live = lse > float("-inf")  # only live splits wrote a partial output
+    m = tl.max(lse, 0)
+    m = tl.where(m > float("-inf"), m, 0.0)  # no live split (seq_len == 0): all weights become 0
+    w = tl.exp2(lse - m)
+    denom = tl.sum(w, 0)
+    part = tl.load(
+        part_ptr + lane * stride_pb + head * stride_ph + offs_s[:, None] * stride_ps + offs_d[None, :],
+        mask=live[:, None],
+        other=0.0,
+    )
+    o = tl.sum(part * w[:, None], 0) / tl.where(denom > 0.0, denom, 1.0)
+    tl.store(out_ptr + lane * stride_ob + head * stride_oh + offs_d, o.to(out_ptr.dtype.element_ty))
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+class TritonDecodeAttention:
+    """Split-K decode attention. Tunables are fixed per instance, so a captured graph and an eager
+    call with the same shapes launch identical kernels (bit-identical outputs)."""
+
+    name = "triton"
+
+    def __init__(
+        self,
+        device: torch.device,
+        block_n: int = 64,
+        num_warps: int = 4,
+        num_stages: int = 2,
+        programs_per_sm: int = 2,
+        max_splits: int = 64,
+    ) -> None:
+        if device.type != "cuda" or not torch.cuda.is_available():
+            raise FgchatError("the triton attention backend needs a CUDA device (use --attention torch)")
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        self.sm_count = _sm_count(index)
+        self.block_n = block_n
+        self.num_warps = num_warps
+        self.num_stages = num_stages
+        self.programs_per_sm = programs_per_sm
+        self.max_splits = max_splits
+
+    def num_splits(self, batch: int, num_kv_heads: int, max_context: int) -> int:
+        """Shape-only split count (see plan_num_splits); exposed for tests and the benchmark."""
+        return plan_num_splits(
+            batch, num_kv_heads, max_context, self.block_n, self.sm_count, self.programs_per_sm, self.max_splits
+        )
+
+    def __call__(
+        self,
+        q: Tensor,
+        k_cache: Tensor,
+        v_cache: Tensor,
+        slot_ids: Tensor,
+        seq_lens: Tensor,
+        out: Tensor,
+        scale: float,
+        max_len_hint: int | None = None,  # ignored on purpose: the launch must not depend on lengths
+    ) -> None:
+        batch, num_q_heads, num_kv_heads, head_dim, max_context = check_decode_shapes(
+            q, k_cache, v_cache, slot_ids, seq_lens, out
+        )
+        if head_dim not in (64, 128):
+            raise ValueError(f"triton decode attention supports head dim 64 or 128, got {head_dim}")
+        if not (q.dtype == k_cache.dtype == v_cache.dtype == out.dtype):
+            raise ValueError(f"dtype mismatch: q {q.dtype}, k {k_cache.dtype}, v {v_cache.dtype}, out {out.dtype}")
+        for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("out", out)):
+            if t.stride(-1) != 1:
+                raise ValueError(f"{name} must be contiguous in its last dimension")
+        group = num_q_heads // num_kv_heads
+        splits = self.num_splits(batch, num_kv_heads, max_context)
+
+        # Scratch: per-call torch.empty is fine under graph capture (the graph's pool owns it).
+        part = torch.empty((batch, num_q_heads, splits, head_dim), dtype=torch.float32, device=q.device)
+        lse = torch.empty((batch, num_q_heads, splits), dtype=torch.float32, device=q.device)
+
+        _split_kernel[(batch, num_kv_heads, splits)](
+            q, k_cache, v_cache, slot_ids, seq_lens, part, lse,
+            scale * LOG2_E,
+            max_context, group, splits,
+            q.stride(0), q.stride(1),
+            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+            v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+            part.stride(0), part.stride(1), part.stride(2),
+            lse.stride(0), lse.stride(1),
+            HEAD_DIM=head_dim,
+            BLOCK_G=max(16, triton.next_power_of_2(group)),
+            BLOCK_N=self.block_n,
+            DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+            num_warps=self.num_warps,
+            num_stages=self.num_stages,
+        )
+        _combine_kernel[(batch, num_q_heads)](
+            part, lse, out,
+            splits,
+            part.stride(0), part.stride(1), part.stride(2),
+            lse.stride(0), lse.stride(1),
+            out.stride(0), out.stride(1),
+            HEAD_DIM=head_dim,
+            BLOCK_S=max(2, triton.next_power_of_2(splits)),
+            num_warps=4 if head_dim * splits >= 4096 else 2,
+        )

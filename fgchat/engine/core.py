@@ -1,0 +1,375 @@
+"""The engine: admission + prefill, batched decode steps in the selected mode, token events."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from fgchat.engine.errors import FgchatError, RequestError
+from fgchat.engine.events import (
+    MODES,
+    EngineError,
+    EngineEvent,
+    EngineInfo,
+    Mode,
+    ModeChanged,
+    RequestFinished,
+    RequestSummary,
+    SamplingParams,
+    TokenEvent,
+)
+from fgchat.engine.kv_cache import NUM_SLOTS, KVCache, choose_max_context
+from fgchat.engine.loader import LoadedModel, load_model, load_random, pick_device, pick_dtype
+from fgchat.engine.model.decoder import Decoder
+from fgchat.engine.requests import Sequence
+from fgchat.engine.scheduler import Scheduler
+from fgchat.engine.step import StepBuffers, StepOutputs, StepProgram
+
+
+@dataclass
+class EngineConfig:
+    model: str | None = None  # repo id, directory, .gguf, or None for the embedded default
+    preset: str | None = None  # random weights of a preset's shape instead of `model`
+    device: str | None = None
+    dtype: str | None = None
+    max_context: int | None = None
+    mode: Mode = "full"
+    attention: str = "auto"
+    lazy_capture: bool = False
+    self_check: bool = True
+    seed: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
+def _now() -> int:
+    return time.monotonic_ns()
+
+
+class Engine:
+    """Single-GPU (or CPU) engine. Not thread-safe: one caller drives step()."""
+
+    def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None) -> None:
+        self.config = config
+        self.device = pick_device(config.device)
+        self.dtype = pick_dtype(config.dtype, self.device)
+        if loaded is None:
+            if config.preset:
+                loaded = load_random(config.preset, self.device, self.dtype, config.seed)
+            else:
+                loaded = load_model(config.model, self.device, self.dtype)
+        self.model = loaded
+        self.cfg = loaded.cfg
+        self.tokenizer = loaded.tokenizer
+        self.notes: list[str] = list(config.notes)
+        self.max_context, why = choose_max_context(
+            self.cfg, self.dtype, self.device, config.max_context, self._kv_budget()
+        )
+        self.notes.append(f"max context {self.max_context} tokens ({why})")
+        self.cache = KVCache(self.cfg, self.max_context, self.device, self.dtype)
+        self.decoder = Decoder(self.cfg, loaded.weights, self.max_context)
+        self.bufs = StepBuffers(self.device, self.cfg.num_heads, self.cfg.head_dim, self.dtype)
+        self.attention, self.attention_name = self._pick_attention(config.attention)
+        self.program = StepProgram(self.decoder, self.cache, self.bufs, self.attention)
+        self.scheduler = Scheduler()
+        self.unavailable: dict[str, str] = {"eager": ""}
+        self.runner = None
+        self._init_graphs()
+        self.mode: Mode = "eager"
+        self._pending: list[EngineEvent] = []
+        self._next_id = 1
+        self.step_graphs: list[str | None] = []  # which graph ran each decode step (for tests)
+        self.set_mode(config.mode)
+
+    # ---- setup ----
+    def _kv_budget(self) -> int:
+        if self.device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(self.device)
+            return int(free * 0.6)
+        try:
+            import os
+
+            avail = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+        except (ValueError, OSError, AttributeError):
+            avail = 8 * 2**30
+        return int(avail * 0.25)
+
+    def _pick_attention(self, name: str):
+        from fgchat.engine.attention import get_backend
+
+        try:
+            backend = get_backend(name, self.device)
+        except FgchatError as exc:
+            if name in ("auto", "torch"):
+                raise
+            self.notes.append(f"{exc}; falling back to auto")
+            backend = get_backend("auto", self.device)
+        return backend, backend.name
+
+    def _init_graphs(self) -> None:
+        if self.device.type != "cuda":
+            reason = "CUDA graphs need a CUDA device; this engine runs on CPU"
+            self.unavailable.update(piecewise=reason, full=reason)
+            return
+        from fgchat.engine.graphs import GraphRunner
+
+        self.runner = GraphRunner(self.program)
+        self.unavailable.update(piecewise="", full="")
+        if not self.config.lazy_capture:
+            for mode in ("piecewise", "full"):
+                self._capture_mode(mode)
+
+    def _capture_mode(self, mode: str) -> None:
+        assert self.runner is not None
+        try:
+            for b in range(1, NUM_SLOTS + 1):
+                self.runner.capture(mode, b, False)
+            if self.config.self_check:
+                self._self_check(mode)
+        except torch.OutOfMemoryError:
+            self._disable(mode, "out of GPU memory while capturing graphs")
+        except RuntimeError as exc:  # capture failures surface as RuntimeError
+            self._disable(mode, f"graph capture failed: {str(exc).splitlines()[0][:160]}")
+
+    def _disable(self, mode: str, reason: str) -> None:
+        self.unavailable[mode] = reason
+        if self.runner is not None:
+            self.runner.drop_mode(mode)
+            torch.cuda.empty_cache()
+        self.notes.append(f"{mode} disabled: {reason}")
+
+    @torch.inference_mode()
+    def _self_check(self, mode: str) -> None:
+        """Replay each captured size at lengths unlike capture's and compare with eager."""
+        g = torch.Generator().manual_seed(1234)
+        for b in range(1, NUM_SLOTS + 1):
+            top = max(self.max_context - 1, 2)
+            pos = torch.randint(1, min(top, 4096), (b,), generator=g).tolist()
+            ids = torch.randint(0, self.cfg.vocab_size, (b,), generator=g).tolist()
+            self.bufs.stage(ids, pos, list(range(b)), [0.0] * b, [1.0] * b, [0] * b, [0] * b)
+            ref = self.program.run_eager(b, False)
+            ref_tokens, ref_logits = ref.tokens.clone(), ref.logits.clone()
+            out = self.runner.get((mode, b, False)).replay()
+            ok = torch.equal(out.tokens, ref_tokens) and bool(
+                torch.isfinite(out.logits).all()
+            ) and torch.allclose(out.logits, ref_logits, rtol=2e-2, atol=2e-2)
+            if not ok:
+                self._disable(mode, f"self-check mismatch at batch size {b}")
+                return
+
+    # ---- public API ----
+    def info(self) -> EngineInfo:
+        return EngineInfo(
+            model_name=self.model.name,
+            architecture=self.cfg.architecture,
+            device=str(self.device) if self.device.type == "cpu" else torch.cuda.get_device_name(self.device),
+            dtype=str(self.dtype).removeprefix("torch."),
+            max_context=self.max_context,
+            num_layers=self.cfg.num_layers,
+            attention_backend=self.attention_name,
+            available_modes=dict(self.unavailable),
+            mode=self.mode,
+            captures=list(self.runner.reports) if self.runner else [],
+            notes=list(self.notes),
+        )
+
+    @property
+    def stop_ids(self) -> frozenset[int]:
+        ids = set(self.cfg.eos_ids)
+        if self.tokenizer is not None:
+            ids |= set(getattr(self.tokenizer, "eos_ids", ()))
+        return frozenset(ids)
+
+    def set_mode(self, mode: str) -> ModeChanged:
+        """Select the mode for the next decode step; unavailable modes fall back to eager."""
+        if mode not in MODES:
+            raise FgchatError(f"unknown mode '{mode}' (choose {', '.join(MODES)})")
+        reason = self.unavailable.get(mode, "")
+        if reason:
+            self.mode = "eager"
+            ev = ModeChanged("eager", f"{mode} unavailable: {reason}")
+        else:
+            self.mode = mode  # type: ignore[assignment]
+            ev = ModeChanged(self.mode)
+        self._pending.append(ev)
+        return ev
+
+    def submit(
+        self, prompt_ids: list[int], params: SamplingParams | None = None, request_id: int | None = None
+    ) -> int:
+        params = params or SamplingParams()
+        params.validate()
+        if not prompt_ids:
+            raise RequestError("the prompt is empty")
+        if len(prompt_ids) >= self.max_context:
+            raise RequestError(
+                f"prompt has {len(prompt_ids)} tokens but the context holds {self.max_context} "
+                "(raise --max-context or shorten the prompt)"
+            )
+        if any(not (0 <= t < self.cfg.vocab_size) for t in prompt_ids):
+            raise RequestError("prompt contains token ids outside the vocabulary")
+        rid = request_id if request_id is not None else self._next_id
+        self._next_id = max(self._next_id, rid) + 1
+        seq = Sequence(rid, list(prompt_ids), params, self.stop_ids, _now())
+        if self.tokenizer is not None:
+            from fgchat.engine.model.tokenizer import IncrementalDetokenizer
+
+            seq.detok = IncrementalDetokenizer(self.tokenizer)
+        self.scheduler.add(seq)
+        return rid
+
+    def cancel(self, request_id: int) -> bool:
+        seq = self.scheduler.find(request_id)
+        if seq is None:
+            return False
+        self.scheduler.remove_waiting(seq)
+        self._finish(seq, "cancelled")
+        return True
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work()
+
+    def running_batch_size(self) -> int:
+        return len(self.scheduler.running)
+
+    @torch.inference_mode()
+    def step(self) -> list[EngineEvent]:
+        """Admit and prefill waiting requests, then run one decode step over the running batch."""
+        events, self._pending = self._pending, []
+        self._pending = events
+        for seq in self.scheduler.admit():
+            self._prefill(seq)
+        if self.scheduler.running:
+            self._decode()
+        events, self._pending = self._pending, []
+        return events
+
+    def run_until_done(self, max_steps: int = 1_000_000) -> list[EngineEvent]:
+        out: list[EngineEvent] = []
+        for _ in range(max_steps):
+            if not self.has_work():
+                break
+            out.extend(self.step())
+        out.extend(self._pending)
+        self._pending = []
+        return out
+
+    # ---- internals ----
+    def _prefill(self, seq: Sequence) -> None:
+        ids = torch.tensor(seq.prompt_ids, dtype=torch.int64, device=self.device)
+        try:
+            logits = self.decoder.prefill(ids, seq.slot, self.cache.k, self.cache.v)
+        except torch.OutOfMemoryError:
+            self._pending.append(EngineError("out of memory during prefill", seq.request_id))
+            self._finish(seq, "error")
+            return
+        p = seq.params
+        pos = torch.tensor([len(seq.prompt_ids)], device=self.device)
+        if p.temperature > 0:
+            from fgchat.engine import sampling
+
+            dev = self.device
+            tok = sampling.sample(
+                logits[None], torch.tensor([p.temperature], device=dev),
+                torch.tensor([p.top_p], device=dev), torch.tensor([p.top_k], device=dev),
+                torch.tensor([p.seed], device=dev), pos,
+            )
+        else:
+            tok = torch.argmax(logits)[None]
+        token = int(tok.item())
+        self.scheduler.start(seq)
+        self._emit(seq, token, "eager", 1, None, None)
+
+    def _decode(self) -> None:
+        seqs = list(self.scheduler.running)
+        b = len(seqs)
+        pos = [s.length - 1 for s in seqs]
+        self.bufs.stage(
+            [s.output_ids[-1] for s in seqs], pos, [s.slot for s in seqs],
+            [s.params.temperature for s in seqs], [s.params.top_p for s in seqs],
+            [s.params.top_k for s in seqs], [s.params.seed for s in seqs],
+        )
+        do_sample = any(s.params.temperature > 0 for s in seqs)
+        mode = self.mode
+        cuda = self.device.type == "cuda"
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+        graph = None
+        if mode == "eager":
+            self.program.max_len_hint = max(pos) + 1
+            out: StepOutputs = self.program.run_eager(b, do_sample)
+        else:
+            out = self._replay(mode, b, do_sample)
+            graph = f"{mode}/b{b}"
+        if cuda:
+            end.record()
+        tokens = out.tokens.tolist()  # the one host sync of a step
+        gpu_ms = start.elapsed_time(end) if cuda else None
+        self.step_graphs.append(graph)
+        self.last_logits = out.logits
+        for seq, tok in zip(seqs, tokens):
+            self._emit(seq, tok, mode, b, gpu_ms, graph)
+
+    def _replay(self, mode: str, b: int, do_sample: bool) -> StepOutputs:
+        assert self.runner is not None
+        key = (mode, b, do_sample)
+        if not self.runner.has(key):
+            try:
+                self.runner.capture(*key)
+            except torch.OutOfMemoryError:
+                self._disable(mode, "out of GPU memory while capturing graphs")
+                self.mode = "eager"
+                self._pending.append(ModeChanged("eager", f"{mode} disabled: out of memory"))
+                self.program.max_len_hint = None
+                return self.program.run_eager(b, do_sample)
+        return self.runner.get(key).replay()
+
+    def _emit(
+        self, seq: Sequence, token: int, mode: str, b: int, gpu_ms: float | None, graph: str | None
+    ) -> None:
+        now = _now()
+        first = not seq.output_ids
+        itl = None if first else (now - seq.token_times_ns[-1]) / 1e6
+        seq.output_ids.append(token)
+        seq.token_times_ns.append(now)
+        if itl is not None:
+            seq.itls_ms.append(itl)
+        seq.mode_counts[mode] = seq.mode_counts.get(mode, 0) + 1
+        text = seq.detok.push(token) if seq.detok is not None else ""
+        seq.text_parts.append(text)
+        self._pending.append(
+            TokenEvent(
+                request_id=seq.request_id, token_index=len(seq.output_ids) - 1, token_id=token,
+                text=text, mode=mode, batch_size=b, t_ns=now, itl_ms=itl, gpu_step_ms=gpu_ms,
+                is_first_token=first, position=len(seq.prompt_ids) + len(seq.output_ids) - 1,
+                graph=graph,
+            )
+        )
+        if token in seq.stop_ids:
+            self._finish(seq, "stop")
+        elif len(seq.output_ids) >= seq.params.max_tokens or seq.length >= self.max_context:
+            self._finish(seq, "length")
+
+    def _finish(self, seq: Sequence, reason: str) -> None:
+        self.scheduler.release(seq)
+        if seq.detok is not None:
+            tail = seq.detok.flush()
+            if tail:
+                seq.text_parts.append(tail)
+        now = _now()
+        n = len(seq.output_ids)
+        ttft = (seq.token_times_ns[0] - seq.submit_ns) / 1e6 if n else (now - seq.submit_ns) / 1e6
+        e2e = ((seq.token_times_ns[-1] if n else now) - seq.submit_ns) / 1e6
+        tpot = (seq.token_times_ns[-1] - seq.token_times_ns[0]) / 1e6 / (n - 1) if n > 1 else None
+        self._pending.append(
+            RequestFinished(
+                RequestSummary(
+                    request_id=seq.request_id, prompt_tokens=len(seq.prompt_ids), output_tokens=n,
+                    ttft_ms=ttft, tpot_ms=tpot, e2e_ms=e2e, finish_reason=reason,  # type: ignore[arg-type]
+                    text="".join(seq.text_parts), token_ids=list(seq.output_ids),
+                    itl_ms=list(seq.itls_ms), mode_counts=dict(seq.mode_counts),
+                )
+            )
+        )

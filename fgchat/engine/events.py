@@ -1,0 +1,115 @@
+"""Typed messages the engine emits. Plain dataclasses: they cross process boundaries by pickle."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+Mode = Literal["eager", "piecewise", "full"]
+MODES: tuple[Mode, ...] = ("eager", "piecewise", "full")
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Per-request sampling. temperature == 0 means greedy; top_k <= 0 and top_p >= 1 disable them."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int = 0
+    max_tokens: int = 256
+
+    def validate(self) -> None:
+        from fgchat.engine.errors import RequestError
+
+        if not (self.temperature >= 0.0) or self.temperature > 100:
+            raise RequestError(f"temperature must be between 0 and 100, got {self.temperature}")
+        if not (0.0 < self.top_p <= 1.0):
+            raise RequestError(f"top-p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise RequestError(f"top-k must be >= 0 (0 disables it), got {self.top_k}")
+        if self.max_tokens < 1:
+            raise RequestError(f"max tokens must be >= 1, got {self.max_tokens}")
+        if not (0 <= self.seed < 2**63):
+            raise RequestError(f"seed must be in [0, 2^63), got {self.seed}")
+
+
+@dataclass
+class TokenEvent:
+    """One emitted token and the timing of the step that produced it."""
+
+    request_id: int
+    token_index: int  # 0 for the first generated token
+    token_id: int
+    text: str  # text delta (may be "" while a multi-byte character is incomplete)
+    mode: Mode  # mode that ran the step ("eager" for prefill)
+    batch_size: int  # sequences in the step that produced this token
+    t_ns: int  # host monotonic time when the token was available
+    itl_ms: float | None  # since this request's previous token; None for the first
+    gpu_step_ms: float | None  # GPU time of the step (CUDA events); None on CPU
+    is_first_token: bool
+    position: int  # position of this token in the sequence (prompt_tokens + token_index)
+    graph: str | None = None  # which graph ran, e.g. "full/b4"; None when eager
+
+
+@dataclass
+class RequestSummary:
+    request_id: int
+    prompt_tokens: int
+    output_tokens: int
+    ttft_ms: float
+    tpot_ms: float | None  # mean over tokens after the first; None with a single token
+    e2e_ms: float
+    finish_reason: Literal["stop", "length", "cancelled", "error"]
+    text: str
+    token_ids: list[int] = field(default_factory=list)
+    itl_ms: list[float] = field(default_factory=list)
+    mode_counts: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class RequestFinished:
+    summary: RequestSummary
+
+
+@dataclass
+class ModeChanged:
+    mode: Mode
+    reason: str = ""
+
+
+@dataclass
+class CaptureReport:
+    """Graph capture cost for one (mode, batch size)."""
+
+    mode: Mode
+    batch_size: int
+    seconds: float
+    pool_mib: float
+
+
+@dataclass
+class EngineInfo:
+    model_name: str
+    architecture: str
+    device: str
+    dtype: str
+    max_context: int
+    num_layers: int
+    attention_backend: str
+    available_modes: dict[str, str]  # mode -> "" if available else the reason it is not
+    mode: Mode
+    captures: list[CaptureReport] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class EngineError:
+    """A failure inside the engine; message is one line. fatal means the engine stopped."""
+
+    message: str
+    request_id: int | None = None
+    fatal: bool = False
+
+
+EngineEvent = TokenEvent | RequestFinished | ModeChanged | EngineError | EngineInfo

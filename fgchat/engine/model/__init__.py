@@ -1,0 +1,1 @@
+"""Model code: decoder, weight loading (safetensors, GGUF via conversion), tokenizer, model resolution."""

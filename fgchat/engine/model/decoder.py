@@ -1,0 +1,238 @@
+"""Our decoder (Llama / Qwen2 / Mistral families), written as explicit stages.
+
+A decode step is: embed -> per layer [before_attention, attention, after_attention] -> head.
+Eager calls the stages; piecewise/full CUDA graphs capture the same calls, so all modes launch
+the same kernels in the same order and stay bit-identical.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from fgchat.engine.errors import ModelLoadError
+from fgchat.engine.model.config import ModelConfig, rope_inv_freq
+
+
+@dataclass
+class LayerWeights:
+    attn_norm: torch.Tensor  # [H]
+    wqkv: torch.Tensor  # [q + 2*kv, H], rows q | k | v
+    bqkv: torch.Tensor | None  # [q + 2*kv]
+    wo: torch.Tensor  # [H, q]
+    mlp_norm: torch.Tensor  # [H]
+    w_gate_up: torch.Tensor  # [2*I, H], rows gate | up
+    w_down: torch.Tensor  # [H, I]
+
+
+@dataclass
+class DecoderWeights:
+    embed: torch.Tensor  # [V, H]
+    layers: list[LayerWeights]
+    final_norm: torch.Tensor  # [H]
+    lm_head: torch.Tensor  # [V, H]; the same tensor as embed when tied
+
+
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm with statistics in float32, the weight applied in the input dtype (as HF does)."""
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return w * xf.to(x.dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [N, heads, D]; cos/sin: [N, D] in x's dtype."""
+    return x * cos[:, None, :] + rotate_half(x) * sin[:, None, :]
+
+
+def weights_from_state_dict(
+    cfg: ModelConfig, sd: dict[str, torch.Tensor], device: torch.device, dtype: torch.dtype
+) -> DecoderWeights:
+    """Map HF parameter names to fused decoder weights; missing tensors raise ModelLoadError."""
+
+    def take(name: str) -> torch.Tensor:
+        t = sd.pop(name, None)
+        if t is None:
+            raise ModelLoadError(f"weights are missing tensor '{name}'")
+        return t
+
+    def put(*ts: torch.Tensor) -> torch.Tensor:
+        t = ts[0] if len(ts) == 1 else torch.cat(ts, dim=0)
+        return t.to(device=device, dtype=dtype).contiguous()
+
+    layers = []
+    for i in range(cfg.num_layers):
+        p = f"model.layers.{i}."
+        q, k, v = (take(p + f"self_attn.{n}_proj.weight") for n in "qkv")
+        if q.shape != (cfg.q_size, cfg.hidden_size) or k.shape != (cfg.kv_size, cfg.hidden_size):
+            raise ModelLoadError(f"layer {i}: attention weight shapes do not match config.json")
+        bias = None
+        if cfg.qkv_bias:
+            bias = put(*(take(p + f"self_attn.{n}_proj.bias") for n in "qkv"))
+        layers.append(
+            LayerWeights(
+                attn_norm=put(take(p + "input_layernorm.weight")),
+                wqkv=put(q, k, v),
+                bqkv=bias,
+                wo=put(take(p + "self_attn.o_proj.weight")),
+                mlp_norm=put(take(p + "post_attention_layernorm.weight")),
+                w_gate_up=put(take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")),
+                w_down=put(take(p + "mlp.down_proj.weight")),
+            )
+        )
+    embed = put(take("model.embed_tokens.weight"))
+    if embed.shape[0] != cfg.vocab_size:
+        raise ModelLoadError("embedding size does not match vocab_size in config.json")
+    head = sd.pop("lm_head.weight", None)
+    lm_head = embed if (cfg.tie_embeddings or head is None) else put(head)
+    return DecoderWeights(embed, layers, put(take("model.norm.weight")), lm_head)
+
+
+def random_weights(
+    cfg: ModelConfig, device: torch.device, dtype: torch.dtype, seed: int = 0
+) -> DecoderWeights:
+    """Random weights of the config's shapes, generated on the device (for benchmarks)."""
+    g = torch.Generator(device=device).manual_seed(seed)
+
+    def rnd(*shape: int, std: float = 0.02) -> torch.Tensor:
+        return (torch.randn(*shape, generator=g, device=device, dtype=torch.float32) * std).to(dtype)
+
+    def ones(n: int) -> torch.Tensor:
+        return torch.ones(n, device=device, dtype=dtype)
+
+    h, qkv = cfg.hidden_size, cfg.q_size + 2 * cfg.kv_size
+    layers = [
+        LayerWeights(
+            attn_norm=ones(h),
+            wqkv=rnd(qkv, h),
+            bqkv=rnd(qkv) if cfg.qkv_bias else None,
+            wo=rnd(h, cfg.q_size),
+            mlp_norm=ones(h),
+            w_gate_up=rnd(2 * cfg.intermediate_size, h),
+            w_down=rnd(h, cfg.intermediate_size),
+        )
+        for _ in range(cfg.num_layers)
+    ]
+    embed = rnd(cfg.vocab_size, h)
+    lm_head = embed if cfg.tie_embeddings else rnd(cfg.vocab_size, h)
+    return DecoderWeights(embed, layers, ones(h), lm_head)
+
+
+AttentionFn = Callable[..., None]
+
+
+class StepState:
+    """Tensors flowing between decode stages. Under graph capture these become graph outputs."""
+
+    h: torch.Tensor  # residual stream [B, H]
+    q: torch.Tensor  # query of the current layer [B, Hq, D]
+    logits: torch.Tensor  # [B, V] float32
+
+
+class Decoder:
+    """Holds weights, RoPE tables and the decode/prefill stages. No per-step host syncs."""
+
+    def __init__(self, cfg: ModelConfig, weights: DecoderWeights, max_context: int) -> None:
+        self.cfg = cfg
+        self.w = weights
+        self.device = weights.embed.device
+        self.dtype = weights.embed.dtype
+        self.max_context = max_context
+        inv = torch.tensor(rope_inv_freq(cfg), dtype=torch.float32, device=self.device)
+        pos = torch.arange(max_context, dtype=torch.float32, device=self.device)
+        freqs = pos[:, None] * inv[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self.cos = emb.cos().to(self.dtype)  # [T, D]
+        self.sin = emb.sin().to(self.dtype)
+        self.scale = cfg.head_dim**-0.5
+
+    # ---- decode stages (batch of B sequences, one token each) ----
+    def embed(self, st: StepState, input_ids: torch.Tensor) -> None:
+        st.h = F.embedding(input_ids, self.w.embed)
+
+    def before_attention(
+        self,
+        i: int,
+        st: StepState,
+        positions: torch.Tensor,
+        slot_ids: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+    ) -> None:
+        """Norm, QKV, RoPE and the KV-cache write of the current token at (slot, position)."""
+        c, lw = self.cfg, self.w.layers[i]
+        x = rms_norm(st.h, lw.attn_norm, c.rms_eps)
+        qkv = F.linear(x, lw.wqkv, lw.bqkv)
+        n = x.shape[0]
+        q = qkv[:, : c.q_size].view(n, c.num_heads, c.head_dim)
+        k = qkv[:, c.q_size : c.q_size + c.kv_size].view(n, c.num_kv_heads, c.head_dim)
+        v = qkv[:, c.q_size + c.kv_size :].view(n, c.num_kv_heads, c.head_dim)
+        cos, sin = self.cos[positions], self.sin[positions]
+        st.q = apply_rope(q, cos, sin)
+        k_cache[slot_ids, positions] = apply_rope(k, cos, sin)
+        v_cache[slot_ids, positions] = v
+
+    def after_attention(self, i: int, st: StepState, attn_out: torch.Tensor) -> None:
+        """Output projection, residual, norm, gated MLP, residual."""
+        c, lw = self.cfg, self.w.layers[i]
+        h = st.h + F.linear(attn_out.view(attn_out.shape[0], -1), lw.wo)
+        x = rms_norm(h, lw.mlp_norm, c.rms_eps)
+        gu = F.linear(x, lw.w_gate_up)
+        g, u = gu.chunk(2, dim=-1)
+        st.h = h + F.linear(F.silu(g) * u, lw.w_down)
+
+    def head(self, st: StepState) -> None:
+        x = rms_norm(st.h, self.w.final_norm, self.cfg.rms_eps)
+        st.logits = F.linear(x, self.w.lm_head).float()
+
+    # ---- prefill (one sequence, eager) ----
+    @torch.inference_mode()
+    def prefill(
+        self,
+        ids: torch.Tensor,
+        slot: int,
+        k_caches: list[torch.Tensor],
+        v_caches: list[torch.Tensor],
+        all_logits: bool = False,
+    ) -> torch.Tensor:
+        """Run the prompt `ids` [T] into cache slot `slot` at positions 0..T-1.
+
+        Returns the last position's logits [V] (float32), or [T, V] with all_logits.
+        """
+        c = self.cfg
+        t = ids.shape[0]
+        pos = torch.arange(t, device=self.device)
+        cos, sin = self.cos[:t], self.sin[:t]
+        h = F.embedding(ids, self.w.embed)
+        for i, lw in enumerate(self.w.layers):
+            x = rms_norm(h, lw.attn_norm, c.rms_eps)
+            qkv = F.linear(x, lw.wqkv, lw.bqkv)
+            q = apply_rope(qkv[:, : c.q_size].view(t, c.num_heads, c.head_dim), cos, sin)
+            k = qkv[:, c.q_size : c.q_size + c.kv_size].view(t, c.num_kv_heads, c.head_dim)
+            k = apply_rope(k, cos, sin)
+            v = qkv[:, c.q_size + c.kv_size :].view(t, c.num_kv_heads, c.head_dim)
+            k_caches[i][slot, pos] = k
+            v_caches[i][slot, pos] = v
+            a = F.scaled_dot_product_attention(
+                q.transpose(0, 1)[None],
+                k.transpose(0, 1)[None],
+                v.transpose(0, 1)[None],
+                is_causal=True,
+                scale=self.scale,
+                enable_gqa=c.num_heads != c.num_kv_heads,
+            )[0].transpose(0, 1)
+            h = h + F.linear(a.reshape(t, c.q_size), lw.wo)
+            x = rms_norm(h, lw.mlp_norm, c.rms_eps)
+            g, u = F.linear(x, lw.w_gate_up).chunk(2, dim=-1)
+            h = h + F.linear(F.silu(g) * u, lw.w_down)
+        x = rms_norm(h if all_logits else h[-1:], self.w.final_norm, c.rms_eps)
+        logits = F.linear(x, self.w.lm_head).float()
+        return logits if all_logits else logits[0]

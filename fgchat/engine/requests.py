@@ -1,0 +1,28 @@
+"""Per-request state held by the scheduler."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from fgchat.engine.events import SamplingParams
+
+
+@dataclass
+class Sequence:
+    request_id: int
+    prompt_ids: list[int]
+    params: SamplingParams
+    stop_ids: frozenset[int]
+    submit_ns: int
+    slot: int = -1
+    output_ids: list[int] = field(default_factory=list)
+    token_times_ns: list[int] = field(default_factory=list)
+    itls_ms: list[float] = field(default_factory=list)
+    mode_counts: dict[str, int] = field(default_factory=dict)
+    text_parts: list[str] = field(default_factory=list)
+    detok: object | None = None
+
+    @property
+    def length(self) -> int:
+        """Tokens in the cache once the last output token is fed: prompt + outputs - 1 pending."""
+        return len(self.prompt_ids) + len(self.output_ids)

@@ -1,0 +1,70 @@
+"""On-device sampling: greedy, temperature, top-k, top-p. No host syncs, graph-capturable.
+
+Randomness is a counter-based hash of (request seed, token position, vocabulary id), never a global
+generator state: the same request samples the same text in every mode and batch composition.
+"""
+
+from __future__ import annotations
+
+import torch
+
+_M1 = -4658895280553007687  # 0xBF58476D1CE4E5B9 as signed int64
+_M2 = -7723592293110705685  # 0x94D049BB133111EB as signed int64
+_GOLDEN = -7046029254386353131  # 0x9E3779B97F4A7C15 as signed int64
+
+
+def _shr(x: torch.Tensor, n: int) -> torch.Tensor:
+    """Logical right shift on int64 (torch's >> is arithmetic)."""
+    return (x >> n) & ((1 << (64 - n)) - 1)
+
+
+def _mix64(x: torch.Tensor) -> torch.Tensor:
+    """splitmix64 finaliser; int64 multiplication wraps modulo 2^64."""
+    x = x ^ _shr(x, 30)
+    x = x * _M1
+    x = x ^ _shr(x, 27)
+    x = x * _M2
+    return x ^ _shr(x, 31)
+
+
+def uniform_noise(seeds: torch.Tensor, positions: torch.Tensor, vocab: int) -> torch.Tensor:
+    """[B, V] uniforms in (0, 1) determined only by (seed, position, vocabulary id)."""
+    row = _mix64(seeds * _GOLDEN + _mix64(positions))
+    cols = torch.arange(vocab, device=seeds.device, dtype=torch.int64)
+    bits = _mix64(row[:, None] + cols[None, :] * _GOLDEN)
+    return (_shr(bits, 40).to(torch.float32) + 0.5) * (1.0 / (1 << 24))
+
+
+def greedy(logits: torch.Tensor) -> torch.Tensor:
+    return torch.argmax(logits, dim=-1)
+
+
+def sample(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_p: torch.Tensor,
+    top_k: torch.Tensor,
+    seeds: torch.Tensor,
+    positions: torch.Tensor,
+) -> torch.Tensor:
+    """Per-row sampling of logits [B, V] (float32). Rows with temperature <= 0 are greedy.
+
+    top_k <= 0 disables top-k; top_p >= 1 disables top-p. The top token always survives filtering.
+    """
+    b, v = logits.shape
+    is_greedy = temperature <= 0
+    t = torch.where(is_greedy, torch.ones_like(temperature), temperature)
+    scaled = logits / t[:, None]
+    sorted_logits, order = torch.sort(scaled, dim=-1, descending=True)
+    probs = torch.softmax(sorted_logits, dim=-1)
+    before = torch.cumsum(probs, dim=-1) - probs  # mass strictly above each rank
+    rank = torch.arange(v, device=logits.device)[None, :]
+    k = torch.where(top_k > 0, top_k, torch.full_like(top_k, v))
+    drop = (before > top_p[:, None]) | (rank >= k[:, None])
+    drop[:, 0] = False
+    filtered = sorted_logits.masked_fill(drop, float("-inf"))
+    u = uniform_noise(seeds, positions, v).gather(1, order)
+    gumbel = -torch.log(-torch.log(u))
+    pick = torch.argmax(filtered + gumbel, dim=-1, keepdim=True)
+    sampled = order.gather(1, pick)[:, 0]
+    return torch.where(is_greedy, torch.argmax(logits, dim=-1), sampled)

@@ -1,0 +1,143 @@
+"""Decode-step inputs in fixed-address buffers, and the step body as an ordered list of pieces.
+
+Invariants:
+- Every tensor a step reads from the host lives in `StepBuffers` at an address fixed for the
+  engine's lifetime; CUDA graphs captured over them stay valid, and lanes [0, B) are rewritten in
+  place before every step of batch size B (lanes >= B are never read by a size-B step).
+- `StepProgram.pieces(B)` is the only definition of a decode step. Eager runs the pieces and the
+  attentions between them; piecewise captures each piece; full captures all of it. Same kernels,
+  same order, so every mode yields the same bits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from fgchat.engine import sampling
+from fgchat.engine.kv_cache import NUM_SLOTS, KVCache
+from fgchat.engine.model.decoder import Decoder, StepState
+
+# rows of the packed int64 staging tensor
+ROW_IDS, ROW_POS, ROW_SLOT, ROW_SEED, ROW_TOPK = range(5)
+N_INT_ROWS = 5
+ROW_TEMP, ROW_TOPP = range(2)
+
+
+class StepBuffers:
+    """Host staging (pinned on CUDA) and device buffers for up to NUM_SLOTS lanes."""
+
+    def __init__(self, device: torch.device, num_heads: int, head_dim: int, dtype: torch.dtype):
+        pin = device.type == "cuda"
+        self.host_i = torch.zeros((N_INT_ROWS, NUM_SLOTS), dtype=torch.int64, pin_memory=pin)
+        self.host_f = torch.zeros((2, NUM_SLOTS), dtype=torch.float32, pin_memory=pin)
+        self.dev_i = torch.zeros((N_INT_ROWS, NUM_SLOTS), dtype=torch.int64, device=device)
+        self.dev_f = torch.zeros((2, NUM_SLOTS), dtype=torch.float32, device=device)
+        # int32 views the attention kernels read: row 0 = seq_lens, row 1 = slot ids
+        self.dev_i32 = torch.zeros((2, NUM_SLOTS), dtype=torch.int32, device=device)
+        self.attn_out = torch.zeros((NUM_SLOTS, num_heads, head_dim), dtype=dtype, device=device)
+        self.device = device
+
+    def stage(
+        self,
+        ids: list[int],
+        positions: list[int],
+        slots: list[int],
+        temps: list[float],
+        top_ps: list[float],
+        top_ks: list[int],
+        seeds: list[int],
+    ) -> None:
+        """Write lanes [0, B) on the host and copy them to the device (async on CUDA)."""
+        b = len(ids)
+        hi, hf = self.host_i, self.host_f
+        hi.zero_()
+        hf.zero_()
+        hi[ROW_IDS, :b] = torch.tensor(ids, dtype=torch.int64)
+        hi[ROW_POS, :b] = torch.tensor(positions, dtype=torch.int64)
+        hi[ROW_SLOT, :b] = torch.tensor(slots, dtype=torch.int64)
+        hi[ROW_SEED, :b] = torch.tensor(seeds, dtype=torch.int64)
+        hi[ROW_TOPK, :b] = torch.tensor(top_ks, dtype=torch.int64)
+        hf[ROW_TEMP, :b] = torch.tensor(temps, dtype=torch.float32)
+        hf[ROW_TOPP, :b] = torch.tensor(top_ps, dtype=torch.float32)
+        self.dev_i.copy_(hi, non_blocking=True)
+        self.dev_f.copy_(hf, non_blocking=True)
+
+
+@dataclass
+class StepOutputs:
+    tokens: torch.Tensor  # [B] int64
+    logits: torch.Tensor  # [B, V] float32
+
+
+Piece = Callable[[StepState], None]
+
+
+class StepProgram:
+    """Builds the pieces of a decode step for a batch size over shared buffers and cache."""
+
+    def __init__(self, decoder: Decoder, cache: KVCache, bufs: StepBuffers, attention) -> None:
+        self.dec = decoder
+        self.cache = cache
+        self.bufs = bufs
+        self.attention = attention
+
+    def pieces(self, b: int, do_sample: bool) -> tuple[list[Piece], list[Callable[[StepState], None]]]:
+        """Returns (pieces, attentions): run pieces[0], attentions[0], pieces[1], ..., pieces[L].
+
+        Each attention reads st.q as left by the preceding piece and writes bufs.attn_out[:b].
+        """
+        dec, bufs, cache = self.dec, self.bufs, self.cache
+        di, df, i32 = bufs.dev_i, bufs.dev_f, bufs.dev_i32
+        ids, pos, slots = di[ROW_IDS, :b], di[ROW_POS, :b], di[ROW_SLOT, :b]
+        seq_lens, slots32 = i32[0, :b], i32[1, :b]
+        attn_out = bufs.attn_out[:b]
+        n_layers = dec.cfg.num_layers
+
+        def first(st: StepState) -> None:
+            seq_lens.copy_(pos + 1)
+            slots32.copy_(slots)
+            dec.embed(st, ids)
+            dec.before_attention(0, st, pos, slots, cache.k[0], cache.v[0])
+
+        def middle(i: int) -> Piece:
+            def run(st: StepState) -> None:
+                dec.after_attention(i - 1, st, attn_out)
+                dec.before_attention(i, st, pos, slots, cache.k[i], cache.v[i])
+
+            return run
+
+        def last(st: StepState) -> None:
+            dec.after_attention(n_layers - 1, st, attn_out)
+            dec.head(st)
+            if do_sample:
+                st.tokens = sampling.sample(
+                    st.logits, df[ROW_TEMP, :b], df[ROW_TOPP, :b], di[ROW_TOPK, :b],
+                    di[ROW_SEED, :b], pos + 1,
+                )
+            else:
+                st.tokens = sampling.greedy(st.logits)
+
+        def attend(i: int) -> Callable[[StepState], None]:
+            def run(st: StepState) -> None:
+                hint = self.max_len_hint if bufs.device.type == "cpu" else None
+                self.attention(st.q, cache.k[i], cache.v[i], slots32, seq_lens, attn_out,
+                               dec.scale, hint)
+
+            return run
+
+        pieces = [first] + [middle(i) for i in range(1, n_layers)] + [last]
+        return pieces, [attend(i) for i in range(n_layers)]
+
+    max_len_hint: int | None = None
+
+    def run_eager(self, b: int, do_sample: bool) -> StepOutputs:
+        st = StepState()
+        pieces, attends = self.pieces(b, do_sample)
+        for j, piece in enumerate(pieces):
+            piece(st)
+            if j < len(attends):
+                attends[j](st)
+        return StepOutputs(st.tokens, st.logits)

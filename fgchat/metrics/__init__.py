@@ -1,0 +1,51 @@
+"""Latency records, statistics, histograms and CSV export.
+
+Invariant: nothing in this package imports Textual or Rich (the TUI wraps what it renders).
+"""
+
+from fgchat.metrics.csv_export import (
+    CsvAppender,
+    read_requests_csv,
+    read_tokens_csv,
+    write_requests_csv,
+    write_tokens_csv,
+)
+from fgchat.metrics.histogram import histogram, render_bars, shared_bins, sparkline
+from fgchat.metrics.records import (
+    REQUEST_COLUMNS,
+    TOKEN_COLUMNS,
+    LatencyLog,
+    RequestRecord,
+    TokenRecord,
+)
+from fgchat.metrics.stats import (
+    Stats,
+    itl_by_mode,
+    latency_summary,
+    request_tpot_ms,
+    summarize,
+    summarize_records,
+)
+
+__all__ = [
+    "REQUEST_COLUMNS",
+    "TOKEN_COLUMNS",
+    "CsvAppender",
+    "LatencyLog",
+    "RequestRecord",
+    "Stats",
+    "TokenRecord",
+    "histogram",
+    "itl_by_mode",
+    "latency_summary",
+    "read_requests_csv",
+    "read_tokens_csv",
+    "render_bars",
+    "request_tpot_ms",
+    "shared_bins",
+    "sparkline",
+    "summarize",
+    "summarize_records",
+    "write_requests_csv",
+    "write_tokens_csv",
+]

@@ -1,0 +1,213 @@
+"""Token and request latency records, and the in-memory log that holds them.
+
+Invariants:
+- A `LatencyLog` only ever grows: records are appended, never edited or dropped, so a user's
+  log survives any failed export (CSV errors leave the in-memory data untouched).
+- Token records are stored in arrival order; `tokens()[i]` is the i-th token ever added, so a
+  caller can remember an index and later ask for `tokens_since(i)`.
+- Every public method takes the log's lock; snapshots are fresh lists of frozen records, safe to
+  read from another thread while the engine keeps adding.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+from fgchat.engine.events import MODES, RequestSummary, TokenEvent
+
+# CSV column order; `TokenRecord` / `RequestRecord` fields are declared in exactly this order.
+TOKEN_COLUMNS: tuple[str, ...] = (
+    "request_id",
+    "chat_id",
+    "token_index",
+    "mode",
+    "batch_size",
+    "t_ms",
+    "itl_ms",
+    "gpu_step_ms",
+    "is_first_token",
+    "prompt_tokens",
+    "position",
+)
+
+REQUEST_COLUMNS: tuple[str, ...] = (
+    "request_id",
+    "chat_id",
+    "modes",
+    "batch_size_max",
+    "prompt_tokens",
+    "output_tokens",
+    "ttft_ms",
+    "tpot_ms",
+    "e2e_ms",
+    "finish_reason",
+)
+
+
+@dataclass(frozen=True)
+class TokenRecord:
+    """One emitted token: one row of the tokens CSV."""
+
+    request_id: int
+    chat_id: str
+    token_index: int  # 0 for the first generated token
+    mode: str  # mode that ran the step producing this token ("eager" for prefill)
+    batch_size: int
+    t_ms: float  # host monotonic time relative to the log's start, in ms
+    itl_ms: float | None  # None for the first token of a request
+    gpu_step_ms: float | None  # None when no GPU timing exists (CPU)
+    is_first_token: bool
+    prompt_tokens: int
+    position: int  # prompt_tokens + token_index
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    """One finished request: one row of the requests CSV."""
+
+    request_id: int
+    chat_id: str
+    # tokens per mode that produced them, e.g. {"eager": 1, "full": 31}; keys in MODES order first
+    modes: dict[str, int] = field(hash=False)
+    batch_size_max: int | None  # largest batch any of its tokens ran in; None if no token was seen
+    prompt_tokens: int
+    output_tokens: int
+    ttft_ms: float
+    tpot_ms: float | None  # None with fewer than two output tokens
+    e2e_ms: float
+    finish_reason: str
+
+
+def format_modes(modes: dict[str, int]) -> str:
+    """{"eager": 1, "full": 31} -> "eager:1;full:31" (known modes first, in MODES order)."""
+    return ";".join(f"{m}:{n}" for m, n in _ordered_modes(modes).items())
+
+
+def parse_modes(text: str) -> dict[str, int]:
+    """Inverse of `format_modes`; "" -> {}."""
+    out: dict[str, int] = {}
+    for part in text.split(";"):
+        if part:
+            name, _, count = part.partition(":")
+            out[name] = int(count)
+    return out
+
+
+def _ordered_modes(modes: dict[str, int]) -> dict[str, int]:
+    known = {m: modes[m] for m in MODES if modes.get(m)}
+    rest = {m: n for m, n in sorted(modes.items()) if m not in MODES and n}
+    return known | rest
+
+
+class LatencyLog:
+    """Thread-safe, append-only, in-memory store of token and request records.
+
+    `t_ms` of each token is `(event.t_ns - start_ns) / 1e6`. `start_ns` defaults to
+    `time.monotonic_ns()` when the log is created; CLOCK_MONOTONIC is system-wide on Linux, so
+    events stamped in the engine process are comparable.
+    """
+
+    def __init__(self, start_ns: int | None = None) -> None:
+        self.start_ns: int = time.monotonic_ns() if start_ns is None else int(start_ns)
+        self._lock = threading.Lock()
+        self._tokens: list[TokenRecord] = []
+        self._requests: list[RequestRecord] = []
+        # per request_id: (largest batch size seen, tokens per mode) — used to fill RequestRecord
+        self._batch_max: dict[int, int] = {}
+        self._mode_counts: dict[int, Counter[str]] = {}
+
+    # --- adding -----------------------------------------------------------------------------
+
+    def add_token(
+        self, event: TokenEvent, chat_id: str, prompt_tokens: int | None = None
+    ) -> TokenRecord:
+        """Record one token event and return its record.
+
+        prompt_tokens defaults to `event.position - event.token_index`.
+        """
+        if prompt_tokens is None:
+            prompt_tokens = event.position - event.token_index
+        record = TokenRecord(
+            request_id=event.request_id,
+            chat_id=chat_id,
+            token_index=event.token_index,
+            mode=str(event.mode),
+            batch_size=event.batch_size,
+            t_ms=(event.t_ns - self.start_ns) / 1e6,
+            itl_ms=None if event.itl_ms is None else float(event.itl_ms),
+            gpu_step_ms=None if event.gpu_step_ms is None else float(event.gpu_step_ms),
+            is_first_token=bool(event.is_first_token),
+            prompt_tokens=int(prompt_tokens),
+            position=event.position,
+        )
+        with self._lock:
+            self._tokens.append(record)
+            rid = record.request_id
+            self._batch_max[rid] = max(self._batch_max.get(rid, 0), record.batch_size)
+            self._mode_counts.setdefault(rid, Counter())[record.mode] += 1
+        return record
+
+    def add_request(self, summary: RequestSummary, chat_id: str) -> RequestRecord:
+        """Record a finished request and return its record.
+
+        modes come from `summary.mode_counts`, or, when that is empty, from the tokens this log
+        saw for the request; batch_size_max always comes from those tokens (None if none).
+        """
+        with self._lock:
+            rid = summary.request_id
+            seen_modes = dict(self._mode_counts.get(rid, {}))
+            batch_max = self._batch_max.get(rid)
+            record = RequestRecord(
+                request_id=rid,
+                chat_id=chat_id,
+                modes=_ordered_modes(dict(summary.mode_counts) or seen_modes),
+                batch_size_max=batch_max,
+                prompt_tokens=summary.prompt_tokens,
+                output_tokens=summary.output_tokens,
+                ttft_ms=float(summary.ttft_ms),
+                tpot_ms=None if summary.tpot_ms is None else float(summary.tpot_ms),
+                e2e_ms=float(summary.e2e_ms),
+                finish_reason=str(summary.finish_reason),
+            )
+            self._requests.append(record)
+        return record
+
+    # --- reading (snapshots) ----------------------------------------------------------------
+
+    def tokens(self, mode: str | None = None) -> list[TokenRecord]:
+        """Snapshot of all token records (optionally only those produced in `mode`)."""
+        with self._lock:
+            if mode is None:
+                return list(self._tokens)
+            return [t for t in self._tokens if t.mode == mode]
+
+    def tokens_since(self, index: int) -> list[TokenRecord]:
+        """Token records with position >= index in arrival order (for incremental consumers)."""
+        with self._lock:
+            return self._tokens[max(0, index) :]
+
+    def requests(self) -> list[RequestRecord]:
+        """Snapshot of all finished-request records, in the order they were added."""
+        with self._lock:
+            return list(self._requests)
+
+    def snapshot(self) -> tuple[list[TokenRecord], list[RequestRecord]]:
+        """Tokens and requests taken under one lock, so they are mutually consistent."""
+        with self._lock:
+            return list(self._tokens), list(self._requests)
+
+    @property
+    def token_count(self) -> int:
+        with self._lock:
+            return len(self._tokens)
+
+    @property
+    def request_count(self) -> int:
+        with self._lock:
+            return len(self._requests)
+
+    def __len__(self) -> int:
+        return self.token_count

@@ -1,0 +1,182 @@
+"""Latency statistics (numpy). Conventions follow LLM serving benchmarks:
+
+- TTFT: time to first token of a request (from request records; token events carry no submit time).
+- TPOT: per request, (e2e - ttft) / (output_tokens - 1): excludes the first token; requests with
+  fewer than two output tokens have no TPOT.
+- ITL: every non-first token's inter-token latency.
+Percentiles use numpy's default (linear interpolation between closest ranks).
+None and non-finite values are dropped before any statistic; empty input gives None fields.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from fgchat.metrics.records import LatencyLog, RequestRecord, TokenRecord
+
+STAT_NAMES: tuple[str, ...] = ("mean", "p50", "p90", "p99")
+
+
+@dataclass(frozen=True)
+class Stats:
+    """mean / p50 / p90 / p99 of the finite values; all None when count == 0."""
+
+    mean: float | None
+    p50: float | None
+    p90: float | None
+    p99: float | None
+    count: int
+
+
+def clean(values: Iterable[float | None]) -> np.ndarray:
+    """Float64 array of the finite values (None, NaN and ±inf dropped)."""
+    arr = np.asarray([v for v in values if v is not None], dtype=np.float64).reshape(-1)
+    return arr[np.isfinite(arr)]
+
+
+def summarize(values: Iterable[float | None]) -> Stats:
+    """Stats of the finite values in `values`; safe on None entries and on empty input."""
+    arr = clean(values)
+    if arr.size == 0:
+        return Stats(None, None, None, None, 0)
+    p50, p90, p99 = np.percentile(arr, [50.0, 90.0, 99.0])
+    return Stats(float(arr.mean()), float(p50), float(p90), float(p99), int(arr.size))
+
+
+def request_tpot_ms(record: RequestRecord) -> float | None:
+    """(e2e - ttft) / (output_tokens - 1); None with fewer than two output tokens."""
+    if record.output_tokens < 2:
+        return None
+    value = (record.e2e_ms - record.ttft_ms) / (record.output_tokens - 1)
+    return value if math.isfinite(value) else None
+
+
+def itl_by_mode(
+    log_or_tokens: LatencyLog | Sequence[TokenRecord], modes: Sequence[str] | None = None
+) -> dict[str, np.ndarray]:
+    """ITL values (non-first tokens) grouped by mode — the input `shared_bins` wants.
+
+    With `modes`, every listed mode gets a key (possibly an empty array), in that order.
+    """
+    tokens = log_or_tokens.tokens() if isinstance(log_or_tokens, LatencyLog) else log_or_tokens
+    grouped: dict[str, list[float | None]] = {m: [] for m in (modes or ())}
+    for t in tokens:
+        if not t.is_first_token and (modes is None or t.mode in grouped):
+            grouped.setdefault(t.mode, []).append(t.itl_ms)
+    return {m: clean(v) for m, v in grouped.items()}
+
+
+def latency_summary(
+    log: LatencyLog, mode: str | None = None, batch_size: int | None = None
+) -> dict[str, Any]:
+    """Summary of everything in `log`; see `summarize_records` for filters and keys."""
+    tokens, requests = log.snapshot()
+    return summarize_records(tokens, requests, mode=mode, batch_size=batch_size)
+
+
+def summarize_records(
+    tokens: Sequence[TokenRecord],
+    requests: Sequence[RequestRecord],
+    mode: str | None = None,
+    batch_size: int | None = None,
+) -> dict[str, Any]:
+    """Flat dict of latency figures; every key carries its unit.
+
+    Keys (X in ttft, tpot, itl; S in mean, p50, p90, p99):
+      f"{X}_ms_{S}" (float | None), f"{X}_count" (int),
+      mode, batch_size (the filters), tokens (token records that pass the filters),
+      tokens_per_s: per-sequence decode speed, 1000 / itl_ms_mean,
+      throughput_tokens_per_s: all sequences together, decode tokens / sum(itl_ms / batch_size)
+        (a step of batch b yields b tokens, so each token owns 1/b of its step's time),
+      gpu_step_ms_mean: mean GPU time of the steps behind non-first tokens,
+      host_overhead_ms_mean: mean of (itl_ms - gpu_step_ms) over non-first tokens having both,
+      gpu_fraction: gpu_step_ms_mean / itl_ms_mean over those same tokens.
+
+    Filters:
+      mode: tokens produced in that mode. ITL/GPU/host use those tokens. TTFT counts requests
+        whose *first* token was produced in `mode` (prefill usually reports "eager", so TTFT for
+        "full" is typically empty — honest, since graphs do not run prefill). TPOT counts requests
+        whose every non-first token ran in `mode` (mixed requests only count when mode is None).
+      batch_size: tokens produced at that batch size; TTFT/TPOT then count requests whose tokens
+        all ran at that batch size.
+    """
+    selected = [
+        t
+        for t in tokens
+        if (mode is None or t.mode == mode) and (batch_size is None or t.batch_size == batch_size)
+    ]
+    ttft_values, tpot_values = _request_values(tokens, requests, mode, batch_size)
+
+    decode = [t for t in selected if not t.is_first_token and t.itl_ms is not None]
+    itl = clean(t.itl_ms for t in decode)
+    both = [
+        (t.itl_ms, t.gpu_step_ms)
+        for t in decode
+        if t.gpu_step_ms is not None and math.isfinite(t.itl_ms) and math.isfinite(t.gpu_step_ms)
+    ]
+    gpu = clean(t.gpu_step_ms for t in decode)
+
+    out: dict[str, Any] = {"mode": mode, "batch_size": batch_size, "tokens": len(selected)}
+    for name, values in (("ttft", ttft_values), ("tpot", tpot_values), ("itl", itl)):
+        stats = summarize(values)
+        for stat in STAT_NAMES:
+            out[f"{name}_ms_{stat}"] = getattr(stats, stat)
+        out[f"{name}_count"] = stats.count
+
+    itl_mean = out["itl_ms_mean"]
+    out["tokens_per_s"] = 1000.0 / itl_mean if itl_mean else None
+    # each token owns itl/batch of wall time: a step of batch b emits b tokens at once
+    owned_ms = float(sum(t.itl_ms / max(t.batch_size, 1) for t in decode if math.isfinite(t.itl_ms)))
+    out["throughput_tokens_per_s"] = len(itl) * 1000.0 / owned_ms if owned_ms > 0 else None
+    out["gpu_step_ms_mean"] = float(gpu.mean()) if gpu.size else None
+    if both:
+        pairs = np.asarray(both, dtype=np.float64)
+        out["host_overhead_ms_mean"] = float((pairs[:, 0] - pairs[:, 1]).mean())
+        itl_sum = float(pairs[:, 0].sum())
+        out["gpu_fraction"] = float(pairs[:, 1].sum()) / itl_sum if itl_sum > 0 else None
+    else:
+        out["host_overhead_ms_mean"] = None
+        out["gpu_fraction"] = None
+    return out
+
+
+def _request_values(
+    tokens: Sequence[TokenRecord],
+    requests: Sequence[RequestRecord],
+    mode: str | None,
+    batch_size: int | None,
+) -> tuple[list[float], list[float]]:
+    """TTFT and TPOT values of the requests that pass the filters (see summarize_records)."""
+    if mode is None and batch_size is None:
+        ttft = [r.ttft_ms for r in requests]
+        tpot = [v for r in requests if (v := request_tpot_ms(r)) is not None]
+        return ttft, tpot
+
+    first_mode: dict[int, str] = {}
+    decode_modes: dict[int, set[str]] = {}
+    batches: dict[int, set[int]] = {}
+    for t in tokens:
+        if t.is_first_token:
+            first_mode[t.request_id] = t.mode
+        else:
+            decode_modes.setdefault(t.request_id, set()).add(t.mode)
+        batches.setdefault(t.request_id, set()).add(t.batch_size)
+
+    ttft: list[float] = []
+    tpot: list[float] = []
+    for r in requests:
+        rid = r.request_id
+        if batch_size is not None and batches.get(rid) != {batch_size}:
+            continue
+        if mode is None or first_mode.get(rid) == mode:
+            ttft.append(r.ttft_ms)
+        if mode is None or decode_modes.get(rid) == {mode}:
+            value = request_tpot_ms(r)
+            if value is not None:
+                tpot.append(value)
+    return ttft, tpot

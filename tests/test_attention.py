@@ -1,0 +1,332 @@
+"""Decode-attention backends: torch reference vs a naive loop (CPU), backend selection, and on a
+GPU the Triton split-K kernel vs the torch reference, eagerly and inside CUDA graphs."""
+
+from __future__ import annotations
+
+import math
+import sys
+
+import pytest
+import torch
+
+from fgchat.engine.attention import BACKEND_NAMES, get_backend
+from fgchat.engine.attention.base import plan_num_splits
+from fgchat.engine.attention.torch_ref import TorchDecodeAttention
+from fgchat.engine.errors import FgchatError
+
+SLOTS = 8
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def make_inputs(
+    batch: int,
+    num_kv_heads: int,
+    group: int,
+    head_dim: int,
+    max_context: int,
+    seq_lens: list[int],
+    dtype: torch.dtype,
+    device: str | torch.device,
+    gen: torch.Generator,
+    poison: bool = True,
+) -> dict[str, torch.Tensor]:
+    """Random q/caches; each lane gets a distinct random slot. With poison=True every cache
+    position a lane must NOT read (beyond its seq_len, or in slots nobody reads) holds NaN."""
+    num_q_heads = num_kv_heads * group
+    shape = (SLOTS, max_context, num_kv_heads, head_dim)
+    k_cache = torch.randn(shape, generator=gen).to(dtype)
+    v_cache = torch.randn(shape, generator=gen).to(dtype)
+    q = torch.randn((batch, num_q_heads, head_dim), generator=gen).to(dtype)
+    slots = torch.randperm(SLOTS, generator=gen)[:batch]
+    if poison:
+        keep = torch.zeros((SLOTS, max_context), dtype=torch.bool)
+        for slot, n in zip(slots.tolist(), seq_lens):
+            keep[slot, :n] = True
+        k_cache[~keep] = float("nan")
+        v_cache[~keep] = float("nan")
+    return {
+        "q": q.to(device),
+        "k_cache": k_cache.to(device),
+        "v_cache": v_cache.to(device),
+        "slot_ids": slots.to(torch.int32).to(device),
+        "seq_lens": torch.tensor(seq_lens, dtype=torch.int32).to(device),
+    }
+
+
+def naive_attention(inputs: dict[str, torch.Tensor], scale: float) -> torch.Tensor:
+    """Per-lane, per-head loop in float64: the obviously-correct definition."""
+    q = inputs["q"].cpu().double()
+    k_cache, v_cache = inputs["k_cache"].cpu().double(), inputs["v_cache"].cpu().double()
+    batch, num_q_heads, head_dim = q.shape
+    group = num_q_heads // k_cache.shape[2]
+    out = torch.zeros((batch, num_q_heads, head_dim), dtype=torch.float64)
+    for lane in range(batch):
+        slot = int(inputs["slot_ids"][lane])
+        n = int(inputs["seq_lens"][lane])
+        for head in range(num_q_heads):
+            k = k_cache[slot, :n, head // group]  # [n, D]
+            v = v_cache[slot, :n, head // group]
+            weights = torch.softmax(k @ q[lane, head] * scale, dim=0)
+            out[lane, head] = weights @ v
+    return out
+
+
+def reference(inputs: dict[str, torch.Tensor], scale: float) -> torch.Tensor:
+    """The torch backend in fp32 on fp32 copies of the inputs (the GPU tests' oracle)."""
+    f32 = {name: (t.float() if t.is_floating_point() else t) for name, t in inputs.items()}
+    out = torch.empty_like(f32["q"])
+    TorchDecodeAttention()(**f32, out=out, scale=scale)
+    return out
+
+
+def assert_close_finite(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype) -> None:
+    assert torch.isfinite(actual).all(), "NaN/inf in attention output"
+    tol = {torch.bfloat16: 2e-2, torch.float16: 4e-3, torch.float32: 1e-4}[dtype]
+    torch.testing.assert_close(actual.float().cpu(), expected.float().cpu(), atol=tol, rtol=tol)
+
+
+# ----------------------------------------------------------------------------- CPU: torch backend
+
+
+@pytest.mark.parametrize("group", [1, 2, 3, 4, 8])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_torch_backend_matches_naive_loop(group: int, head_dim: int) -> None:
+    gen = torch.Generator().manual_seed(1000 * group + head_dim)
+    max_context = 97
+    for seq_lens in ([1], [97], [1, 50, 97], [13, 1, 64, 97, 2, 96, 40, 7]):
+        inputs = make_inputs(len(seq_lens), 2, group, head_dim, max_context, seq_lens, torch.float32, "cpu", gen)
+        scale = 1.0 / math.sqrt(head_dim)
+        out = torch.empty_like(inputs["q"])
+        TorchDecodeAttention()(**inputs, out=out, scale=scale)
+        assert_close_finite(out, naive_attention(inputs, scale), torch.float32)
+
+
+def test_torch_backend_max_len_hint_does_not_change_result() -> None:
+    gen = torch.Generator().manual_seed(7)
+    seq_lens = [5, 33, 2]
+    inputs = make_inputs(3, 4, 2, 64, 512, seq_lens, torch.float32, "cpu", gen)
+    full, hinted = torch.empty_like(inputs["q"]), torch.empty_like(inputs["q"])
+    backend = TorchDecodeAttention()
+    backend(**inputs, out=full, scale=0.125)
+    backend(**inputs, out=hinted, scale=0.125, max_len_hint=max(seq_lens))
+    assert torch.isfinite(full).all()
+    torch.testing.assert_close(hinted, full, atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_torch_backend_half_dtypes_on_cpu(dtype: torch.dtype) -> None:
+    gen = torch.Generator().manual_seed(3)
+    inputs = make_inputs(4, 2, 4, 64, 80, [1, 80, 31, 64], dtype, "cpu", gen)
+    out = torch.empty_like(inputs["q"])
+    TorchDecodeAttention()(**inputs, out=out, scale=0.125)
+    assert out.dtype == dtype
+    assert_close_finite(out, naive_attention(inputs, 0.125), dtype)
+
+
+def test_torch_backend_idle_lane_gives_zeros() -> None:
+    gen = torch.Generator().manual_seed(11)
+    inputs = make_inputs(2, 2, 2, 64, 32, [0, 10], torch.float32, "cpu", gen)
+    out = torch.full_like(inputs["q"], 5.0)
+    TorchDecodeAttention()(**inputs, out=out, scale=0.125)
+    assert torch.isfinite(out).all()
+    assert (out[0] == 0).all()
+
+
+def test_torch_backend_rejects_bad_shapes() -> None:
+    gen = torch.Generator().manual_seed(0)
+    inputs = make_inputs(2, 2, 2, 64, 16, [3, 4], torch.float32, "cpu", gen)
+    inputs["seq_lens"] = inputs["seq_lens"].long()
+    with pytest.raises(ValueError, match="seq_lens"):
+        TorchDecodeAttention()(**inputs, out=torch.empty_like(inputs["q"]), scale=0.125)
+
+
+# ----------------------------------------------------------------------------- CPU: selection
+
+
+def test_backend_names() -> None:
+    assert BACKEND_NAMES == ("auto", "triton", "flash-attn", "torch")
+
+
+def test_get_backend_torch_and_auto_on_cpu() -> None:
+    assert get_backend("torch", torch.device("cpu")).name == "torch"
+    assert get_backend("auto", torch.device("cpu")).name == "torch"
+
+
+def test_get_backend_unknown_name() -> None:
+    with pytest.raises(FgchatError) as info:
+        get_backend("x", torch.device("cpu"))
+    assert str(info.value) == "unknown attention backend 'x' (choose auto, triton, flash-attn, torch)"
+
+
+def test_get_backend_triton_on_cpu_is_a_clear_error() -> None:
+    with pytest.raises(FgchatError) as info:
+        get_backend("triton", torch.device("cpu"))
+    assert "\n" not in str(info.value) and "CUDA" in str(info.value)
+
+
+def test_get_backend_flash_attn_missing_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    # sys.modules[name] = None makes `import name` raise ImportError, installed or not.
+    monkeypatch.setitem(sys.modules, "flash_attn", None)
+    monkeypatch.setitem(sys.modules, "flash_attn_interface", None)
+    with pytest.raises(FgchatError) as info:
+        get_backend("flash-attn", torch.device("cuda"))
+    assert "\n" not in str(info.value) and "flash-attn" in str(info.value)
+
+
+def test_plan_num_splits_is_shape_only_and_bounded() -> None:
+    # Llama-3.2-1B on an H200: 8 KV heads, 132 SMs, T = 8192.
+    assert plan_num_splits(1, 8, 8192, 64, 132) == 33  # 8 * 33 = 264 = 2 * 132 programs
+    assert plan_num_splits(8, 8, 8192, 64, 132) == 5
+    assert plan_num_splits(1, 8, 100, 64, 132) == 2  # capped by cdiv(T, BLOCK_N)
+    assert plan_num_splits(1, 1, 1 << 20, 64, 132) == 64  # capped by max_splits
+    for batch in range(1, 9):
+        for kv in (1, 2, 8):
+            assert 1 <= plan_num_splits(batch, kv, 4096, 64, 132) <= 64
+
+
+# ----------------------------------------------------------------------------- GPU: triton kernel
+
+
+def _triton_backend():  # noqa: ANN202 - imported lazily: triton is absent on CPU machines
+    from fgchat.engine.attention.triton_decode import TritonDecodeAttention
+
+    return TritonDecodeAttention(torch.device("cuda"))
+
+
+def _lens_for(batch: int, max_context: int, block_n: int, gen: torch.Generator) -> list[list[int]]:
+    """Length sets for one batch size: all 1, all max, and a mix with 1, block +- 1 and max."""
+    special = [1, max_context, block_n + 1, block_n - 1, 2 * block_n, max_context - 1]
+    mixed = [special[i] if i < len(special) else int(torch.randint(1, max_context + 1, (1,), generator=gen)) for i in range(batch)]
+    perm = torch.randperm(batch, generator=gen).tolist()
+    return [[1] * batch, [max_context] * batch, [mixed[i] for i in perm]]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("group", [1, 2, 3, 4, 8])
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_triton_matches_reference_grid(group: int, head_dim: int, dtype: torch.dtype) -> None:
+    backend = _triton_backend()
+    gen = torch.Generator().manual_seed(group * 1000 + head_dim + (1 if dtype == torch.float16 else 0))
+    max_context = 1031  # not a multiple of BLOCK_N
+    num_kv_heads = 2
+    scale = 1.0 / math.sqrt(head_dim)
+    for batch in range(1, 9):
+        for seq_lens in _lens_for(batch, max_context, backend.block_n, gen):
+            inputs = make_inputs(batch, num_kv_heads, group, head_dim, max_context, seq_lens, dtype, "cuda", gen)
+            out = torch.empty_like(inputs["q"])
+            backend(**inputs, out=out, scale=scale)
+            assert_close_finite(out, reference(inputs, scale), dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_triton_fp32_and_peaked_softmax() -> None:
+    """fp32 inputs (exact dot products) and large logits that stress the running max."""
+    backend = _triton_backend()
+    gen = torch.Generator().manual_seed(5)
+    inputs = make_inputs(4, 8, 4, 128, 3000, [1, 3000, 777, 2048], torch.float32, "cuda", gen)
+    inputs["q"] *= 8.0
+    out = torch.empty_like(inputs["q"])
+    backend(**inputs, out=out, scale=1.0 / math.sqrt(128))
+    assert_close_finite(out, reference(inputs, 1.0 / math.sqrt(128)), torch.float32)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_triton_idle_lane_gives_zeros() -> None:
+    backend = _triton_backend()
+    gen = torch.Generator().manual_seed(9)
+    inputs = make_inputs(3, 2, 4, 64, 256, [0, 256, 1], torch.bfloat16, "cuda", gen)
+    out = torch.full_like(inputs["q"], 3.0)
+    backend(**inputs, out=out, scale=0.125)
+    assert torch.isfinite(out).all()
+    assert (out[0] == 0).all()
+
+
+def _capture(fn):  # noqa: ANN001, ANN202
+    """Warm up on a side stream (compiles Triton outside capture), then capture fn in a graph."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph
+
+
+@pytest.mark.parametrize("backend_name", ["triton", "torch"])
+@pytest.mark.parametrize("batch", [1, 3, 8])
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_graph_replay_after_lengths_and_slots_change(backend_name: str, batch: int) -> None:
+    """Capture at short lengths; change seq_lens (much longer, then shorter) and slot_ids in
+    place; every replay must equal the reference on the new values (and the eager call, bitwise)."""
+    backend = _triton_backend() if backend_name == "triton" else TorchDecodeAttention()
+    dtype, head_dim, num_kv_heads, group, max_context = torch.bfloat16, 64, 8, 4, 4096
+    scale = 1.0 / math.sqrt(head_dim)
+    gen = torch.Generator().manual_seed(batch)
+    # Fully random caches (no poison) so any slot/length combination is meaningful.
+    static = make_inputs(batch, num_kv_heads, group, head_dim, max_context, [5] * batch, dtype, "cuda", gen, poison=False)
+    out = torch.empty_like(static["q"])
+    graph = _capture(lambda: backend(**static, out=out, scale=scale))
+
+    schedule = [
+        [3000 + 97 * i for i in range(batch)],  # much longer than at capture
+        [max_context] * batch,
+        [1 + i for i in range(batch)],  # shorter
+        [int(torch.randint(1, max_context + 1, (1,), generator=gen)) for _ in range(batch)],
+    ]
+    for seq_lens in schedule:
+        static["seq_lens"].copy_(torch.tensor(seq_lens, dtype=torch.int32))
+        static["slot_ids"].copy_(torch.randperm(SLOTS, generator=gen)[:batch].to(torch.int32))  # stale lanes
+        static["q"].copy_(torch.randn(static["q"].shape, generator=gen).to(dtype))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_close_finite(out, reference(static, scale), dtype)
+        eager = torch.empty_like(out)
+        backend(**static, out=eager, scale=scale)
+        assert torch.equal(out, eager), "graph replay differs from an eager call with the same inputs"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_graph_stale_lane_reads_only_its_slot() -> None:
+    """After capture, point lanes at slots whose contents differ; a kernel that cached slot
+    addresses or read a neighbour slot at capture time would return the old slot's values."""
+    backend = _triton_backend()
+    dtype, head_dim, max_context, batch = torch.float16, 128, 512, 2
+    gen = torch.Generator().manual_seed(42)
+    static = make_inputs(batch, 2, 2, head_dim, max_context, [100, 200], dtype, "cuda", gen, poison=False)
+    static["slot_ids"].copy_(torch.tensor([0, 1], dtype=torch.int32))
+    for slot in range(SLOTS):  # slot s holds V == s everywhere: the output names the slot read
+        static["v_cache"][slot].fill_(float(slot))
+    out = torch.empty_like(static["q"])
+    graph = _capture(lambda: backend(**static, out=out, scale=1.0 / math.sqrt(head_dim)))
+    for slots in ([5, 6], [7, 0], [3, 3]):
+        static["slot_ids"].copy_(torch.tensor(slots, dtype=torch.int32))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.isfinite(out).all()
+        for lane, slot in enumerate(slots):
+            assert torch.allclose(out[lane].float().cpu(), torch.full((4, head_dim), float(slot)))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_triton_ignores_max_len_hint_and_split_count_is_shape_only() -> None:
+    backend = _triton_backend()
+    gen = torch.Generator().manual_seed(1)
+    inputs = make_inputs(2, 8, 4, 64, 2048, [10, 2000], torch.bfloat16, "cuda", gen)
+    a, b = torch.empty_like(inputs["q"]), torch.empty_like(inputs["q"])
+    backend(**inputs, out=a, scale=0.125)
+    backend(**inputs, out=b, scale=0.125, max_len_hint=12)  # a wrong hint must not matter
+    assert torch.equal(a, b)
+    expected = plan_num_splits(2, 8, 2048, backend.block_n, backend.sm_count)
+    assert backend.num_splits(2, 8, 2048) == expected

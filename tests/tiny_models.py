@@ -1,0 +1,125 @@
+"""Builds tiny random-weight models in Hugging Face format (config, safetensors, tokenizer).
+
+Used by tests to exercise the real loading path without a model hub.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+CORPUS = [
+    "The capital of France is Paris. The capital of Italy is Rome.",
+    "Hello there! How are you today? I am fine, thank you.",
+    "Latency, throughput and CUDA graphs: decode steps launch many small kernels.",
+    "Ünïcödé text — naïve café, 東京, emoji 🙂 and more bytes.",
+    "def f(x):\n    return x * 2  # numbers 0123456789",
+] * 20
+
+SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+
+def build_tokenizer(out: Path, vocab_size: int = 384) -> int:
+    """Train a byte-level BPE tokenizer; writes tokenizer.json + tokenizer_config.json. Returns vocab size."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(CORPUS, trainer)
+    out.mkdir(parents=True, exist_ok=True)
+    tok.save(str(out / "tokenizer.json"))
+    cfg = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": None,
+        "eos_token": "<|im_end|>",
+        "pad_token": "<|endoftext|>",
+        "unk_token": None,
+        "chat_template": CHATML_TEMPLATE,
+        "model_max_length": 2048,
+    }
+    (out / "tokenizer_config.json").write_text(json.dumps(cfg, indent=1))
+    return tok.get_vocab_size()
+
+
+FAMILIES = ("llama", "qwen2", "mistral")
+
+
+def build_model(
+    out: Path,
+    family: str = "llama",
+    *,
+    hidden: int = 64,
+    layers: int = 2,
+    heads: int = 4,
+    kv_heads: int = 2,
+    head_dim: int | None = None,
+    intermediate: int = 128,
+    tie: bool = False,
+    rope_scaling: dict | None = None,
+    max_pos: int = 2048,
+    seed: int = 0,
+    dtype: str = "float32",
+) -> Path:
+    """Save a tiny random model of `family` with a trained tokenizer into `out`."""
+    import torch
+    import transformers
+
+    out.mkdir(parents=True, exist_ok=True)
+    vocab = build_tokenizer(out)
+    tok = json.loads((out / "tokenizer.json").read_text())
+    ids = {t["content"]: t["id"] for t in tok["added_tokens"]}
+    common = dict(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=max_pos,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=tie,
+        bos_token_id=ids["<|endoftext|>"],
+        eos_token_id=[ids["<|im_end|>"], ids["<|endoftext|>"]],
+    )
+    if head_dim is not None:
+        common["head_dim"] = head_dim
+    if family == "llama":
+        cfg = transformers.LlamaConfig(**common, rope_theta=10000.0)
+        if rope_scaling is not None:
+            cfg.rope_scaling = rope_scaling
+            if hasattr(cfg, "rope_parameters"):
+                cfg.rope_parameters = {"rope_theta": 10000.0, **rope_scaling}
+        cls = transformers.LlamaForCausalLM
+    elif family == "qwen2":
+        cfg = transformers.Qwen2Config(**common, rope_theta=1000000.0)
+        cls = transformers.Qwen2ForCausalLM
+    elif family == "mistral":
+        cfg = transformers.MistralConfig(**common, rope_theta=10000.0, sliding_window=None)
+        cls = transformers.MistralForCausalLM
+    else:
+        raise ValueError(family)
+    torch.manual_seed(seed)
+    model = cls(cfg)
+    with torch.no_grad():
+        for p in model.parameters():  # larger than HF's init so logits are not all ties
+            p.normal_(0.0, 0.08)
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.uniform_(0.8, 1.2)
+    model = model.to(getattr(torch, dtype))
+    model.save_pretrained(out, safe_serialization=True)
+    return out
