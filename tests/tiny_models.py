@@ -98,11 +98,14 @@ def build_model(
     if head_dim is not None:
         common["head_dim"] = head_dim
     if family == "llama":
-        cfg = transformers.LlamaConfig(**common, rope_theta=10000.0)
-        if rope_scaling is not None:
-            cfg.rope_scaling = rope_scaling
-            if hasattr(cfg, "rope_parameters"):
-                cfg.rope_parameters = {"rope_theta": 10000.0, **rope_scaling}
+        if rope_scaling is None:
+            cfg = transformers.LlamaConfig(**common, rope_theta=10000.0)
+        elif int(transformers.__version__.split(".")[0]) >= 5:
+            cfg = transformers.LlamaConfig(
+                **common, rope_parameters={"rope_theta": 10000.0, **rope_scaling}
+            )
+        else:
+            cfg = transformers.LlamaConfig(**common, rope_theta=10000.0, rope_scaling=rope_scaling)
         cls = transformers.LlamaForCausalLM
     elif family == "qwen2":
         cfg = transformers.Qwen2Config(**common, rope_theta=1000000.0)

@@ -211,7 +211,8 @@ class Engine:
             raise RequestError("prompt contains token ids outside the vocabulary")
         rid = request_id if request_id is not None else self._next_id
         self._next_id = max(self._next_id, rid) + 1
-        seq = Sequence(rid, list(prompt_ids), params, self.stop_ids, _now())
+        stops = frozenset() if params.ignore_eos else self.stop_ids
+        seq = Sequence(rid, list(prompt_ids), params, stops, _now())
         if self.tokenizer is not None:
             from fgchat.engine.model.tokenizer import IncrementalDetokenizer
 

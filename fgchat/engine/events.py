@@ -18,6 +18,7 @@ class SamplingParams:
     top_k: int = 0
     seed: int = 0
     max_tokens: int = 256
+    ignore_eos: bool = False  # benchmarks: always generate max_tokens
 
     def validate(self) -> None:
         from fgchat.engine.errors import RequestError

@@ -98,7 +98,9 @@ def _split_kernel(
     tl.store(lse_ptr + lane * stride_lb + q_heads * stride_lh + split, lse, mask=g_mask)
     part = acc / l_safe[:, None]
     part_ptrs = part_ptr + lane * stride_pb + q_heads[:, None] * stride_ph + split * stride_ps + offs_d[None, :]
-    tl.store(part_ptrs, part, mask=g_mask[:, None] & (end > start))
+    # Empty splits store no partial output (the combine step never reads it). Full [BLOCK_G, D] mask.
+    store_mask = (g_mask & has_work)[:, None] & (offs_d[None, :] < HEAD_DIM)
+    tl.store(part_ptrs, part, mask=store_mask)
 
 
 @triton.jit

@@ -101,14 +101,12 @@ class Tokenizer:
     # ---------------------------------------------------------------- chat
     def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **kwargs: Any) -> str:
         """The prompt text of `messages` as the model's chat template renders it."""
-        from jinja2 import TemplateError
-
         context: dict[str, Any] = {"tools": None, "documents": None, **self.special_tokens, **kwargs}
         try:
             return self._template.render(
                 messages=messages, add_generation_prompt=add_generation_prompt, **context
             )
-        except TemplateError as e:
+        except Exception as e:  # raise_exception, undefined values, bad message shapes
             raise RequestError(f"chat template rejected the conversation: {_one_line(e)}") from None
 
     def apply_chat_template(

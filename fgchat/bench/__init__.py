@@ -1,0 +1,1 @@
+"""`fgchat bench`: latency benchmark across modes and batch sizes, with optional peers."""

@@ -1,0 +1,109 @@
+"""Text report (serving-benchmark style blocks + one summary table), JSON and CSV output."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+from typing import Any, TextIO
+
+from fgchat.engine.errors import FgchatError
+
+
+def _f(v: float | None, nd: int = 2) -> str:
+    return "n/a" if v is None else f"{v:.{nd}f}"
+
+
+def _block(run: dict[str, Any], captures: list[dict[str, Any]]) -> str:
+    w = 50
+    lines = [f" {run['runner']} | batch {run['batch_size']} ".center(w, "=")]
+    lines.append(f"{'Requests:':<36}{run['requests']:>14}")
+    lines.append(f"{'Output token throughput (tok/s):':<36}{_f(run['output_tokens_per_s'], 1):>14}")
+    for title, key, label in (("Time to First Token", "ttft_ms", "TTFT"),
+                              ("Time per Output Token (excl. 1st token)", "tpot_ms", "TPOT"),
+                              ("Inter-token Latency", "itl_ms", "ITL")):
+        lines.append(f" {title} ".center(w, "-"))
+        s = run[key]
+        lines.append(f"{'Mean ' + label + ' (ms):':<36}{_f(s['mean'], 3):>14}")
+        lines.append(f"{'Median ' + label + ' (ms):':<36}{_f(s['median'], 3):>14}")
+        lines.append(f"{'P99 ' + label + ' (ms):':<36}{_f(s['p99'], 3):>14}")
+    lines.append(" Step ".center(w, "-"))
+    lines.append(f"{'GPU time per step (ms):':<36}{_f(run['gpu_step_ms']['mean'], 3):>14}")
+    lines.append(f"{'Host overhead per step (ms):':<36}{_f(run.get('host_overhead_ms'), 3):>14}")
+    caps = [c for c in captures if c["mode"] == run["mode"] and c["batch_size"] == run["batch_size"]]
+    if caps:
+        lines.append(f"{'Graph capture (s):':<36}{_f(sum(c['seconds'] for c in caps), 3):>14}")
+        lines.append(f"{'Graph pool (MiB):':<36}{_f(sum(c['pool_mib'] for c in caps), 1):>14}")
+    return "\n".join(lines)
+
+
+def summary_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per (runner, batch) with ratios: TPOT of the reference / TPOT of this runner."""
+    runs = result["runs"]
+    by = {(r["runner"], r["batch_size"]): r for r in runs}
+    rows = []
+    for r in runs:
+        tpot = r["tpot_ms"]["mean"]
+        row = {"runner": r["runner"], "batch_size": r["batch_size"], "ttft_ms_median": r["ttft_ms"]["median"],
+               "tpot_ms_mean": tpot, "itl_ms_p99": r["itl_ms"]["p99"],
+               "output_tokens_per_s": r["output_tokens_per_s"], "gpu_step_ms_mean": r["gpu_step_ms"]["mean"]}
+        for ref in ("fgchat-eager", "fgchat-piecewise", "hf-eager", "hf-compile"):
+            other = by.get((ref, r["batch_size"]))
+            ot = other["tpot_ms"]["mean"] if other else None
+            row[f"speedup_vs_{ref}"] = (ot / tpot) if (ot and tpot) else None
+        rows.append(row)
+    return rows
+
+
+def print_report(result: dict[str, Any], out: TextIO) -> None:
+    m = result["meta"]
+    out.write(f"fgchat bench | {m['model']} | {m['device']} | {m['dtype']} | attention {m['attention']} | "
+              f"prompt {m['prompt_len']} | output {m['output_len']} | commit {m['commit']}\n\n")
+    for run in result["runs"]:
+        out.write(_block(run, result["captures"]) + "\n\n")
+    if result["captures"]:
+        tot = sum(c["seconds"] for c in result["captures"])
+        mib = sum(c["pool_mib"] for c in result["captures"])
+        out.write(f"graph capture total: {tot:.2f} s, pools {mib:.1f} MiB\n")
+    for s in result["skipped"]:
+        out.write(f"skipped {s['runner']}: {s['reason']}\n")
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title="summary (speedup = other runner's TPOT / this runner's TPOT)")
+    cols = ["runner", "batch", "TTFT p50 ms", "TPOT ms", "ITL p99 ms", "tok/s", "GPU ms/step",
+            "vs eager", "vs piecewise", "vs hf-eager", "vs hf-compile"]
+    for c in cols:
+        t.add_column(c, justify="right")
+    for r in summary_rows(result):
+        def x(v):
+            return "" if v is None else f"{v:.2f}x"
+        t.add_row(r["runner"], str(r["batch_size"]), _f(r["ttft_ms_median"]), _f(r["tpot_ms_mean"], 3),
+                  _f(r["itl_ms_p99"], 3), _f(r["output_tokens_per_s"], 0), _f(r["gpu_step_ms_mean"], 3),
+                  x(r["speedup_vs_fgchat-eager"]), x(r["speedup_vs_fgchat-piecewise"]),
+                  x(r["speedup_vs_hf-eager"]), x(r["speedup_vs_hf-compile"]))
+    Console(file=out, width=160).print(t)
+
+
+def write_json(result: dict[str, Any], path: Path) -> None:
+    _atomic(path, json.dumps({**result, "summary": summary_rows(result)}, indent=1))
+
+
+def write_csv(result: dict[str, Any], path: Path) -> None:
+    rows = summary_rows(result)
+    buf = io.StringIO()
+    if rows:
+        w = csv.DictWriter(buf, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    _atomic(path, buf.getvalue())
+
+
+def _atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        tmp.write_text(text)
+        tmp.replace(path)
+    except OSError as exc:
+        raise FgchatError(f"cannot write {path}: {exc.strerror}") from None

