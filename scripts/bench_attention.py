@@ -9,6 +9,7 @@ cold cache and no launch overhead. `eager` columns time a single Python-launched
 
     python scripts/bench_attention.py            # backends side by side
     python scripts/bench_attention.py --sweep    # also the triton tuning variants
+    python scripts/bench_attention.py --sweep --head-dim 128
 """
 
 from __future__ import annotations
@@ -21,9 +22,10 @@ import torch
 import triton.testing
 
 from fgchat.engine.attention.torch_ref import TorchDecodeAttention
-from fgchat.engine.attention.triton_decode import TritonDecodeAttention
+from fgchat.engine.attention.triton_decode import KernelConfig, TritonDecodeAttention
 
-NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM, SLOTS, MAX_CONTEXT, LAYERS = 32, 8, 64, 8, 8192, 16
+NUM_Q_HEADS, NUM_KV_HEADS, SLOTS, MAX_CONTEXT, LAYERS = 32, 8, 8, 8192, 16
+HEAD_DIM = 64  # --head-dim 128 gives Llama-3.1-8B's attention shapes
 BATCHES, LENGTHS = (1, 8), (512, 2048, 8192)
 DTYPE = torch.bfloat16
 
@@ -72,7 +74,10 @@ def kv_bytes(batch: int, length: int) -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sweep", action="store_true", help="also time triton tuning variants")
+    parser.add_argument("--head-dim", type=int, choices=(64, 128), default=64)
     args = parser.parse_args()
+    global HEAD_DIM
+    HEAD_DIM = args.head_dim
 
     device = torch.device("cuda")
     torch.manual_seed(0)
@@ -104,7 +109,7 @@ def main() -> None:
             ms = {name: time_graph_ms(b, layers, q, slots, lens) for name, b in backends.items()}
             triton_eager = time_eager_ms(triton_backend, layers, q, slots, lens, None)
             torch_eager = time_eager_ms(backends["torch"], layers, q, slots, lens, length)
-            row = [str(batch), str(length), str(triton_backend.num_splits(batch, NUM_KV_HEADS, MAX_CONTEXT))]
+            row = [str(batch), str(length), str(triton_backend.num_splits(batch, NUM_KV_HEADS, MAX_CONTEXT, HEAD_DIM))]
             row += [f"{ms[name]:.4f}" for name in backends]
             row += [f"{triton_eager:.4f}", f"{torch_eager:.4f}", f"{kv_bytes(batch, length) / ms['triton'] / 1e6:.0f}"]
             row.append(f"{ms['torch'] / ms['triton']:.1f}")
@@ -114,29 +119,35 @@ def main() -> None:
 
     if not args.sweep:
         return
-    variants = {
-        "default (N64 w4 s2 pps2)": {},
-        "N32 w2": {"block_n": 32, "num_warps": 2},
-        "N128 w4": {"block_n": 128, "num_warps": 4},
-        "N128 w8": {"block_n": 128, "num_warps": 8},
-        "N64 s3": {"num_stages": 3},
-        "pps1": {"programs_per_sm": 1},
-        "pps4": {"programs_per_sm": 4},
-        "no split (max_splits=1)": {"max_splits": 1},
+    variants: dict[str, KernelConfig | None] = {
+        "default": None,
+        "N32 w2 s2": KernelConfig(32, 2, 2),
+        "N64 w4 s2": KernelConfig(64, 4, 2),
+        "N64 w4 s3": KernelConfig(64, 4, 3),
+        "N64 w4 s4": KernelConfig(64, 4, 4),
+        "N128 w4 s2": KernelConfig(128, 4, 2),
+        "N128 w4 s3": KernelConfig(128, 4, 3),
+        "N128 w8 s3": KernelConfig(128, 8, 3),
+        "N64 w4 s3 pps4": KernelConfig(64, 4, 3, programs_per_sm=4),
+        "N128 w4 s3 pps4": KernelConfig(128, 4, 3, programs_per_sm=4),
+        "N64 w4 s3 pps1": KernelConfig(64, 4, 3, programs_per_sm=1),
+        "no split (max_splits=1)": KernelConfig(64, 4, 2, max_splits=1),
     }
     print("\n| variant | " + " | ".join(f"b{b} L{n}" for b in BATCHES for n in LENGTHS) + " |")
     print("|---|" + "---|" * (len(BATCHES) * len(LENGTHS)))
-    for label, kwargs in variants.items():
-        variant = TritonDecodeAttention(device, **kwargs)
+    for label, config in variants.items():
+        variant = TritonDecodeAttention(device, config)
         cells = []
         for batch in BATCHES:
             for length in LENGTHS:
                 q = torch.randn((batch, NUM_Q_HEADS, HEAD_DIM), device=device, dtype=DTYPE)
                 slots = torch.arange(batch, device=device, dtype=torch.int32)
                 lens = torch.full((batch,), length, device=device, dtype=torch.int32)
-                cells.append(f"{time_graph_ms(variant, layers, q, slots, lens):.4f}")
+                try:
+                    cells.append(f"{time_graph_ms(variant, layers, q, slots, lens):.4f}")
+                except Exception as exc:  # e.g. a config that needs more shared memory than the SM has
+                    cells.append(f"failed: {type(exc).__name__}")
         print(f"| {label} | " + " | ".join(cells) + " |", flush=True)
-
 
 if __name__ == "__main__":
     main()

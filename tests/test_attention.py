@@ -215,7 +215,7 @@ def test_triton_matches_reference_grid(group: int, head_dim: int, dtype: torch.d
     num_kv_heads = 2
     scale = 1.0 / math.sqrt(head_dim)
     for batch in range(1, 9):
-        for seq_lens in _lens_for(batch, max_context, backend.block_n, gen):
+        for seq_lens in _lens_for(batch, max_context, backend.config(head_dim).block_n, gen):
             inputs = make_inputs(batch, num_kv_heads, group, head_dim, max_context, seq_lens, dtype, "cuda", gen)
             out = torch.empty_like(inputs["q"])
             backend(**inputs, out=out, scale=scale)
@@ -328,5 +328,23 @@ def test_triton_ignores_max_len_hint_and_split_count_is_shape_only() -> None:
     backend(**inputs, out=a, scale=0.125)
     backend(**inputs, out=b, scale=0.125, max_len_hint=12)  # a wrong hint must not matter
     assert torch.equal(a, b)
-    expected = plan_num_splits(2, 8, 2048, backend.block_n, backend.sm_count)
-    assert backend.num_splits(2, 8, 2048) == expected
+    cfg = backend.config(64)
+    expected = plan_num_splits(2, 8, 2048, cfg.block_n, backend.sm_count, cfg.programs_per_sm, cfg.max_splits)
+    assert backend.num_splits(2, 8, 2048, 64) == expected
+
+
+@pytest.mark.parametrize("block_n,num_warps,num_stages", [(32, 2, 2), (64, 4, 3), (128, 4, 3), (128, 8, 2)])
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_triton_tuning_variants_stay_correct(block_n: int, num_warps: int, num_stages: int) -> None:
+    """Every config the benchmark sweeps must be correct, so switching defaults stays safe."""
+    from fgchat.engine.attention.triton_decode import KernelConfig, TritonDecodeAttention
+
+    backend = TritonDecodeAttention(torch.device("cuda"), KernelConfig(block_n, num_warps, num_stages))
+    gen = torch.Generator().manual_seed(block_n + num_stages)
+    for head_dim in (64, 128):
+        for seq_lens in ([1, 2000, block_n + 1, block_n - 1], [2047] * 8):
+            inputs = make_inputs(len(seq_lens), 8, 4, head_dim, 2047, seq_lens, torch.bfloat16, "cuda", gen)
+            out = torch.empty_like(inputs["q"])
+            backend(**inputs, out=out, scale=1.0 / math.sqrt(head_dim))
+            assert_close_finite(out, reference(inputs, 1.0 / math.sqrt(head_dim)), torch.bfloat16)

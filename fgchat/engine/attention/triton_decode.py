@@ -21,6 +21,7 @@ Graph-safety invariants:
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -138,35 +139,48 @@ def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
+@dataclass(frozen=True)
+class KernelConfig:
+    """Tunables of the split kernel. Invariant: chosen from shapes only (head dim)."""
+
+    block_n: int = 64  # KV positions per tile
+    num_warps: int = 4
+    num_stages: int = 3  # software-pipelining depth of the K/V loads (3 beat 2 by up to 23% on H200)
+    programs_per_sm: int = 2  # split target: B * Hkv * splits ~= programs_per_sm * SMs
+    max_splits: int = 64
+
+
+# Defaults per head dim, from the H200 sweep in docs/notes/attention-kernel.md: BLOCK_N=64,
+# 4 warps, 3 stages, 2 programs per SM was best or within noise of best for both head dims.
+DEFAULT_CONFIGS: dict[int, KernelConfig] = {64: KernelConfig(), 128: KernelConfig()}
+
+
 class TritonDecodeAttention:
-    """Split-K decode attention. Tunables are fixed per instance, so a captured graph and an eager
-    call with the same shapes launch identical kernels (bit-identical outputs)."""
+    """Split-K decode attention. The config is fixed per instance and head dim, so a captured
+    graph and an eager call with the same shapes launch identical kernels (bit-identical outputs)."""
 
     name = "triton"
 
-    def __init__(
-        self,
-        device: torch.device,
-        block_n: int = 64,
-        num_warps: int = 4,
-        num_stages: int = 2,
-        programs_per_sm: int = 2,
-        max_splits: int = 64,
-    ) -> None:
+    def __init__(self, device: torch.device, config: KernelConfig | None = None) -> None:
+        """config=None uses DEFAULT_CONFIGS[head_dim]; a given config applies to every head dim."""
         if device.type != "cuda" or not torch.cuda.is_available():
             raise FgchatError("the triton attention backend needs a CUDA device (use --attention torch)")
         index = device.index if device.index is not None else torch.cuda.current_device()
         self.sm_count = _sm_count(index)
-        self.block_n = block_n
-        self.num_warps = num_warps
-        self.num_stages = num_stages
-        self.programs_per_sm = programs_per_sm
-        self.max_splits = max_splits
+        self._config = config
 
-    def num_splits(self, batch: int, num_kv_heads: int, max_context: int) -> int:
+    def config(self, head_dim: int) -> KernelConfig:
+        if self._config is not None:
+            return self._config
+        if head_dim not in DEFAULT_CONFIGS:
+            raise ValueError(f"triton decode attention supports head dim 64 or 128, got {head_dim}")
+        return DEFAULT_CONFIGS[head_dim]
+
+    def num_splits(self, batch: int, num_kv_heads: int, max_context: int, head_dim: int) -> int:
         """Shape-only split count (see plan_num_splits); exposed for tests and the benchmark."""
+        cfg = self.config(head_dim)
         return plan_num_splits(
-            batch, num_kv_heads, max_context, self.block_n, self.sm_count, self.programs_per_sm, self.max_splits
+            batch, num_kv_heads, max_context, cfg.block_n, self.sm_count, cfg.programs_per_sm, cfg.max_splits
         )
 
     def __call__(
@@ -190,8 +204,9 @@ class TritonDecodeAttention:
         for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("out", out)):
             if t.stride(-1) != 1:
                 raise ValueError(f"{name} must be contiguous in its last dimension")
+        cfg = self.config(head_dim)
         group = num_q_heads // num_kv_heads
-        splits = self.num_splits(batch, num_kv_heads, max_context)
+        splits = self.num_splits(batch, num_kv_heads, max_context, head_dim)
 
         # Scratch: per-call torch.empty is fine under graph capture (the graph's pool owns it).
         part = torch.empty((batch, num_q_heads, splits, head_dim), dtype=torch.float32, device=q.device)
@@ -208,10 +223,10 @@ class TritonDecodeAttention:
             lse.stride(0), lse.stride(1),
             HEAD_DIM=head_dim,
             BLOCK_G=max(16, triton.next_power_of_2(group)),
-            BLOCK_N=self.block_n,
+            BLOCK_N=cfg.block_n,
             DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-            num_warps=self.num_warps,
-            num_stages=self.num_stages,
+            num_warps=cfg.num_warps,
+            num_stages=cfg.num_stages,
         )
         _combine_kernel[(batch, num_q_heads)](
             part, lse, out,

@@ -61,7 +61,7 @@ def resolve_model(arg: str | None, cache_dir: Path | None = None) -> ResolvedMod
     arg = arg.strip()
     path = Path(arg).expanduser()
     if path.exists():
-        return _resolve_local(path)
+        return _resolve_local(path, cache_dir)
     if arg.lower().endswith(".gguf") or (_looks_like_path(arg) and not is_repo_id(arg)):
         raise ModelLoadError(f"model path not found: {arg}")
     return ResolvedModel(download_snapshot(arg), arg, "hub")
@@ -101,10 +101,10 @@ def _looks_like_path(arg: str) -> bool:
     return arg.startswith(("/", ".", "~")) or any(s in arg for s in seps)
 
 
-def _resolve_local(path: Path) -> ResolvedModel:
+def _resolve_local(path: Path, cache_dir: Path | None) -> ResolvedModel:
     if path.is_file():
         if path.suffix.lower() == ".gguf":
-            return ResolvedModel(cached_conversion(path), path.stem, "gguf")
+            return ResolvedModel(cached_conversion(path, cache_dir), path.stem, "gguf")
         raise ModelLoadError(f"unsupported model file {path}: pass a model directory, a .gguf file or a repo id")
     if not (path / "config.json").is_file():
         raise ModelLoadError(f"not a model directory (no config.json): {path}")

@@ -1,0 +1,464 @@
+"""The engine in its own process (or, for tests and embedding, its own thread).
+
+The UI never runs the engine on its own thread: rendering must not inflate a measured latency.
+`EngineProcess` starts a child with the multiprocessing "spawn" context; commands go down a queue,
+event batches come back up a one-way pipe, one batch per engine step.
+
+Child loop (`serve`): build the engine (a failure sends `EngineError(fatal=True)` with the one-line
+reason and ends the child), send `[EngineInfo, ModeChanged]`, then forever: take commands (block
+when the engine is idle, only drain when it has work), apply them, run one `engine.step()`, send
+its events as one list. Tokenization and the chat template run in the child.
+
+Invariants:
+- Every batch is a list of engine events (TokenEvent, RequestFinished, ModeChanged, EngineError,
+  EngineInfo); `get_events` flattens the batches in arrival order.
+- A fatal `EngineError` is the last thing a healthy child sends. A child that dies without one
+  (killed, crashed) is reported once by the parent as
+  `EngineError("engine process exited ...", fatal=True)`, after every batch it did send.
+- Nothing here imports Textual or Rich.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import queue
+import signal
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from fgchat.engine.errors import FgchatError
+from fgchat.engine.events import EngineError, EngineInfo, ModeChanged, SamplingParams
+
+# ---- commands (parent -> engine); plain dataclasses so they pickle -----------------------------
+
+
+@dataclass(frozen=True)
+class SubmitChat:
+    request_id: int
+    messages: list[dict[str, str]]
+    params: SamplingParams
+
+
+@dataclass(frozen=True)
+class Cancel:
+    request_id: int
+
+
+@dataclass(frozen=True)
+class SetMode:
+    mode: str
+
+
+@dataclass(frozen=True)
+class GetInfo:
+    pass
+
+
+@dataclass(frozen=True)
+class Shutdown:
+    pass
+
+
+Command = SubmitChat | Cancel | SetMode | GetInfo | Shutdown
+
+IDLE_POLL_S = 0.5  # how often an idle child checks that its parent still lives
+
+
+def one_line(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return " ".join(text.split())[:300]
+
+
+# ---- the loop that owns the engine -------------------------------------------------------------
+
+
+def serve(
+    make_engine: Callable[[], Any],
+    next_command: Callable[[float | None], Command | None],
+    send: Callable[[list], None],
+    keep_going: Callable[[], bool] = lambda: True,
+) -> None:
+    """Own one engine: apply commands, step while there is work, send one event list per step.
+
+    next_command(timeout) returns a command, or None when none arrived within timeout
+    (timeout None = wait up to IDLE_POLL_S; 0 = do not wait). keep_going() is asked while idle.
+    """
+    try:
+        engine = make_engine()
+    except FgchatError as exc:
+        send([EngineError(one_line(exc), fatal=True)])
+        return
+    except Exception as exc:  # anything else while loading is still "the model did not load"
+        send([EngineError(f"model failed to load: {type(exc).__name__}: {one_line(exc)}", fatal=True)])
+        return
+    send([engine.info(), *engine.step()])  # step() with no work only returns the initial ModeChanged
+    captures = _capture_count(engine)
+    while True:
+        commands: list[Command] = []
+        if not engine.has_work():
+            cmd = next_command(None)
+            if cmd is None:
+                if not keep_going():
+                    return
+                continue
+            commands.append(cmd)
+        while (cmd := next_command(0)) is not None:
+            commands.append(cmd)
+        out: list = []
+        stop = False
+        for cmd in commands:
+            if isinstance(cmd, Shutdown):
+                stop = True
+                break
+            out.extend(_apply(engine, cmd))
+        if stop:
+            if out:
+                send(out)
+            return
+        try:
+            out.extend(engine.step())
+        except Exception as exc:  # engine state is unknown after a failed step: stop
+            send([*out, EngineError(f"engine step failed: {type(exc).__name__}: {one_line(exc)}", fatal=True)])
+            return
+        if any(isinstance(ev, ModeChanged) for ev in out) or _capture_count(engine) != captures:
+            captures = _capture_count(engine)
+            out.append(engine.info())  # availability or captures changed: the UI shows them
+        if out:
+            send(out)
+
+
+def _capture_count(engine: Any) -> int:
+    runner = getattr(engine, "runner", None)
+    return len(getattr(runner, "reports", ()) or ())
+
+
+def _apply(engine: Any, cmd: Command) -> list:
+    """Apply one command; request problems come back as non-fatal EngineError events."""
+    try:
+        if isinstance(cmd, SubmitChat):
+            if engine.tokenizer is None:
+                raise FgchatError("this model has no tokenizer (random weights): chat is unavailable")
+            ids = engine.tokenizer.apply_chat_template(cmd.messages, add_generation_prompt=True)
+            engine.submit(ids, cmd.params, request_id=cmd.request_id)
+        elif isinstance(cmd, Cancel):
+            engine.cancel(cmd.request_id)
+        elif isinstance(cmd, SetMode):
+            engine.set_mode(cmd.mode)  # its ModeChanged comes out of the next step()
+        elif isinstance(cmd, GetInfo):
+            return [engine.info()]
+    except FgchatError as exc:
+        return [EngineError(one_line(exc), getattr(cmd, "request_id", None))]
+    except Exception as exc:
+        return [EngineError(f"{type(exc).__name__}: {one_line(exc)}", getattr(cmd, "request_id", None))]
+    return []
+
+
+# ---- shared parent-side interface ----------------------------------------------------------------
+
+
+class _EngineHandle:
+    """Parent side: send commands, collect event batches, notice a dead engine."""
+
+    def __init__(self) -> None:
+        self._fatal_seen = False
+        self._exit_reported = False
+        self._stopping = False
+
+    # commands
+    def submit_chat(self, request_id: int, messages: list[dict[str, str]], params: SamplingParams) -> None:
+        self._send(SubmitChat(request_id, [dict(m) for m in messages], params))
+
+    def cancel(self, request_id: int) -> None:
+        self._send(Cancel(request_id))
+
+    def set_mode(self, mode: str) -> None:
+        self._send(SetMode(mode))
+
+    def request_info(self) -> None:
+        self._send(GetInfo())
+
+    # events
+    def get_events(self, timeout: float = 0.1) -> list:
+        """Every event that arrived within `timeout` (all batches ready, flattened); may be []."""
+        out = self._receive(timeout)
+        if any(isinstance(ev, EngineError) and ev.fatal for ev in out):
+            self._fatal_seen = True
+        if not out and not self._stopping and not self._exit_reported and self._dead():
+            self._exit_reported = True
+            if not self._fatal_seen:
+                out.append(EngineError(self._exit_message(), fatal=True))
+        return out
+
+    @property
+    def failed(self) -> bool:
+        """A fatal error was seen or reported: the engine no longer runs."""
+        return self._fatal_seen or self._exit_reported
+
+    # to implement
+    def _send(self, cmd: Command) -> None:
+        raise NotImplementedError
+
+    def _receive(self, timeout: float) -> list:
+        raise NotImplementedError
+
+    def _dead(self) -> bool:
+        raise NotImplementedError
+
+    def _exit_message(self) -> str:
+        raise NotImplementedError
+
+
+# ---- the engine in a child process ---------------------------------------------------------------
+
+
+def _process_main(config: Any, commands: Any, events: Any, log_path: str | None) -> None:
+    """Child entry point (spawned): quiet stdio, ignore Ctrl-C (the UI owns it), serve."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _redirect_stdio(log_path)
+    parent = mp.parent_process()
+
+    def next_command(timeout: float | None) -> Command | None:
+        try:
+            if timeout == 0:
+                return commands.get_nowait()
+            return commands.get(timeout=IDLE_POLL_S if timeout is None else timeout)
+        except queue.Empty:
+            return None
+        except (EOFError, OSError):
+            return Shutdown()
+
+    def send(batch: list) -> None:
+        try:
+            events.send(batch)
+        except (BrokenPipeError, EOFError, OSError):
+            os._exit(0)  # the parent is gone: nobody to report to
+
+    def make_engine() -> Any:
+        from fgchat.engine.core import Engine
+
+        return Engine(config)
+
+    try:
+        serve(make_engine, next_command, send, keep_going=lambda: parent is None or parent.is_alive())
+    finally:
+        try:
+            events.close()
+        except OSError:
+            pass
+
+
+def _redirect_stdio(log_path: str | None) -> None:
+    """Point fd 1 and 2 at log_path (or /dev/null): the terminal belongs to the UI."""
+    try:
+        if log_path:
+            fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        else:
+            fd = os.open(os.devnull, os.O_WRONLY)
+    except OSError:
+        fd = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
+class EngineProcess(_EngineHandle):
+    """The engine in a spawned child process.
+
+    Events come through a one-way pipe whose write end only the child holds, so a child that
+    dies (even by SIGKILL) shows up as end-of-file here instead of a reader waiting forever.
+    """
+
+    def __init__(self, config: Any, log_path: str | os.PathLike[str] | None = None) -> None:
+        super().__init__()
+        self.config = config
+        self.log_path = os.fspath(log_path) if log_path is not None else None
+        self._ctx = mp.get_context("spawn")
+        self._commands: Any = None
+        self._reader: Any = None
+        self._proc: Any = None
+        self._eof = False
+        self._lock = threading.Lock()  # serialises command sends from several threads
+
+    def start(self) -> None:
+        if self._proc is not None:
+            raise RuntimeError("engine process already started")
+        self._commands = self._ctx.Queue()
+        self._reader, writer = self._ctx.Pipe(duplex=False)
+        self._proc = self._ctx.Process(
+            target=_process_main,
+            args=(self.config, self._commands, writer, self.log_path),
+            name="fgchat-engine",
+            daemon=True,
+        )
+        self._proc.start()
+        writer.close()  # only the child writes: its death closes the pipe
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    @property
+    def exitcode(self) -> int | None:
+        return self._proc.exitcode if self._proc is not None else None
+
+    def is_alive(self) -> bool:
+        return self._proc is not None and self._proc.is_alive()
+
+    def _send(self, cmd: Command) -> None:
+        if self._commands is None:
+            raise RuntimeError("engine process not started")
+        with self._lock:
+            try:
+                self._commands.put(cmd)
+            except (ValueError, OSError):  # queue closed after shutdown
+                pass
+
+    def _receive(self, timeout: float) -> list:
+        out: list = []
+        if self._reader is None or self._eof:
+            if timeout > 0:
+                threading.Event().wait(min(timeout, 0.05))
+            return out
+        wait = timeout
+        try:
+            while self._reader.poll(wait):
+                out.extend(self._reader.recv())
+                wait = 0
+        except (EOFError, OSError):
+            self._eof = True
+        return out
+
+    def _dead(self) -> bool:
+        if self._proc is None:
+            return False
+        if self._eof and self._proc.exitcode is None:
+            self._proc.join(timeout=1.0)  # pipe closed: the child is exiting; fetch its code
+        return self._proc.exitcode is not None or self._eof
+
+    def _exit_message(self) -> str:
+        code = self._proc.exitcode if self._proc is not None else None
+        if code is None:
+            return "engine process exited (its event pipe closed)"
+        if code < 0:
+            try:
+                name = signal.Signals(-code).name
+            except ValueError:
+                name = f"signal {-code}"
+            return f"engine process exited unexpectedly (killed by {name})"
+        return f"engine process exited unexpectedly with code {code}"
+
+    def shutdown(self, timeout: float = 5.0) -> None:
+        """Ask the child to stop; terminate it if it does not within `timeout`. Idempotent."""
+        self._stopping = True
+        proc = self._proc
+        if proc is None:
+            return
+        if proc.is_alive():
+            self._send(Shutdown())
+            proc.join(timeout)
+        if proc.is_alive():
+            proc.terminate()
+            proc.join(2.0)
+        if proc.is_alive():
+            proc.kill()
+            proc.join(2.0)
+        if self._commands is not None:
+            self._commands.close()
+            self._commands.cancel_join_thread()
+        if self._reader is not None:
+            try:
+                self._reader.close()
+            except OSError:
+                pass
+            self._eof = True
+
+
+# ---- the engine in a thread (tests, embedding) -----------------------------------------------------
+
+
+class EngineThread(_EngineHandle):
+    """Same interface as EngineProcess, the engine on a daemon thread of this process.
+
+    `make_engine` overrides how the engine is built (default: `Engine(config)`), e.g. for tests
+    that need a specially prepared engine.
+    """
+
+    def __init__(self, config: Any, make_engine: Callable[[], Any] | None = None) -> None:
+        super().__init__()
+        self.config = config
+        self._make_engine = make_engine
+        self._commands: queue.Queue[Command] = queue.Queue()
+        self._events: queue.Queue[list] = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self.pid = None
+
+    def start(self) -> None:
+        if self._thread is not None:
+            raise RuntimeError("engine thread already started")
+
+        def make() -> Any:
+            if self._make_engine is not None:
+                return self._make_engine()
+            from fgchat.engine.core import Engine
+
+            return Engine(self.config)
+
+        def next_command(timeout: float | None) -> Command | None:
+            try:
+                if timeout == 0:
+                    return self._commands.get_nowait()
+                return self._commands.get(timeout=IDLE_POLL_S if timeout is None else timeout)
+            except queue.Empty:
+                return None
+
+        self._thread = threading.Thread(
+            target=serve, args=(make, next_command, self._events.put), name="fgchat-engine", daemon=True
+        )
+        self._thread.start()
+
+    def is_alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def _send(self, cmd: Command) -> None:
+        self._commands.put(cmd)
+
+    def _receive(self, timeout: float) -> list:
+        out: list = []
+        try:
+            out.extend(self._events.get(timeout=timeout) if timeout > 0 else self._events.get_nowait())
+            while True:
+                out.extend(self._events.get_nowait())
+        except queue.Empty:
+            pass
+        return out
+
+    def _dead(self) -> bool:
+        return self._thread is not None and not self._thread.is_alive() and self._events.empty()
+
+    def _exit_message(self) -> str:
+        return "engine thread exited unexpectedly"
+
+    def shutdown(self, timeout: float = 5.0) -> None:
+        self._stopping = True
+        if self._thread is not None and self._thread.is_alive():
+            self._commands.put(Shutdown())
+            self._thread.join(timeout)
+
+
+EngineHandle = EngineProcess | EngineThread
+
+__all__ = [
+    "Cancel",
+    "EngineHandle",
+    "EngineInfo",
+    "EngineProcess",
+    "EngineThread",
+    "GetInfo",
+    "SetMode",
+    "Shutdown",
+    "SubmitChat",
+    "serve",
+]

@@ -1,0 +1,136 @@
+"""One conversation on screen: system prompt line, user turns, streaming Markdown replies."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.containers import Vertical, VerticalScroll
+from textual.content import Content
+from textual.widgets import Markdown, Static
+
+from fgchat.tui.store import Conversation, StoredMessage
+
+# C0 controls (except tab and newline) and DEL would move the terminal cursor: show them as U+FFFD
+_CONTROL = {c: "\ufffd" for c in (*range(0, 9), *range(11, 32), 127)}
+
+
+def sanitize(text: str) -> str:
+    return text.translate(_CONTROL)
+
+
+class MessageBubble(Vertical):
+    """A user turn (plain text) or an assistant reply (Markdown, streamed while it is generated)."""
+
+    def __init__(self, role: str, text: str = "", *, label: str = "", streaming: bool = False) -> None:
+        super().__init__(classes=f"bubble {role}")
+        self.role = role
+        self.label = label or ("you" if role == "user" else "assistant")
+        self.text = text  # everything received so far (raw, as the engine produced it)
+        self.streaming = streaming
+        self.status = "generating…" if streaming else ""
+        self._stream = None
+
+    def compose(self) -> ComposeResult:
+        yield Static(self._header(), classes="bubble-header")
+        if self.role == "user":
+            yield Static(Content(sanitize(self.text)), classes="bubble-body")
+        else:
+            yield Markdown(sanitize(self.text), classes="bubble-body")
+
+    def _header(self) -> Content:
+        style = "bold $primary" if self.role == "user" else "bold $accent"
+        status_style = "$error" if self.status.startswith(("error", "⚠")) else "$text-muted"
+        return Content.assemble((self.label, style), ("  " if self.status else "", ""), (self.status, status_style))
+
+    def set_status(self, status: str) -> None:
+        self.status = status
+        if self.is_mounted:
+            self.query_one(".bubble-header", Static).update(self._header())
+
+    async def append(self, text: str) -> None:
+        """Append streamed text (MarkdownStream coalesces when the widget falls behind)."""
+        if not text:
+            return
+        self.text += text
+        if not self.is_mounted:
+            return
+        if self._stream is None:
+            self._stream = Markdown.get_stream(self.query_one(Markdown))
+        await self._stream.write(sanitize(text))
+
+    async def finish(self, status: str, final_text: str | None = None) -> None:
+        """Stop streaming; make sure the shown text equals `final_text` (the engine's summary)."""
+        if final_text is not None and final_text != self.text:
+            if final_text.startswith(self.text):
+                await self.append(final_text[len(self.text):])
+            else:
+                self.text = final_text
+                if self._stream is not None:
+                    await self._stream.stop()
+                    self._stream = None
+                if self.is_mounted:
+                    await self.query_one(Markdown).update(sanitize(final_text))
+        if self._stream is not None:
+            await self._stream.stop()
+            self._stream = None
+        self.streaming = False
+        self.set_status(status)
+
+
+class ChatView(VerticalScroll):
+    """The scrollback of one conversation. The app owns the Conversation and the engine traffic."""
+
+    def __init__(self, conversation: Conversation, *, id: str | None = None) -> None:
+        super().__init__(id=id, classes="chat-view")
+        self.conversation = conversation
+
+    def compose(self) -> ComposeResult:
+        yield Static(self._system_line(), classes="system-line")
+        for msg in self.conversation.messages:
+            yield self._bubble_for(msg)
+
+    def on_mount(self) -> None:
+        self.anchor()
+
+    def _system_line(self) -> Content:
+        prompt = " ".join(self.conversation.system_prompt.split()) or "(none)"
+        return Content.assemble(("system ", "bold $text-muted"), (prompt, "italic $text-muted"),
+                                ("  ctrl+t edits", "$text-muted"))
+
+    def refresh_system_line(self) -> None:
+        self.query_one(".system-line", Static).update(self._system_line())
+
+    @staticmethod
+    def _bubble_for(msg: StoredMessage) -> MessageBubble:
+        label = ""
+        if msg.role == "assistant" and msg.meta.get("of", 1) > 1:
+            label = f"assistant {msg.meta.get('sample', 1)}/{msg.meta['of']}"
+        bubble = MessageBubble(msg.role, msg.content, label=label)
+        bubble.status = _finish_note(msg.meta)
+        bubble.stored = msg  # type: ignore[attr-defined]
+        return bubble
+
+    async def add_message(self, msg: StoredMessage) -> MessageBubble:
+        bubble = self._bubble_for(msg)
+        await self.mount(bubble)
+        return bubble
+
+    async def add_reply(self, label: str) -> MessageBubble:
+        bubble = MessageBubble("assistant", label=label, streaming=True)
+        await self.mount(bubble)
+        self.anchor()
+        return bubble
+
+    def bubbles(self) -> list[MessageBubble]:
+        return list(self.query(MessageBubble))
+
+
+def _finish_note(meta: dict) -> str:
+    finish = meta.get("finish")
+    if meta.get("error"):
+        return f"error: {meta['error']}"
+    return {
+        "cancelled": "stopped",
+        "length": "length limit",
+        "interrupted": "interrupted (app closed)",
+        "error": "error",
+    }.get(finish or "", "")

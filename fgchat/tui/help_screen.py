@@ -1,0 +1,55 @@
+"""Help: every key binding (read from the app's bindings, so it never goes stale) and the modes."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Markdown
+
+MODES_TEXT = """
+## Modes
+- **eager**: every kernel launched from Python (launch overhead and GPU gaps show).
+- **piecewise**: one CUDA graph per segment between attention calls; attention runs eagerly.
+- **full**: the whole decode step is one CUDA graph.
+
+A switch applies at the next decode step; replies in flight continue. Without a CUDA device
+only *eager* runs: asking for another mode is answered with a fallback to eager and the reason.
+
+## Batch size
+Each reply in flight is one sequence of the engine's batch (1..8). Generate in several chat
+tabs at once, or ask for K replies per prompt (F4 / F5), to drive batch sizes 1..8.
+"""
+
+
+def binding_rows(bindings: list[Binding]) -> list[tuple[str, str]]:
+    rows: list[tuple[str, str]] = []
+    for b in bindings:
+        if not b.description:
+            continue
+        keys = ", ".join(k.strip() for k in b.key.split(","))
+        rows.append((keys, b.description))
+    return rows
+
+
+class HelpScreen(ModalScreen[None]):
+    BINDINGS = [
+        Binding("escape,f10,q", "dismiss", "Close help"),
+    ]
+
+    def __init__(self, bindings: list[Binding]) -> None:
+        super().__init__()
+        self._bindings = bindings
+
+    def compose(self) -> ComposeResult:
+        lines = ["# fgchat keys", "", "| key | action |", "|---|---|", "| Enter | send the prompt |"]
+        for keys, desc in binding_rows(self._bindings):
+            lines.append(f"| {keys} | {desc} |")
+        lines.append("| ctrl+p | command palette (modes, themes, export, chats, samples) |")
+        lines.append("| ctrl+q | quit |")
+        with VerticalScroll(id="help-body"):
+            yield Markdown("\n".join(lines) + "\n" + MODES_TEXT + "\n*Esc, F10 or q closes this help.*")
+
+    def action_dismiss(self) -> None:  # type: ignore[override]
+        self.dismiss(None)

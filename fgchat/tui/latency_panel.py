@@ -1,0 +1,206 @@
+"""The latency console: mode and batch size, per-mode histograms, TTFT/TPOT/ITL, GPU vs host,
+tokens per second, a sparkline of recent inter-token latencies, graph capture cost.
+
+The app computes a `PanelView` at most ~10 times a second (coalesced) and hands it over; the
+panel only formats. Nothing here touches the engine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from textual.app import ComposeResult
+from textual.containers import VerticalScroll
+from textual.content import Content
+from textual.widgets import Static
+
+from fgchat.engine.events import MODES, CaptureReport, EngineInfo
+from fgchat.metrics import sparkline
+from fgchat.tui.histogram import MODE_STYLES, ModeHistograms, fmt_ms
+
+MODE_KEYS = {"eager": "F1", "piecewise": "F2", "full": "F3"}
+
+
+@dataclass
+class PanelView:
+    """Everything the panel shows, computed by the app from the latency log."""
+
+    mode: str = "eager"  # the mode the engine reports
+    requested_mode: str | None = None  # asked for, not confirmed yet (or refused: see note)
+    mode_note: str = ""  # e.g. "full unavailable: CUDA graphs need a CUDA device"
+    batch_size: int = 0  # sequences in the latest decode step; 0 when idle
+    last_batch_size: int = 0
+    samples: int = 1  # replies asked for per prompt (K)
+    active_replies: int = 0
+    summary: dict[str, Any] = field(default_factory=dict)  # fgchat.metrics.summarize_records output
+    itl_by_mode: dict[str, np.ndarray] = field(default_factory=dict)
+    recent_itl: list[float] = field(default_factory=list)
+    windowed: int = 0  # > 0: stats cover only the latest `windowed` tokens
+    total_tokens: int = 0
+    info: EngineInfo | None = None
+    engine_state: str = "starting"  # starting | ready | failed
+    engine_error: str = ""
+
+
+class LatencyPanel(VerticalScroll):
+    """Right-hand console; `show(view)` redraws only what changed."""
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.view = PanelView()
+        self._texts: dict[str, str] = {}
+
+    def compose(self) -> ComposeResult:
+        yield Static(id="mode-bar")
+        yield Static(id="batch-line")
+        yield Static(id="mode-note")
+        yield Static("ITL per mode, one axis", id="hist-title", classes="section")
+        yield ModeHistograms(id="histograms")
+        yield Static(id="stats")
+        yield Static(id="throughput")
+        yield Static(id="gpu-host")
+        yield Static(id="spark")
+        yield Static(id="captures")
+        yield Static(id="engine-info")
+
+    # ---- formatting ---------------------------------------------------------------------
+    def show(self, view: PanelView) -> None:
+        self.view = view
+        available = view.info.available_modes if view.info else {}
+        self._set("mode-bar", self._mode_bar(view, available))
+        self._set("batch-line", self._batch_line(view))
+        self._set("mode-note", self._note(view))
+        self.query_one(ModeHistograms).set_data(view.itl_by_mode, available, view.mode)
+        self._set("stats", self._stats(view.summary))
+        self._set("throughput", self._throughput(view))
+        self._set("gpu-host", self._gpu_host(view.summary))
+        self._set("spark", self._spark(view.recent_itl))
+        self._set("captures", self._captures(view.info))
+        self._set("engine-info", self._engine_info(view))
+
+    def _set(self, widget_id: str, content: Content) -> None:
+        key = content.markup if isinstance(content, Content) else str(content)
+        if self._texts.get(widget_id) == key:
+            return
+        self._texts[widget_id] = key
+        widget = self.query_one(f"#{widget_id}", Static)
+        widget.update(content)
+        widget.display = bool(content.plain.strip()) or widget_id not in ("mode-note",)
+
+    def text_of(self, widget_id: str) -> str:
+        """Plain text currently shown by one of the panel's lines (tests, screenshots)."""
+        widget = self.query_one(f"#{widget_id}", Static)
+        visual = widget.visual
+        return getattr(visual, "plain", str(visual))
+
+    @staticmethod
+    def _mode_bar(view: PanelView, available: dict[str, str]) -> Content:
+        parts: list[Content | tuple[str, str] | str] = []
+        for mode in MODES:
+            key = MODE_KEYS[mode]
+            unavailable = bool(available.get(mode))
+            label = f" {key} {mode}{' n/a' if unavailable else ''} "
+            if mode == view.mode:
+                style = f"bold reverse {MODE_STYLES[mode]}"
+            elif unavailable:
+                style = "$text-muted strike"
+            else:
+                style = MODE_STYLES[mode]
+            parts.append((label, style))
+            parts.append(" ")
+        return Content.assemble(*parts)
+
+    @staticmethod
+    def _batch_line(view: PanelView) -> Content:
+        if view.batch_size:
+            batch = (f"batch size {view.batch_size}", "bold $accent")
+        else:
+            last = f" (last {view.last_batch_size})" if view.last_batch_size else ""
+            batch = (f"batch size 0 idle{last}", "$text-muted")
+        return Content.assemble(
+            ("mode ", "$text-muted"), (view.mode, f"bold {MODE_STYLES.get(view.mode, '')}"),
+            ("  ", ""), batch, ("  ", ""), ("K ", "$text-muted"), (str(view.samples), "bold"),
+        )
+
+    @staticmethod
+    def _note(view: PanelView) -> Content:
+        if view.engine_state == "failed":
+            return Content.assemble(("engine stopped: ", "bold $error"), (view.engine_error, "$error"))
+        if view.requested_mode and view.requested_mode != view.mode and not view.mode_note:
+            return Content.assemble((f"switching to {view.requested_mode}…", "$warning"))
+        if view.mode_note:
+            return Content.assemble(("⚠ ", "$warning"), (view.mode_note, "$warning"))
+        return Content("")
+
+    @staticmethod
+    def _stats(s: dict[str, Any]) -> Content:
+        head = f"{'':<8}{'mean':>7}{'p50':>7}{'p90':>7}{'p99':>7}"
+        rows: list[Content] = [Content.assemble((head, "bold $text-muted"))]
+        for key, label in (("ttft", "TTFT ms"), ("tpot", "TPOT ms"), ("itl", "ITL ms")):
+            cells = "".join(f"{fmt_ms(s.get(f'{key}_ms_{st}')):>7}" for st in ("mean", "p50", "p90", "p99"))
+            rows.append(Content.assemble((f"{label:<8}", "bold"), cells))
+        return Content("\n").join(rows)
+
+    @staticmethod
+    def _throughput(view: PanelView) -> Content:
+        s = view.summary
+        per_seq = s.get("tokens_per_s")
+        total = s.get("throughput_tokens_per_s")
+        text = (
+            f"tok/s {per_seq:.1f} per seq" if per_seq else "tok/s –"
+        ) + (f" · {total:.1f} all" if total else "")
+        scope = f" (last {view.windowed})" if view.windowed else ""
+        return Content.assemble((text, "bold"), (f"  {view.total_tokens} tokens{scope}", "$text-muted"))
+
+    @staticmethod
+    def _gpu_host(s: dict[str, Any]) -> Content:
+        gpu, host, frac = s.get("gpu_step_ms_mean"), s.get("host_overhead_ms_mean"), s.get("gpu_fraction")
+        if gpu is None:
+            return Content.assemble(("GPU/step – host – ", ""), ("(no GPU timing on CPU)", "$text-muted"))
+        pct = f" ({frac * 100:.0f}% GPU)" if frac is not None else ""
+        return Content.assemble(
+            ("GPU/step ", "$text-muted"), (f"{fmt_ms(gpu)} ms", "bold $success"),
+            ("  host ", "$text-muted"), (f"{fmt_ms(host)} ms", "bold $warning"), (pct, "$text-muted"),
+        )
+
+    def _spark(self, recent: list[float]) -> Content:
+        width = max(8, self.size.width - 12) if self.size.width else 24
+        if not recent:
+            return Content.assemble(("ITL recent ", "$text-muted"), ("waiting for tokens", "$text-muted"))
+        line = sparkline(recent, width)
+        shown = [v for v in recent[-width:] if v is not None]
+        lo, hi = (min(shown), max(shown)) if shown else (0.0, 0.0)
+        return Content.assemble(
+            ("ITL recent ", "$text-muted"), (line, "$accent"),
+            ("\n", ""), (f"{'':11}{fmt_ms(lo)}–{fmt_ms(hi)} ms, last {fmt_ms(recent[-1])}", "$text-muted"),
+        )
+
+    @staticmethod
+    def _captures(info: EngineInfo | None) -> Content:
+        if info is None:
+            return Content("")
+        reports: list[CaptureReport] = list(info.captures)
+        if not reports:
+            return Content.assemble(("graphs ", "$text-muted"), ("none captured", "$text-muted"))
+        parts: list[Any] = [("graphs", "$text-muted")]
+        for mode in ("piecewise", "full"):
+            mine = [r for r in reports if r.mode == mode]
+            if mine:
+                secs = sum(r.seconds for r in mine)
+                mib = sum(r.pool_mib for r in mine)
+                parts.append((f"\n {mode:<9} {len(mine)} sizes {secs:.2f} s {mib:.0f} MiB", MODE_STYLES[mode]))
+        return Content.assemble(*parts)
+
+    @staticmethod
+    def _engine_info(view: PanelView) -> Content:
+        info = view.info
+        if view.engine_state == "starting":
+            return Content.assemble(("engine starting: loading the model…", "$text-muted"))
+        if info is None:
+            return Content("")
+        return Content.assemble(
+            (f"{info.model_name}", "bold"),
+            (f"\n{info.device} · {info.dtype} · {info.attention_backend} · ctx {info.max_context}", "$text-muted"),
+        )

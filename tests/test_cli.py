@@ -1,0 +1,125 @@
+"""The headless CLI as a user runs it: subprocesses, stdout/stderr, exit codes, no tracebacks."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONWARNINGS": "ignore"}
+
+
+def fgchat(*args: str, env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "fgchat.cli", *args], capture_output=True, text=True,
+                          env=env or ENV, timeout=timeout)
+
+
+def assert_one_line_error(p: subprocess.CompletedProcess, needle: str) -> None:
+    assert p.returncode != 0
+    assert "Traceback" not in p.stderr
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, p.stderr
+    assert needle in lines[0], lines[0]
+
+
+def test_generate_json_matches_engine(tiny_llama):
+    p = fgchat("generate", "--model", str(tiny_llama), "--prompt", "Hello there", "--max-tokens", "12",
+               "--json", "--device", "cpu")
+    assert p.returncode == 0, p.stderr
+    obj = json.loads(p.stdout)
+    assert set(obj) >= {"text", "token_ids", "ttft_ms", "tpot_ms", "itl_ms", "model"}
+    assert 1 <= len(obj["token_ids"]) <= 12
+    assert len(obj["itl_ms"]) == len(obj["token_ids"]) - 1
+    assert "ttft" in p.stderr and "tpot" in p.stderr
+
+
+def test_generate_n_batches(tiny_llama):
+    p = fgchat("generate", "--model", str(tiny_llama), "--prompt", "Hi", "--max-tokens", "6", "--n", "3",
+               "--temperature", "1.0", "--seed", "5", "--json")
+    assert p.returncode == 0, p.stderr
+    obj = json.loads(p.stdout)
+    assert len(obj["completions"]) == 3
+    assert "batch 3" in p.stderr
+
+
+def test_generate_streams_text(tiny_llama):
+    p = fgchat("generate", "--model", str(tiny_llama), "--prompt", "Hello", "--max-tokens", "8", "--raw")
+    assert p.returncode == 0, p.stderr
+    assert p.stderr.count("[request") == 1
+
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--model", "/nonexistent/model"], "not found"),
+        (["--model", "nobody-xyz/does-not-exist-42"], "nobody-xyz/does-not-exist-42"),
+        (["--temperature", "-1"], "temperature"),
+        (["--top-p", "0"], "top-p"),
+        (["--top-k", "-3"], "top-k"),
+        (["--n", "9"], "--n"),
+        (["--n", "0"], "--n"),
+        (["--max-tokens", "0"], "max tokens"),
+    ],
+)
+def test_bad_input_is_one_line(tiny_llama, args, needle):
+    base = ["generate", "--prompt", "hi"]
+    if "--model" not in args:
+        base += ["--model", str(tiny_llama)]
+    assert_one_line_error(fgchat(*base, *args), needle)
+
+
+def test_prompt_longer_than_context(tiny_llama):
+    p = fgchat("generate", "--model", str(tiny_llama), "--prompt", "word " * 400, "--max-context", "128")
+    assert_one_line_error(p, "context holds 128")
+
+
+def test_unsupported_architecture(tmp_path, tiny_llama):
+    import shutil
+
+    d = tmp_path / "gpt2ish"
+    shutil.copytree(tiny_llama, d)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["architectures"] = ["GPT2LMHeadModel"]
+    (d / "config.json").write_text(json.dumps(cfg))
+    assert_one_line_error(fgchat("generate", "--model", str(d), "--prompt", "hi"), "LlamaForCausalLM")
+
+
+def test_truncated_weights(tmp_path, tiny_llama):
+    import shutil
+
+    d = tmp_path / "cut"
+    shutil.copytree(tiny_llama, d)
+    w = d / "model.safetensors"
+    w.write_bytes(w.read_bytes()[: w.stat().st_size // 2])
+    assert_one_line_error(fgchat("generate", "--model", str(d), "--prompt", "hi"), "model.safetensors")
+
+
+def test_unknown_subcommand_option_is_one_line():
+    assert_one_line_error(fgchat("generate"), "--prompt")
+
+
+def test_bench_smoke_json(tmp_path):
+    out = tmp_path / "bench.json"
+    csv_out = tmp_path / "bench.csv"
+    p = fgchat("bench", "--preset", "tiny", "--random-weights", "--batch-sizes", "1,2", "--prompt-len", "16",
+               "--output-len", "6", "--repeats", "1", "--warmup", "0", "--json", str(out), "--csv",
+               str(csv_out), "--no-progress")
+    assert p.returncode == 0, p.stderr
+    data = json.loads(out.read_text())
+    runs = {(r["runner"], r["batch_size"]): r for r in data["runs"]}
+    assert set(runs) == {("fgchat-eager", 1), ("fgchat-eager", 2)}
+    for r in runs.values():
+        assert r["tpot_ms"]["mean"] > 0 and r["ttft_ms"]["mean"] > 0
+        assert r["requests"] == r["batch_size"]
+    skipped = {s["runner"] for s in data["skipped"]}
+    assert skipped == {"fgchat-piecewise", "fgchat-full"}  # CPU: graphs skipped with a reason
+    assert "TPOT" in p.stdout and "summary" in p.stdout
+    assert csv_out.read_text().startswith("runner,batch_size")
+
+
+def test_bench_unknown_preset():
+    p = fgchat("bench", "--preset", "gpt5", "--random-weights")
+    assert_one_line_error(p, "llama-3.2-1b")

