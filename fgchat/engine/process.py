@@ -24,6 +24,7 @@ import multiprocessing as mp
 import os
 import queue
 import signal
+import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -285,6 +286,17 @@ class EngineProcess(_EngineHandle):
     def start(self) -> None:
         if self._proc is not None:
             raise RuntimeError("engine process already started")
+        # multiprocessing hands sys.stderr's fd to its helper processes; a UI (Textual) or a test
+        # runner may have replaced sys.stderr with an object without a real fd: use the originals.
+        saved = sys.stdout, sys.stderr
+        if sys.__stdout__ is not None and sys.__stderr__ is not None:
+            sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
+        try:
+            self._start()
+        finally:
+            sys.stdout, sys.stderr = saved
+
+    def _start(self) -> None:
         self._commands = self._ctx.Queue()
         self._reader, writer = self._ctx.Pipe(duplex=False)
         self._proc = self._ctx.Process(

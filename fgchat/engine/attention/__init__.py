@@ -29,7 +29,12 @@ def get_backend(name: str, device: torch.device) -> DecodeAttention:
     if name not in BACKEND_NAMES:
         raise FgchatError(f"unknown attention backend '{name}' (choose {', '.join(BACKEND_NAMES)})")
     if name == "auto":
-        name = "triton" if device.type == "cuda" and torch.cuda.is_available() and triton_available() else "torch"
+        if device.type == "cuda" and torch.cuda.is_available() and triton_available():
+            try:
+                return get_backend("triton", device)
+            except FgchatError:  # triton present but unusable (e.g. a broken install): use torch
+                pass
+        name = "torch"
     if name == "torch":
         from fgchat.engine.attention.torch_ref import TorchDecodeAttention
 
