@@ -187,3 +187,16 @@ def test_stops_on_eos(tiny_llama):
     seq.stop_ids = frozenset({toks[2]})
     out = finished(eng.run_until_done())[rid]
     assert out.token_ids == toks[: toks.index(toks[2]) + 1] and out.finish_reason == "stop"
+
+
+def test_garbage_in_unwritten_cache_never_leaks(tiny_llama):
+    """The cache is uninitialised memory: NaN everywhere unwritten must not change any output."""
+    eng = make_engine(tiny_llama)
+    prompts = [prompt_of(4 + 5 * i, 70 + i, eng.cfg.vocab_size) for i in range(3)]
+    rids = [eng.submit(p, SamplingParams(max_tokens=10, ignore_eos=True)) for p in prompts]
+    clean = finished(eng.run_until_done())
+    for t in eng.cache.k + eng.cache.v:
+        t.fill_(float("nan"))
+    rids2 = [eng.submit(p, SamplingParams(max_tokens=10, ignore_eos=True)) for p in prompts]
+    dirty = finished(eng.run_until_done())
+    assert [dirty[r].token_ids for r in rids2] == [clean[r].token_ids for r in rids]

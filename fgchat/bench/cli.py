@@ -31,7 +31,7 @@ def add_bench_parser(sub) -> None:
     b.add_argument("--output-len", type=int, default=128)
     b.add_argument("--warmup", type=int, default=1)
     b.add_argument("--repeats", type=int, default=3)
-    b.add_argument("--peers", default="", help="comma list of peers to run side by side: hf")
+    b.add_argument("--peers", default="", help="peers run side by side: hf (= hf-eager,hf-compile), hf-eager, hf-compile")
     b.add_argument("--json", default=None, help="write full records as JSON here")
     b.add_argument("--csv", default=None, help="write one row per (runner, batch size) here")
     b.add_argument("--attention", default="auto")
@@ -50,8 +50,8 @@ def run_bench(args: argparse.Namespace) -> int:
     if bad:
         raise FgchatError(f"unknown mode(s) {', '.join(bad)} (choose eager, piecewise, full)")
     peers = [p.strip() for p in args.peers.split(",") if p.strip()]
-    if any(p != "hf" for p in peers):
-        raise FgchatError(f"unknown peer(s) {args.peers} (known: hf)")
+    if any(p not in ("hf", "hf-eager", "hf-compile") for p in peers):
+        raise FgchatError(f"unknown peer(s) {args.peers} (known: hf, hf-eager, hf-compile)")
     if args.preset and not args.random_weights:
         raise FgchatError("--preset needs --random-weights (presets carry shapes, not weights)")
     if args.random_weights and not args.preset:

@@ -82,12 +82,17 @@ def run_hf_peers(spec: BenchSpec, loaded, advance: Callable[[str], None]):
         model = _hf_model(spec, device, dtype)
     except Exception as exc:  # noqa: BLE001 - any failure marks the peer rows
         return [], [{"runner": "hf", "reason": f"could not build the transformers model: {exc}"}]
-    for b in spec.batch_sizes:
+    wanted = set()
+    for p in spec.peers:
+        wanted |= {"hf-eager", "hf-compile"} if p == "hf" else {p}
+    for b in spec.batch_sizes if "hf-eager" in wanted else []:
         advance(f"hf-eager batch {b}")
         try:
             runs.append(_measure(model, spec, b, device, False, "hf-eager"))
         except Exception as exc:  # noqa: BLE001
             skipped.append({"runner": "hf-eager", "reason": str(exc).splitlines()[0][:200]})
+    if "hf-compile" not in wanted:
+        return runs, skipped
     try:
         if getattr(model.generation_config, "disable_compile", None) is not None:
             model.generation_config.disable_compile = True

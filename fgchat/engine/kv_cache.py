@@ -1,7 +1,9 @@
 """Static KV cache: per layer one K and one V tensor [slots, max_context, kv_heads, head_dim].
 
 Invariant: addresses never change after construction, so captured CUDA graphs stay valid.
-The cache is zero-initialised so masked (unwritten) positions can never inject NaN.
+The cache is left uninitialised (allocation is instant, pages are touched only when written):
+every attention backend reads only positions < seq_len of its own slot, or masks both the score
+and the V row of any other position, so garbage there can never reach an output.
 """
 
 from __future__ import annotations
@@ -46,8 +48,8 @@ class KVCache:
     ) -> None:
         shape = (NUM_SLOTS, max_context, cfg.num_kv_heads, cfg.head_dim)
         self.max_context = max_context
-        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.num_layers)]
-        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.num_layers)]
+        self.k = [torch.empty(shape, device=device, dtype=dtype) for _ in range(cfg.num_layers)]
+        self.v = [torch.empty(shape, device=device, dtype=dtype) for _ in range(cfg.num_layers)]
 
     @property
     def nbytes(self) -> int:

@@ -25,6 +25,7 @@ from textual import on, work
 from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
+from textual.content import Content
 from textual.screen import Screen
 from textual.widgets import Footer, Header, Input, Static, TabbedContent, TabPane
 from textual.worker import get_current_worker
@@ -162,6 +163,7 @@ class FgchatApp(App[int]):
         self._dirty = True
         self._closed = False
         self._csv_error = ""
+        self.notices: list[tuple[str, str]] = []  # (severity, text) of every notification shown
         self.theme_problems: list[str] = []
         self.file_themes: list[str] = []
         self._register_file_themes()
@@ -201,6 +203,19 @@ class FgchatApp(App[int]):
         self.set_interval(REFRESH_S, self._tick)
         self._update_subtitle()
         self.query_one("#prompt", Input).focus()
+
+    def notify(
+        self,
+        message: str,
+        *,
+        title: str = "",
+        severity="information",
+        timeout: float | None = None,
+        markup: bool = False,
+    ) -> None:
+        """Notifications default to plain text here: engine messages and paths may contain '['."""
+        self.notices.append((severity, f"{title}: {message}" if title else message))
+        super().notify(message, title=title, severity=severity, timeout=timeout, markup=markup)
 
     def _remember_theme(self, theme) -> None:
         self.settings.set("theme", theme.name)
@@ -254,6 +269,9 @@ class FgchatApp(App[int]):
             reply = self.replies.get(rid)
             if reply is not None:
                 await reply.bubble.append("".join(parts))
+                view = reply.bubble.parent
+                if isinstance(view, ChatView):
+                    view.call_after_refresh(view.follow)
         for ev in endings:
             if isinstance(ev, RequestFinished):
                 await self._finish_reply(ev.summary)
@@ -296,12 +314,12 @@ class FgchatApp(App[int]):
                 await self._fail_reply(rid, ev.message)
             banner = self.query_one("#engine-banner", Static)
             if loaded:
-                banner.update(
+                banner.update(Content(
                     f"✖ engine stopped: {ev.message}\nPartial replies and the latency log are kept. "
                     "Restart it from the command palette (ctrl+p → Restart engine)."
-                )
+                ))
             else:
-                banner.update(f"✖ model failed to load: {ev.message}")
+                banner.update(Content(f"✖ model failed to load: {ev.message}"))
             banner.display = True
             self.notify(ev.message, title="engine stopped" if loaded else "model failed to load",
                         severity="error", timeout=15)

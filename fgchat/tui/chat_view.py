@@ -28,6 +28,7 @@ class MessageBubble(Vertical):
         self.streaming = streaming
         self.status = "generating…" if streaming else ""
         self._stream = None
+        self.appends = 0  # streamed fragments received (each engine poll batch adds one)
 
     def compose(self) -> ComposeResult:
         yield Static(self._header(), classes="bubble-header")
@@ -51,6 +52,7 @@ class MessageBubble(Vertical):
         if not text:
             return
         self.text += text
+        self.appends += 1
         if not self.is_mounted:
             return
         if self._stream is None:
@@ -89,7 +91,14 @@ class ChatView(VerticalScroll):
             yield self._bubble_for(msg)
 
     def on_mount(self) -> None:
-        self.anchor()
+        self.call_after_refresh(self.follow)
+
+    def follow(self) -> None:
+        """Keep the newest text in view once the conversation overflows the view.
+
+        (Anchoring earlier would push short conversations to the bottom of the view.)"""
+        if not self.is_anchored and self.virtual_size.height > self.scrollable_content_region.height:
+            self.anchor()
 
     def _system_line(self) -> Content:
         prompt = " ".join(self.conversation.system_prompt.split()) or "(none)"
@@ -112,12 +121,13 @@ class ChatView(VerticalScroll):
     async def add_message(self, msg: StoredMessage) -> MessageBubble:
         bubble = self._bubble_for(msg)
         await self.mount(bubble)
+        self.call_after_refresh(self.follow)
         return bubble
 
     async def add_reply(self, label: str) -> MessageBubble:
         bubble = MessageBubble("assistant", label=label, streaming=True)
         await self.mount(bubble)
-        self.anchor()
+        self.call_after_refresh(self.follow)
         return bubble
 
     def bubbles(self) -> list[MessageBubble]:

@@ -19,7 +19,8 @@ from fgchat.metrics import histogram, shared_bins
 
 MODE_STYLES: dict[str, str] = {"eager": "$error", "piecewise": "$warning", "full": "$success"}
 _V_BLOCKS = "▁▂▃▄▅▆▇█"
-LABEL_WIDTH = 10
+LABEL_WIDTH = 11
+_SHORT = {"eager": "eager", "piecewise": "piece", "full": "full"}
 
 
 def fmt_ms(value: float | None) -> str:
@@ -32,6 +33,17 @@ def fmt_ms(value: float | None) -> str:
     if abs(v) < 100:
         return f"{v:.1f}"
     return f"{v:.0f}"
+
+
+def compact_count(n: int) -> str:
+    """Counts in at most 4 characters: 999, 1.2k, 12k, 1.2M."""
+    if n < 1000:
+        return str(n)
+    if n < 10_000:
+        return f"{n / 1000:.1f}k"
+    if n < 1_000_000:
+        return f"{n // 1000}k"
+    return f"{n / 1e6:.1f}M"
 
 
 def column_rows(counts: np.ndarray, rows: int) -> list[str]:
@@ -92,7 +104,7 @@ class ModeHistograms(Widget):
             values = self.series[mode]
             style = MODE_STYLES[mode]
             marker = "▶" if mode == self.current_mode else " "
-            labels = [f"{marker}{mode}"[:LABEL_WIDTH - 1], f" n={values.size}"]
+            labels = [f"{marker}{mode}"[:LABEL_WIDTH], f" n={compact_count(values.size)}"]
             if edges is not None and values.size:
                 counts = histogram(values, edges)
                 self.counts[mode] = counts
@@ -104,7 +116,7 @@ class ModeHistograms(Widget):
                 bars[-1] = ("·" * 2 + " " + reason)[:bins].ljust(bins)
             for r, bar in enumerate(bars):
                 if rows == 1:
-                    label = f"{marker}{mode}"[:5].ljust(5) + f"{values.size:>4} "
+                    label = f"{marker}{_SHORT[mode]:<5}{compact_count(values.size):>4} "
                 else:
                     label = labels[r] if r < len(labels) else ""
                 label_style = f"bold {style}" if mode == self.current_mode else style

@@ -69,11 +69,15 @@ class LatencyPanel(VerticalScroll):
     def show(self, view: PanelView) -> None:
         self.view = view
         available = view.info.available_modes if view.info else {}
-        self._set("mode-bar", self._mode_bar(view, available))
-        self._set("batch-line", self._batch_line(view))
+        width = self.scrollable_content_region.width or 40
+        self._set("mode-bar", self._mode_bar(view, available, width))
+        self._set("batch-line", self._batch_line(view, width))
         self._set("mode-note", self._note(view))
-        self.query_one(ModeHistograms).set_data(view.itl_by_mode, available, view.mode)
-        self._set("stats", self._stats(view.summary))
+        hist = self.query_one(ModeHistograms)
+        height = self.app.size.height
+        hist.rows_per_mode = 1 if height < 34 else (2 if height < 50 else 3)
+        hist.set_data(view.itl_by_mode, available, view.mode)
+        self._set("stats", self._stats(view.summary, width))
         self._set("throughput", self._throughput(view))
         self._set("gpu-host", self._gpu_host(view.summary))
         self._set("spark", self._spark(view.recent_itl))
@@ -96,12 +100,17 @@ class LatencyPanel(VerticalScroll):
         return getattr(visual, "plain", str(visual))
 
     @staticmethod
-    def _mode_bar(view: PanelView, available: dict[str, str]) -> Content:
+    def _mode_bar(view: PanelView, available: dict[str, str], width: int = 60) -> Content:
         parts: list[Content | tuple[str, str] | str] = []
         for mode in MODES:
             key = MODE_KEYS[mode]
             unavailable = bool(available.get(mode))
-            label = f" {key} {mode}{' n/a' if unavailable else ''} "
+            if width >= 46:
+                label = f" {key} {mode}{' n/a' if unavailable else ''} "
+            elif width >= 36:
+                label = f" {key} {mode} "
+            else:
+                label = f" {mode} "
             if mode == view.mode:
                 style = f"bold reverse {MODE_STYLES[mode]}"
             elif unavailable:
@@ -113,12 +122,12 @@ class LatencyPanel(VerticalScroll):
         return Content.assemble(*parts)
 
     @staticmethod
-    def _batch_line(view: PanelView) -> Content:
+    def _batch_line(view: PanelView, width: int = 60) -> Content:
         if view.batch_size:
             batch = (f"batch size {view.batch_size}", "bold $accent")
         else:
-            last = f" (last {view.last_batch_size})" if view.last_batch_size else ""
-            batch = (f"batch size 0 idle{last}", "$text-muted")
+            last = f", last {view.last_batch_size}" if view.last_batch_size and width >= 44 else ""
+            batch = (f"batch size 0 (idle{last})", "$text-muted")
         return Content.assemble(
             ("mode ", "$text-muted"), (view.mode, f"bold {MODE_STYLES.get(view.mode, '')}"),
             ("  ", ""), batch, ("  ", ""), ("K ", "$text-muted"), (str(view.samples), "bold"),
@@ -135,12 +144,15 @@ class LatencyPanel(VerticalScroll):
         return Content("")
 
     @staticmethod
-    def _stats(s: dict[str, Any]) -> Content:
-        head = f"{'':<8}{'mean':>7}{'p50':>7}{'p90':>7}{'p99':>7}"
+    def _stats(s: dict[str, Any], width: int = 60) -> Content:
+        wide = width >= 36
+        lw, cw = (8, 7) if wide else (5, 7 if width >= 33 else 6)
+        head = f"{'' if wide else 'ms':<{lw}}" + "".join(f"{h:>{cw}}" for h in ("mean", "p50", "p90", "p99"))
         rows: list[Content] = [Content.assemble((head, "bold $text-muted"))]
-        for key, label in (("ttft", "TTFT ms"), ("tpot", "TPOT ms"), ("itl", "ITL ms")):
-            cells = "".join(f"{fmt_ms(s.get(f'{key}_ms_{st}')):>7}" for st in ("mean", "p50", "p90", "p99"))
-            rows.append(Content.assemble((f"{label:<8}", "bold"), cells))
+        for key, label in (("ttft", "TTFT"), ("tpot", "TPOT"), ("itl", "ITL")):
+            cells = "".join(f"{fmt_ms(s.get(f'{key}_ms_{st}')):>{cw}}" for st in ("mean", "p50", "p90", "p99"))
+            name = f"{label} ms" if wide else label
+            rows.append(Content.assemble((f"{name:<{lw}}", "bold"), cells))
         return Content("\n").join(rows)
 
     @staticmethod

@@ -90,8 +90,11 @@ class Conversation:
         if self.system_prompt.strip():
             out.append({"role": "system", "content": self.system_prompt})
         for m in self.messages:
-            if not m.meta.get("alt"):
-                out.append({"role": m.role, "content": m.content})
+            if m.meta.get("alt"):
+                continue  # extra samples are shown and stored, not fed back
+            if m.role == "assistant" and not m.content and m.meta.get("finish") == "error":
+                continue  # a reply that failed before its first token adds nothing
+            out.append({"role": m.role, "content": m.content})
         return out
 
 

@@ -1,0 +1,448 @@
+"""The Textual app driven by Pilot, with a real engine on a tiny model (CPU).
+
+Most tests use the engine in its own process (the app's default); a few use the in-thread
+variant where start-up time matters more than isolation. On CPU only eager runs: asking for
+piecewise/full is answered with a fallback to eager, which the UI must show. One test builds an
+engine whose graph modes "work" (they replay the eager program) so the recorded side of a mode
+switch can be checked too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from fgchat.engine.core import Engine, EngineConfig
+from fgchat.engine.events import SamplingParams
+from fgchat.engine.process import EngineThread
+from fgchat.metrics import CsvAppender, read_requests_csv, read_tokens_csv
+from fgchat.tui.app import FgchatApp
+from fgchat.tui.chat_view import ChatView, MessageBubble
+from fgchat.tui.histogram import ModeHistograms
+from fgchat.tui.latency_panel import LatencyPanel
+from fgchat.tui.store import ChatStore
+
+pytestmark = pytest.mark.timeout(120)
+
+START_TIMEOUT = 60.0  # spawn + import torch + load, on a busy 2-core machine
+SIZE = (120, 40)
+
+
+@pytest.fixture
+def data_dir(tmp_path, monkeypatch) -> Path:
+    path = tmp_path / "data"
+    monkeypatch.setenv("FGCHAT_DATA_DIR", str(path))
+    return path
+
+
+def make_app(
+    model: Path | str,
+    *,
+    max_tokens: int = 48,
+    thread: bool = False,
+    make_engine=None,
+    max_context: int = 1024,
+    log_csv: CsvAppender | None = None,
+) -> FgchatApp:
+    config = EngineConfig(model=str(model), device="cpu", mode="eager", max_context=max_context)
+    factory = None
+    if thread or make_engine is not None:
+        factory = lambda cfg: EngineThread(cfg, make_engine=make_engine and (lambda: make_engine(cfg)))  # noqa: E731
+    return FgchatApp(
+        config,
+        engine_factory=factory,
+        log_csv=log_csv,
+        sampling=SamplingParams(max_tokens=max_tokens, ignore_eos=True),
+    )
+
+
+async def wait_for(pilot, condition, what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for: {what}")
+        await pilot.pause(0.02)
+
+
+async def wait_ready(pilot, app: FgchatApp) -> None:
+    await wait_for(pilot, lambda: app.engine_state != "starting", "engine start", START_TIMEOUT)
+    assert app.engine_state == "ready", app.engine_error
+
+
+async def type_prompt(pilot, text: str) -> None:
+    app = pilot.app
+    app.query_one("#prompt").value = text
+    await pilot.press("enter")
+
+
+def panel(app: FgchatApp) -> LatencyPanel:
+    return app.query_one(LatencyPanel)
+
+
+def assistant_bubbles(app: FgchatApp) -> list[MessageBubble]:
+    chat = app.current_chat
+    assert chat is not None
+    return [b for b in chat.bubbles() if b.role == "assistant"]
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+async def test_reply_streams_mode_fallback_histograms_export(tiny_llama, data_dir, tmp_path):
+    app = make_app(tiny_llama, max_tokens=64)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_ready(pilot, app)
+        assert app.engine_info.available_modes["full"]  # CPU: graphs are unavailable
+
+        # a prompt streams a reply
+        await type_prompt(pilot, "Hello there")
+        await wait_for(pilot, lambda: app.replies, "the reply to start")
+        (reply,) = app.replies.values()
+        await wait_for(pilot, lambda: not app.replies, "the reply to finish")
+        bubble = reply.bubble
+        assert bubble.appends >= 2, "text should arrive in several pieces while it streams"
+        conv = app.current_chat.conversation
+        assert [m.role for m in conv.messages] == ["user", "assistant"]
+        final = conv.messages[-1]
+        assert final.content == bubble.text and final.meta["tokens"] == 64
+        assert not bubble.streaming and "64 tok" in bubble.status
+        first_rid = reply.rid
+
+        # mode key: full is asked for, the engine answers it fell back to eager; the UI says so
+        await pilot.press("f3")
+        await wait_for(pilot, lambda: "full unavailable" in app.mode_note, "ModeChanged with a reason")
+        await wait_for(pilot, lambda: "full unavailable" in panel(app).text_of("mode-note"), "note shown")
+        assert "mode eager" in panel(app).text_of("batch-line")
+        assert any("full unavailable" in text for sev, text in app.notices if sev == "warning")
+
+        # tokens after the switch record the mode the engine reports (eager), not the one asked for
+        await type_prompt(pilot, "And again")
+        await wait_for(pilot, lambda: app.replies, "second reply to start")
+        await wait_for(pilot, lambda: not app.replies, "second reply to finish")
+        later = [t for t in app.latency_log.tokens() if t.request_id != first_rid]
+        assert len(later) == 64
+        assert {t.mode for t in later} == {app.engine_mode} == {"eager"}
+
+        # histograms received data (eager only; the other two are on the same axis, empty)
+        await wait_for(pilot, lambda: panel(app).view.total_tokens == 128, "panel refresh")
+        hist = app.query_one(ModeHistograms)
+        assert hist.series["eager"].size == 126  # two requests x 63 inter-token latencies
+        assert hist.series["full"].size == 0 and hist.series["piecewise"].size == 0
+        assert int(hist.counts["eager"].sum()) == 126
+        assert hist.total == 126
+
+        # export: the key opens a dialog; the CSV rows match the streamed tokens
+        out = tmp_path / "export" / "run-tokens.csv"
+        out.parent.mkdir()
+        await pilot.press("ctrl+s")
+        await wait_for(pilot, lambda: app.screen.query("#export-path"), "export dialog")
+        app.screen.query_one("#export-path").value = str(out)
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: out.exists(), "tokens CSV")
+        rows = read_tokens_csv(out)
+        logged = app.latency_log.tokens()
+        assert len(rows) == len(logged) == 128
+        assert [(r.request_id, r.token_index, r.mode, r.batch_size) for r in rows] == [
+            (t.request_id, t.token_index, t.mode, t.batch_size) for t in logged
+        ]
+        assert {r.chat_id for r in rows} == {conv.id}
+        for rid in {r.request_id for r in rows}:
+            assert [r.token_index for r in rows if r.request_id == rid] == list(range(64))
+        requests = read_requests_csv(out.with_name("run-requests.csv"))
+        assert [r.output_tokens for r in requests] == [64, 64]
+
+        # an unwritable path: visible error, the log stays in memory, a retry works
+        bad = tmp_path / "missing-dir" / "x-tokens.csv"
+        assert app.export_log(bad) is None
+        assert any(sev == "error" and "export failed" in text for sev, text in app.notices)
+        assert app.latency_log.token_count == 128
+        assert app.export_log(tmp_path / "retry-tokens.csv") is not None
+        assert len(read_tokens_csv(tmp_path / "retry-tokens.csv")) == 128
+
+
+class GraphlessModesEngine(Engine):
+    """An engine whose piecewise/full modes are "available" and run the eager program.
+
+    Lets a CPU test exercise the recorded side of a live mode switch (mode per token, mode
+    counts per request) without CUDA graphs.
+    """
+
+    def _init_graphs(self) -> None:
+        self.unavailable.update(piecewise="", full="")
+
+    def _replay(self, mode, b, do_sample):
+        self.program.max_len_hint = None
+        return self.program.run_eager(b, do_sample)
+
+
+async def test_mode_switch_is_recorded_on_later_tokens(tiny_llama, data_dir):
+    app = make_app(tiny_llama, max_tokens=900, make_engine=GraphlessModesEngine)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_ready(pilot, app)
+        assert not any(app.engine_info.available_modes.values())
+        await type_prompt(pilot, "Tell me a long story")
+        await wait_for(pilot, lambda: app.latency_log.token_count >= 6, "some eager tokens")
+        (reply,) = app.replies.values()
+
+        await pilot.press("f3")
+        await wait_for(pilot, lambda: app.engine_mode == "full", "the engine to confirm full")
+        assert app.mode_note == ""
+        await wait_for(pilot, lambda: any(t.mode == "full" for t in app.latency_log.tokens()), "full tokens")
+        await wait_for(pilot, lambda: "mode full" in panel(app).text_of("batch-line"), "mode shown")
+
+        await pilot.press("f2")
+        await wait_for(pilot, lambda: any(t.mode == "piecewise" for t in app.latency_log.tokens()),
+                       "piecewise tokens")
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: not app.replies, "the reply to stop")
+
+        tokens = [t for t in app.latency_log.tokens() if t.request_id == reply.rid]
+        modes = [t.mode for t in tokens[1:]]  # the first token comes from prefill (eager)
+        # modes only change at step boundaries, in the order the keys were pressed
+        order = [m for i, m in enumerate(modes) if i == 0 or modes[i - 1] != m]
+        assert order == ["eager", "full", "piecewise"]
+        (record,) = app.latency_log.requests()
+        assert record.finish_reason == "cancelled"
+        assert set(record.modes) == {"eager", "full", "piecewise"}
+        assert sum(record.modes.values()) == len(tokens)
+        await wait_for(pilot, lambda: all(panel(app).view.itl_by_mode[m].size for m in
+                                          ("eager", "piecewise", "full")), "all three histograms")
+        stored = app.current_chat.conversation.messages[-1]
+        assert stored.meta["finish"] == "cancelled" and stored.content == reply.bubble.text
+
+
+async def test_two_chats_generate_together_batch_size_two(tiny_llama, data_dir):
+    app = make_app(tiny_llama, max_tokens=1500, max_context=2048)
+    shown: set[str] = set()
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_ready(pilot, app)
+        await type_prompt(pilot, "First chat, long reply please")
+        first_chat = app.current_chat
+        await wait_for(pilot, lambda: app.latency_log.token_count > 0, "first reply to stream")
+        await pilot.press("ctrl+n")
+        await wait_for(pilot, lambda: app.current_chat is not first_chat, "a second chat tab")
+        await type_prompt(pilot, "Second chat, also long")
+        assert len(app.replies) == 2
+
+        def saw_two() -> bool:
+            shown.add(panel(app).text_of("batch-line"))
+            return app.batch_sizes_seen[2] > 0 and any("batch size 2" in s for s in shown)
+
+        await wait_for(pilot, saw_two, "batch size 2 reported and displayed")
+        assert "batch 2" in app.sub_title or any("batch size 2" in s for s in shown)
+        assert any(t.batch_size == 2 for t in app.latency_log.tokens())
+        # stop both: Esc stops the current chat's reply, then the other tab's
+        await pilot.press("escape")
+        await pilot.press("ctrl+pageup")
+        await wait_for(pilot, lambda: app.current_chat is first_chat, "back to the first chat")
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: not app.replies, "both replies stopped")
+        assert [r.finish_reason for r in app.latency_log.requests()] == ["cancelled", "cancelled"]
+
+        # K replies at once: F4 twice asks for 3 per prompt -> batch size 3
+        await pilot.press("f4", "f4")
+        assert app.samples == 3
+        await type_prompt(pilot, "Three at once")
+        await wait_for(pilot, lambda: app.batch_sizes_seen[3] > 0, "batch size 3")
+        assert len(app.replies) == 3
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: not app.replies, "three replies stopped")
+        labels = [b.label for b in assistant_bubbles(app)]
+        assert labels[-3:] == ["assistant 1/3", "assistant 2/3", "assistant 3/3"]
+        prompt = first_chat.conversation.prompt_messages()
+        assert sum(m["role"] == "assistant" for m in prompt) == 2  # extra samples not fed back
+
+
+async def test_empty_prompt_ignored_help_and_small_terminal(tiny_llama, data_dir):
+    app = make_app(tiny_llama, thread=True)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_ready(pilot, app)
+        await pilot.press("enter")
+        await type_prompt(pilot, "   \n ")
+        await pilot.pause(0.2)
+        assert not app.replies and app.latency_log.token_count == 0
+        assert app.current_chat.conversation.messages == []
+        assert [b for b in app.current_chat.bubbles()] == []
+        assert ChatStore(data_dir / "chats.sqlite3").list_conversations() == []
+
+        # 80x24: the console and the batch size stay visible
+        assert panel(app).display and panel(app).region.width >= 30
+        assert "batch size" in panel(app).text_of("batch-line")
+        assert "batch" in app.sub_title
+
+        await pilot.press("f10")
+        await wait_for(pilot, lambda: type(app.screen).__name__ == "HelpScreen", "help screen")
+        text = app.screen.query_one("Markdown").source
+        for key in ("f1", "f2", "f3", "escape", "ctrl+s", "ctrl+n", "ctrl+r", "ctrl+y", "ctrl+o"):
+            assert key in text
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: type(app.screen).__name__ != "HelpScreen", "help closed")
+
+        # a real reply still works in the small terminal
+        await type_prompt(pilot, "hi")
+        await wait_for(pilot, lambda: app.current_chat.conversation.messages[-1:]
+                       and app.current_chat.conversation.messages[-1].role == "assistant", "reply")
+
+
+async def test_model_load_failure_is_shown(tmp_path, data_dir):
+    bad = tmp_path / "bad-model"
+    bad.mkdir()
+    (bad / "config.json").write_text("{ not json")
+    app = make_app(bad)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.engine_state == "failed", "load failure", START_TIMEOUT)
+        banner = app.query_one("#engine-banner")
+        assert banner.display
+        shown = banner.visual.plain
+        assert shown.startswith("✖ model failed to load:")
+        assert "config.json" in shown, shown
+        assert any(sev == "error" for sev, _ in app.notices)
+        await pilot.pause(0.15)
+        assert "engine stopped" in panel(app).text_of("mode-note")
+        # a prompt is not sent, and the text is not thrown away
+        await type_prompt(pilot, "hello?")
+        assert app.query_one("#prompt").value == "hello?"
+        assert not app.replies and app.current_chat.conversation.messages == []
+
+
+async def test_engine_death_keeps_partial_reply_and_log(tiny_llama, data_dir, tmp_path):
+    app = make_app(tiny_llama, max_tokens=1800, max_context=2048)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_ready(pilot, app)
+        await type_prompt(pilot, "Keep talking")
+        await wait_for(pilot, lambda: app.replies and next(iter(app.replies.values())).tokens >= 10,
+                       "ten tokens")
+        (reply,) = app.replies.values()
+        os.kill(app.engine.pid, signal.SIGKILL)
+        await wait_for(pilot, lambda: app.engine_state == "failed", "the death to be noticed")
+        assert app.engine_error.startswith("engine process exited")
+        assert "SIGKILL" in app.engine_error
+        assert not app.replies
+        assert reply.bubble.text and reply.tokens >= 10
+        assert "engine process exited" in reply.bubble.status and "partial reply kept" in reply.bubble.status
+        banner = app.query_one("#engine-banner")
+        assert banner.display and "engine stopped" in banner.visual.plain
+        stored = app.current_chat.conversation.messages[-1]
+        assert stored.role == "assistant" and stored.content == reply.bubble.text
+        assert stored.meta["finish"] == "error"
+        # persisted, and the latency log is intact and exportable
+        conv_id = app.current_chat.conversation.id
+        on_disk = ChatStore(data_dir / "chats.sqlite3").load(conv_id)
+        assert on_disk.messages[-1].content == reply.bubble.text
+        n = app.latency_log.token_count
+        assert n >= 10
+        assert len(read_tokens_csv(app.export_log(tmp_path / "after-tokens.csv")[0])) == n
+
+
+async def test_conversations_persist_and_reopen(tiny_llama, data_dir):
+    app = make_app(tiny_llama, thread=True, max_tokens=24)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_ready(pilot, app)
+        await type_prompt(pilot, "Remember me")
+        await wait_for(pilot, lambda: len(app.current_chat.conversation.messages) == 2, "reply")
+        conv = app.current_chat.conversation
+        reply_text = conv.messages[-1].content
+        # regenerate replaces the reply (in memory and on disk), keeping the user turn
+        await pilot.press("ctrl+r")
+        await wait_for(pilot, lambda: not app.replies and len(conv.messages) == 2, "regenerated")
+        assert len(assistant_bubbles(app)) == 1
+        # a second chat left mid-reply: its partial reply is flushed on exit
+        app.sampling = SamplingParams(max_tokens=5000, ignore_eos=True)
+        await pilot.press("ctrl+n")
+        await type_prompt(pilot, "Unfinished business")
+        await wait_for(pilot, lambda: app.latency_log.token_count >= 30, "a partial reply")
+        partial_id = app.current_chat.conversation.id
+    store = ChatStore(data_dir / "chats.sqlite3")
+    partial = store.load(partial_id)
+    assert [m.role for m in partial.messages] == ["user", "assistant"]
+    assert partial.messages[1].meta["finish"] == "interrupted" and partial.messages[1].content
+    store.close()
+
+    app2 = make_app(tiny_llama, thread=True)
+    async with app2.run_test(size=SIZE) as pilot:
+        await wait_ready(pilot, app2)
+        await pilot.press("ctrl+o")
+        await wait_for(pilot, lambda: app2.screen.query("#chat-list"), "saved chats list")
+        option_list = app2.screen.query_one("#chat-list")
+        ids = [option_list.get_option_at_index(i).id for i in range(option_list.option_count)]
+        assert set(ids) == {conv.id, partial_id}
+        option_list.highlighted = ids.index(conv.id)
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: app2.current_chat.conversation.id == conv.id, "chat reopened")
+        await pilot.pause(0.1)
+        bubbles = app2.current_chat.bubbles()
+        assert [b.role for b in bubbles] == ["user", "assistant"]
+        assert bubbles[0].text == "Remember me"
+        assert bubbles[1].text == app2.current_chat.conversation.messages[1].content
+        assert reply_text == bubbles[1].text  # greedy: the regenerated reply is the same text
+
+
+async def test_themes_from_files_chosen_and_remembered(tiny_llama, data_dir):
+    app = make_app(tiny_llama, thread=True)
+    async with app.run_test(size=SIZE) as pilot:
+        assert len(app.file_themes) >= 3
+        assert app.theme == "fgchat-midnight"
+        await pilot.press("ctrl+p")
+        await wait_for(pilot, lambda: app.screen.query("CommandInput"), "command palette")
+        await pilot.press(*"Theme: fgchat-paper")
+        await pilot.pause(0.5)
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: app.theme == "fgchat-paper", "theme change")
+        await pilot.pause(0.1)
+    app2 = make_app(tiny_llama, thread=True)
+    async with app2.run_test(size=SIZE) as pilot:
+        await pilot.pause(0.1)
+        assert app2.theme == "fgchat-paper"
+
+
+async def test_log_csv_appends_as_tokens_arrive(tiny_llama, data_dir, tmp_path):
+    path = tmp_path / "live.csv"
+    app = make_app(tiny_llama, thread=True, max_tokens=32, log_csv=CsvAppender(path))
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_ready(pilot, app)
+        await type_prompt(pilot, "log me")
+        await wait_for(pilot, lambda: app.latency_log.request_count == 1, "reply")
+        await wait_for(pilot, lambda: path.exists() and len(read_tokens_csv(path)) == 32, "rows appended")
+        app.sampling = SamplingParams(max_tokens=4000, ignore_eos=True)
+        await type_prompt(pilot, "and more")
+        await wait_for(pilot, lambda: app.latency_log.token_count > 40, "more tokens")
+    # on exit the rest of the log is flushed
+    assert len(read_tokens_csv(path)) == app.latency_log.token_count
+
+
+def test_engine_process_reports_events_and_death(tiny_llama):
+    from fgchat.engine.events import EngineError, EngineInfo, RequestFinished, TokenEvent
+    from fgchat.engine.process import EngineProcess
+
+    proc = EngineProcess(EngineConfig(model=str(tiny_llama), device="cpu", mode="full", max_context=512))
+    proc.start()
+    try:
+        events: list = []
+        deadline = time.monotonic() + START_TIMEOUT
+        while not any(isinstance(e, EngineInfo) for e in events) and time.monotonic() < deadline:
+            events += proc.get_events(0.2)
+        assert any(isinstance(e, EngineInfo) for e in events)
+        proc.submit_chat(7, [{"role": "user", "content": "hi"}], SamplingParams(max_tokens=5, ignore_eos=True))
+        while not any(isinstance(e, RequestFinished) for e in events) and time.monotonic() < deadline:
+            events += proc.get_events(0.2)
+        tokens = [e for e in events if isinstance(e, TokenEvent)]
+        assert [t.token_index for t in tokens] == [0, 1, 2, 3, 4]
+        assert all(t.request_id == 7 for t in tokens)
+        proc.submit_chat(8, [{"role": "user", "content": "x" * 5000}], SamplingParams(max_tokens=5))
+        while not any(isinstance(e, EngineError) for e in events) and time.monotonic() < deadline:
+            events += proc.get_events(0.2)
+        err = next(e for e in events if isinstance(e, EngineError))
+        assert err.request_id == 8 and not err.fatal and "context" in err.message
+        os.kill(proc.pid, signal.SIGKILL)
+        later: list = []
+        while not later and time.monotonic() < deadline:
+            later = proc.get_events(0.2)
+        assert len(later) == 1 and later[0].fatal and later[0].message.startswith("engine process exited")
+        assert proc.get_events(0.05) == []  # reported once
+    finally:
+        proc.shutdown()
