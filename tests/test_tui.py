@@ -22,7 +22,7 @@ from fgchat.engine.events import SamplingParams
 from fgchat.engine.process import EngineThread
 from fgchat.metrics import CsvAppender, read_requests_csv, read_tokens_csv
 from fgchat.tui.app import FgchatApp
-from fgchat.tui.chat_view import ChatView, MessageBubble
+from fgchat.tui.chat_view import MessageBubble, sanitize
 from fgchat.tui.histogram import ModeHistograms
 from fgchat.tui.latency_panel import LatencyPanel
 from fgchat.tui.store import ChatStore
@@ -65,7 +65,11 @@ async def wait_for(pilot, condition, what: str, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for: {what}")
+            app = pilot.app
+            raise AssertionError(
+                f"timed out after {timeout:.0f}s waiting for: {what} "
+                f"(focused={app.focused!r}, engine={app.engine_state}, notices={app.notices[-3:]})"
+            )
         await pilot.pause(0.02)
 
 
@@ -100,18 +104,19 @@ async def test_reply_streams_mode_fallback_histograms_export(tiny_llama, data_di
         assert app.engine_info.available_modes["full"]  # CPU: graphs are unavailable
 
         # a prompt streams a reply
-        await type_prompt(pilot, "Hello there")
-        await wait_for(pilot, lambda: app.replies, "the reply to start")
-        (reply,) = app.replies.values()
-        await wait_for(pilot, lambda: not app.replies, "the reply to finish")
-        bubble = reply.bubble
-        assert bubble.appends >= 2, "text should arrive in several pieces while it streams"
         conv = app.current_chat.conversation
+        await type_prompt(pilot, "Hello there")
+        await wait_for(pilot, lambda: len(conv.messages) == 2 and not app.replies, "the reply")
+        (bubble,) = assistant_bubbles(app)
+        assert bubble.appends >= 2, "text should arrive in several pieces while it streams"
         assert [m.role for m in conv.messages] == ["user", "assistant"]
         final = conv.messages[-1]
         assert final.content == bubble.text and final.meta["tokens"] == 64
         assert not bubble.streaming and "64 tok" in bubble.status
-        first_rid = reply.rid
+        await pilot.pause(0.05)
+        shown = bubble.query_one("Markdown").source
+        assert shown and shown == sanitize(final.content)
+        first_rid = final.meta["rid"]
 
         # mode key: full is asked for, the engine answers it fell back to eager; the UI says so
         await pilot.press("f3")
@@ -122,8 +127,7 @@ async def test_reply_streams_mode_fallback_histograms_export(tiny_llama, data_di
 
         # tokens after the switch record the mode the engine reports (eager), not the one asked for
         await type_prompt(pilot, "And again")
-        await wait_for(pilot, lambda: app.replies, "second reply to start")
-        await wait_for(pilot, lambda: not app.replies, "second reply to finish")
+        await wait_for(pilot, lambda: len(conv.messages) == 4 and not app.replies, "second reply")
         later = [t for t in app.latency_log.tokens() if t.request_id != first_rid]
         assert len(later) == 64
         assert {t.mode for t in later} == {app.engine_mode} == {"eager"}

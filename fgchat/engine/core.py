@@ -39,6 +39,7 @@ class EngineConfig:
     attention: str = "auto"
     lazy_capture: bool = False
     self_check: bool = True
+    fused: bool | None = None  # Triton fused norm/RoPE/SiLU kernels; default: on where CUDA+Triton
     seed: int = 0
     notes: list[str] = field(default_factory=list)
 
@@ -68,7 +69,7 @@ class Engine:
         )
         self.notes.append(f"max context {self.max_context} tokens ({why})")
         self.cache = KVCache(self.cfg, self.max_context, self.device, self.dtype)
-        self.decoder = Decoder(self.cfg, loaded.weights, self.max_context)
+        self.decoder = Decoder(self.cfg, loaded.weights, self.max_context, self._use_fused())
         self.bufs = StepBuffers(self.device, self.cfg.num_heads, self.cfg.head_dim, self.dtype)
         self.attention, self.attention_name = self._pick_attention(config.attention)
         self.program = StepProgram(self.decoder, self.cache, self.bufs, self.attention)
@@ -94,6 +95,19 @@ class Engine:
         except (ValueError, OSError, AttributeError):
             avail = 8 * 2**30
         return int(avail * 0.25)
+
+    def _use_fused(self) -> bool:
+        if self.device.type != "cuda":
+            return False
+        if self.config.fused is not None:
+            return self.config.fused
+        import importlib.util
+        import os
+
+        if os.environ.get("FGCHAT_FUSED") == "0":
+            return False
+
+        return importlib.util.find_spec("triton") is not None
 
     def _pick_attention(self, name: str):
         from fgchat.engine.attention import get_backend

@@ -25,6 +25,7 @@ from textual import on, work
 from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
+from textual.css.query import NoMatches
 from textual.content import Content
 from textual.screen import Screen
 from textual.widgets import Footer, Header, Input, Static, TabbedContent, TabPane
@@ -703,6 +704,8 @@ class FgchatApp(App[int]):
         self.sub_title = f"{model} · {mode} · batch {batch} · K {self.samples}"
 
     def _tick(self) -> None:
+        if self._closed:
+            return
         if self.appender is not None:
             self._sync_csv()
         if not self._dirty:
@@ -711,7 +714,10 @@ class FgchatApp(App[int]):
         self.panel_view = self._build_view()
         if self.panel_view.batch_size:
             self.batch_sizes_shown.add(self.panel_view.batch_size)
-        self.query_one(LatencyPanel).show(self.panel_view)
+        try:
+            self.query_one(LatencyPanel).show(self.panel_view)
+        except NoMatches:  # shutting down
+            return
         self._update_subtitle()
         for view in self.chat_views():
             self._update_tab(view.conversation)

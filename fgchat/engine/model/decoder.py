@@ -133,6 +133,7 @@ class StepState:
     """Tensors flowing between decode stages. Under graph capture these become graph outputs."""
 
     h: torch.Tensor  # residual stream [B, H]
+    delta: torch.Tensor | None = None  # fused path: MLP output not yet added to h
     q: torch.Tensor  # query of the current layer [B, Hq, D]
     logits: torch.Tensor  # [B, V] float32
 
@@ -140,8 +141,16 @@ class StepState:
 class Decoder:
     """Holds weights, RoPE tables and the decode/prefill stages. No per-step host syncs."""
 
-    def __init__(self, cfg: ModelConfig, weights: DecoderWeights, max_context: int) -> None:
+    def __init__(
+        self, cfg: ModelConfig, weights: DecoderWeights, max_context: int, fused: bool = False
+    ) -> None:
+        """fused=True runs decode stages with the Triton kernels of fgchat.engine.fused (CUDA)."""
         self.cfg = cfg
+        self.fused = fused
+        if fused:
+            from fgchat.engine import fused as fk
+
+            self._fk = fk
         self.w = weights
         self.device = weights.embed.device
         self.dtype = weights.embed.dtype
@@ -157,6 +166,7 @@ class Decoder:
     # ---- decode stages (batch of B sequences, one token each) ----
     def embed(self, st: StepState, input_ids: torch.Tensor) -> None:
         st.h = F.embedding(input_ids, self.w.embed)
+        st.delta = None
 
     def before_attention(
         self,
@@ -169,6 +179,13 @@ class Decoder:
     ) -> None:
         """Norm, QKV, RoPE and the KV-cache write of the current token at (slot, position)."""
         c, lw = self.cfg, self.w.layers[i]
+        if self.fused:
+            st.h, x = self._fk.add_rms_norm(st.h, st.delta, lw.attn_norm, c.rms_eps)
+            st.delta = None
+            qkv = F.linear(x, lw.wqkv, lw.bqkv)
+            st.q = self._fk.rope_kv_write(qkv, self.cos, self.sin, positions, slot_ids, k_cache,
+                                          v_cache, c.num_heads, c.num_kv_heads, c.head_dim)
+            return
         x = rms_norm(st.h, lw.attn_norm, c.rms_eps)
         qkv = F.linear(x, lw.wqkv, lw.bqkv)
         n = x.shape[0]
@@ -183,6 +200,11 @@ class Decoder:
     def after_attention(self, i: int, st: StepState, attn_out: torch.Tensor) -> None:
         """Output projection, residual, norm, gated MLP, residual."""
         c, lw = self.cfg, self.w.layers[i]
+        if self.fused:
+            o = F.linear(attn_out.view(attn_out.shape[0], -1), lw.wo)
+            st.h, x = self._fk.add_rms_norm(st.h, o, lw.mlp_norm, c.rms_eps)
+            st.delta = F.linear(self._fk.silu_mul(F.linear(x, lw.w_gate_up)), lw.w_down)
+            return
         h = st.h + F.linear(attn_out.view(attn_out.shape[0], -1), lw.wo)
         x = rms_norm(h, lw.mlp_norm, c.rms_eps)
         gu = F.linear(x, lw.w_gate_up)
@@ -190,7 +212,11 @@ class Decoder:
         st.h = h + F.linear(F.silu(g) * u, lw.w_down)
 
     def head(self, st: StepState) -> None:
-        x = rms_norm(st.h, self.w.final_norm, self.cfg.rms_eps)
+        if self.fused:
+            st.h, x = self._fk.add_rms_norm(st.h, st.delta, self.w.final_norm, self.cfg.rms_eps)
+            st.delta = None
+        else:
+            x = rms_norm(st.h, self.w.final_norm, self.cfg.rms_eps)
         st.logits = F.linear(x, self.w.lm_head).float()
 
     # ---- prefill (one sequence, eager) ----

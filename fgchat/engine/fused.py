@@ -1,0 +1,117 @@
+"""Fused Triton kernels for the decode step (CUDA only), each matching its torch composition.
+
+Each kernel reproduces the rounding points of the torch code it replaces (bf16/fp16 results are
+rounded where torch would round), so fused and unfused decoders agree to within an ulp, and every
+mode of one engine runs the same kernels, so modes stay bit-identical to each other.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _add_rms_norm_kernel(x_ptr, d_ptr, w_ptr, h_out_ptr, y_ptr, n_cols, eps,
+                         HAS_DELTA: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    m = cols < n_cols
+    x = tl.load(x_ptr + row * n_cols + cols, mask=m, other=0.0)
+    if HAS_DELTA:
+        d = tl.load(d_ptr + row * n_cols + cols, mask=m, other=0.0)
+        x = (x.to(tl.float32) + d.to(tl.float32)).to(h_out_ptr.dtype.element_ty)
+        tl.store(h_out_ptr + row * n_cols + cols, x, mask=m)
+    xf = x.to(tl.float32)
+    var = tl.sum(xf * xf, axis=0) / n_cols
+    y = (xf * (1.0 / tl.sqrt(var + eps))).to(y_ptr.dtype.element_ty).to(tl.float32)
+    w = tl.load(w_ptr + cols, mask=m, other=0.0).to(tl.float32)
+    tl.store(y_ptr + row * n_cols + cols, (w * y).to(y_ptr.dtype.element_ty), mask=m)
+
+
+def add_rms_norm(h: torch.Tensor, delta: torch.Tensor | None, w: torch.Tensor, eps: float
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Returns (h + delta, rms_norm(h + delta) * w); with delta None, (h, rms_norm(h) * w)."""
+    rows, n = h.shape
+    y = torch.empty_like(h)
+    h_out = torch.empty_like(h) if delta is not None else h
+    _add_rms_norm_kernel[(rows,)](h, delta if delta is not None else h, w, h_out, y, n, eps,
+                                  HAS_DELTA=delta is not None, BLOCK=triton.next_power_of_2(n),
+                                  num_warps=4 if n <= 4096 else 8)
+    return h_out, y
+
+
+@triton.jit
+def _silu_mul_kernel(gu_ptr, out_ptr, inter, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    m = cols < inter
+    g = tl.load(gu_ptr + row * 2 * inter + cols, mask=m, other=0.0).to(tl.float32)
+    u = tl.load(gu_ptr + row * 2 * inter + inter + cols, mask=m, other=0.0).to(tl.float32)
+    s = (g / (1.0 + tl.exp(-g))).to(out_ptr.dtype.element_ty).to(tl.float32)
+    tl.store(out_ptr + row * inter + cols, (s * u).to(out_ptr.dtype.element_ty), mask=m)
+
+
+def silu_mul(gu: torch.Tensor) -> torch.Tensor:
+    """gu: [N, 2I] rows gate | up -> silu(gate) * up, [N, I]."""
+    rows, two_i = gu.shape
+    inter = two_i // 2
+    out = torch.empty((rows, inter), dtype=gu.dtype, device=gu.device)
+    block = 1024
+    _silu_mul_kernel[(rows, triton.cdiv(inter, block))](gu, out, inter, BLOCK=block, num_warps=4)
+    return out
+
+
+@triton.jit
+def _rope_kv_kernel(qkv_ptr, cos_ptr, sin_ptr, pos_ptr, slot_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr,
+                    n_q_heads, n_kv_heads, stride_slot, stride_pos,
+                    HEAD_DIM: tl.constexpr):
+    """Program (row, head): heads [0, Hq) are q, [Hq, Hq+Hkv) are k (+ their v is copied)."""
+    row = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    half: tl.constexpr = HEAD_DIM // 2
+    idx = tl.arange(0, half)
+    width = (n_q_heads + 2 * n_kv_heads) * HEAD_DIM
+    pos = tl.load(pos_ptr + row)
+    base = qkv_ptr + row * width + head * HEAD_DIM
+    x1 = tl.load(base + idx)
+    x2 = tl.load(base + half + idx)
+    c1 = tl.load(cos_ptr + pos * HEAD_DIM + idx).to(tl.float32)
+    c2 = tl.load(cos_ptr + pos * HEAD_DIM + half + idx).to(tl.float32)
+    s1 = tl.load(sin_ptr + pos * HEAD_DIM + idx).to(tl.float32)
+    s2 = tl.load(sin_ptr + pos * HEAD_DIM + half + idx).to(tl.float32)
+    ty = x1.dtype
+    xf1, xf2 = x1.to(tl.float32), x2.to(tl.float32)
+    # torch: x * cos + rotate_half(x) * sin, rounding after each product and after the sum
+    o1 = ((xf1 * c1).to(ty).to(tl.float32) + (-xf2 * s1).to(ty).to(tl.float32)).to(ty)
+    o2 = ((xf2 * c2).to(ty).to(tl.float32) + (xf1 * s2).to(ty).to(tl.float32)).to(ty)
+    if head < n_q_heads:
+        dst = q_out_ptr + (row * n_q_heads + head) * HEAD_DIM
+        tl.store(dst + idx, o1)
+        tl.store(dst + half + idx, o2)
+    else:
+        kv_head = head - n_q_heads
+        slot = tl.load(slot_ptr + row).to(tl.int64)
+        off = slot * stride_slot + pos.to(tl.int64) * stride_pos + kv_head * HEAD_DIM
+        tl.store(k_cache_ptr + off + idx, o1)
+        tl.store(k_cache_ptr + off + half + idx, o2)
+        vbase = qkv_ptr + row * width + (n_q_heads + n_kv_heads + kv_head) * HEAD_DIM
+        tl.store(v_cache_ptr + off + idx, tl.load(vbase + idx))
+        tl.store(v_cache_ptr + off + half + idx, tl.load(vbase + half + idx))
+
+
+def rope_kv_write(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
+                  slots: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                  n_q_heads: int, n_kv_heads: int, head_dim: int) -> torch.Tensor:
+    """RoPE on q and k of `qkv` [N, (Hq+2Hkv)*D]; k and v written to the cache at (slot, pos).
+
+    Returns q [N, Hq, D]. Cache layout [slots, T, Hkv, D], contiguous.
+    """
+    rows = qkv.shape[0]
+    q = torch.empty((rows, n_q_heads, head_dim), dtype=qkv.dtype, device=qkv.device)
+    _rope_kv_kernel[(rows, n_q_heads + n_kv_heads)](
+        qkv, cos, sin, positions, slots, q, k_cache, v_cache, n_q_heads, n_kv_heads,
+        k_cache.stride(0), k_cache.stride(1), HEAD_DIM=head_dim, num_warps=1,
+    )
+    return q

@@ -1,0 +1,70 @@
+"""Fused Triton kernels vs the torch compositions they replace (GPU, bf16 and fp16)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+
+def close_to_torch(got: torch.Tensor, ref: torch.Tensor, frac: float = 0.02) -> None:
+    """At most one ulp apart everywhere, and identical in all but a small fraction of elements."""
+    assert torch.isfinite(got).all()
+    ulp = torch.finfo(ref.dtype).eps * ref.float().abs().clamp_min(1e-3)
+    assert ((got.float() - ref.float()).abs() <= ulp * 1.01 + 1e-6).all()
+    assert (got != ref).float().mean().item() <= frac
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("rows,n", [(1, 576), (8, 2048), (5, 4096)])
+def test_add_rms_norm(dtype, rows, n):
+    from fgchat.engine.fused import add_rms_norm
+    from fgchat.engine.model.decoder import rms_norm
+
+    g = torch.Generator(device="cuda").manual_seed(rows * n)
+    h = torch.randn(rows, n, device="cuda", generator=g).to(dtype)
+    d = torch.randn(rows, n, device="cuda", generator=g).to(dtype)
+    w = (torch.rand(n, device="cuda", generator=g) + 0.5).to(dtype)
+    h2, y = add_rms_norm(h, d, w, 1e-5)
+    assert torch.equal(h2, h + d)
+    close_to_torch(y, rms_norm(h + d, w, 1e-5))
+    h3, y3 = add_rms_norm(h, None, w, 1e-5)
+    assert h3 is h
+    close_to_torch(y3, rms_norm(h, w, 1e-5))
+
+
+@pytest.mark.parametrize("rows,inter", [(1, 1536), (8, 8192), (3, 8960)])
+def test_silu_mul(rows, inter):
+    from fgchat.engine.fused import silu_mul
+
+    gu = torch.randn(rows, 2 * inter, device="cuda").to(torch.bfloat16)
+    g, u = gu.chunk(2, dim=-1)
+    close_to_torch(silu_mul(gu), F.silu(g) * u)
+
+
+@pytest.mark.parametrize("hq,hkv,d", [(32, 8, 64), (9, 3, 64), (12, 2, 128), (8, 8, 128)])
+def test_rope_kv_write(hq, hkv, d):
+    from fgchat.engine.fused import rope_kv_write
+    from fgchat.engine.model.decoder import apply_rope
+
+    t, rows = 4096, 6
+    inv = 1.0 / (10000 ** (torch.arange(0, d, 2, device="cuda").float() / d))
+    fr = torch.arange(t, device="cuda").float()[:, None] * inv[None]
+    emb = torch.cat([fr, fr], -1)
+    cos, sin = emb.cos().bfloat16(), emb.sin().bfloat16()
+    qkv = torch.randn(rows, (hq + 2 * hkv) * d, device="cuda").bfloat16()
+    pos = torch.tensor([0, 1, 77, 3000, 4095, 5], device="cuda")
+    slots = torch.tensor([7, 0, 3, 1, 2, 6], device="cuda")
+    kc = torch.full((8, t, hkv, d), float("nan"), device="cuda", dtype=torch.bfloat16)
+    vc = kc.clone()
+    q = rope_kv_write(qkv, cos, sin, pos, slots, kc, vc, hq, hkv, d)
+    qr = apply_rope(qkv[:, : hq * d].view(rows, hq, d), cos[pos], sin[pos])
+    kr = apply_rope(qkv[:, hq * d : (hq + hkv) * d].view(rows, hkv, d), cos[pos], sin[pos])
+    close_to_torch(q, qr)
+    close_to_torch(kc[slots, pos], kr)
+    assert torch.equal(vc[slots, pos], qkv[:, (hq + hkv) * d :].view(rows, hkv, d))
+    written = torch.zeros(8, t, dtype=torch.bool, device="cuda")
+    written[slots, pos] = True
+    assert torch.isnan(kc[~written]).all()  # nothing else touched
