@@ -110,6 +110,7 @@ def run_all(spec: BenchSpec) -> dict[str, Any]:
         "meta": {
             "model": info.model_name, "architecture": info.architecture, "device": info.device,
             "dtype": info.dtype, "attention": info.attention_backend, "commit": _git_commit(),
+            "fused_kernels": engine.decoder.fused,
             "torch": torch.__version__, "python": platform.python_version(),
             "prompt_len": spec.prompt_len, "output_len": spec.output_len,
             "warmup": spec.warmup, "repeats": spec.repeats, "time": time.strftime("%Y-%m-%d %H:%M:%S"),
