@@ -185,7 +185,7 @@ class GraphlessModesEngine(Engine):
 
 
 async def test_mode_switch_is_recorded_on_later_tokens(tiny_llama, data_dir):
-    app = make_app(tiny_llama, max_tokens=900, make_engine=GraphlessModesEngine)
+    app = make_app(tiny_llama, max_tokens=3500, max_context=4096, make_engine=GraphlessModesEngine)
     async with app.run_test(size=SIZE) as pilot:
         await wait_ready(pilot, app)
         assert not any(app.engine_info.available_modes.values())
