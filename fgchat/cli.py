@@ -23,8 +23,8 @@ class _Parser(argparse.ArgumentParser):
 def _add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="HF repo id, local model directory or .gguf file "
                    "(default: the embedded SmolLM2-135M-Instruct)")
-    p.add_argument("--mode", choices=["eager", "piecewise", "full"], default=None,
-                   help="decode mode (default: full on CUDA, eager on CPU)")
+    p.add_argument("--mode", default=None,
+                   help="eager | piecewise | full (default: full on CUDA, eager on CPU)")
     p.add_argument("--attention", default="auto", help="auto | triton | flash-attn | torch")
     p.add_argument("--max-context", type=int, default=None, help="tokens per sequence slot")
     p.add_argument("--device", default=None, help="auto | cpu | cuda[:N]")

@@ -50,6 +50,12 @@ def run_generate(args: argparse.Namespace, config) -> int:
     engine = Engine(config)
     prompt = build_prompt(engine, args)
     rids = [engine.submit(prompt, _params(args, i)) for i in range(args.n)]
+    for note in engine.info().notes:
+        print(f"fgchat: {note}", file=sys.stderr)
+    caps = engine.info().captures
+    if caps:
+        secs, mib = sum(c.seconds for c in caps), sum(c.pool_mib for c in caps)
+        print(f"fgchat: captured {len(caps)} graphs in {secs:.2f} s, pools {mib:.0f} MiB", file=sys.stderr)
     stream = args.n == 1 and not args.json
     done: dict[int, RequestSummary] = {}
     batch_max = 0

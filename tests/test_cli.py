@@ -123,3 +123,19 @@ def test_bench_smoke_json(tmp_path):
 def test_bench_unknown_preset():
     p = fgchat("bench", "--preset", "gpt5", "--random-weights")
     assert_one_line_error(p, "llama-3.2-1b")
+
+
+def test_unknown_mode_and_backend_fall_back(tiny_llama):
+    p = fgchat("generate", "--model", str(tiny_llama), "--prompt", "hi", "--max-tokens", "3",
+               "--mode", "turbo", "--attention", "warp-drive")
+    assert p.returncode == 0, p.stderr
+    assert "unknown mode 'turbo'" in p.stderr and "unknown attention backend 'warp-drive'" in p.stderr
+    assert "max context" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_graph_modes_on_cpu_fall_back_to_eager(tiny_llama):
+    p = fgchat("generate", "--model", str(tiny_llama), "--prompt", "hi", "--max-tokens", "3",
+               "--mode", "piecewise", "--json")
+    assert p.returncode == 0, p.stderr
+    assert "piecewise unavailable" in p.stderr
+    assert json.loads(p.stdout)["mode"] == "eager"

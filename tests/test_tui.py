@@ -78,10 +78,19 @@ async def wait_ready(pilot, app: FgchatApp) -> None:
     assert app.engine_state == "ready", app.engine_error
 
 
+async def key(pilot, name: str) -> None:
+    """A key press through the app's normal key path, without Pilot's wait-for-idle (which
+    stalls for up to a second per key while a reply streams)."""
+    pilot.app.simulate_key(name)
+    await pilot.pause(0.05)
+
+
 async def type_prompt(pilot, text: str) -> None:
     app = pilot.app
-    app.query_one("#prompt").value = text
-    await pilot.press("enter")
+    prompt = app.query_one("#prompt")
+    await wait_for(pilot, lambda: app.focused is prompt, "the prompt to have focus", 10)
+    prompt.value = text
+    await key(pilot, "enter")
 
 
 def panel(app: FgchatApp) -> LatencyPanel:
@@ -185,7 +194,7 @@ class GraphlessModesEngine(Engine):
 
 
 async def test_mode_switch_is_recorded_on_later_tokens(tiny_llama, data_dir):
-    app = make_app(tiny_llama, max_tokens=3500, max_context=4096, make_engine=GraphlessModesEngine)
+    app = make_app(tiny_llama, max_tokens=1900, max_context=2048, make_engine=GraphlessModesEngine)
     async with app.run_test(size=SIZE) as pilot:
         await wait_ready(pilot, app)
         assert not any(app.engine_info.available_modes.values())
@@ -193,16 +202,16 @@ async def test_mode_switch_is_recorded_on_later_tokens(tiny_llama, data_dir):
         await wait_for(pilot, lambda: app.latency_log.token_count >= 6, "some eager tokens")
         (reply,) = app.replies.values()
 
-        await pilot.press("f3")
+        await key(pilot, "f3")
         await wait_for(pilot, lambda: app.engine_mode == "full", "the engine to confirm full")
         assert app.mode_note == ""
         await wait_for(pilot, lambda: any(t.mode == "full" for t in app.latency_log.tokens()), "full tokens")
         await wait_for(pilot, lambda: "mode full" in panel(app).text_of("batch-line"), "mode shown")
 
-        await pilot.press("f2")
+        await key(pilot, "f2")
         await wait_for(pilot, lambda: any(t.mode == "piecewise" for t in app.latency_log.tokens()),
                        "piecewise tokens")
-        await pilot.press("escape")
+        await key(pilot, "escape")
         await wait_for(pilot, lambda: not app.replies, "the reply to stop")
 
         tokens = [t for t in app.latency_log.tokens() if t.request_id == reply.rid]
@@ -221,17 +230,17 @@ async def test_mode_switch_is_recorded_on_later_tokens(tiny_llama, data_dir):
 
 
 async def test_two_chats_generate_together_batch_size_two(tiny_llama, data_dir):
-    app = make_app(tiny_llama, max_tokens=1500, max_context=2048)
+    app = make_app(tiny_llama, max_tokens=1900, max_context=2048)
     shown: set[str] = set()
     async with app.run_test(size=SIZE) as pilot:
         await wait_ready(pilot, app)
         await type_prompt(pilot, "First chat, long reply please")
         first_chat = app.current_chat
         await wait_for(pilot, lambda: app.latency_log.token_count > 0, "first reply to stream")
-        await pilot.press("ctrl+n")
+        await key(pilot, "ctrl+n")
         await wait_for(pilot, lambda: app.current_chat is not first_chat, "a second chat tab")
         await type_prompt(pilot, "Second chat, also long")
-        assert len(app.replies) == 2
+        await wait_for(pilot, lambda: len(app.replies) == 2, "two replies in flight")
 
         def saw_two() -> bool:
             shown.add(panel(app).text_of("batch-line"))
@@ -241,10 +250,10 @@ async def test_two_chats_generate_together_batch_size_two(tiny_llama, data_dir):
         assert "batch 2" in app.sub_title or any("batch size 2" in s for s in shown)
         assert any(t.batch_size == 2 for t in app.latency_log.tokens())
         # stop both: Esc stops the current chat's reply, then the other tab's
-        await pilot.press("escape")
-        await pilot.press("ctrl+pageup")
+        await key(pilot, "escape")
+        await key(pilot, "ctrl+pageup")
         await wait_for(pilot, lambda: app.current_chat is first_chat, "back to the first chat")
-        await pilot.press("escape")
+        await key(pilot, "escape")
         await wait_for(pilot, lambda: not app.replies, "both replies stopped")
         assert [r.finish_reason for r in app.latency_log.requests()] == ["cancelled", "cancelled"]
 
@@ -253,10 +262,11 @@ async def test_two_chats_generate_together_batch_size_two(tiny_llama, data_dir):
         assert app.samples == 3
         await type_prompt(pilot, "Three at once")
         await wait_for(pilot, lambda: app.batch_sizes_seen[3] > 0, "batch size 3")
-        assert len(app.replies) == 3
-        await pilot.press("escape")
+        assert len(app.replies) == 3 and {r.conversation.id for r in app.replies.values()} == {
+            first_chat.conversation.id}
+        await key(pilot, "escape")
         await wait_for(pilot, lambda: not app.replies, "three replies stopped")
-        labels = [b.label for b in assistant_bubbles(app)]
+        labels = [b.heading for b in assistant_bubbles(app)]
         assert labels[-3:] == ["assistant 1/3", "assistant 2/3", "assistant 3/3"]
         prompt = first_chat.conversation.prompt_messages()
         assert sum(m["role"] == "assistant" for m in prompt) == 2  # extra samples not fed back
@@ -359,7 +369,8 @@ async def test_conversations_persist_and_reopen(tiny_llama, data_dir):
         app.sampling = SamplingParams(max_tokens=5000, ignore_eos=True)
         await pilot.press("ctrl+n")
         await type_prompt(pilot, "Unfinished business")
-        await wait_for(pilot, lambda: app.latency_log.token_count >= 30, "a partial reply")
+        await wait_for(pilot, lambda: app.replies and next(iter(app.replies.values())).tokens >= 5,
+                       "a partial reply")
         partial_id = app.current_chat.conversation.id
     store = ChatStore(data_dir / "chats.sqlite3")
     partial = store.load(partial_id)

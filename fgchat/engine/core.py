@@ -81,7 +81,14 @@ class Engine:
         self._pending: list[EngineEvent] = []
         self._next_id = 1
         self.step_graphs: list[str | None] = []  # which graph ran each decode step (for tests)
-        self.set_mode(config.mode)
+        try:
+            ev = self.set_mode(config.mode)
+        except FgchatError as exc:
+            best = "full" if not self.unavailable.get("full") else "eager"
+            ev = self.set_mode(best)
+            self.notes.append(f"{exc}; running {ev.mode}")
+        if ev.reason:
+            self.notes.append(ev.reason)
 
     # ---- setup ----
     def _kv_budget(self) -> int:

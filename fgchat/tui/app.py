@@ -16,11 +16,12 @@ Invariants:
 from __future__ import annotations
 
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import numpy as np
 from textual import on, work
 from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
@@ -46,7 +47,6 @@ from fgchat.engine.process import EngineProcess
 from fgchat.metrics import (
     CsvAppender,
     LatencyLog,
-    itl_by_mode,
     summarize_records,
     write_requests_csv,
     write_tokens_csv,
@@ -69,10 +69,23 @@ from fgchat.tui.store import (
 from fgchat.tui.themes import BUILTIN_THEME_DIR, DEFAULT_THEME, load_themes
 
 MAX_SAMPLES = 8  # the engine batches at most 8 sequences
-STATS_WINDOW_TOKENS = 20_000  # console statistics cover at most the latest tokens (stays fast)
-STATS_WINDOW_REQUESTS = 2_000
+STATS_WINDOW_TOKENS = 5_000  # the stats table covers at most the latest tokens (stays fast)
+STATS_WINDOW_REQUESTS = 1_000
+HIST_WINDOW = 5_000  # each mode's histogram keeps that mode's latest inter-token latencies
 RECENT_ITL = 240
 REFRESH_S = 0.1
+
+
+EXAMPLE_PROMPTS = Path(__file__).resolve().parents[2] / "assets" / "prompts.txt"
+
+
+def example_prompts(path: Path = EXAMPLE_PROMPTS) -> list[str]:
+    """Lines of assets/prompts.txt (comments and blanks skipped); [] when it is not there."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return []
+    return [ln.strip() for ln in lines if ln.strip() and not ln.lstrip().startswith("#")]
 
 
 @dataclass
@@ -105,22 +118,26 @@ class FgchatApp(App[int]):
     VERTICAL_BREAKPOINTS = [(0, "-short"), (34, "-tall")]
 
     BINDINGS = [
-        Binding("escape", "stop", "Stop"),
-        Binding("f1", "mode('eager')", "Eager", group=Binding.Group("Mode", compact=True)),
-        Binding("f2", "mode('piecewise')", "Piecewise", group=Binding.Group("Mode", compact=True)),
-        Binding("f3", "mode('full')", "Full", group=Binding.Group("Mode", compact=True)),
-        Binding("f4", "samples(1)", "More replies (K+1)", show=False),
-        Binding("f5", "samples(-1)", "Fewer replies (K-1)", show=False),
-        Binding("ctrl+n", "new_chat", "New"),
-        Binding("ctrl+r", "regenerate", "Regen"),
-        Binding("ctrl+s", "export", "Export"),
-        Binding("ctrl+y", "copy_reply", "Copy reply", show=False),
-        Binding("ctrl+o", "open_chat", "Open chat", show=False),
-        Binding("ctrl+t", "system_prompt", "System prompt", show=False),
-        Binding("ctrl+l", "toggle_panel", "Latency panel", show=False),
-        Binding("ctrl+pagedown", "next_chat", "Next chat", show=False),
-        Binding("ctrl+pageup", "previous_chat", "Previous chat", show=False),
-        Binding("f10", "help", "Help"),
+        Binding("escape", "stop", "Stop", tooltip="Stop the replies of the current chat (partial text is kept)"),
+        Binding("f1", "mode('eager')", "Eager", group=Binding.Group("Mode", compact=True),
+                tooltip="Mode eager: every kernel launched from Python"),
+        Binding("f2", "mode('piecewise')", "Piecewise", group=Binding.Group("Mode", compact=True),
+                tooltip="Mode piecewise: CUDA graphs between attention calls"),
+        Binding("f3", "mode('full')", "Full", group=Binding.Group("Mode", compact=True),
+                tooltip="Mode full: the whole decode step as one CUDA graph"),
+        Binding("f4", "samples(1)", "K+1", show=False,
+                tooltip="Ask for one more reply per prompt (K = 1..8 replies generated as one batch)"),
+        Binding("f5", "samples(-1)", "K-1", show=False, tooltip="Ask for one reply fewer per prompt"),
+        Binding("ctrl+n", "new_chat", "New", tooltip="New chat tab (chats can generate at the same time)"),
+        Binding("ctrl+r", "regenerate", "Regen", tooltip="Regenerate the last reply of this chat"),
+        Binding("ctrl+s", "export", "Export", tooltip="Export the latency log: tokens CSV + requests CSV"),
+        Binding("ctrl+y", "copy_reply", "Copy", show=False, tooltip="Copy the last reply to the clipboard"),
+        Binding("ctrl+o", "open_chat", "Open", show=False, tooltip="Reopen a saved conversation"),
+        Binding("ctrl+t", "system_prompt", "System", show=False, tooltip="Edit this chat's system prompt"),
+        Binding("ctrl+l", "toggle_panel", "Panel", show=False, tooltip="Show or hide the latency console"),
+        Binding("ctrl+pagedown", "next_chat", "Next", show=False, tooltip="Next chat tab"),
+        Binding("ctrl+pageup", "previous_chat", "Prev", show=False, tooltip="Previous chat tab"),
+        Binding("f10", "help", "Help", tooltip="This help"),
     ]
 
     def __init__(
@@ -160,9 +177,11 @@ class FgchatApp(App[int]):
         self.batch_sizes_seen: Counter[int] = Counter()  # decode batch sizes of tokens received
         self.batch_sizes_shown: set[int] = set()  # batch sizes the console displayed
         self.recent_itl: list[float] = []
+        self.itl_history: dict[str, deque[float]] = {m: deque(maxlen=HIST_WINDOW) for m in MODES}
+        self._next_build = 0.0  # monotonic time before which the console is not recomputed
         self.panel_view = PanelView()
         self._dirty = True
-        self._closed = False
+        self._flushed = False
         self._csv_error = ""
         self.notices: list[tuple[str, str]] = []  # (severity, text) of every notification shown
         self.theme_problems: list[str] = []
@@ -244,7 +263,7 @@ class FgchatApp(App[int]):
                 return
 
     @on(EngineEvents)
-    async def _on_engine_events(self, message: EngineEvents) -> None:
+    async def _handle_engine_events(self, message: EngineEvents) -> None:
         if message.generation != self._engine_gen:
             return  # a replaced engine's late events
         texts: dict[int, list[str]] = {}
@@ -289,6 +308,7 @@ class FgchatApp(App[int]):
             self.last_batch_size = ev.batch_size
             self.batch_sizes_seen[ev.batch_size] += 1
             if ev.itl_ms is not None:
+                self.itl_history.setdefault(ev.mode, deque(maxlen=HIST_WINDOW)).append(ev.itl_ms)
                 self.recent_itl.append(ev.itl_ms)
                 if len(self.recent_itl) > RECENT_ITL:
                     del self.recent_itl[: len(self.recent_itl) - RECENT_ITL]
@@ -369,7 +389,9 @@ class FgchatApp(App[int]):
         try:
             self.store.add_message(conversation, msg)
         except Exception as exc:  # sqlite errors: keep going, say so
-            self.notify(f"could not save the message: {exc}", severity="error")
+            self._log_problem(f"could not save a message: {exc!r}")
+            if not self._flushed:
+                self.notify(f"could not save the message: {exc}", severity="error")
 
     # ------------------------------------------------------------------ chats
     @property
@@ -660,6 +682,12 @@ class FgchatApp(App[int]):
         self.engine.set_mode(self.requested_mode)
         self.notify("engine restarting…", timeout=3)
 
+    def _use_example(self, text: str) -> None:
+        prompt = self.query_one("#prompt", Input)
+        prompt.value = text
+        prompt.cursor_position = len(text)
+        prompt.focus()
+
     def set_sampling(self, temperature: float) -> None:
         self.sampling = replace(self.sampling, temperature=temperature)
         self.notify("greedy sampling" if temperature == 0 else f"temperature {temperature}", timeout=3)
@@ -691,6 +719,9 @@ class FgchatApp(App[int]):
         yield SystemCommand("Toggle latency panel", "Show or hide the console (ctrl+l)", self.action_toggle_panel)
         yield SystemCommand("Restart engine", "Start a fresh engine process", self.action_restart_engine)
         yield SystemCommand("Help", "Keys and modes (F10)", self.action_help)
+        for text in example_prompts():
+            yield SystemCommand(f"Example: {text}", "Put this example prompt in the prompt box",
+                                lambda t=text: self._use_example(t))
         for name in self.file_themes:
             yield SystemCommand(f"Theme: {name}", "Switch to this theme (remembered)",
                                 lambda n=name: setattr(self, "theme", n))
@@ -704,14 +735,17 @@ class FgchatApp(App[int]):
         self.sub_title = f"{model} · {mode} · batch {batch} · K {self.samples}"
 
     def _tick(self) -> None:
-        if self._closed:
+        if self._flushed:
             return
         if self.appender is not None:
             self._sync_csv()
-        if not self._dirty:
+        now = time.monotonic()
+        if not self._dirty or now < self._next_build:
             return
         self._dirty = False
         self.panel_view = self._build_view()
+        # keep recomputation under ~20% of the UI thread even with a long, fast log
+        self._next_build = now + max(REFRESH_S, 5 * (time.monotonic() - now))
         if self.panel_view.batch_size:
             self.batch_sizes_shown.add(self.panel_view.batch_size)
         try:
@@ -736,7 +770,7 @@ class FgchatApp(App[int]):
             samples=self.samples,
             active_replies=len(self.replies),
             summary=summarize_records(tokens, requests),
-            itl_by_mode=itl_by_mode(tokens, MODES),
+            itl_by_mode={m: np.fromiter(self.itl_history.get(m, ()), dtype=np.float64) for m in MODES},
             recent_itl=list(self.recent_itl),
             windowed=len(tokens) if start else 0,
             total_tokens=count,
@@ -760,16 +794,24 @@ class FgchatApp(App[int]):
     async def on_unmount(self) -> None:
         self.flush_on_exit()
 
+    def _log_problem(self, text: str) -> None:
+        """Problems at exit cannot be shown any more: append them to <data dir>/ui.log."""
+        try:
+            with open(self.data_path / "ui.log", "a", encoding="utf-8") as f:
+                f.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {text}\n")
+        except OSError:
+            pass
+
     def flush_on_exit(self) -> None:
         """Keep everything: partial replies, the rest of --log-csv; then stop the engine. Idempotent."""
-        if self._closed:
+        if self._flushed:
             return
-        self._closed = True
+        self._flushed = True
         for reply in list(self.replies.values()):
             try:
                 self._persist_reply(reply, reply.bubble.text, {"finish": "interrupted", "tokens": reply.tokens})
-            except Exception:
-                pass
+            except Exception as exc:
+                self._log_problem(f"could not save an interrupted reply: {exc!r}")
         self.replies.clear()
         if self.appender is not None:
             try:

@@ -23,11 +23,13 @@ class MessageBubble(Vertical):
     def __init__(self, role: str, text: str = "", *, label: str = "", streaming: bool = False) -> None:
         super().__init__(classes=f"bubble {role}")
         self.role = role
-        self.label = label or ("you" if role == "user" else "assistant")
+        self.heading = label or ("you" if role == "user" else "assistant")
         self.text = text  # everything received so far (raw, as the engine produced it)
         self.streaming = streaming
         self.status = "generating…" if streaming else ""
         self._stream = None
+        self._body_md: Markdown | None = None
+        self._shown = 0  # characters of self.text already handed to the Markdown widget
         self.appends = 0  # streamed fragments received (each engine poll batch adds one)
 
     def compose(self) -> ComposeResult:
@@ -35,12 +37,17 @@ class MessageBubble(Vertical):
         if self.role == "user":
             yield Static(Content(sanitize(self.text)), classes="bubble-body")
         else:
-            yield Markdown(sanitize(self.text), classes="bubble-body")
+            self._body_md = Markdown(sanitize(self.text), classes="bubble-body")
+            self._shown = len(self.text)
+            yield self._body_md
+
+    def on_mount(self) -> None:
+        self.call_after_refresh(self._write_pending)  # text that arrived while mounting
 
     def _header(self) -> Content:
         style = "bold $primary" if self.role == "user" else "bold $accent"
         status_style = "$error" if self.status.startswith(("error", "⚠")) else "$text-muted"
-        return Content.assemble((self.label, style), ("  " if self.status else "", ""), (self.status, status_style))
+        return Content.assemble((self.heading, style), ("  " if self.status else "", ""), (self.status, status_style))
 
     def set_status(self, status: str) -> None:
         self.status = status
@@ -48,16 +55,24 @@ class MessageBubble(Vertical):
             self.query_one(".bubble-header", Static).update(self._header())
 
     async def append(self, text: str) -> None:
-        """Append streamed text (MarkdownStream coalesces when the widget falls behind)."""
+        """Append streamed text (MarkdownStream coalesces when the widget falls behind).
+
+        Text that arrives before the Markdown widget is mounted is kept and written later."""
         if not text:
             return
         self.text += text
         self.appends += 1
-        if not self.is_mounted:
+        await self._write_pending()
+
+    async def _write_pending(self) -> None:
+        markdown = self._body_md
+        if markdown is None or not markdown.is_mounted or self._shown >= len(self.text):
             return
         if self._stream is None:
-            self._stream = Markdown.get_stream(self.query_one(Markdown))
-        await self._stream.write(sanitize(text))
+            self._stream = Markdown.get_stream(markdown)
+        fragment = self.text[self._shown:]
+        self._shown = len(self.text)
+        await self._stream.write(sanitize(fragment))
 
     async def finish(self, status: str, final_text: str | None = None) -> None:
         """Stop streaming; make sure the shown text equals `final_text` (the engine's summary)."""
@@ -69,8 +84,10 @@ class MessageBubble(Vertical):
                 if self._stream is not None:
                     await self._stream.stop()
                     self._stream = None
-                if self.is_mounted:
-                    await self.query_one(Markdown).update(sanitize(final_text))
+                if self._body_md is not None and self._body_md.is_mounted:
+                    await self._body_md.update(sanitize(final_text))
+                    self._shown = len(final_text)
+        await self._write_pending()
         if self._stream is not None:
             await self._stream.stop()
             self._stream = None

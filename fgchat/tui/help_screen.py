@@ -26,10 +26,11 @@ tabs at once, or ask for K replies per prompt (F4 / F5), to drive batch sizes 1.
 def binding_rows(bindings: list[Binding]) -> list[tuple[str, str]]:
     rows: list[tuple[str, str]] = []
     for b in bindings:
-        if not b.description:
+        text = b.tooltip or b.description
+        if not text:
             continue
         keys = ", ".join(k.strip() for k in b.key.split(","))
-        rows.append((keys, b.description))
+        rows.append((keys, text))
     return rows
 
 
@@ -40,13 +41,14 @@ class HelpScreen(ModalScreen[None]):
 
     def __init__(self, bindings: list[Binding]) -> None:
         super().__init__()
-        self._bindings = bindings
+        self._app_bindings = bindings
 
     def compose(self) -> ComposeResult:
         lines = ["# fgchat keys", "", "| key | action |", "|---|---|", "| Enter | send the prompt |"]
-        for keys, desc in binding_rows(self._bindings):
+        for keys, desc in binding_rows(self._app_bindings):
             lines.append(f"| {keys} | {desc} |")
-        lines.append("| ctrl+p | command palette (modes, themes, export, chats, samples) |")
+        lines.append("| ctrl+p | command palette: modes, replies per prompt, themes, export, open/close "
+                     "chats, sampling, restart engine |")
         lines.append("| ctrl+q | quit |")
         with VerticalScroll(id="help-body"):
             yield Markdown("\n".join(lines) + "\n" + MODES_TEXT + "\n*Esc, F10 or q closes this help.*")
