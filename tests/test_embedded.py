@@ -111,3 +111,40 @@ def test_converted_model_answers_with_transformers_reference(converted: Path) ->
     streamed = "".join(detok.push(i) for i in generated) + detok.flush()
     assert streamed == tok.decode(generated)
     assert "Paris" in streamed
+
+
+def test_our_engine_answers_paris_like_transformers(converted: Path) -> None:
+    """Our decoder on the real embedded model: same greedy ids as transformers, names Paris."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from fgchat.engine.core import Engine, EngineConfig
+    from fgchat.engine.events import RequestFinished, SamplingParams
+
+    eng = Engine(EngineConfig(model=str(converted), device="cpu", max_context=512))
+    ids = eng.tokenizer.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}])
+    rid = eng.submit(ids, SamplingParams(max_tokens=12))
+    done = {e.summary.request_id: e.summary for e in eng.run_until_done() if isinstance(e, RequestFinished)}
+    ours = done[rid]
+    assert "Paris" in ours.text
+    ref = AutoModelForCausalLM.from_pretrained(str(converted), dtype=torch.float32)
+    out = ref.generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False,
+                       eos_token_id=sorted(eng.tokenizer.eos_ids))
+    assert ours.token_ids == out[0, len(ids):].tolist()
+
+
+def test_cli_default_model_answers(converted: Path, cache_root: Path) -> None:
+    """`fgchat generate` with no --model uses the cached conversion and streams an answer."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "FGCHAT_CACHE_DIR": str(cache_root), "HF_HUB_OFFLINE": "1"}
+    t0 = time.perf_counter()
+    p = subprocess.run([sys.executable, "-m", "fgchat.cli", "generate", "--prompt",
+                        "What is the capital of France?", "--max-tokens", "24"],
+                       capture_output=True, text=True, env=env, timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert "Paris" in p.stdout
+    assert "ttft" in p.stderr
+    del t0
