@@ -24,6 +24,10 @@ if [[ $what == bench || $what == all ]]; then
   FGCHAT_FUSED=0 bench llama-3.2-1b-unfused --preset llama-3.2-1b --random-weights --batch-sizes 1,8 \
     --repeats 2 --modes full
 fi
+if [[ $what == more || $what == all ]]; then
+  bench smollm2-135m --preset smollm2-135m --random-weights --batch-sizes 1,8 --repeats 2
+  bench llama-3.1-8b --preset llama-3.1-8b --random-weights --batch-sizes 1,8 --repeats 2 --modes eager,full
+fi
 if [[ $what == peers ]]; then
   bench llama-3.2-1b-peers --preset llama-3.2-1b --random-weights --batch-sizes 1,8 --repeats 2 --peers hf
 fi

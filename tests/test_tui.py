@@ -461,3 +461,23 @@ def test_engine_process_reports_events_and_death(tiny_llama):
         assert proc.get_events(0.05) == []  # reported once
     finally:
         proc.shutdown()
+
+
+@pytest.mark.skipif(not os.environ.get("FGCHAT_SCREENSHOT"),
+                    reason="set FGCHAT_SCREENSHOT=assets/screenshot.svg to write the README screenshot")
+async def test_readme_screenshot(tiny_llama, data_dir):
+    """Not a check: renders the README screenshot (real engine, tiny random model, mid-stream)."""
+    target = Path(os.environ["FGCHAT_SCREENSHOT"]).resolve()
+    app = make_app(tiny_llama, max_tokens=1900, max_context=2048)
+    async with app.run_test(size=(132, 38)) as pilot:
+        await wait_ready(pilot, app)
+        await key(pilot, "f3")
+        await type_prompt(pilot, "Explain what a CUDA graph is in three sentences.")
+        await wait_for(pilot, lambda: app.latency_log.token_count > 150, "a first reply")
+        await key(pilot, "ctrl+n")
+        await wait_for(pilot, lambda: len(app.chat_views()) == 2, "second chat")
+        await type_prompt(pilot, "Why is batch-1 decoding memory-bound?")
+        await wait_for(pilot, lambda: app.batch_sizes_seen[2] > 150, "two replies streaming together")
+        await pilot.pause(0.3)
+        app.save_screenshot(filename=target.name, path=str(target.parent))
+    assert target.exists()
