@@ -9,15 +9,15 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 fi
 export PYTHONPATH="$PWD:/tmp/site"
 what=${1:-all}
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee -a "$OUT/gpu.txt"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee -a "$OUT/run.log"
 if [[ $what == tests || $what == all ]]; then
   timeout 400 python3 -m pytest -p no:cacheprovider -m gpu tests/test_gpu_fused.py tests/test_gpu_graphs.py \
-    -q --timeout 300 -W ignore 2>&1 | tee "$OUT/gpu_tests.log" | tail -30
+    -q --timeout 300 -W ignore 2>&1 | tee -a "$OUT/run.log" | tail -30
 fi
 bench() {  # name, extra args...
   local name=$1; shift
   timeout 300 python3 -m fgchat.cli bench --no-progress --json "$OUT/bench_$name.json" "$@" 2>&1 \
-    | tee "$OUT/bench_$name.log" | tail -12
+    | tee -a "$OUT/run.log" | tail -12
 }
 if [[ $what == bench || $what == all ]]; then
   bench llama-3.2-1b --preset llama-3.2-1b --random-weights --batch-sizes 1,8 --repeats 2
