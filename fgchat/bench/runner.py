@@ -49,6 +49,10 @@ def prompts_for(batch: int, prompt_len: int, vocab: int) -> list[list[int]]:
 
 
 def _git_commit() -> str:
+    import os
+
+    if os.environ.get("FGCHAT_COMMIT"):
+        return os.environ["FGCHAT_COMMIT"]
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                               text=True, timeout=5).stdout.strip() or "unknown"
