@@ -28,6 +28,9 @@ if [[ $what == more || $what == all ]]; then
   bench smollm2-135m --preset smollm2-135m --random-weights --batch-sizes 1,8 --repeats 2
   bench llama-3.1-8b --preset llama-3.1-8b --random-weights --batch-sizes 1,8 --repeats 2 --modes eager,full
 fi
+if [[ $what == tui || $what == all ]]; then
+  timeout 240 python3 scripts/tui_vs_headless.py full 2>&1 | tail -5 | tee -a "$OUT/run.log"
+fi
 if [[ $what == peers ]]; then
   bench llama-3.2-1b-peers --preset llama-3.2-1b --random-weights --batch-sizes 1,8 --repeats 2 --peers hf
 fi

@@ -1,0 +1,74 @@
+"""TPOT while the TUI streams vs the same model and mode headless (engine isolation check).
+
+Builds a SmolLM2-135M-shaped model with a small trained tokenizer (tests/tiny_models.py), then
+runs REPS replies of N tokens headless (Engine in this process) and REPS through the Textual app
+(engine in its own process, UI rendering in this one). Prints both TPOTs and their ratio.
+Usage: python scripts/tui_vs_headless.py [mode]
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+import tiny_models  # noqa: E402
+
+from fgchat.engine.core import Engine, EngineConfig  # noqa: E402
+from fgchat.engine.events import RequestFinished, SamplingParams  # noqa: E402
+
+N, REPS = 256, 3
+PROMPT = "Tell me about latency."
+
+
+def headless(model: Path, mode: str) -> list[float]:
+    eng = Engine(EngineConfig(model=str(model), mode=mode, max_context=2048))
+    ids = eng.tokenizer.apply_chat_template([{"role": "user", "content": PROMPT}])
+    out = []
+    for _ in range(REPS + 1):
+        eng.submit(ids, SamplingParams(max_tokens=N, ignore_eos=True))
+        done = [e.summary for e in eng.run_until_done() if isinstance(e, RequestFinished)]
+        out.append(done[0].tpot_ms)
+    return out[1:]
+
+
+async def with_tui(model: Path, mode: str, data: Path) -> list[float]:
+    from fgchat.tui.app import FgchatApp
+
+    app = FgchatApp(EngineConfig(model=str(model), mode=mode, max_context=2048),
+                    sampling=SamplingParams(max_tokens=N, ignore_eos=True), data_path=data)
+    async with app.run_test(size=(120, 40)) as pilot:
+        deadline = time.monotonic() + 300
+        while app.engine_state == "starting" and time.monotonic() < deadline:
+            await pilot.pause(0.1)
+        assert app.engine_state == "ready", app.engine_error
+        for i in range(REPS + 1):
+            await app.send_prompt(PROMPT)
+            while app.latency_log.request_count < i + 1:
+                await pilot.pause(0.05)
+        reqs = app.latency_log.requests()
+        app.exit()
+    return [r.tpot_ms for r in reqs][1:]
+
+
+def main() -> None:
+    mode = sys.argv[1] if len(sys.argv) > 1 else "full"
+    with tempfile.TemporaryDirectory() as tmp:
+        model = tiny_models.build_model(Path(tmp) / "m", "llama", hidden=576, layers=30, heads=9,
+                                        kv_heads=3, head_dim=64, intermediate=1536, max_pos=8192,
+                                        tie=True, dtype="bfloat16")
+        h = headless(model, mode)
+        t = asyncio.run(with_tui(model, mode, Path(tmp) / "data"))
+    hm, tm = statistics.median(h), statistics.median(t)
+    print(f"mode {mode}: headless TPOT {hm:.3f} ms {['%.3f' % x for x in h]}")
+    print(f"mode {mode}: TUI TPOT      {tm:.3f} ms {['%.3f' % x for x in t]}")
+    print(f"TUI / headless = {tm / hm:.3f} (target <= 1.05)")
+
+
+if __name__ == "__main__":
+    main()
