@@ -9,6 +9,7 @@ Usage: python scripts/tui_vs_headless.py [mode]
 from __future__ import annotations
 
 import asyncio
+import os
 import statistics
 import sys
 import tempfile
@@ -22,7 +23,7 @@ import tiny_models  # noqa: E402
 from fgchat.engine.core import Engine, EngineConfig  # noqa: E402
 from fgchat.engine.events import RequestFinished, SamplingParams  # noqa: E402
 
-N, REPS = 256, 3
+N, REPS = int(os.environ.get("FGCHAT_TOKENS", 256)), 3
 PROMPT = "Tell me about latency."
 
 
@@ -59,6 +60,7 @@ async def with_tui(model: Path, mode: str, data: Path) -> list[float]:
 def main() -> None:
     mode = sys.argv[1] if len(sys.argv) > 1 else "full"
     with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "data").mkdir()
         model = tiny_models.build_model(Path(tmp) / "m", "llama", hidden=576, layers=30, heads=9,
                                         kv_heads=3, head_dim=64, intermediate=1536, max_pos=8192,
                                         tie=True, dtype="bfloat16")

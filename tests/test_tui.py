@@ -352,6 +352,17 @@ async def test_engine_death_keeps_partial_reply_and_log(tiny_llama, data_dir, tm
         assert n >= 10
         assert len(read_tokens_csv(app.export_log(tmp_path / "after-tokens.csv")[0])) == n
 
+        # restart from the palette's command: a fresh engine, request ids keep growing
+        app.sampling = SamplingParams(max_tokens=8, ignore_eos=True)
+        await app.action_restart_engine()
+        await wait_ready(pilot, app)
+        assert not app.query_one("#engine-banner").display
+        await type_prompt(pilot, "Still there?")
+        await wait_for(pilot, lambda: app.latency_log.request_count == 1 and not app.replies, "a new reply")
+        (record,) = app.latency_log.requests()
+        assert record.request_id == reply.rid + 1 and record.output_tokens == 8
+        assert app.latency_log.token_count == n + 8
+
 
 async def test_conversations_persist_and_reopen(tiny_llama, data_dir):
     app = make_app(tiny_llama, thread=True, max_tokens=24)

@@ -76,6 +76,8 @@ class MessageBubble(Vertical):
 
     async def finish(self, status: str, final_text: str | None = None) -> None:
         """Stop streaming; make sure the shown text equals `final_text` (the engine's summary)."""
+        self.streaming = False
+        self.set_status(status)  # before any await: the bubble's state is final at once
         if final_text is not None and final_text != self.text:
             if final_text.startswith(self.text):
                 await self.append(final_text[len(self.text):])
@@ -91,8 +93,6 @@ class MessageBubble(Vertical):
         if self._stream is not None:
             await self._stream.stop()
             self._stream = None
-        self.streaming = False
-        self.set_status(status)
 
 
 class ChatView(VerticalScroll):
