@@ -9,7 +9,6 @@ switch can be checked too.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import time
@@ -333,7 +332,8 @@ async def test_engine_death_keeps_partial_reply_and_log(tiny_llama, data_dir, tm
                        "ten tokens")
         (reply,) = app.replies.values()
         os.kill(app.engine.pid, signal.SIGKILL)
-        await wait_for(pilot, lambda: app.engine_state == "failed", "the death to be noticed")
+        await wait_for(pilot, lambda: app.engine_state == "failed" and not app.replies,
+                       "the death to be noticed")
         assert app.engine_error.startswith("engine process exited")
         assert "SIGKILL" in app.engine_error
         assert not app.replies

@@ -354,25 +354,26 @@ class FgchatApp(App[int]):
         reply = self.replies.pop(summary.request_id, None)
         if reply is None:
             return
+        # store first (synchronously): nothing is lost if the UI update below is interrupted
+        self._persist_reply(reply, summary.text, {"finish": summary.finish_reason,
+                                                  "tokens": summary.output_tokens})
         status = {"stop": "", "length": "length limit", "cancelled": "stopped", "error": "error"}.get(
             summary.finish_reason, summary.finish_reason
         )
         timing = f"{summary.output_tokens} tok · TTFT {summary.ttft_ms:.0f} ms"
         if summary.tpot_ms:
             timing += f" · {1000.0 / summary.tpot_ms:.1f} tok/s"
-        await reply.bubble.finish(" · ".join(x for x in (timing, status) if x), final_text=summary.text)
-        self._persist_reply(reply, summary.text, {"finish": summary.finish_reason,
-                                                  "tokens": summary.output_tokens})
         self._update_tab(reply.conversation)
+        await reply.bubble.finish(" · ".join(x for x in (timing, status) if x), final_text=summary.text)
 
     async def _fail_reply(self, rid: int, message: str) -> None:
         reply = self.replies.pop(rid, None)
         if reply is None:
             return
-        text = reply.bubble.text
-        await reply.bubble.finish(f"error: {message} · partial reply kept ({reply.tokens} tok)")
-        self._persist_reply(reply, text, {"finish": "error", "error": message, "tokens": reply.tokens})
+        self._persist_reply(reply, reply.bubble.text,
+                            {"finish": "error", "error": message, "tokens": reply.tokens})
         self._update_tab(reply.conversation)
+        await reply.bubble.finish(f"error: {message} · partial reply kept ({reply.tokens} tok)")
 
     def _persist_reply(self, reply: Reply, text: str, meta: dict) -> None:
         meta = {**meta, "rid": reply.rid}

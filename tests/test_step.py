@@ -1,0 +1,55 @@
+"""CPU checks of the decode-step bookkeeping that CUDA graphs rely on."""
+
+from __future__ import annotations
+
+import torch
+
+from fgchat.engine.core import Engine, EngineConfig
+from fgchat.engine.step import ROW_IDS, ROW_POS, ROW_SEED, ROW_SLOT, ROW_TEMP, ROW_TOPK, ROW_TOPP, StepBuffers
+
+
+def test_stage_writes_lanes_and_zeroes_the_rest():
+    bufs = StepBuffers(torch.device("cpu"), 4, 16, torch.float32)
+    addr_i, addr_f = bufs.dev_i.data_ptr(), bufs.dev_f.data_ptr()
+    bufs.stage([9] * 8, [5] * 8, list(range(8)), [1.0] * 8, [0.5] * 8, [3] * 8, [7] * 8)
+    bufs.stage([11, 12], [40, 41], [6, 2], [0.0, 0.7], [1.0, 0.9], [0, 5], [1, 2])
+    assert bufs.dev_i[ROW_IDS].tolist() == [11, 12, 0, 0, 0, 0, 0, 0]  # stale lanes cleared
+    assert bufs.dev_i[ROW_POS, :2].tolist() == [40, 41]
+    assert bufs.dev_i[ROW_SLOT, :2].tolist() == [6, 2]
+    assert bufs.dev_i[ROW_TOPK, :2].tolist() == [0, 5]
+    assert bufs.dev_i[ROW_SEED, :2].tolist() == [1, 2]
+    assert torch.allclose(bufs.dev_f[ROW_TEMP, :2], torch.tensor([0.0, 0.7]))
+    assert torch.allclose(bufs.dev_f[ROW_TOPP, :2], torch.tensor([1.0, 0.9]))
+    assert (bufs.dev_f[:, 2:] == 0).all()
+    # fixed addresses: graphs captured over these buffers stay valid
+    assert bufs.dev_i.data_ptr() == addr_i and bufs.dev_f.data_ptr() == addr_f
+
+
+def test_program_has_one_piece_per_attention_gap(tiny_llama):
+    eng = Engine(EngineConfig(model=str(tiny_llama), device="cpu", max_context=128))
+    for b in (1, 3, 8):
+        pieces, attends = eng.program.pieces(b, do_sample=False)
+        assert len(pieces) == eng.cfg.num_layers + 1 and len(attends) == eng.cfg.num_layers
+
+
+def test_step_derives_lengths_and_slots_on_device(tiny_llama):
+    eng = Engine(EngineConfig(model=str(tiny_llama), device="cpu", max_context=128))
+    eng.bufs.stage([5, 6, 7], [10, 20, 30], [4, 0, 7], [0.0] * 3, [1.0] * 3, [0] * 3, [0] * 3)
+    eng.program.max_len_hint = 31
+    out = eng.program.run_eager(3, do_sample=False)
+    assert eng.bufs.dev_i32[0, :3].tolist() == [11, 21, 31]  # seq_lens = position + 1
+    assert eng.bufs.dev_i32[1, :3].tolist() == [4, 0, 7]
+    assert out.tokens.shape == (3,) and out.logits.shape == (3, eng.cfg.vocab_size)
+    # the step wrote this token's K/V at (slot, position) of every layer
+    for layer in range(eng.cfg.num_layers):
+        assert eng.cache.k[layer][4, 10].abs().sum() > 0 and eng.cache.v[layer][7, 30].abs().sum() > 0
+
+
+def test_mode_selection_on_cpu_reports_reasons(tiny_llama):
+    eng = Engine(EngineConfig(model=str(tiny_llama), device="cpu", max_context=128, mode="eager"))
+    assert eng.runner is None
+    for mode in ("piecewise", "full"):
+        ev = eng.set_mode(mode)
+        assert ev.mode == "eager" and "CUDA" in ev.reason
+    assert eng.set_mode("eager").reason == ""
+    assert eng.info().available_modes["eager"] == ""
