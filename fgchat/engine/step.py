@@ -39,6 +39,8 @@ class StepBuffers:
         self.dev_i32 = torch.zeros((2, NUM_SLOTS), dtype=torch.int32, device=device)
         self.attn_out = torch.zeros((NUM_SLOTS, num_heads, head_dim), dtype=dtype, device=device)
         self.device = device
+        self._np_i = self.host_i.numpy()
+        self._np_f = self.host_f.numpy()
 
     def stage(
         self,
@@ -50,18 +52,23 @@ class StepBuffers:
         top_ks: list[int],
         seeds: list[int],
     ) -> None:
-        """Write lanes [0, B) on the host and copy them to the device (async on CUDA)."""
+        """Write lanes [0, B) on the host and copy them to the device (async on CUDA).
+
+        Rewriting the pinned staging memory is safe: every step ends with a host sync on its
+        sampled tokens, so the previous step's asynchronous copies have completed.
+        """
         b = len(ids)
+        hi, hf = self._np_i, self._np_f  # numpy views of the host staging tensors
+        hi[:, b:] = 0
+        hf[:, b:] = 0
+        hi[ROW_IDS, :b] = ids
+        hi[ROW_POS, :b] = positions
+        hi[ROW_SLOT, :b] = slots
+        hi[ROW_SEED, :b] = seeds
+        hi[ROW_TOPK, :b] = top_ks
+        hf[ROW_TEMP, :b] = temps
+        hf[ROW_TOPP, :b] = top_ps
         hi, hf = self.host_i, self.host_f
-        hi.zero_()
-        hf.zero_()
-        hi[ROW_IDS, :b] = torch.tensor(ids, dtype=torch.int64)
-        hi[ROW_POS, :b] = torch.tensor(positions, dtype=torch.int64)
-        hi[ROW_SLOT, :b] = torch.tensor(slots, dtype=torch.int64)
-        hi[ROW_SEED, :b] = torch.tensor(seeds, dtype=torch.int64)
-        hi[ROW_TOPK, :b] = torch.tensor(top_ks, dtype=torch.int64)
-        hf[ROW_TEMP, :b] = torch.tensor(temps, dtype=torch.float32)
-        hf[ROW_TOPP, :b] = torch.tensor(top_ps, dtype=torch.float32)
         self.dev_i.copy_(hi, non_blocking=True)
         self.dev_f.copy_(hf, non_blocking=True)
 
