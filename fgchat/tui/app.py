@@ -732,7 +732,10 @@ class FgchatApp(App[int]):
         batch = self.batch_size_now
         mode = self.engine_mode + (f"→{self.requested_mode}?" if self.requested_mode and
                                    self.requested_mode != self.engine_mode else "")
-        model = self.engine_info.model_name if self.engine_info else "loading…"
+        if self.engine_state == "failed":
+            model = "engine stopped"
+        else:
+            model = self.engine_info.model_name if self.engine_info else "loading…"
         self.sub_title = f"{model} · {mode} · batch {batch} · K {self.samples}"
 
     def _tick(self) -> None:

@@ -44,6 +44,11 @@ class PanelView:
     engine_error: str = ""
 
 
+def _indent(text: str, indent: int, width: int) -> str:
+    """Indent `text` by up to `indent` spaces, less when the line would not fit `width`."""
+    return " " * max(0, min(indent, width - len(text))) + text
+
+
 class LatencyPanel(VerticalScroll):
     """Right-hand console; `show(view)` redraws only what changed."""
 
@@ -79,8 +84,8 @@ class LatencyPanel(VerticalScroll):
         hist.set_data(view.itl_by_mode, available, view.mode)
         self._set("stats", self._stats(view.summary, width))
         self._set("throughput", self._throughput(view))
-        self._set("gpu-host", self._gpu_host(view.summary))
-        self._set("spark", self._spark(view.recent_itl))
+        self._set("gpu-host", self._gpu_host(view.summary, width))
+        self._set("spark", self._spark(view.recent_itl, width))
         self._set("captures", self._captures(view.info))
         self._set("engine-info", self._engine_info(view))
 
@@ -128,6 +133,12 @@ class LatencyPanel(VerticalScroll):
         else:
             last = f", last {view.last_batch_size}" if view.last_batch_size and width >= 44 else ""
             batch = (f"batch size 0 (idle{last})", "$text-muted")
+        if width < 38:
+            batch = (batch[0].replace(" (idle)", ""), batch[1])
+            return Content.assemble(
+                (view.mode, f"bold {MODE_STYLES.get(view.mode, '')}"), (" · ", "$text-muted"), batch,
+                (" · K ", "$text-muted"), (str(view.samples), "bold"),
+            )
         return Content.assemble(
             ("mode ", "$text-muted"), (view.mode, f"bold {MODE_STYLES.get(view.mode, '')}"),
             ("  ", ""), batch, ("  ", ""), ("K ", "$text-muted"), (str(view.samples), "bold"),
@@ -167,18 +178,19 @@ class LatencyPanel(VerticalScroll):
         return Content.assemble((text, "bold"), (f"  {view.total_tokens} tokens{scope}", "$text-muted"))
 
     @staticmethod
-    def _gpu_host(s: dict[str, Any]) -> Content:
+    def _gpu_host(s: dict[str, Any], width: int = 60) -> Content:
         gpu, host, frac = s.get("gpu_step_ms_mean"), s.get("host_overhead_ms_mean"), s.get("gpu_fraction")
         if gpu is None:
-            return Content.assemble(("GPU/step – host – ", ""), ("(no GPU timing on CPU)", "$text-muted"))
+            why = "(no GPU timing on CPU)" if width >= 42 else "(no GPU timing)"
+            return Content.assemble(("GPU/step – host – ", ""), (why, "$text-muted"))
         pct = f" ({frac * 100:.0f}% GPU)" if frac is not None else ""
         return Content.assemble(
             ("GPU/step ", "$text-muted"), (f"{fmt_ms(gpu)} ms", "bold $success"),
             ("  host ", "$text-muted"), (f"{fmt_ms(host)} ms", "bold $warning"), (pct, "$text-muted"),
         )
 
-    def _spark(self, recent: list[float]) -> Content:
-        width = max(8, self.size.width - 12) if self.size.width else 24
+    def _spark(self, recent: list[float], panel_width: int = 40) -> Content:
+        width = max(8, panel_width - 11)
         if not recent:
             return Content.assemble(("ITL recent ", "$text-muted"), ("waiting for tokens", "$text-muted"))
         line = sparkline(recent, width)
@@ -186,7 +198,8 @@ class LatencyPanel(VerticalScroll):
         lo, hi = (min(shown), max(shown)) if shown else (0.0, 0.0)
         return Content.assemble(
             ("ITL recent ", "$text-muted"), (line, "$accent"),
-            ("\n", ""), (f"{'':11}{fmt_ms(lo)}–{fmt_ms(hi)} ms, last {fmt_ms(recent[-1])}", "$text-muted"),
+            ("\n", ""), (_indent(f"{fmt_ms(lo)}–{fmt_ms(hi)} ms · last {fmt_ms(recent[-1])}", 11, panel_width),
+                          "$text-muted"),
         )
 
     @staticmethod

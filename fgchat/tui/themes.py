@@ -15,7 +15,8 @@ from pathlib import Path
 from textual.color import Color, ColorParseError
 from textual.theme import Theme
 
-BUILTIN_THEME_DIR = Path(__file__).resolve().parent / "themes"
+# themes/ at the top of the source tree, one Textual theme per TOML file
+BUILTIN_THEME_DIR = Path(__file__).resolve().parent.parent.parent / "themes"
 DEFAULT_THEME = "fgchat-midnight"
 
 _COLOR_KEYS = ("primary", "secondary", "accent", "warning", "error", "success",
