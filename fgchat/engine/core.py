@@ -77,6 +77,8 @@ class Engine:
         self.unavailable: dict[str, str] = {"eager": ""}
         self.runner = None
         self._init_graphs()
+        if self.device.type == "cuda":  # reused every step: read only after the step's token sync
+            self._events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
         self.mode: Mode = "eager"
         self._pending: list[EngineEvent] = []
         self._next_id = 1
@@ -316,7 +318,7 @@ class Engine:
         mode = self.mode
         cuda = self.device.type == "cuda"
         if cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start, end = self._events
             start.record()
         graph = None
         if mode == "eager":
