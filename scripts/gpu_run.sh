@@ -16,7 +16,7 @@ if [[ $what == tests || $what == all ]]; then
 fi
 bench() {  # name, extra args...
   local name=$1; shift
-  timeout 300 python3 -m fgchat.cli bench --no-progress --json "$OUT/bench_$name.json" "$@" 2>&1 \
+  timeout "${BENCH_TIMEOUT:-300}" python3 -m fgchat.cli bench --no-progress --json "$OUT/bench_$name.json" "$@" 2>&1 \
     | tee -a "$OUT/run.log" | tail -12
 }
 if [[ $what == bench || $what == all ]]; then
@@ -31,6 +31,7 @@ fi
 if [[ $what == tui || $what == all ]]; then
   timeout 240 python3 scripts/tui_vs_headless.py full 2>&1 | tail -5 | tee -a "$OUT/run.log"
 fi
-if [[ $what == peers ]]; then
-  bench llama-3.2-1b-peers --preset llama-3.2-1b --random-weights --batch-sizes 1,8 --repeats 2 --peers hf
+if [[ $what == peers || $what == all ]]; then
+  BENCH_TIMEOUT=240 bench llama-3.2-1b-peers --preset llama-3.2-1b --random-weights --batch-sizes 1,8 \
+    --repeats 2 --modes full --peers hf
 fi
