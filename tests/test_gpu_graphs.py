@@ -141,20 +141,30 @@ def test_self_check_disables_a_broken_mode(gqa_model):
 
 
 def test_bf16_parity_with_transformers(gqa_model):
+    """bf16: each decode step's logits match transformers on the same prefix (teacher forcing),
+    and the greedy token agrees wherever transformers' top-2 margin exceeds bf16 noise."""
     transformers = pytest.importorskip("transformers")
     ref = transformers.AutoModelForCausalLM.from_pretrained(gqa_model, dtype=torch.bfloat16).cuda().eval()
     eng = Engine(EngineConfig(model=str(gqa_model), device="cuda", dtype="bfloat16", max_context=1024,
                               mode="full"))
     prompt = prompt_of(40, 5, eng.cfg.vocab_size)
+    rid = eng.submit(prompt, SamplingParams(max_tokens=24, ignore_eos=True))
+    events, step_logits = [], []
+    while eng.has_work():
+        events += eng.step()
+        step_logits.append(eng.last_logits[0].float().clone())
+    ours = {e.summary.request_id: e.summary for e in events if isinstance(e, RequestFinished)}[rid].token_ids
     with torch.no_grad():
-        hf_ids = ref.generate(torch.tensor([prompt], device="cuda"), max_new_tokens=16,
-                              do_sample=False, eos_token_id=None, pad_token_id=0)[0, 40:].tolist()
-        hf_logits = ref(torch.tensor([prompt], device="cuda")).logits[0, -1].float()
-    rid = eng.submit(prompt, SamplingParams(max_tokens=16, ignore_eos=True))
-    done = {e.summary.request_id: e.summary for e in eng.run_until_done() if isinstance(e, RequestFinished)}
-    ours = eng.decoder.prefill(torch.tensor(prompt, device="cuda"), 0, eng.cache.k, eng.cache.v)
-    torch.testing.assert_close(ours, hf_logits, rtol=5e-2, atol=1e-1)
-    assert done[rid].token_ids == hf_ids
+        hf = ref(torch.tensor([prompt + ours], device="cuda")).logits[0].float()
+    checked = 0
+    for i, logits in enumerate(step_logits):  # step i produced output token i + 1
+        want = hf[len(prompt) + i]
+        torch.testing.assert_close(logits, want, rtol=5e-2, atol=1.5e-1)
+        top2 = want.topk(2).values
+        if (top2[0] - top2[1]).item() > 0.25:
+            assert ours[i + 1] == int(want.argmax())
+            checked += 1
+    assert checked >= len(step_logits) // 2
 
 
 def test_random_llama_1b_generates():

@@ -262,8 +262,15 @@ class Engine:
         """Admit and prefill waiting requests, then run one decode step over the running batch."""
         events, self._pending = self._pending, []
         self._pending = events
-        for seq in self.scheduler.admit():
-            self._prefill(seq)
+        admitted = [(seq, self._prefill(seq)) for seq in self.scheduler.admit()]
+        # First tokens of one admission round are read with one sync and emitted together, so
+        # a request's decode latencies never include the prefills of requests admitted with it.
+        firsts = [(seq, tok) for seq, tok in admitted if tok is not None]
+        if firsts:
+            ids = torch.cat([tok for _, tok in firsts]).tolist()
+            for (seq, _), token in zip(firsts, ids):
+                self.scheduler.start(seq)
+                self._emit(seq, token, "eager", 1, None, None)
         if self.scheduler.running:
             self._decode()
         events, self._pending = self._pending, []
@@ -280,14 +287,15 @@ class Engine:
         return out
 
     # ---- internals ----
-    def _prefill(self, seq: Sequence) -> None:
+    def _prefill(self, seq: Sequence) -> torch.Tensor | None:
+        """Prefill into the sequence's slot; returns its first token [1] on the device."""
         ids = torch.tensor(seq.prompt_ids, dtype=torch.int64, device=self.device)
         try:
             logits = self.decoder.prefill(ids, seq.slot, self.cache.k, self.cache.v)
         except torch.OutOfMemoryError:
             self._pending.append(EngineError("out of memory during prefill", seq.request_id))
             self._finish(seq, "error")
-            return
+            return None
         p = seq.params
         pos = torch.tensor([len(seq.prompt_ids)], device=self.device)
         if p.temperature > 0:
@@ -301,9 +309,7 @@ class Engine:
             )
         else:
             tok = torch.argmax(logits)[None]
-        token = int(tok.item())
-        self.scheduler.start(seq)
-        self._emit(seq, token, "eager", 1, None, None)
+        return tok
 
     def _decode(self) -> None:
         seqs = list(self.scheduler.running)

@@ -79,6 +79,7 @@ class GraphRunner:
     @torch.inference_mode()
     def capture(self, mode: str, b: int, do_sample: bool) -> FullGraph | PiecewiseGraph:
         torch.cuda.synchronize()
+        torch.cuda.empty_cache()  # graph capture empties the cache too; measure only pool growth
         before = torch.cuda.memory_reserved()
         t0 = time.perf_counter()
         self.stream.wait_stream(torch.cuda.current_stream())
