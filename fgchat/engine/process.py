@@ -26,12 +26,13 @@ import queue
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from fgchat.engine.errors import FgchatError
-from fgchat.engine.events import EngineError, EngineInfo, ModeChanged, SamplingParams
+from fgchat.engine.events import EngineError, EngineInfo, ModeChanged, SamplingParams, TokenEvent
 
 # ---- commands (parent -> engine); plain dataclasses so they pickle -----------------------------
 
@@ -66,6 +67,8 @@ class Shutdown:
 Command = SubmitChat | Cancel | SetMode | GetInfo | Shutdown
 
 IDLE_POLL_S = 0.5  # how often an idle child checks that its parent still lives
+SEND_INTERVAL_S = 0.008  # token events are sent at most this often while generating (~125/s)
+COMMAND_POLL_S = 0.002  # commands (stop, mode switch) are picked up within this while busy
 
 
 def one_line(exc: BaseException) -> str:
@@ -97,17 +100,25 @@ def serve(
         return
     send([engine.info(), *engine.step()])  # step() with no work only returns the initial ModeChanged
     captures = _capture_count(engine)
+    batch: list = []  # token events waiting to be sent (coalesced: IPC per step would add latency)
+    last_send = last_poll = time.monotonic()
     while True:
         commands: list[Command] = []
         if not engine.has_work():
+            if batch:
+                send(batch)
+                batch = []
             cmd = next_command(None)
             if cmd is None:
                 if not keep_going():
                     return
                 continue
             commands.append(cmd)
-        while (cmd := next_command(0)) is not None:
-            commands.append(cmd)
+        now = time.monotonic()
+        if commands or now - last_poll >= COMMAND_POLL_S:
+            last_poll = now
+            while (cmd := next_command(0)) is not None:
+                commands.append(cmd)
         out: list = []
         stop = False
         for cmd in commands:
@@ -116,19 +127,24 @@ def serve(
                 break
             out.extend(_apply(engine, cmd))
         if stop:
-            if out:
-                send(out)
+            if batch or out:
+                send([*batch, *out])
             return
         try:
             out.extend(engine.step())
         except Exception as exc:  # engine state is unknown after a failed step: stop
-            send([*out, EngineError(f"engine step failed: {type(exc).__name__}: {one_line(exc)}", fatal=True)])
+            send([*batch, *out, EngineError(f"engine step failed: {type(exc).__name__}: {one_line(exc)}", fatal=True)])
             return
         if any(isinstance(ev, ModeChanged) for ev in out) or _capture_count(engine) != captures:
             captures = _capture_count(engine)
             out.append(engine.info())  # availability or captures changed: the UI shows them
-        if out:
-            send(out)
+        batch.extend(out)
+        now = time.monotonic()
+        urgent = any(not isinstance(ev, TokenEvent) for ev in out)
+        if batch and (urgent or now - last_send >= SEND_INTERVAL_S or not engine.has_work()):
+            send(batch)
+            batch = []
+            last_send = now
 
 
 def _capture_count(engine: Any) -> int:
