@@ -174,3 +174,13 @@ def test_random_llama_1b_generates():
             for i in range(8)]
     done = {e.summary.request_id: e.summary for e in eng.run_until_done() if isinstance(e, RequestFinished)}
     assert all(done[r].output_tokens == 32 for r in rids)
+
+
+def test_batch_of_eight_matches_alone_bf16(engine):
+    """bf16 on the GPU: 8 prompts of different lengths decoded together give each one's solo tokens."""
+    v = engine.cfg.vocab_size
+    prompts = [prompt_of(3 + 29 * i, 700 + i, v) for i in range(8)]
+    sp = SamplingParams(max_tokens=32, ignore_eos=True)
+    alone = [run(engine, "full", [p], sp)[0][0] for p in prompts]
+    together, _, _ = run(engine, "full", prompts, sp)
+    assert together == alone
