@@ -34,6 +34,8 @@ def test_program_has_one_piece_per_attention_gap(tiny_llama):
 
 def test_step_derives_lengths_and_slots_on_device(tiny_llama):
     eng = Engine(EngineConfig(model=str(tiny_llama), device="cpu", max_context=128))
+    for t in eng.cache.k + eng.cache.v:  # synthetic lengths: attention reads unwritten positions
+        t.zero_()
     eng.bufs.stage([5, 6, 7], [10, 20, 30], [4, 0, 7], [0.0] * 3, [1.0] * 3, [0] * 3, [0] * 3)
     eng.program.max_len_hint = 31
     out = eng.program.run_eager(3, do_sample=False)
@@ -43,6 +45,7 @@ def test_step_derives_lengths_and_slots_on_device(tiny_llama):
     # the step wrote this token's K/V at (slot, position) of every layer
     for layer in range(eng.cfg.num_layers):
         assert eng.cache.k[layer][4, 10].abs().sum() > 0 and eng.cache.v[layer][7, 30].abs().sum() > 0
+        assert eng.cache.k[layer][4, 11].abs().sum() == 0  # nothing beyond the token's position
 
 
 def test_mode_selection_on_cpu_reports_reasons(tiny_llama):
