@@ -10,7 +10,7 @@ fi
 export PYTHONPATH="$PWD:/tmp/site"
 what=${1:-all}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee -a "$OUT/run.log"
-if [[ $what == tests || $what == all || $what == final ]]; then
+if [[ $what == tests || $what == all || $what == final || $what == final2 ]]; then
   timeout "${TEST_TIMEOUT:-240}" python3 -m pytest -p no:cacheprovider -m gpu tests/test_gpu_fused.py tests/test_gpu_graphs.py \
     -q --timeout 300 -W ignore 2>&1 | tee -a "$OUT/run.log" | tail -30
 fi
@@ -35,6 +35,9 @@ if [[ $what == final ]]; then
   BENCH_TIMEOUT=120 bench llama-3.2-1b --preset llama-3.2-1b --random-weights --batch-sizes 1,8 --repeats 2 \
     --peers hf-eager
   timeout 100 python3 scripts/tui_vs_headless.py full 2>&1 | tail -5 | tee -a "$OUT/run.log"
+fi
+if [[ $what == final2 ]]; then
+  timeout 75 python3 scripts/tui_vs_headless.py full 2>&1 | tail -5 | tee -a "$OUT/run.log"
 fi
 if [[ $what == peers || $what == all ]]; then
   BENCH_TIMEOUT=240 bench llama-3.2-1b-peers --preset llama-3.2-1b --random-weights --batch-sizes 1,8 \
