@@ -6,8 +6,6 @@ Every user error ends as one line on stderr and a non-zero exit, never a traceba
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 from typing import Sequence
 
@@ -58,11 +56,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _engine_config(args: argparse.Namespace):
-    from fgchat.engine.core import EngineConfig
+    from fgchat.engine.config import EngineConfig
 
     return EngineConfig(
         model=args.model, device=args.device, dtype=args.dtype, max_context=args.max_context,
-        mode=args.mode or "full", attention=args.attention, lazy_capture=args.lazy_capture,
+        mode=args.mode, attention=args.attention, lazy_capture=args.lazy_capture,
     )
 
 

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 
 import torch
 
+from fgchat.engine.config import EngineConfig
 from fgchat.engine.errors import FgchatError, RequestError
 from fgchat.engine.events import (
     MODES,
@@ -26,22 +26,6 @@ from fgchat.engine.model.decoder import Decoder
 from fgchat.engine.requests import Sequence
 from fgchat.engine.scheduler import Scheduler
 from fgchat.engine.step import StepBuffers, StepOutputs, StepProgram
-
-
-@dataclass
-class EngineConfig:
-    model: str | None = None  # repo id, directory, .gguf, or None for the embedded default
-    preset: str | None = None  # random weights of a preset's shape instead of `model`
-    device: str | None = None
-    dtype: str | None = None
-    max_context: int | None = None
-    mode: Mode = "full"
-    attention: str = "auto"
-    lazy_capture: bool = False
-    self_check: bool = True
-    fused: bool | None = None  # Triton fused norm/RoPE/SiLU kernels; default: on where CUDA+Triton
-    seed: int = 0
-    notes: list[str] = field(default_factory=list)
 
 
 def _now() -> int:
@@ -83,10 +67,10 @@ class Engine:
         self._pending: list[EngineEvent] = []
         self._next_id = 1
         self.step_graphs: list[str | None] = []  # which graph ran each decode step (for tests)
+        best: Mode = "full" if not self.unavailable.get("full") else "eager"
         try:
-            ev = self.set_mode(config.mode)
+            ev = self.set_mode(config.mode or best)
         except FgchatError as exc:
-            best = "full" if not self.unavailable.get("full") else "eager"
             ev = self.set_mode(best)
             self.notes.append(f"{exc}; running {ev.mode}")
         if ev.reason:

@@ -19,17 +19,15 @@ def run_tui(
 ) -> int:
     """Run the chat + latency console until the user quits; returns the exit status.
 
-    mode None picks "full" when a CUDA device will be used, else "eager". Errors the user can fix
+    mode None lets the engine pick "full" where CUDA graphs work, else "eager". Errors the user can fix
     before start-up (unwritable --log-csv, data directory) raise FgchatError (one line); a model
     that fails to load is shown inside the UI instead.
     """
-    from fgchat.engine.core import EngineConfig
+    from fgchat.engine.config import EngineConfig
     from fgchat.engine.events import SamplingParams
     from fgchat.metrics import CsvAppender
     from fgchat.tui.app import FgchatApp
 
-    if mode is None:
-        mode = _default_mode(device)
     config = EngineConfig(
         model=model, device=device, dtype=dtype, max_context=max_context, mode=mode,
         attention=attention or "auto", lazy_capture=lazy_capture,
@@ -43,14 +41,6 @@ def run_tui(
     if app.return_code not in (None, 0):
         return int(app.return_code)
     return int(result or 0)
-
-
-def _default_mode(device: str | None) -> str:
-    if device is not None and not str(device).startswith(("cuda", "auto")):
-        return "eager"
-    import torch
-
-    return "full" if torch.cuda.is_available() else "eager"
 
 
 __all__ = ["run_tui"]

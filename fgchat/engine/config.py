@@ -1,0 +1,23 @@
+"""Engine configuration (no torch import: the UI process builds it without loading torch)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from fgchat.engine.events import Mode
+
+
+@dataclass
+class EngineConfig:
+    model: str | None = None  # repo id, directory, .gguf, or None for the embedded default
+    preset: str | None = None  # random weights of a preset's shape instead of `model`
+    device: str | None = None
+    dtype: str | None = None
+    max_context: int | None = None
+    mode: Mode | None = None  # None: full where CUDA graphs work, else eager (no warning)
+    attention: str = "auto"
+    lazy_capture: bool = False
+    self_check: bool = True
+    fused: bool | None = None  # Triton fused norm/RoPE/SiLU kernels; default: on where CUDA+Triton
+    seed: int = 0
+    notes: list[str] = field(default_factory=list)
