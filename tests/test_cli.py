@@ -139,3 +139,22 @@ def test_graph_modes_on_cpu_fall_back_to_eager(tiny_llama):
     assert p.returncode == 0, p.stderr
     assert "piecewise unavailable" in p.stderr
     assert json.loads(p.stdout)["mode"] == "eager"
+
+
+def test_bench_peer_without_compile_is_marked(monkeypatch):
+    """--peers hf where torch.compile is unusable: the compile rows are marked, the run goes on."""
+    import torch
+
+    from fgchat.bench.peers import run_hf_peers
+    from fgchat.bench.runner import BenchSpec
+
+    def no_compile(*a, **k):
+        raise RuntimeError("torch.compile is not supported here")
+
+    monkeypatch.setattr(torch, "compile", no_compile)
+    spec = BenchSpec(preset="tiny", batch_sizes=[1], prompt_len=8, output_len=3, warmup=0, repeats=1,
+                     peers=["hf"], device="cpu")
+    runs, skipped = run_hf_peers(spec, None, lambda label: None)
+    assert [r["runner"] for r in runs] == ["hf-eager"]
+    assert runs[0]["tpot_ms"]["mean"] > 0
+    assert skipped and skipped[0]["runner"] == "hf-compile" and "not supported" in skipped[0]["reason"]

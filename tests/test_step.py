@@ -56,3 +56,33 @@ def test_mode_selection_on_cpu_reports_reasons(tiny_llama):
         assert ev.mode == "eager" and "CUDA" in ev.reason
     assert eng.set_mode("eager").reason == ""
     assert eng.info().available_modes["eager"] == ""
+
+
+class _OomRunner:
+    """Stands in for GraphRunner on CPU: every capture runs out of device memory."""
+
+    def __init__(self) -> None:
+        self.graphs: dict = {}
+        self.reports: list = []
+
+    def capture(self, mode, b, do_sample):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    def drop_mode(self, mode):
+        self.graphs = {k: v for k, v in self.graphs.items() if k[0] != mode}
+
+
+def test_out_of_memory_while_capturing_disables_the_mode(tiny_llama, monkeypatch):
+    eng = Engine(EngineConfig(model=str(tiny_llama), device="cpu", max_context=128))
+    eng.runner = _OomRunner()
+    eng.unavailable.update(piecewise="", full="")
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    eng._capture_mode("full")
+    assert "out of GPU memory" in eng.info().available_modes["full"]
+    assert any("full disabled" in n for n in eng.info().notes)
+    ev = eng.set_mode("full")
+    assert ev.mode == "eager" and "out of GPU memory" in ev.reason
+    from fgchat.engine.events import SamplingParams
+
+    eng.submit([5, 6, 7], SamplingParams(max_tokens=4, ignore_eos=True))
+    assert sum(1 for e in eng.run_until_done() if type(e).__name__ == "TokenEvent") == 4
