@@ -1,0 +1,58 @@
+"""Getting the latency log onto disk: the ctrl+s export (tokens + requests CSVs) and the
+incremental --log-csv sync.
+
+Invariant: a failed write never loses rows; the log stays in memory and the user is told
+(for --log-csv once per failure streak, with a notice when it recovers).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from fgchat.engine.errors import FgchatError
+from fgchat.metrics import write_requests_csv, write_tokens_csv
+from fgchat.tui.dialogs import ExportScreen
+
+
+class ExportMixin:
+    """FgchatApp's export and --log-csv syncing (`self.appender`, `self._csv_error`)."""
+
+    def action_export(self) -> None:
+        folder = Path(self.settings.get("export_dir") or Path.cwd())
+        default = folder / time.strftime("fgchat-%Y%m%d-%H%M%S-tokens.csv")
+        self.push_screen(ExportScreen(str(default)), self._export_chosen)
+
+    def _export_chosen(self, path: str | None) -> None:
+        if path:
+            self.export_log(path)
+
+    def export_log(self, path: str | Path) -> tuple[Path, Path] | None:
+        """Write the tokens CSV at `path` and the requests CSV beside it (both atomic).
+        On failure: an error notification; the log stays in memory for another try."""
+        tokens_path = Path(str(path)).expanduser()
+        stem = tokens_path.stem.removesuffix("-tokens")
+        requests_path = tokens_path.with_name(f"{stem}-requests{tokens_path.suffix or '.csv'}")
+        tokens, requests = self.latency_log.snapshot()
+        try:
+            n_tokens = write_tokens_csv(tokens_path, tokens)
+            n_requests = write_requests_csv(requests_path, requests)
+        except FgchatError as exc:
+            self.notify(f"{exc} — the log is kept in memory; export again to another path",
+                        title="export failed", severity="error", timeout=10)
+            return None
+        self.settings.set("export_dir", str(tokens_path.parent.resolve()))
+        self.notify(f"{n_tokens} token rows → {tokens_path}\n{n_requests} request rows → {requests_path}",
+                    title="latency log exported", timeout=6)
+        return tokens_path, requests_path
+
+    def _sync_csv(self) -> None:
+        try:
+            self.appender.sync(self.latency_log)
+            if self._csv_error:
+                self._csv_error = ""
+                self.notify("the --log-csv file is writable again; rows caught up", timeout=4)
+        except FgchatError as exc:
+            if not self._csv_error:
+                self.notify(f"{exc} (rows stay in memory; retrying)", title="--log-csv", severity="error")
+            self._csv_error = str(exc)

@@ -1,0 +1,137 @@
+"""Reply bookkeeping: the engine requests a chat has in flight (`FgchatApp.replies`, keyed by
+request id) from submission to their stored end.
+
+Invariants:
+- A reply is stored exactly once, when it finishes, stops, fails or the app exits, and is
+  removed from `replies` at that moment; storing happens before any UI update.
+- Request ids are allocated here, unique for the app's lifetime (also across engine restarts),
+  so log rows never mix two requests.
+- Extra samples (K > 1) are stored with meta "alt" and never fed back as conversation turns.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from fgchat.engine.events import RequestSummary
+from fgchat.tui.chat_view import ChatView, MessageBubble
+from fgchat.tui.store import Conversation, StoredMessage
+
+MAX_SAMPLES = 8  # the engine batches at most 8 sequences
+
+
+@dataclass
+class Reply:
+    """A reply being generated: one engine request."""
+
+    rid: int
+    conversation: Conversation
+    bubble: MessageBubble
+    sample: int  # 1-based index among the K replies asked for together
+    of: int
+    tokens: int = 0
+    stopping: bool = False
+
+    @property
+    def primary(self) -> bool:
+        return self.sample == 1
+
+
+class ReplyMixin:
+    """FgchatApp's reply lifecycle (`self.replies`, `self._next_rid`, `self._rid_chat`)."""
+
+    async def _start_replies(self, chat: ChatView) -> None:
+        conv = chat.conversation
+        messages = conv.prompt_messages()
+        k = self.samples
+        for j in range(1, k + 1):
+            rid = self._next_rid
+            self._next_rid += 1
+            label = f"assistant {j}/{k}" if k > 1 else "assistant"
+            bubble = await chat.add_reply(label)
+            self.replies[rid] = Reply(rid, conv, bubble, j, k)
+            self._rid_chat[rid] = conv.id
+            params = replace(self.sampling, seed=self.sampling.seed + j - 1)
+            self.engine.submit_chat(rid, messages, params)
+        self._update_tab(conv)
+        self._dirty = True
+
+    async def _finish_reply(self, summary: RequestSummary) -> None:
+        reply = self.replies.pop(summary.request_id, None)
+        if reply is None:
+            return
+        # store first (synchronously): nothing is lost if the UI update below is interrupted
+        self._persist_reply(reply, summary.text, {"finish": summary.finish_reason,
+                                                  "tokens": summary.output_tokens})
+        status = {"stop": "", "length": "length limit", "cancelled": "stopped", "error": "error"}.get(
+            summary.finish_reason, summary.finish_reason
+        )
+        timing = f"{summary.output_tokens} tok · TTFT {summary.ttft_ms:.0f} ms"
+        if summary.tpot_ms:
+            timing += f" · {1000.0 / summary.tpot_ms:.1f} tok/s"
+        self._update_tab(reply.conversation)
+        await reply.bubble.finish(" · ".join(x for x in (timing, status) if x), final_text=summary.text)
+
+    async def _fail_reply(self, rid: int, message: str) -> None:
+        reply = self.replies.pop(rid, None)
+        if reply is None:
+            return
+        self._persist_reply(reply, reply.bubble.text,
+                            {"finish": "error", "error": message, "tokens": reply.tokens})
+        self._update_tab(reply.conversation)
+        await reply.bubble.finish(f"error: {message} · partial reply kept ({reply.tokens} tok)")
+
+    def _persist_reply(self, reply: Reply, text: str, meta: dict) -> None:
+        meta = {**meta, "rid": reply.rid}
+        if reply.of > 1:
+            meta.update(sample=reply.sample, of=reply.of)
+        if not reply.primary:
+            meta["alt"] = True  # extra samples are kept but not fed back as conversation turns
+        msg = StoredMessage("assistant", text, meta)
+        reply.conversation.messages.append(msg)
+        reply.bubble.stored = msg  # type: ignore[attr-defined]
+        self._store_message(reply.conversation, msg)
+
+    def _store_message(self, conversation: Conversation, msg: StoredMessage) -> None:
+        try:
+            self.store.add_message(conversation, msg)
+        except Exception as exc:  # sqlite errors: keep going, say so
+            self._log_problem(f"could not save a message: {exc!r}")
+            if not self._flushed:
+                self.notify(f"could not save the message: {exc}", severity="error")
+
+    def action_stop(self) -> None:
+        chat = self.current_chat
+        if chat is None:
+            return
+        for reply in self.replies.values():
+            if reply.conversation is chat.conversation and not reply.stopping:
+                reply.stopping = True
+                reply.bubble.set_status("stopping…")
+                self.engine.cancel(reply.rid)
+
+    async def action_regenerate(self) -> None:
+        chat = self.current_chat
+        if chat is None:
+            return
+        conv = chat.conversation
+        if self.chat_busy(conv):
+            self.notify("wait for the reply to finish (Esc stops it)", severity="warning")
+            return
+        if self.engine_state == "failed":
+            self.notify(f"the engine is not running: {self.engine_error}", severity="error")
+            return
+        last_user = max((i for i, m in enumerate(conv.messages) if m.role == "user"), default=None)
+        if last_user is None:
+            self.notify("nothing to regenerate yet", severity="warning")
+            return
+        dropped = conv.messages[last_user + 1:]
+        del conv.messages[last_user + 1:]
+        ids = [m.id for m in dropped if m.id is not None]
+        if ids:
+            self.store.delete_messages(conv, ids)
+        dropped_ids = {id(m) for m in dropped}
+        for bubble in chat.bubbles():
+            if id(getattr(bubble, "stored", None)) in dropped_ids:
+                await bubble.remove()
+        await self._start_replies(chat)
