@@ -8,12 +8,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-CHATML_TEMPLATE = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
-)
+# tiny models ship the ChatML template that fgchat also falls back to
+from fgchat.engine.model.tokenizer import CHATML_TEMPLATE
 
 CORPUS = [
     "The capital of France is Paris. The capital of Italy is Rome.",

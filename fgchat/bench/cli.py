@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -75,6 +74,3 @@ def run_bench(args: argparse.Namespace) -> int:
         write_csv(result, Path(args.csv))
     return 0
 
-
-def _dump(obj) -> str:
-    return json.dumps(obj, indent=1)

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any, TextIO
 
-from fgchat.engine.errors import FgchatError
+from fgchat.metrics.csv_export import atomic_write_text
 
 
 def _f(v: float | None, nd: int = 2) -> str:
@@ -87,7 +87,7 @@ def print_report(result: dict[str, Any], out: TextIO) -> None:
 
 
 def write_json(result: dict[str, Any], path: Path) -> None:
-    _atomic(path, json.dumps({**result, "summary": summary_rows(result)}, indent=1))
+    atomic_write_text(path, json.dumps({**result, "summary": summary_rows(result)}, indent=1))
 
 
 def write_csv(result: dict[str, Any], path: Path) -> None:
@@ -97,13 +97,5 @@ def write_csv(result: dict[str, Any], path: Path) -> None:
         w = csv.DictWriter(buf, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)
-    _atomic(path, buf.getvalue())
+    atomic_write_text(path, buf.getvalue())
 
-
-def _atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        tmp.write_text(text)
-        tmp.replace(path)
-    except OSError as exc:
-        raise FgchatError(f"cannot write {path}: {exc.strerror}") from None

@@ -13,6 +13,7 @@ import torch
 
 from fgchat.engine.core import Engine, EngineConfig
 from fgchat.engine.events import RequestFinished, SamplingParams, TokenEvent
+from fgchat.metrics.stats import summarize
 
 
 @dataclass
@@ -34,12 +35,9 @@ class BenchSpec:
 
 
 def stats(values: list[float]) -> dict[str, float | None]:
-    """mean / median / p90 / p99 of finite values; None when empty."""
-    arr = np.asarray([v for v in values if v is not None and np.isfinite(v)], dtype=np.float64)
-    if arr.size == 0:
-        return {"mean": None, "median": None, "p90": None, "p99": None}
-    return {"mean": float(arr.mean()), "median": float(np.median(arr)),
-            "p90": float(np.percentile(arr, 90)), "p99": float(np.percentile(arr, 99))}
+    """mean / median / p90 / p99 of the finite values (serving-benchmark key names); None when empty."""
+    s = summarize(values)
+    return {"mean": s.mean, "median": s.p50, "p90": s.p90, "p99": s.p99}
 
 
 def prompts_for(batch: int, prompt_len: int, vocab: int) -> list[list[int]]:

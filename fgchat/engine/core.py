@@ -244,8 +244,6 @@ class Engine:
     @torch.inference_mode()
     def step(self) -> list[EngineEvent]:
         """Admit and prefill waiting requests, then run one decode step over the running batch."""
-        events, self._pending = self._pending, []
-        self._pending = events
         admitted = [(seq, self._prefill(seq)) for seq in self.scheduler.admit()]
         # First tokens of one admission round are read with one sync and emitted together, so
         # a request's decode latencies never include the prefills of requests admitted with it.

@@ -19,7 +19,7 @@ import torch
 
 from fgchat.engine.events import CaptureReport
 from fgchat.engine.model.decoder import StepState
-from fgchat.engine.step import StepOutputs, StepProgram
+from fgchat.engine.step import StepOutputs, StepProgram, run_pieces
 
 
 @dataclass
@@ -89,15 +89,13 @@ class GraphRunner:
             g = torch.cuda.CUDAGraph()
             st = StepState()
             with torch.cuda.graph(g, pool=self.pool, stream=self.stream):
-                for j, piece in enumerate(pieces):
-                    piece(st)
-                    if j < len(attends):
-                        attends[j](st)
+                run_pieces(st, pieces, attends)
             result: FullGraph | PiecewiseGraph = FullGraph(g, StepOutputs(st.tokens, st.logits))
         elif mode == "piecewise":
+            # only the pieces are captured; attends[j] runs eagerly between replays
             graphs, states = [], []
             st = StepState()
-            for j, piece in enumerate(pieces):
+            for piece in pieces:
                 g = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(g, pool=self.pool, stream=self.stream):
                     piece(st)
@@ -105,9 +103,6 @@ class GraphRunner:
                 snap = StepState()
                 snap.__dict__.update(st.__dict__)
                 states.append(snap)
-                if j < len(attends):
-                    # attention of this capture sequence is not recorded; it runs eagerly at replay
-                    pass
             result = PiecewiseGraph(graphs, states, attends, StepOutputs(st.tokens, st.logits))
         else:
             raise ValueError(f"no graphs for mode {mode}")

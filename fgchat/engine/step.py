@@ -90,6 +90,8 @@ class StepProgram:
         self.cache = cache
         self.bufs = bufs
         self.attention = attention
+        # host-side bound of seq_lens for eager CPU steps (lets the torch backend slice the cache)
+        self.max_len_hint: int | None = None
 
     def pieces(self, b: int, do_sample: bool) -> tuple[list[Piece], list[Callable[[StepState], None]]]:
         """Returns (pieces, attentions): run pieces[0], attentions[0], pieces[1], ..., pieces[L].
@@ -138,13 +140,15 @@ class StepProgram:
         pieces = [first] + [middle(i) for i in range(1, n_layers)] + [last]
         return pieces, [attend(i) for i in range(n_layers)]
 
-    max_len_hint: int | None = None
-
     def run_eager(self, b: int, do_sample: bool) -> StepOutputs:
         st = StepState()
-        pieces, attends = self.pieces(b, do_sample)
-        for j, piece in enumerate(pieces):
-            piece(st)
-            if j < len(attends):
-                attends[j](st)
+        run_pieces(st, *self.pieces(b, do_sample))
         return StepOutputs(st.tokens, st.logits)
+
+
+def run_pieces(st: StepState, pieces: list[Piece], attends: list[Callable[[StepState], None]]) -> None:
+    """The decode step's order: pieces[0], attends[0], pieces[1], ..., attends[L-1], pieces[L]."""
+    for j, piece in enumerate(pieces):
+        piece(st)
+        if j < len(attends):
+            attends[j](st)

@@ -85,7 +85,7 @@ def _umask() -> int:
 # --- whole-file, atomic ---------------------------------------------------------------------
 
 
-def _atomic_write_text(path: PathLike, text: str) -> None:
+def atomic_write_text(path: PathLike, text: str) -> None:
     """Write `text` to path atomically; one-line FgchatError on any failure."""
     target = Path(os.path.expanduser(os.fspath(path)))
     tmp_name: str | None = None
@@ -114,14 +114,14 @@ def _atomic_write_text(path: PathLike, text: str) -> None:
 def write_tokens_csv(path: PathLike, records: Iterable[TokenRecord]) -> int:
     """Write all token records (with header) atomically; returns the row count."""
     records = list(records)
-    _atomic_write_text(path, _rows_text(records, TOKEN_COLUMNS, header=True))
+    atomic_write_text(path, _rows_text(records, TOKEN_COLUMNS, header=True))
     return len(records)
 
 
 def write_requests_csv(path: PathLike, records: Iterable[RequestRecord]) -> int:
     """Write all request records (with header) atomically; returns the row count."""
     records = list(records)
-    _atomic_write_text(path, _rows_text(records, REQUEST_COLUMNS, header=True))
+    atomic_write_text(path, _rows_text(records, REQUEST_COLUMNS, header=True))
     return len(records)
 
 
