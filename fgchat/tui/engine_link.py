@@ -115,8 +115,7 @@ class EngineLinkMixin:
             loaded = self.engine_info is not None
             self.engine_state = "failed"
             self.engine_error = ev.message
-            for rid in list(self.replies):
-                await self._fail_reply(rid, ev.message)
+            # the banner goes up before any await, so "failed" is never visible without it
             banner = self.query_one("#engine-banner", Static)
             if loaded:
                 banner.update(Content(
@@ -128,6 +127,8 @@ class EngineLinkMixin:
             banner.display = True
             self.notify(ev.message, title="engine stopped" if loaded else "model failed to load",
                         severity="error", timeout=15)
+            for rid in list(self.replies):
+                await self._fail_reply(rid, ev.message)
             return
         if ev.request_id is not None and ev.request_id in self.replies:
             await self._fail_reply(ev.request_id, ev.message)
