@@ -233,32 +233,6 @@ class Decoder:
 
         Returns the last position's logits [V] (float32), or [T, V] with all_logits.
         """
-        c = self.cfg
-        t = ids.shape[0]
-        pos = torch.arange(t, device=self.device)
-        cos, sin = self.cos[:t], self.sin[:t]
-        h = F.embedding(ids, self.w.embed)
-        for i, lw in enumerate(self.w.layers):
-            x = rms_norm(h, lw.attn_norm, c.rms_eps)
-            qkv = F.linear(x, lw.wqkv, lw.bqkv)
-            q = apply_rope(qkv[:, : c.q_size].view(t, c.num_heads, c.head_dim), cos, sin)
-            k = qkv[:, c.q_size : c.q_size + c.kv_size].view(t, c.num_kv_heads, c.head_dim)
-            k = apply_rope(k, cos, sin)
-            v = qkv[:, c.q_size + c.kv_size :].view(t, c.num_kv_heads, c.head_dim)
-            k_caches[i][slot, pos] = k
-            v_caches[i][slot, pos] = v
-            a = F.scaled_dot_product_attention(
-                q.transpose(0, 1)[None],
-                k.transpose(0, 1)[None],
-                v.transpose(0, 1)[None],
-                is_causal=True,
-                scale=self.scale,
-                enable_gqa=c.num_heads != c.num_kv_heads,
-            )[0].transpose(0, 1)
-            h = h + F.linear(a.reshape(t, c.q_size), lw.wo)
-            x = rms_norm(h, lw.mlp_norm, c.rms_eps)
-            g, u = F.linear(x, lw.w_gate_up).chunk(2, dim=-1)
-            h = h + F.linear(F.silu(g) * u, lw.w_down)
-        x = rms_norm(h if all_logits else h[-1:], self.w.final_norm, c.rms_eps)
-        logits = F.linear(x, self.w.lm_head).float()
-        return logits if all_logits else logits[0]
+        from fgchat.engine.model.prefill import prefill
+
+        return prefill(self, ids, slot, k_caches, v_caches, all_logits)
