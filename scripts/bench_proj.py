@@ -85,9 +85,9 @@ def main() -> None:
             t_ref = graph_time_us(cublas)
             t_ours = graph_time_us(ours())
             best = ""
-            if sweep and model == "1b":
+            if sweep and model == "1b" and m == 1:
                 res = []
-                for bn, bk, st, nw in itertools.product((16, 32, 64), (128, 256, 512), (3, 4), (4, 8)):
+                for bn, bk, st, nw in itertools.product((16, 32, 64), (128, 256, 512), (3, 4), (4,)):
                     if bn * bk > 32768:
                         continue
                     cfg = ProjConfig(bn, bk, nw, st)

@@ -39,6 +39,16 @@ fi
 if [[ $what == final2 ]]; then
   timeout 75 python3 scripts/tui_vs_headless.py full 2>&1 | tail -5 | tee -a "$OUT/run.log"
 fi
+if [[ $what == probe ]]; then
+  timeout 120 python3 -m pytest -p no:cacheprovider -m gpu tests/test_gpu_fused.py -q --timeout 100 -W ignore \
+    2>&1 | tail -15 | tee -a "$OUT/run.log"
+  timeout 170 python3 scripts/bench_proj.py --sweep 2>&1 | tee -a "$OUT/run.log"
+  BENCH_TIMEOUT=70 bench 1b-gemv --preset llama-3.2-1b --random-weights --batch-sizes 1,8 --repeats 2 --modes full
+  FGCHAT_GEMV=0 BENCH_TIMEOUT=70 bench 1b-cublas --preset llama-3.2-1b --random-weights --batch-sizes 1,8 \
+    --repeats 2 --modes full
+  BENCH_TIMEOUT=60 bench 135m-gemv --preset smollm2-135m --random-weights --batch-sizes 1 --repeats 2 --modes full
+  timeout 60 python3 scripts/profile_step.py llama-3.2-1b 2>&1 | tee -a "$OUT/run.log"
+fi
 if [[ $what == peers || $what == all ]]; then
   BENCH_TIMEOUT=240 bench llama-3.2-1b-peers --preset llama-3.2-1b --random-weights --batch-sizes 1,8 \
     --repeats 2 --modes full --peers hf
