@@ -83,43 +83,27 @@ def test_rope_kv_write(hq, hkv, d):
     assert torch.isnan(kc[~written]).all()  # nothing else touched
 
 
-# (M rows, N, K, gated) at the real shapes of Llama-3.2-1B, SmolLM2-135M and Llama-3.1-8B
-PROJ_SHAPES = [(1, 3072, 2048, False), (8, 2048, 2048, False), (1, 8192, 2048, True),
-               (8, 2048, 8192, False), (3, 960, 576, False), (1, 1536, 576, True),
-               (8, 128256, 2048, False), (1, 14336, 4096, True)]
+# (M rows, N, K): attention output / MLP down of Llama-3.2-1B, SmolLM2-135M, Qwen2.5-1.5B
+PROJ_SHAPES = [(1, 2048, 2048), (8, 2048, 2048), (1, 576, 576), (3, 576, 1536), (8, 1536, 1536)]
 
 
-@pytest.mark.parametrize("m,n,k,gated", PROJ_SHAPES)
-def test_projection_bf16_close_to_torch(m, n, k, gated):
+@pytest.mark.parametrize("m,n,k", PROJ_SHAPES)
+def test_projection_bf16_close_to_cublas(m, n, k):
     from fgchat.engine.gemv import project
-    from fgchat.engine.model.decoder import rms_norm
 
     g = torch.Generator(device="cuda").manual_seed(n + k)
     x = torch.randn(m, k, device="cuda", generator=g).bfloat16()
-    d = torch.randn(m, k, device="cuda", generator=g).bfloat16()
-    gamma = (torch.rand(k, device="cuda", generator=g) + 0.5).bfloat16()
-    w = (torch.randn(2 * n if gated else n, k, device="cuda", generator=g) * 0.02).bfloat16()
-    h, y = project(x, w, delta=d, norm_weight=gamma, eps=1e-5, gated=gated)
-    assert torch.equal(h, x + d)
-    ref = F.linear(rms_norm(x + d, gamma, 1e-5), w)
-    if gated:
-        a, u = ref.chunk(2, dim=-1)
-        ref = F.silu(a) * u
-    err = (y.float() - ref.float()).abs()
-    scale = ref.float().abs().mean()
-    # Both sides round to bf16 at different points (normalised input vs accumulator): a few
-    # bf16 ulps of the output's typical magnitude, and no outliers.
-    assert err.max() <= 0.05 * scale + 1e-3, (err.max().item(), scale.item())
-    assert err.mean() <= 0.005 * scale
+    w = (torch.randn(n, k, device="cuda", generator=g) * 0.02).bfloat16()
+    y, ref = project(x, w).float(), F.linear(x, w).float()
+    # float32 accumulation on both sides, different order: within one bf16 rounding
+    assert ((y - ref).abs() <= ref.abs() * 2**-7 + 1e-3).all()
 
 
 def test_projection_rows_identical_at_every_batch_size():
     from fgchat.engine.gemv import project
 
     x = torch.randn(8, 2048, device="cuda").bfloat16()
-    w = (torch.randn(8192 * 2, 2048, device="cuda") * 0.02).bfloat16()
-    gamma = torch.ones(2048, device="cuda", dtype=torch.bfloat16)
-    _, y8 = project(x, w, norm_weight=gamma, gated=True)
+    w = (torch.randn(2048, 2048, device="cuda") * 0.02).bfloat16()
+    y8 = project(x, w)
     for r in range(8):
-        _, y1 = project(x[r : r + 1].contiguous(), w, norm_weight=gamma, gated=True)
-        assert torch.equal(y1[0], y8[r])
+        assert torch.equal(project(x[r : r + 1].contiguous(), w)[0], y8[r])

@@ -148,14 +148,17 @@ class Decoder:
         """fused=True runs decode stages with the Triton kernels of fgchat.engine.fused (CUDA)."""
         self.cfg = cfg
         self.fused = fused
-        # fused projections: norm/bias/gate folded into one Triton kernel per projection
-        self.fused_proj = fused and os.environ.get("FGCHAT_GEMV", "1") != "0"
         if fused:
             from fgchat.engine import fused as fk
             from fgchat.engine import gemv
 
             self._fk = fk
-            self._proj = gemv.project
+            own = os.environ.get("FGCHAT_GEMV", "1") != "0"  # off: cuBLAS for every projection
+
+            def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+                return gemv.project(x, w) if own and gemv.wins_over_cublas(w) else F.linear(x, w)
+
+            self._linear = linear
         self.w = weights
         self.device = weights.embed.device
         self.dtype = weights.embed.dtype
@@ -185,13 +188,9 @@ class Decoder:
         """Norm, QKV, RoPE and the KV-cache write of the current token at (slot, position)."""
         c, lw = self.cfg, self.w.layers[i]
         if self.fused:
-            if self.fused_proj:
-                st.h, qkv = self._proj(st.h, lw.wqkv, delta=st.delta, norm_weight=lw.attn_norm,
-                                       eps=c.rms_eps, bias=lw.bqkv)
-            else:
-                st.h, x = self._fk.add_rms_norm(st.h, st.delta, lw.attn_norm, c.rms_eps)
-                qkv = F.linear(x, lw.wqkv, lw.bqkv)
+            st.h, x = self._fk.add_rms_norm(st.h, st.delta, lw.attn_norm, c.rms_eps)
             st.delta = None
+            qkv = F.linear(x, lw.wqkv, lw.bqkv)
             st.q = self._fk.rope_kv_write(qkv, self.cos, self.sin, positions, slot_ids, k_cache,
                                           v_cache, c.num_heads, c.num_kv_heads, c.head_dim)
             return
@@ -209,16 +208,10 @@ class Decoder:
     def after_attention(self, i: int, st: StepState, attn_out: torch.Tensor) -> None:
         """Output projection, residual, norm, gated MLP, residual."""
         c, lw = self.cfg, self.w.layers[i]
-        if self.fused_proj:
-            _, o = self._proj(attn_out.view(attn_out.shape[0], -1), lw.wo)
-            st.h, act = self._proj(st.h, lw.w_gate_up, delta=o, norm_weight=lw.mlp_norm,
-                                   eps=c.rms_eps, gated=True)
-            _, st.delta = self._proj(act, lw.w_down)
-            return
         if self.fused:
-            o = F.linear(attn_out.view(attn_out.shape[0], -1), lw.wo)
+            o = self._linear(attn_out.view(attn_out.shape[0], -1), lw.wo)
             st.h, x = self._fk.add_rms_norm(st.h, o, lw.mlp_norm, c.rms_eps)
-            st.delta = F.linear(self._fk.silu_mul(F.linear(x, lw.w_gate_up)), lw.w_down)
+            st.delta = self._linear(self._fk.silu_mul(F.linear(x, lw.w_gate_up)), lw.w_down)
             return
         h = st.h + F.linear(attn_out.view(attn_out.shape[0], -1), lw.wo)
         x = rms_norm(h, lw.mlp_norm, c.rms_eps)
@@ -227,12 +220,6 @@ class Decoder:
         st.h = h + F.linear(F.silu(g) * u, lw.w_down)
 
     def head(self, st: StepState) -> None:
-        if self.fused_proj:
-            st.h, st.logits = self._proj(st.h, self.w.lm_head, delta=st.delta,
-                                         norm_weight=self.w.final_norm, eps=self.cfg.rms_eps,
-                                         out_dtype=torch.float32)
-            st.delta = None
-            return
         if self.fused:
             st.h, x = self._fk.add_rms_norm(st.h, st.delta, self.w.final_norm, self.cfg.rms_eps)
             st.delta = None
