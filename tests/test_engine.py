@@ -149,6 +149,16 @@ def test_sampling_respects_top_k_and_greedy():
     assert (u > 0).all() and (u < 1).all() and abs(u.mean().item() - 0.5) < 0.05
 
 
+@pytest.mark.parametrize("vocab", [128256, 49152, 151936, 1000, 32003])
+def test_greedy_is_first_argmax_even_with_ties(vocab):
+    from fgchat.engine.sampling import greedy
+
+    g = torch.Generator().manual_seed(vocab)
+    for ties in (False, True):
+        x = torch.randint(0, 3, (4, vocab), generator=g).float() if ties else torch.randn(4, vocab, generator=g)
+        assert torch.equal(greedy(x), torch.argmax(x, dim=-1))
+
+
 def test_request_errors(tiny_llama):
     eng = make_engine(tiny_llama, max_context=256)
     with pytest.raises(RequestError, match="context holds 256"):

@@ -36,7 +36,22 @@ def uniform_noise(seeds: torch.Tensor, positions: torch.Tensor, vocab: int) -> t
 
 
 def greedy(logits: torch.Tensor) -> torch.Tensor:
-    return torch.argmax(logits, dim=-1)
+    """torch.argmax over the last dim (first index of the maximum), in two reductions.
+
+    One row of a large vocabulary is a single-block reduction for torch.argmax (36 us for 128K
+    logits on an H200); splitting the row into chunks spreads the first pass over many blocks.
+    The first maximum of the first chunk holding the row maximum is the row's first maximum.
+    """
+    b, v = logits.shape
+    chunks = 256
+    while chunks > 1 and v % chunks:
+        chunks //= 2
+    if chunks < 16 or v // chunks < 64:
+        return torch.argmax(logits, dim=-1)
+    width = v // chunks
+    vals, idx = logits.view(b, chunks, width).max(dim=-1)
+    best = vals.argmax(dim=-1, keepdim=True)
+    return (idx.gather(1, best) + best * width)[:, 0]
 
 
 def sample(
@@ -67,4 +82,4 @@ def sample(
     gumbel = -torch.log(-torch.log(u))
     pick = torch.argmax(filtered + gumbel, dim=-1, keepdim=True)
     sampled = order.gather(1, pick)[:, 0]
-    return torch.where(is_greedy, torch.argmax(logits, dim=-1), sampled)
+    return torch.where(is_greedy, greedy(logits), sampled)
