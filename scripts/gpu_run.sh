@@ -49,6 +49,20 @@ if [[ $what == probe ]]; then
   BENCH_TIMEOUT=60 bench 135m-gemv --preset smollm2-135m --random-weights --batch-sizes 1 --repeats 2 --modes full
   timeout 60 python3 scripts/profile_step.py llama-3.2-1b 2>&1 | tee -a "$OUT/run.log"
 fi
+if [[ $what == run3 ]]; then
+  export BENCH_TIMEOUT=80
+  bench llama-3.2-1b --preset llama-3.2-1b --random-weights --batch-sizes 1,8 --repeats 2
+  FGCHAT_PIPELINE=0 bench 1b-no-pipeline --preset llama-3.2-1b --random-weights --batch-sizes 1,8 --repeats 2 --modes full
+  FGCHAT_GEMV=0 bench 1b-no-gemv --preset llama-3.2-1b --random-weights --batch-sizes 1 --repeats 2 --modes full
+  FGCHAT_FAST_LAUNCH=0 bench 1b-plain-launch --preset llama-3.2-1b --random-weights --batch-sizes 1 --repeats 2 \
+    --modes eager,piecewise
+  bench smollm2-135m --preset smollm2-135m --random-weights --batch-sizes 1,8 --repeats 2
+  bench llama-3.1-8b --preset llama-3.1-8b --random-weights --batch-sizes 1,8 --repeats 2 --modes eager,full
+  timeout 30 python3 scripts/bench_launch.py 2>&1 | tail -8 | tee -a "$OUT/run.log"
+  [[ -f scripts/profile_prefill.py ]] && timeout 50 python3 scripts/profile_prefill.py 2>&1 | tail -30 | tee -a "$OUT/run.log"
+  timeout "${TEST_TIMEOUT:-200}" python3 -m pytest -p no:cacheprovider -m gpu tests/test_launch.py tests/test_gpu_fused.py \
+    tests/test_gpu_graphs.py tests/test_gpu_prefill.py -q --timeout 120 -W ignore 2>&1 | tee -a "$OUT/run.log" | tail -25
+fi
 if [[ $what == peers || $what == all ]]; then
   BENCH_TIMEOUT=240 bench llama-3.2-1b-peers --preset llama-3.2-1b --random-weights --batch-sizes 1,8 \
     --repeats 2 --modes full --peers hf

@@ -38,15 +38,15 @@ def prompt_of(n, seed, vocab):
 
 def run(engine, mode, prompts, params, toggle_every=None, record_logits=False):
     engine.set_mode(mode)
+    engine.keep_logits, engine.step_logits = record_logits, []
     rids = [engine.submit(p, params[i] if isinstance(params, list) else params) for i, p in enumerate(prompts)]
-    events, logits, step = [], [], 0
+    events, step = [], 0
     while engine.has_work():
         if toggle_every and step % toggle_every == 0:
             engine.set_mode(MODES[(step // toggle_every) % 3])
         events += engine.step()
         step += 1
-        if record_logits:
-            logits.append(engine.last_logits.float().clone())
+    logits = [t.float() for t in engine.step_logits]
     done = {e.summary.request_id: e.summary for e in events if isinstance(e, RequestFinished)}
     return [done[r].token_ids for r in rids], events, logits
 
@@ -148,11 +148,12 @@ def test_bf16_parity_with_transformers(gqa_model):
     eng = Engine(EngineConfig(model=str(gqa_model), device="cuda", dtype="bfloat16", max_context=1024,
                               mode="full"))
     prompt = prompt_of(40, 5, eng.cfg.vocab_size)
+    eng.keep_logits = True
     rid = eng.submit(prompt, SamplingParams(max_tokens=24, ignore_eos=True))
-    events, step_logits = [], []
+    events = []
     while eng.has_work():
         events += eng.step()
-        step_logits.append(eng.last_logits[0].float().clone())
+    step_logits = [t[0].float() for t in eng.step_logits]
     ours = {e.summary.request_id: e.summary for e in events if isinstance(e, RequestFinished)}[rid].token_ids
     with torch.no_grad():
         hf = ref(torch.tensor([prompt + ours], device="cuda")).logits[0].float()
@@ -184,3 +185,20 @@ def test_batch_of_eight_matches_alone_bf16(engine):
     alone = [run(engine, "full", [p], sp)[0][0] for p in prompts]
     together, _, _ = run(engine, "full", prompts, sp)
     assert together == alone
+
+
+def test_pipelined_equals_plain_loop_with_joins_and_leaves(engine, gqa_model):
+    """The default (pipelined) engine and a plain-loop engine produce the same tokens while
+    requests of different lengths and sampling settings join and leave, in every mode."""
+    assert engine.pipelined
+    plain = Engine(EngineConfig(model=str(gqa_model), device="cuda", dtype="bfloat16",
+                                max_context=4096, mode="full", pipeline=False))
+    v = engine.cfg.vocab_size
+    prompts = [prompt_of(9 + 41 * i, 900 + i, v) for i in range(6)]
+    params = [SamplingParams(max_tokens=8 + 11 * i, ignore_eos=True, temperature=0.8 * (i % 2), seed=i)
+              for i in range(6)]
+    for mode in MODES:
+        want, _, _ = run(plain, mode, prompts, params)
+        got, events, _ = run(engine, mode, prompts, params)
+        assert got == want, mode
+        assert {e.mode for e in events if isinstance(e, TokenEvent) and not e.is_first_token} == {mode}

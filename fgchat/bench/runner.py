@@ -113,6 +113,7 @@ def run_all(spec: BenchSpec) -> dict[str, Any]:
             "model": info.model_name, "architecture": info.architecture, "device": info.device,
             "dtype": info.dtype, "attention": info.attention_backend, "commit": _git_commit(),
             "fused_kernels": engine.decoder.fused,
+            "pipelined": engine.pipelined,
             "torch": torch.__version__, "python": platform.python_version(),
             "prompt_len": spec.prompt_len, "output_len": spec.output_len,
             "warmup": spec.warmup, "repeats": spec.repeats, "time": time.strftime("%Y-%m-%d %H:%M:%S"),

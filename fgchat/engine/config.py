@@ -20,4 +20,6 @@ class EngineConfig:
     self_check: bool = True
     fused: bool | None = None  # Triton fused norm/RoPE/SiLU kernels; default: on where CUDA+Triton
     seed: int = 0
+    # launch step n+1 (inputs fed on the device) before reading step n; None: on with CUDA
+    pipeline: bool | None = None
     notes: list[str] = field(default_factory=list)

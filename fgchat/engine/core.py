@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -25,11 +27,24 @@ from fgchat.engine.loader import LoadedModel, load_model, load_random, pick_devi
 from fgchat.engine.model.decoder import Decoder
 from fgchat.engine.requests import Sequence
 from fgchat.engine.scheduler import Scheduler
-from fgchat.engine.step import StepBuffers, StepOutputs, StepProgram
+from fgchat.engine.step import ROW_IDS, ROW_POS, StepBuffers, StepOutputs, StepProgram
 
 
 def _now() -> int:
     return time.monotonic_ns()
+
+
+@dataclass
+class _InFlight:
+    """A decode step enqueued on the device whose tokens are not read yet."""
+
+    seqs: list[Sequence]
+    out: StepOutputs
+    mode: str
+    graph: str | None
+    events: tuple | None  # (start, end, tokens copied) on CUDA
+    host_tokens: torch.Tensor | None  # pinned [B], filled by the async copy
+    logits: torch.Tensor
 
 
 class Engine:
@@ -61,8 +76,23 @@ class Engine:
         self.unavailable: dict[str, str] = {"eager": ""}
         self.runner = None
         self._init_graphs()
-        if self.device.type == "cuda":  # reused every step: read only after the step's token sync
-            self._events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+        # Two sets of (start, end, tokens copied) events and pinned token buffers, alternating
+        # between the step in flight and the one launched behind it.
+        cuda = self.device.type == "cuda"
+        default = cuda and os.environ.get("FGCHAT_PIPELINE") != "0"
+        self._pipelined = default if config.pipeline is None else config.pipeline
+        self.keep_logits = False  # keep every collected step's logits in step_logits (tests)
+        self.step_logits: list[torch.Tensor] = []
+        self._inflight: _InFlight | None = None
+        self._flip = 0
+        if self.device.type == "cuda":
+            self._event_sets = [
+                tuple(torch.cuda.Event(enable_timing=i < 2) for i in range(3)) for _ in range(2)
+            ]
+            self._host_tokens = [
+                torch.zeros(NUM_SLOTS, dtype=torch.int64, pin_memory=True) for _ in range(2)
+            ]
+        self.last_logits: torch.Tensor | None = None
         self.mode: Mode = "eager"
         self._pending: list[EngineEvent] = []
         self._next_id = 1
@@ -82,8 +112,6 @@ class Engine:
             free, _ = torch.cuda.mem_get_info(self.device)
             return int(free * 0.6)
         try:
-            import os
-
             avail = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
         except (ValueError, OSError, AttributeError):
             avail = 8 * 2**30
@@ -95,7 +123,6 @@ class Engine:
         if self.config.fused is not None:
             return self.config.fused
         import importlib.util
-        import os
 
         if os.environ.get("FGCHAT_FUSED") == "0":
             return False
@@ -235,15 +262,46 @@ class Engine:
         self._finish(seq, "cancelled")
         return True
 
+    @property
+    def pipelined(self) -> bool:
+        return self._pipelined
+
     def has_work(self) -> bool:
-        return self.scheduler.has_work()
+        return self.scheduler.has_work() or self._inflight is not None
 
     def running_batch_size(self) -> int:
         return len(self.scheduler.running)
 
     @torch.inference_mode()
     def step(self) -> list[EngineEvent]:
-        """Admit and prefill waiting requests, then run one decode step over the running batch."""
+        """Admit and prefill waiting requests, then run one decode step over the running batch.
+
+        Pipelined (CUDA): when the batch is the one of the step still in flight, the next step is
+        launched first, fed the in-flight step's tokens on the device, and the in-flight step is
+        read afterwards, so host work overlaps GPU work. Its events then arrive one call later.
+        """
+        if self.scheduler.waiting and self.scheduler.free_slots:
+            self._drain()  # host staging and prefill need the in-flight step's tokens
+            self._admit()
+        if self.scheduler.running:
+            seqs = list(self.scheduler.running)
+            prev = self._inflight
+            if prev is not None and self._can_follow(prev, seqs):
+                self._inflight = self._launch(seqs, prev)
+                self._collect(prev)
+            else:
+                self._drain()
+                seqs = list(self.scheduler.running)
+                if seqs:
+                    self._inflight = self._launch(seqs, None)
+                    if not self._pipelined:
+                        self._drain()
+        else:
+            self._drain()
+        events, self._pending = self._pending, []
+        return events
+
+    def _admit(self) -> None:
         admitted = [(seq, self._prefill(seq)) for seq in self.scheduler.admit()]
         # First tokens of one admission round are read with one sync and emitted together, so
         # a request's decode latencies never include the prefills of requests admitted with it.
@@ -253,10 +311,6 @@ class Engine:
             for (seq, _), token in zip(firsts, ids):
                 self.scheduler.start(seq)
                 self._emit(seq, token, "eager", 1, None, None)
-        if self.scheduler.running:
-            self._decode()
-        events, self._pending = self._pending, []
-        return events
 
     def run_until_done(self, max_steps: int = 1_000_000) -> list[EngineEvent]:
         out: list[EngineEvent] = []
@@ -293,36 +347,79 @@ class Engine:
             tok = torch.argmax(logits)[None]
         return tok
 
-    def _decode(self) -> None:
-        seqs = list(self.scheduler.running)
-        b = len(seqs)
-        pos = [s.length - 1 for s in seqs]
-        self.bufs.stage(
-            [s.output_ids[-1] for s in seqs], pos, [s.slot for s in seqs],
-            [s.params.temperature for s in seqs], [s.params.top_p for s in seqs],
-            [s.params.top_k for s in seqs], [s.params.seed for s in seqs],
+    def _can_follow(self, prev: _InFlight, seqs: list[Sequence]) -> bool:
+        """A step may be launched behind `prev` when it runs the same lanes and no lane can hit a
+        length limit with prev's token (so the speculative step never writes past the cache)."""
+        if len(prev.seqs) != len(seqs) or any(a is not b for a, b in zip(prev.seqs, seqs)):
+            return False
+        return all(
+            len(s.output_ids) + 1 < s.params.max_tokens and s.length + 1 < self.max_context
+            for s in seqs
         )
+
+    def _launch(self, seqs: list[Sequence], prev: _InFlight | None) -> _InFlight:
+        """Enqueue one decode step. With `prev`, inputs are prev's tokens at prev's positions + 1,
+        written on the device behind prev; otherwise they are staged from the host."""
+        b = len(seqs)
+        if prev is None:
+            pos = [s.length - 1 for s in seqs]
+            self.bufs.stage(
+                [s.output_ids[-1] for s in seqs], pos, [s.slot for s in seqs],
+                [s.params.temperature for s in seqs], [s.params.top_p for s in seqs],
+                [s.params.top_k for s in seqs], [s.params.seed for s in seqs],
+            )
+            self.program.max_len_hint = max(pos) + 1
+        else:
+            di = self.bufs.dev_i
+            di[ROW_IDS, :b].copy_(prev.out.tokens)
+            di[ROW_POS, :b].add_(1)
+            self.program.max_len_hint = (self.program.max_len_hint or 0) + 1
         do_sample = any(s.params.temperature > 0 for s in seqs)
         mode = self.mode
         cuda = self.device.type == "cuda"
+        events = None
         if cuda:
-            start, end = self._events
-            start.record()
-        graph = None
+            self._flip ^= 1
+            events = self._event_sets[self._flip]
+            events[0].record()
         if mode == "eager":
-            self.program.max_len_hint = max(pos) + 1
             out: StepOutputs = self.program.run_eager(b, do_sample)
         else:
             out = self._replay(mode, b, do_sample)
-            graph = f"{mode}/b{b}"
+            mode = self.mode  # _replay falls back to eager when capture runs out of memory
+        graph = None if mode == "eager" else f"{mode}/b{b}"
+        host_tokens = None
         if cuda:
-            end.record()
-        tokens = out.tokens.tolist()  # the one host sync of a step
-        gpu_ms = start.elapsed_time(end) if cuda else None
+            events[1].record()
+            host_tokens = self._host_tokens[self._flip][:b]
+            host_tokens.copy_(out.tokens, non_blocking=True)
+            events[2].record()
+        # a graph's logits buffer is rewritten by the step launched behind this one
+        logits = out.logits.clone() if self.keep_logits else out.logits
         self.step_graphs.append(graph)
-        self.last_logits = out.logits
-        for seq, tok in zip(seqs, tokens):
-            self._emit(seq, tok, mode, b, gpu_ms, graph)
+        return _InFlight(seqs, out, mode, graph, events, host_tokens, logits)
+
+    def _collect(self, inf: _InFlight) -> None:
+        """Wait for an enqueued step and emit its tokens to the lanes still running."""
+        if inf.events is not None:
+            inf.events[2].synchronize()
+            tokens = inf.host_tokens.tolist()
+            gpu_ms = inf.events[0].elapsed_time(inf.events[1])
+        else:
+            tokens, gpu_ms = inf.out.tokens.tolist(), None
+        self.last_logits = inf.logits
+        if self.keep_logits:
+            self.step_logits.append(inf.logits)
+        running = self.scheduler.running
+        b = len(inf.seqs)
+        for seq, tok in zip(inf.seqs, tokens):
+            if any(seq is r for r in running):  # finished or cancelled lanes drop their token
+                self._emit(seq, tok, inf.mode, b, gpu_ms, inf.graph)
+
+    def _drain(self) -> None:
+        inf, self._inflight = self._inflight, None
+        if inf is not None:
+            self._collect(inf)
 
     def _replay(self, mode: str, b: int, do_sample: bool) -> StepOutputs:
         assert self.runner is not None

@@ -11,6 +11,8 @@ import torch
 import triton
 import triton.language as tl
 
+from fgchat.engine.launch import fast
+
 
 @triton.jit
 def _add_rms_norm_kernel(x_ptr, d_ptr, w_ptr, h_out_ptr, y_ptr, n_cols, eps,
@@ -36,9 +38,9 @@ def add_rms_norm(h: torch.Tensor, delta: torch.Tensor | None, w: torch.Tensor, e
     rows, n = h.shape
     y = torch.empty_like(h)
     h_out = torch.empty_like(h) if delta is not None else h
-    _add_rms_norm_kernel[(rows,)](h, delta if delta is not None else h, w, h_out, y, n, eps,
-                                  HAS_DELTA=delta is not None, BLOCK=triton.next_power_of_2(n),
-                                  num_warps=4 if n <= 4096 else 8)
+    fast(_add_rms_norm_kernel)[(rows,)](h, delta if delta is not None else h, w, h_out, y, n, eps,
+                                        HAS_DELTA=delta is not None, BLOCK=triton.next_power_of_2(n),
+                                        num_warps=4 if n <= 4096 else 8)
     return h_out, y
 
 
@@ -59,7 +61,7 @@ def silu_mul(gu: torch.Tensor) -> torch.Tensor:
     inter = two_i // 2
     out = torch.empty((rows, inter), dtype=gu.dtype, device=gu.device)
     block = 1024
-    _silu_mul_kernel[(rows, triton.cdiv(inter, block))](gu, out, inter, BLOCK=block, num_warps=4)
+    fast(_silu_mul_kernel)[(rows, triton.cdiv(inter, block))](gu, out, inter, BLOCK=block, num_warps=4)
     return out
 
 
@@ -110,7 +112,7 @@ def rope_kv_write(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, posit
     """
     rows = qkv.shape[0]
     q = torch.empty((rows, n_q_heads, head_dim), dtype=qkv.dtype, device=qkv.device)
-    _rope_kv_kernel[(rows, n_q_heads + n_kv_heads)](
+    fast(_rope_kv_kernel)[(rows, n_q_heads + n_kv_heads)](
         qkv, cos, sin, positions, slots, q, k_cache, v_cache, n_q_heads, n_kv_heads,
         k_cache.stride(0), k_cache.stride(1), HEAD_DIM=head_dim, num_warps=1,
     )

@@ -17,6 +17,8 @@ import torch
 import triton
 import triton.language as tl
 
+from fgchat.engine.launch import fast
+
 MAX_ROWS = 16
 # Largest weight (elements) for which the kernel beat cuBLAS in the H200 sweep.
 MAX_WEIGHT_ELEMENTS = 2048 * 2048
@@ -83,7 +85,7 @@ def project(x: torch.Tensor, w: torch.Tensor, config: ProjConfig | None = None) 
     n = w.shape[0]
     cfg = config or pick_config(n, k)
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    _proj_kernel[(triton.cdiv(n, cfg.block_n),)](
+    fast(_proj_kernel)[(triton.cdiv(n, cfg.block_n),)](
         x, w, y, m, y.stride(0), n, k,
         EVEN_K=k % cfg.block_k == 0, EVEN_N=n % cfg.block_n == 0,
         BLOCK_M=MAX_ROWS, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,

@@ -30,6 +30,7 @@ from torch import Tensor
 
 from fgchat.engine.attention.base import check_decode_shapes, plan_num_splits
 from fgchat.engine.errors import FgchatError
+from fgchat.engine.launch import fast
 
 LOG2_E = 1.4426950408889634  # log2(e): exp(x) == exp2(x * LOG2_E)
 
@@ -212,7 +213,7 @@ class TritonDecodeAttention:
         part = torch.empty((batch, num_q_heads, splits, head_dim), dtype=torch.float32, device=q.device)
         lse = torch.empty((batch, num_q_heads, splits), dtype=torch.float32, device=q.device)
 
-        _split_kernel[(batch, num_kv_heads, splits)](
+        fast(_split_kernel)[(batch, num_kv_heads, splits)](
             q, k_cache, v_cache, slot_ids, seq_lens, part, lse,
             scale * LOG2_E,
             max_context, group, splits,
@@ -228,7 +229,7 @@ class TritonDecodeAttention:
             num_warps=cfg.num_warps,
             num_stages=cfg.num_stages,
         )
-        _combine_kernel[(batch, num_q_heads)](
+        fast(_combine_kernel)[(batch, num_q_heads)](
             part, lse, out,
             splits,
             part.stride(0), part.stride(1), part.stride(2),
