@@ -160,7 +160,10 @@ def test_bf16_parity_with_transformers(gqa_model):
     checked = 0
     for i, logits in enumerate(step_logits):  # step i produced output token i + 1
         want = hf[len(prompt) + i]
-        torch.testing.assert_close(logits, want, rtol=5e-2, atol=1.5e-1)
+        # bf16 through every layer on both sides, summed in different orders (cuBLAS vs our
+        # projection kernel): single logits may differ by a few bf16 steps, the mean may not.
+        torch.testing.assert_close(logits, want, rtol=5e-2, atol=2.5e-1)
+        assert (logits - want).abs().mean() <= 2e-2
         top2 = want.topk(2).values
         if (top2[0] - top2[1]).item() > 0.25:
             assert ours[i + 1] == int(want.argmax())
