@@ -63,6 +63,19 @@ if [[ $what == run3 ]]; then
   timeout "${TEST_TIMEOUT:-200}" python3 -m pytest -p no:cacheprovider -m gpu tests/test_launch.py tests/test_gpu_fused.py \
     tests/test_gpu_graphs.py tests/test_gpu_prefill.py -q --timeout 120 -W ignore 2>&1 | tee -a "$OUT/run.log" | tail -25
 fi
+if [[ $what == run4 ]]; then
+  export BENCH_TIMEOUT=80
+  bench llama-3.2-1b --preset llama-3.2-1b --random-weights --batch-sizes 1,8 --repeats 2
+  FGCHAT_FUSED_COMBINE=0 bench 1b-separate-combine --preset llama-3.2-1b --random-weights --batch-sizes 1,8 \
+    --repeats 2 --modes full
+  bench smollm2-135m --preset smollm2-135m --random-weights --batch-sizes 1,8 --repeats 2
+  bench llama-3.1-8b --preset llama-3.1-8b --random-weights --batch-sizes 1,8 --repeats 2 --modes eager,full
+  timeout 150 python3 -m pytest -p no:cacheprovider -m gpu tests/test_attention.py tests/test_launch.py \
+    tests/test_gpu_fused.py tests/test_gpu_graphs.py tests/test_gpu_prefill.py -q --timeout 100 -W ignore 2>&1 \
+    | tee -a "$OUT/run.log" | tail -12
+  BENCH_TIMEOUT=330 bench llama-3.2-1b-peers --preset llama-3.2-1b --random-weights --batch-sizes 1,8 \
+    --repeats 2 --modes full --peers hf --peer-timeout 240
+fi
 if [[ $what == peers || $what == all ]]; then
   BENCH_TIMEOUT=240 bench llama-3.2-1b-peers --preset llama-3.2-1b --random-weights --batch-sizes 1,8 \
     --repeats 2 --modes full --peers hf

@@ -348,3 +348,32 @@ def test_triton_tuning_variants_stay_correct(block_n: int, num_warps: int, num_s
             out = torch.empty_like(inputs["q"])
             backend(**inputs, out=out, scale=1.0 / math.sqrt(head_dim))
             assert_close_finite(out, reference(inputs, 1.0 / math.sqrt(head_dim)), torch.bfloat16)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_fused_combine_matches_separate_kernel_and_rearms() -> None:
+    """The last-split merge equals the two-kernel path, leaves its counters at zero and stays
+    right when replayed from a CUDA graph many times (counters rearm every launch)."""
+    from fgchat.engine.attention.triton_decode import TritonDecodeAttention
+
+    fused = TritonDecodeAttention(torch.device("cuda"), fuse_combine=True)
+    split = TritonDecodeAttention(torch.device("cuda"), fuse_combine=False)
+    gen = torch.Generator().manual_seed(77)
+    inputs = make_inputs(8, 8, 4, 64, 4096, [1, 4096, 65, 63, 128, 4095, 2000, 7], torch.bfloat16, "cuda", gen)
+    want = torch.empty_like(inputs["q"])
+    split(**inputs, out=want, scale=0.125)
+    out = torch.zeros_like(inputs["q"])
+    fused(**inputs, out=out, scale=0.125)
+    torch.testing.assert_close(out, want, rtol=0, atol=1e-2)
+    assert fused._cnt is not None and int(fused._cnt.abs().sum()) == 0
+    g = torch.cuda.CUDAGraph()
+    out.zero_()
+    with torch.cuda.graph(g):
+        fused(**inputs, out=out, scale=0.125)
+    for _ in range(50):
+        out.zero_()
+        g.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(out, want, rtol=0, atol=1e-2)
+    assert int(fused._cnt.abs().sum()) == 0

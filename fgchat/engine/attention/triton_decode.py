@@ -21,6 +21,7 @@ Graph-safety invariants:
 from __future__ import annotations
 
 import functools
+import os
 from dataclasses import dataclass
 
 import torch
@@ -45,10 +46,13 @@ def _split_kernel(
     stride_vs, stride_vt, stride_vh,
     stride_pb, stride_ph, stride_ps,  # partial out [B, Hq, splits, D], D contiguous
     stride_lb, stride_lh,  # lse [B, Hq, splits], splits contiguous
+    cnt_ptr, out_ptr, stride_ob, stride_oh,  # used with FUSE_COMBINE: counters [B, Hkv], out
     HEAD_DIM: tl.constexpr,
     BLOCK_G: tl.constexpr,
     BLOCK_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    FUSE_COMBINE: tl.constexpr = False,
+    BLOCK_S: tl.constexpr = 2,
 ):
     lane = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -103,6 +107,35 @@ def _split_kernel(
     # Empty splits store no partial output (the combine step never reads it). Full [BLOCK_G, D] mask.
     store_mask = (g_mask & has_work)[:, None] & (offs_d[None, :] < HEAD_DIM)
     tl.store(part_ptrs, part, mask=store_mask)
+
+    if FUSE_COMBINE:
+        # The last split of (lane, kv head) to finish merges all splits. All threads' stores are
+        # ordered before the counter's release by the barrier; the merging program reads the
+        # partials after its acquire, from L2 (.cg: L1 may hold lines of an earlier launch).
+        tl.debug_barrier()
+        cnt = cnt_ptr + lane * tl.num_programs(1) + kv_head
+        arrived = tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
+        if arrived == num_splits - 1:
+            offs_s = tl.arange(0, BLOCK_S)
+            gs_mask = g_mask[:, None] & (offs_s[None, :] < num_splits)
+            lse_all = tl.load(lse_ptr + lane * stride_lb + q_heads[:, None] * stride_lh + offs_s[None, :],
+                              mask=gs_mask, other=float("-inf"), cache_modifier=".cg")
+            m = tl.max(lse_all, 1)
+            m = tl.where(m > float("-inf"), m, 0.0)  # no live split (seq_len == 0): weights 0
+            denom = tl.sum(tl.exp2(lse_all - m[:, None]), 1)
+            o = tl.zeros([BLOCK_G, HEAD_DIM], tl.float32)
+            for sp in range(0, tl.minimum(num_splits, BLOCK_S)):  # fixed order: same sum every launch
+                lse_s = tl.load(lse_ptr + lane * stride_lb + q_heads * stride_lh + sp, mask=g_mask,
+                                other=float("-inf"), cache_modifier=".cg")
+                live = lse_s > float("-inf")  # only live splits wrote a partial output
+                part_s = tl.load(part_ptr + lane * stride_pb + q_heads[:, None] * stride_ph
+                                 + sp * stride_ps + offs_d[None, :],
+                                 mask=live[:, None], other=0.0, cache_modifier=".cg")
+                o += part_s * tl.exp2(lse_s - m)[:, None]
+            o = o / tl.where(denom > 0.0, denom, 1.0)[:, None]
+            tl.store(out_ptr + lane * stride_ob + q_heads[:, None] * stride_oh + offs_d[None, :],
+                     o.to(out_ptr.dtype.element_ty), mask=g_mask[:, None])
+            tl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")  # zero again for the next launch
 
 
 @triton.jit
@@ -162,13 +195,28 @@ class TritonDecodeAttention:
 
     name = "triton"
 
-    def __init__(self, device: torch.device, config: KernelConfig | None = None) -> None:
+    def __init__(self, device: torch.device, config: KernelConfig | None = None,
+                 fuse_combine: bool | None = None) -> None:
         """config=None uses DEFAULT_CONFIGS[head_dim]; a given config applies to every head dim."""
         if device.type != "cuda" or not torch.cuda.is_available():
             raise FgchatError("the triton attention backend needs a CUDA device (use --attention torch)")
         index = device.index if device.index is not None else torch.cuda.current_device()
         self.sm_count = _sm_count(index)
         self._config = config
+        # One launch per call: the last split merges (FGCHAT_FUSED_COMBINE=0: separate kernel).
+        self.fuse_combine = fuse_combine if fuse_combine is not None else (
+            os.environ.get("FGCHAT_FUSED_COMBINE") != "0")
+        self._cnt: Tensor | None = None
+
+    def _counters(self, batch: int, num_kv_heads: int, device: torch.device) -> Tensor:
+        """Arrival counters, zero between launches (each merge resets its own). Allocated once,
+        outside any graph pool, at the largest size used, so graphs keep a valid address."""
+        need = batch * num_kv_heads
+        if self._cnt is None or self._cnt.numel() < need:
+            if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+                raise RuntimeError("attention counters must be allocated before graph capture")
+            self._cnt = torch.zeros(max(need, 64 * 8), dtype=torch.int32, device=device)
+        return self._cnt
 
     def config(self, head_dim: int) -> KernelConfig:
         if self._config is not None:
@@ -222,13 +270,19 @@ class TritonDecodeAttention:
             v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
             part.stride(0), part.stride(1), part.stride(2),
             lse.stride(0), lse.stride(1),
+            self._counters(batch, num_kv_heads, q.device) if self.fuse_combine else lse, out,
+            out.stride(0), out.stride(1),
             HEAD_DIM=head_dim,
             BLOCK_G=max(16, triton.next_power_of_2(group)),
+            FUSE_COMBINE=self.fuse_combine,
+            BLOCK_S=max(2, triton.next_power_of_2(splits)),
             BLOCK_N=cfg.block_n,
             DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
             num_warps=cfg.num_warps,
             num_stages=cfg.num_stages,
         )
+        if self.fuse_combine:
+            return
         fast(_combine_kernel)[(batch, num_q_heads)](
             part, lse, out,
             splits,
