@@ -158,3 +158,67 @@ def test_bench_peer_without_compile_is_marked(monkeypatch):
     assert [r["runner"] for r in runs] == ["hf-eager"]
     assert runs[0]["tpot_ms"]["mean"] > 0
     assert skipped and skipped[0]["runner"] == "hf-compile" and "not supported" in skipped[0]["reason"]
+
+
+def test_bench_peer_timeout_marks_the_rest(monkeypatch):
+    """A peer past --peer-timeout: batch sizes done stay, the rest are marked with the reason, no crash."""
+    import time
+
+    from fgchat.bench import peers
+    from fgchat.bench.runner import BenchSpec
+
+    real = peers._generate
+
+    def slow(*a, **k):
+        time.sleep(1.0)
+        return real(*a, **k)
+
+    monkeypatch.setattr(peers, "_generate", slow)
+    spec = BenchSpec(preset="tiny", batch_sizes=[1, 2, 4], prompt_len=8, output_len=3, warmup=0, repeats=1,
+                     peers=["hf-eager"], device="cpu")
+    spec.peer_timeout = 1.5  # two calls per batch size (warm-up, repeat): batch 1 ends past the budget
+    runs, skipped = peers.run_hf_peers(spec, None, lambda label: None)
+    assert [(r["runner"], r["batch_size"]) for r in runs] == [("hf-eager", 1)]
+    assert len(skipped) == 1 and skipped[0]["runner"] == "hf-eager"
+    assert "--peer-timeout" in skipped[0]["reason"] and "batch size(s) 2, 4" in skipped[0]["reason"]
+
+
+def test_bench_peer_timing_is_per_token(monkeypatch):
+    """TTFT = first streamed token, TPOT = (last - first) / (n - 1), warm-up calls not counted."""
+    from fgchat.bench import peers
+    from fgchat.bench.runner import BenchSpec
+
+    calls = []
+
+    def fake(model, ids, n, extra):
+        calls.append(n)
+        return [5.0 + 2.0 * i for i in range(n)], 5.0 + 2.0 * (n - 1) + 1.0
+
+    monkeypatch.setattr(peers, "_generate", fake)
+    spec = BenchSpec(preset="tiny", batch_sizes=[2], prompt_len=8, output_len=4, warmup=2, repeats=3,
+                     peers=["hf-eager"], device="cpu")
+    runs, skipped = peers.run_hf_peers(spec, None, lambda label: None)
+    assert not skipped and len(calls) == 2 + 3
+    r = runs[0]
+    assert r["ttft_ms"]["mean"] == 5.0 and r["tpot_ms"]["mean"] == 2.0 and r["itl_ms"]["p99"] == 2.0
+    assert r["requests"] == 6 and abs(r["output_tokens_per_s"] - 2 * 4 / 0.012) < 1e-6
+
+
+def test_bench_peer_compile_once_per_batch_size():
+    """hf-compile on CPU: the decode step compiles in warm-up, once per batch size; timed repeats compile nothing."""
+    from fgchat.bench.peers import run_hf_peers
+    from fgchat.bench.runner import BenchSpec
+
+    spec = BenchSpec(preset="tiny", batch_sizes=[1, 2], prompt_len=8, output_len=4, warmup=0, repeats=2,
+                     peers=["hf-compile"], device="cpu")
+    runs, skipped = run_hf_peers(spec, None, lambda label: None)
+    assert not skipped, skipped
+    assert [r["batch_size"] for r in runs] == [1, 2]
+    for r in runs:
+        assert r["graphs_compiled_warmup"] >= 1 and r["graphs_compiled_timed"] == 0
+        assert r["tpot_ms"]["mean"] > 0 and r["ttft_ms"]["mean"] > 0
+
+
+def test_bench_bad_peer_timeout_is_one_line():
+    p = fgchat("bench", "--preset", "tiny", "--random-weights", "--peers", "hf", "--peer-timeout", "0")
+    assert_one_line_error(p, "--peer-timeout")

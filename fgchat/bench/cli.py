@@ -31,6 +31,9 @@ def add_bench_parser(sub) -> None:
     b.add_argument("--warmup", type=int, default=1)
     b.add_argument("--repeats", type=int, default=3)
     b.add_argument("--peers", default="", help="peers run side by side: hf (= hf-eager,hf-compile), hf-eager, hf-compile")
+    b.add_argument("--peer-timeout", type=float, default=420.0, metavar="SECONDS",
+                   help="time budget per peer, checked between generate calls; past it the rest of that peer "
+                        "is marked skipped and the run goes on (default 420)")
     b.add_argument("--json", default=None, help="write full records as JSON here")
     b.add_argument("--csv", default=None, help="write one row per (runner, batch size) here")
     b.add_argument("--attention", default="auto")
@@ -57,6 +60,8 @@ def run_bench(args: argparse.Namespace) -> int:
         raise FgchatError("--random-weights needs --preset NAME")
     if args.prompt_len < 1 or args.output_len < 2 or args.repeats < 1 or args.warmup < 0:
         raise FgchatError("--prompt-len >= 1, --output-len >= 2, --repeats >= 1, --warmup >= 0")
+    if not args.peer_timeout > 0:
+        raise FgchatError("--peer-timeout must be > 0 seconds")
     for path in (args.json, args.csv):
         if path and not Path(path).resolve().parent.is_dir():
             raise FgchatError(f"cannot write {path}: directory does not exist")
@@ -65,6 +70,7 @@ def run_bench(args: argparse.Namespace) -> int:
         prompt_len=args.prompt_len, output_len=args.output_len, warmup=args.warmup,
         repeats=args.repeats, peers=peers, attention=args.attention, device=args.device,
         dtype=args.dtype, max_context=args.max_context, progress=not args.no_progress,
+        peer_timeout=args.peer_timeout,
     )
     result = run_all(spec)
     print_report(result, sys.stdout)

@@ -27,6 +27,7 @@ class BenchSpec:
     warmup: int = 1
     repeats: int = 3
     peers: list[str] = field(default_factory=list)
+    peer_timeout: float = 420.0  # seconds per peer, checked between generate calls
     attention: str = "auto"
     device: str | None = None
     dtype: str | None = None
