@@ -73,7 +73,8 @@ if [[ $what == run4 ]]; then
   timeout 150 python3 -m pytest -p no:cacheprovider -m gpu tests/test_attention.py tests/test_launch.py \
     tests/test_gpu_fused.py tests/test_gpu_graphs.py tests/test_gpu_prefill.py -q --timeout 100 -W ignore 2>&1 \
     | tee -a "$OUT/run.log" | tail -12
-  BENCH_TIMEOUT=330 bench llama-3.2-1b-peers --preset llama-3.2-1b --random-weights --batch-sizes 1,8 \
+  timeout 90 python3 scripts/bench_proj.py --sweep 2>&1 | tee -a "$OUT/run.log" | grep -v skip
+  BENCH_TIMEOUT=300 bench llama-3.2-1b-peers --preset llama-3.2-1b --random-weights --batch-sizes 1,8 \
     --repeats 2 --modes full --peers hf --peer-timeout 240
 fi
 if [[ $what == peers || $what == all ]]; then
