@@ -377,3 +377,35 @@ def test_fused_combine_matches_separate_kernel_and_rearms() -> None:
     torch.cuda.synchronize()
     torch.testing.assert_close(out, want, rtol=0, atol=1e-2)
     assert int(fused._cnt.abs().sum()) == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("hq,hkv,d", [(32, 8, 64), (9, 3, 64), (12, 2, 128), (8, 8, 128)])
+@pytest.mark.parametrize("fuse_combine", [True, False])
+def test_rope_in_attention_same_bits_as_separate_rope(hq, hkv, d, fuse_combine) -> None:
+    """decode_with_rope == fused.rope_kv_write then attention: same output and cache bits."""
+    from fgchat.engine.attention.triton_decode import TritonDecodeAttention
+    from fgchat.engine.fused import rope_kv_write
+
+    attn = TritonDecodeAttention(torch.device("cuda"), fuse_combine=fuse_combine)
+    t, b = 2048, 8
+    inv = 1.0 / (10000 ** (torch.arange(0, d, 2, device="cuda").float() / d))
+    fr = torch.arange(t, device="cuda").float()[:, None] * inv[None]
+    emb = torch.cat([fr, fr], -1)
+    cos, sin = emb.cos().bfloat16(), emb.sin().bfloat16()
+    gen = torch.Generator(device="cuda").manual_seed(hq * d)
+    kc = torch.randn(8, t, hkv, d, device="cuda", generator=gen).bfloat16()
+    vc = torch.randn(8, t, hkv, d, device="cuda", generator=gen).bfloat16()
+    qkv = torch.randn(b, (hq + 2 * hkv) * d, device="cuda", generator=gen).bfloat16()
+    pos = torch.tensor([0, 1, 63, 64, 65, 1000, 2047, 7], device="cuda")
+    slots = torch.tensor([3, 0, 7, 1, 2, 6, 4, 5], device="cuda")
+    seq_lens, slots32 = (pos + 1).int(), slots.int()
+    kc2, vc2 = kc.clone(), vc.clone()
+    want = torch.empty(b, hq, d, device="cuda", dtype=torch.bfloat16)
+    q = rope_kv_write(qkv, cos, sin, pos, slots, kc, vc, hq, hkv, d)
+    attn(q, kc, vc, slots32, seq_lens, want, d**-0.5)
+    got = torch.empty_like(want)
+    attn.decode_with_rope(qkv, cos, sin, kc2, vc2, slots32, seq_lens, got, d**-0.5)
+    assert torch.equal(kc2, kc) and torch.equal(vc2, vc)
+    assert torch.equal(got, want)

@@ -71,6 +71,11 @@ class Engine:
         self.decoder = Decoder(self.cfg, loaded.weights, self.max_context, self._use_fused())
         self.bufs = StepBuffers(self.device, self.cfg.num_heads, self.cfg.head_dim, self.dtype)
         self.attention, self.attention_name = self._pick_attention(config.attention)
+        # RoPE + K/V write inside the attention kernel (FGCHAT_ROPE_IN_ATTENTION=0: separate kernel)
+        self.decoder.rope_in_attention = (
+            self.decoder.fused and hasattr(self.attention, "decode_with_rope")
+            and os.environ.get("FGCHAT_ROPE_IN_ATTENTION", "0") != "0"
+        )
         self.program = StepProgram(self.decoder, self.cache, self.bufs, self.attention)
         self.scheduler = Scheduler()
         self.unavailable: dict[str, str] = {"eager": ""}

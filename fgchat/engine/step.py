@@ -130,6 +130,13 @@ class StepProgram:
                 st.tokens = sampling.greedy(st.logits)
 
         def attend(i: int) -> Callable[[StepState], None]:
+            if dec.rope_in_attention:
+                def run_rope(st: StepState) -> None:
+                    self.attention.decode_with_rope(st.qkv, dec.cos, dec.sin, cache.k[i], cache.v[i],
+                                                    slots32, seq_lens, attn_out, dec.scale)
+
+                return run_rope
+
             def run(st: StepState) -> None:
                 hint = self.max_len_hint if bufs.device.type == "cpu" else None
                 self.attention(st.q, cache.k[i], cache.v[i], slots32, seq_lens, attn_out,

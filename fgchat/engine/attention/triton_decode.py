@@ -47,12 +47,14 @@ def _split_kernel(
     stride_pb, stride_ph, stride_ps,  # partial out [B, Hq, splits, D], D contiguous
     stride_lb, stride_lh,  # lse [B, Hq, splits], splits contiguous
     cnt_ptr, out_ptr, stride_ob, stride_oh,  # used with FUSE_COMBINE: counters [B, Hkv], out
+    cos_ptr, sin_ptr,  # used with ROPE: tables [T, D]; q_ptr is then the qkv row [B, (Hq+2Hkv)*D]
     HEAD_DIM: tl.constexpr,
     BLOCK_G: tl.constexpr,
     BLOCK_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     FUSE_COMBINE: tl.constexpr = False,
     BLOCK_S: tl.constexpr = 2,
+    ROPE: tl.constexpr = False,
 ):
     lane = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -72,13 +74,44 @@ def _split_kernel(
     g_mask = offs_g < group
     q_heads = kv_head * group + offs_g  # the query heads that share this KV head
 
-    q = tl.load(
-        q_ptr + lane * stride_qb + q_heads[:, None] * stride_qh + offs_d[None, :],
-        mask=g_mask[:, None],
-        other=0.0,
-    )
     k_base = k_ptr + slot * stride_ks + kv_head * stride_kh
     v_base = v_ptr + slot * stride_vs + kv_head * stride_vh
+    if ROPE:
+        # RoPE of q (and of k for the cache write) at the current position seq_len - 1, with the
+        # rounding points of fused.rope_kv_write: x * cos + rotate_half(x) * sin, where
+        # rotate_half(x)[d] = -x[d + D/2] for d < D/2 and x[d - D/2] otherwise.
+        half: tl.constexpr = HEAD_DIM // 2
+        pos = seq_len - 1
+        pos_c = tl.maximum(pos, 0)
+        offs_r = (offs_d + half) % HEAD_DIM
+        sign = tl.where(offs_d < half, -1.0, 1.0)
+        cs = tl.load(cos_ptr + pos_c * HEAD_DIM + offs_d).to(tl.float32)
+        sn = tl.load(sin_ptr + pos_c * HEAD_DIM + offs_d).to(tl.float32)
+        row = q_ptr + lane * stride_qb
+        x = tl.load(row + q_heads[:, None] * HEAD_DIM + offs_d[None, :], mask=g_mask[:, None], other=0.0)
+        xr = tl.load(row + q_heads[:, None] * HEAD_DIM + offs_r[None, :], mask=g_mask[:, None], other=0.0)
+        ty = x.dtype
+        q = ((x.to(tl.float32) * cs[None, :]).to(ty).to(tl.float32)
+             + (sign[None, :] * xr.to(tl.float32) * sn[None, :]).to(ty).to(tl.float32)).to(ty)
+        # The split that owns the current position writes its K/V before reading the cache; the
+        # barrier makes every thread's store visible to the whole program's loads.
+        n_kv = tl.num_programs(1)
+        k_row = row + (group * n_kv + kv_head) * HEAD_DIM
+        kx = tl.load(k_row + offs_d)
+        kxr = tl.load(k_row + offs_r)
+        k_new = ((kx.to(tl.float32) * cs).to(ty).to(tl.float32)
+                 + (sign * kxr.to(tl.float32) * sn).to(ty).to(tl.float32)).to(ty)
+        v_new = tl.load(row + (group * n_kv + n_kv + kv_head) * HEAD_DIM + offs_d)
+        owns = (start <= pos) & (pos < end)
+        tl.store(k_base + pos_c * stride_kt + offs_d, k_new, mask=owns & (offs_d < HEAD_DIM))
+        tl.store(v_base + pos_c * stride_vt + offs_d, v_new, mask=owns & (offs_d < HEAD_DIM))
+        tl.debug_barrier()
+    else:
+        q = tl.load(
+            q_ptr + lane * stride_qb + q_heads[:, None] * stride_qh + offs_d[None, :],
+            mask=g_mask[:, None],
+            other=0.0,
+        )
 
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)  # running max (base-2 logits)
     l_i = tl.zeros([BLOCK_G], tl.float32)  # running sum of exp2(logit - m_i)
@@ -243,14 +276,46 @@ class TritonDecodeAttention:
         scale: float,
         max_len_hint: int | None = None,  # ignored on purpose: the launch must not depend on lengths
     ) -> None:
-        batch, num_q_heads, num_kv_heads, head_dim, max_context = check_decode_shapes(
-            q, k_cache, v_cache, slot_ids, seq_lens, out
-        )
+        check_decode_shapes(q, k_cache, v_cache, slot_ids, seq_lens, out)
+        if q.stride(-1) != 1:
+            raise ValueError("q must be contiguous in its last dimension")
+        self._launch(q, q.stride(0), q.stride(1), None, None, k_cache, v_cache, slot_ids, seq_lens, out, scale)
+
+    def decode_with_rope(
+        self,
+        qkv: Tensor,
+        cos: Tensor,
+        sin: Tensor,
+        k_cache: Tensor,
+        v_cache: Tensor,
+        slot_ids: Tensor,
+        seq_lens: Tensor,
+        out: Tensor,
+        scale: float,
+    ) -> None:
+        """RoPE + KV-cache write + attention in one call: qkv [B, (Hq + 2 Hkv) * D] rows q | k | v
+        of the current token at position seq_lens - 1; cos/sin [T, D] tables in qkv's dtype.
+        Same bits as fused.rope_kv_write followed by __call__."""
+        batch, num_q_heads, head_dim = out.shape
+        num_kv_heads = k_cache.shape[2]
+        if qkv.shape != (batch, (num_q_heads + 2 * num_kv_heads) * head_dim) or qkv.stride(-1) != 1:
+            raise ValueError(f"qkv must be [B, (Hq + 2 Hkv) * D] contiguous rows, got {tuple(qkv.shape)}")
+        if cos.shape[-1] != head_dim or sin.shape != cos.shape or cos.shape[0] < k_cache.shape[1]:
+            raise ValueError("cos/sin must be [T, D] tables covering the cache")
+        q_view = qkv[:, : num_q_heads * head_dim].view(batch, num_q_heads, head_dim)
+        check_decode_shapes(q_view, k_cache, v_cache, slot_ids, seq_lens, out)
+        self._launch(qkv, qkv.stride(0), head_dim, cos, sin, k_cache, v_cache, slot_ids, seq_lens, out, scale)
+
+    def _launch(self, q: Tensor, stride_qb: int, stride_qh: int, cos: Tensor | None, sin: Tensor | None,
+                k_cache: Tensor, v_cache: Tensor, slot_ids: Tensor, seq_lens: Tensor, out: Tensor,
+                scale: float) -> None:
+        batch, num_q_heads, head_dim = out.shape
+        _, max_context, num_kv_heads, _ = k_cache.shape
         if head_dim not in (64, 128):
             raise ValueError(f"triton decode attention supports head dim 64 or 128, got {head_dim}")
         if not (q.dtype == k_cache.dtype == v_cache.dtype == out.dtype):
             raise ValueError(f"dtype mismatch: q {q.dtype}, k {k_cache.dtype}, v {v_cache.dtype}, out {out.dtype}")
-        for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("out", out)):
+        for name, t in (("k_cache", k_cache), ("v_cache", v_cache), ("out", out)):
             if t.stride(-1) != 1:
                 raise ValueError(f"{name} must be contiguous in its last dimension")
         cfg = self.config(head_dim)
@@ -265,17 +330,19 @@ class TritonDecodeAttention:
             q, k_cache, v_cache, slot_ids, seq_lens, part, lse,
             scale * LOG2_E,
             max_context, group, splits,
-            q.stride(0), q.stride(1),
+            stride_qb, stride_qh,
             k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
             v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
             part.stride(0), part.stride(1), part.stride(2),
             lse.stride(0), lse.stride(1),
             self._counters(batch, num_kv_heads, q.device) if self.fuse_combine else lse, out,
             out.stride(0), out.stride(1),
+            cos if cos is not None else lse, sin if sin is not None else lse,
             HEAD_DIM=head_dim,
             BLOCK_G=max(16, triton.next_power_of_2(group)),
             FUSE_COMBINE=self.fuse_combine,
             BLOCK_S=max(2, triton.next_power_of_2(splits)),
+            ROPE=cos is not None,
             BLOCK_N=cfg.block_n,
             DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
             num_warps=cfg.num_warps,

@@ -136,6 +136,7 @@ class StepState:
     h: torch.Tensor  # residual stream [B, H]
     delta: torch.Tensor | None = None  # fused path: MLP output not yet added to h
     q: torch.Tensor  # query of the current layer [B, Hq, D]
+    qkv: torch.Tensor  # with rope_in_attention: the layer's q | k | v rows before RoPE
     logits: torch.Tensor  # [B, V] float32
 
 
@@ -148,6 +149,8 @@ class Decoder:
         """fused=True runs decode stages with the Triton kernels of fgchat.engine.fused (CUDA)."""
         self.cfg = cfg
         self.fused = fused
+        # set by the engine when its attention backend applies RoPE and writes K/V itself
+        self.rope_in_attention = False
         if fused:
             from fgchat.engine import fused as fk
             from fgchat.engine import gemv
@@ -191,6 +194,9 @@ class Decoder:
             st.h, x = self._fk.add_rms_norm(st.h, st.delta, lw.attn_norm, c.rms_eps)
             st.delta = None
             qkv = F.linear(x, lw.wqkv, lw.bqkv)
+            if self.rope_in_attention:  # the attention call applies RoPE and writes K/V
+                st.qkv = qkv
+                return
             st.q = self._fk.rope_kv_write(qkv, self.cos, self.sin, positions, slot_ids, k_cache,
                                           v_cache, c.num_heads, c.num_kv_heads, c.head_dim)
             return
