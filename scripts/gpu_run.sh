@@ -68,9 +68,9 @@ if [[ $what == run4 ]]; then
   bench llama-3.2-1b --preset llama-3.2-1b --random-weights --batch-sizes 1,8 --repeats 2
   FGCHAT_FUSED_COMBINE=0 bench 1b-separate-combine --preset llama-3.2-1b --random-weights --batch-sizes 1,8 \
     --repeats 2 --modes full
-  FGCHAT_ROPE_IN_ATTENTION=1 bench 1b-rope-in-attention --preset llama-3.2-1b --random-weights --batch-sizes 1,8 \
+  FGCHAT_ROPE_IN_ATTENTION=0 bench 1b-separate-rope --preset llama-3.2-1b --random-weights --batch-sizes 1,8 \
     --repeats 2
-  FGCHAT_ROPE_IN_ATTENTION=1 bench 135m-rope-in-attention --preset smollm2-135m --random-weights --batch-sizes 1 \
+  FGCHAT_ROPE_IN_ATTENTION=0 bench 135m-separate-rope --preset smollm2-135m --random-weights --batch-sizes 1 \
     --repeats 2 --modes full
   bench smollm2-135m --preset smollm2-135m --random-weights --batch-sizes 1,8 --repeats 2
   bench llama-3.1-8b --preset llama-3.1-8b --random-weights --batch-sizes 1,8 --repeats 2 --modes eager,full

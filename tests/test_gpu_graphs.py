@@ -207,11 +207,13 @@ def test_pipelined_equals_plain_loop_with_joins_and_leaves(engine, gqa_model):
         assert {e.mode for e in events if isinstance(e, TokenEvent) and not e.is_first_token} == {mode}
 
 
-def test_rope_in_attention_engine_same_tokens(gqa_model, engine, monkeypatch):
-    """RoPE and the K/V write inside the attention kernel: same greedy tokens as the engine with
-    the separate RoPE kernel, in every mode."""
-    monkeypatch.setenv("FGCHAT_ROPE_IN_ATTENTION", "1")
+def test_rope_in_attention_engine_same_tokens(gqa_model, monkeypatch):
+    """RoPE and the K/V write inside the attention kernel (the default): same greedy tokens as
+    an engine with the separate RoPE kernel, in every mode."""
     fused = Engine(EngineConfig(model=str(gqa_model), device="cuda", dtype="bfloat16",
+                                max_context=4096, mode="full"))
+    monkeypatch.setenv("FGCHAT_ROPE_IN_ATTENTION", "0")
+    engine = Engine(EngineConfig(model=str(gqa_model), device="cuda", dtype="bfloat16",
                                 max_context=4096, mode="full"))
     assert fused.decoder.rope_in_attention and not engine.decoder.rope_in_attention
     assert fused.info().available_modes == {"eager": "", "piecewise": "", "full": ""}

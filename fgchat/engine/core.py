@@ -74,7 +74,7 @@ class Engine:
         # RoPE + K/V write inside the attention kernel (FGCHAT_ROPE_IN_ATTENTION=0: separate kernel)
         self.decoder.rope_in_attention = (
             self.decoder.fused and hasattr(self.attention, "decode_with_rope")
-            and os.environ.get("FGCHAT_ROPE_IN_ATTENTION", "0") != "0"
+            and os.environ.get("FGCHAT_ROPE_IN_ATTENTION") != "0"
         )
         self.program = StepProgram(self.decoder, self.cache, self.bufs, self.attention)
         self.scheduler = Scheduler()
