@@ -81,6 +81,24 @@ if [[ $what == run4 ]]; then
   BENCH_TIMEOUT=300 bench llama-3.2-1b-peers --preset llama-3.2-1b --random-weights --batch-sizes 1,8 \
     --repeats 2 --modes full --peers hf --peer-timeout 240
 fi
+if [[ $what == final3 ]]; then
+  export BENCH_TIMEOUT=90
+  bench llama-3.2-1b --preset llama-3.2-1b --random-weights --batch-sizes 1,8 --repeats 3
+  bench smollm2-135m --preset smollm2-135m --random-weights --batch-sizes 1,8 --repeats 3
+  bench llama-3.1-8b --preset llama-3.1-8b --random-weights --batch-sizes 1,8 --repeats 3 --modes eager,full
+  FGCHAT_ROPE_IN_ATTENTION=0 bench 1b-separate-rope --preset llama-3.2-1b --random-weights --batch-sizes 1,8 \
+    --repeats 3 --modes full
+  FGCHAT_FUSED_COMBINE=1 bench 1b-fused-combine --preset llama-3.2-1b --random-weights --batch-sizes 1,8 \
+    --repeats 3 --modes full
+  FGCHAT_ROPE_IN_ATTENTION=0 bench 135m-separate-rope --preset smollm2-135m --random-weights --batch-sizes 1,8 \
+    --repeats 3 --modes full
+  BENCH_TIMEOUT=200 bench llama-3.2-1b-peers --preset llama-3.2-1b --random-weights --batch-sizes 1,8 \
+    --repeats 3 --modes full --peers hf --peer-timeout 150
+  timeout 150 python3 -m pytest -p no:cacheprovider -m gpu tests/test_attention.py tests/test_launch.py \
+    tests/test_gpu_fused.py tests/test_gpu_graphs.py tests/test_gpu_prefill.py -q --timeout 100 -W ignore 2>&1 \
+    | tee -a "$OUT/run.log" | tail -8
+  timeout 40 python3 scripts/profile_step.py llama-3.2-1b 2>&1 | tee -a "$OUT/run.log" | tail -34
+fi
 if [[ $what == peers || $what == all ]]; then
   BENCH_TIMEOUT=240 bench llama-3.2-1b-peers --preset llama-3.2-1b --random-weights --batch-sizes 1,8 \
     --repeats 2 --modes full --peers hf

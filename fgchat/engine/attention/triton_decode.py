@@ -81,12 +81,12 @@ def _split_kernel(
         # rounding points of fused.rope_kv_write: x * cos + rotate_half(x) * sin, where
         # rotate_half(x)[d] = -x[d + D/2] for d < D/2 and x[d - D/2] otherwise.
         half: tl.constexpr = HEAD_DIM // 2
-        pos = seq_len - 1
-        pos_c = tl.maximum(pos, 0)
+        cur = seq_len - 1  # the current token's position
+        cur_c = tl.maximum(cur, 0)
         offs_r = (offs_d + half) % HEAD_DIM
         sign = tl.where(offs_d < half, -1.0, 1.0)
-        cs = tl.load(cos_ptr + pos_c * HEAD_DIM + offs_d).to(tl.float32)
-        sn = tl.load(sin_ptr + pos_c * HEAD_DIM + offs_d).to(tl.float32)
+        cs = tl.load(cos_ptr + cur_c * HEAD_DIM + offs_d).to(tl.float32)
+        sn = tl.load(sin_ptr + cur_c * HEAD_DIM + offs_d).to(tl.float32)
         row = q_ptr + lane * stride_qb
         x = tl.load(row + q_heads[:, None] * HEAD_DIM + offs_d[None, :], mask=g_mask[:, None], other=0.0)
         xr = tl.load(row + q_heads[:, None] * HEAD_DIM + offs_r[None, :], mask=g_mask[:, None], other=0.0)
@@ -102,9 +102,9 @@ def _split_kernel(
         k_new = ((kx.to(tl.float32) * cs).to(ty).to(tl.float32)
                  + (sign * kxr.to(tl.float32) * sn).to(ty).to(tl.float32)).to(ty)
         v_new = tl.load(row + (group * n_kv + n_kv + kv_head) * HEAD_DIM + offs_d)
-        owns = (start <= pos) & (pos < end)
-        tl.store(k_base + pos_c * stride_kt + offs_d, k_new, mask=owns & (offs_d < HEAD_DIM))
-        tl.store(v_base + pos_c * stride_vt + offs_d, v_new, mask=owns & (offs_d < HEAD_DIM))
+        owns = (start <= cur) & (cur < end)
+        tl.store(k_base + cur_c * stride_kt + offs_d, k_new, mask=owns & (offs_d < HEAD_DIM))
+        tl.store(v_base + cur_c * stride_vt + offs_d, v_new, mask=owns & (offs_d < HEAD_DIM))
         tl.debug_barrier()
     else:
         q = tl.load(
@@ -236,9 +236,10 @@ class TritonDecodeAttention:
         index = device.index if device.index is not None else torch.cuda.current_device()
         self.sm_count = _sm_count(index)
         self._config = config
-        # One launch per call: the last split merges (FGCHAT_FUSED_COMBINE=0: separate kernel).
+        # The last split merges (FGCHAT_FUSED_COMBINE=1) or a separate combine kernel does (the
+        # default: the merge loop's serial tail cost more than the launch it saves on the H200).
         self.fuse_combine = fuse_combine if fuse_combine is not None else (
-            os.environ.get("FGCHAT_FUSED_COMBINE") != "0")
+            os.environ.get("FGCHAT_FUSED_COMBINE") == "1")
         self._cnt: Tensor | None = None
 
     def _counters(self, batch: int, num_kv_heads: int, device: torch.device) -> Tensor:

@@ -193,7 +193,7 @@ class Decoder:
         if self.fused:
             st.h, x = self._fk.add_rms_norm(st.h, st.delta, lw.attn_norm, c.rms_eps)
             st.delta = None
-            qkv = F.linear(x, lw.wqkv, lw.bqkv)
+            qkv = F.linear(x, lw.wqkv, lw.bqkv) if lw.bqkv is not None else self._linear(x, lw.wqkv)
             if self.rope_in_attention:  # the attention call applies RoPE and writes K/V
                 st.qkv = qkv
                 return
