@@ -160,10 +160,11 @@ def test_bf16_parity_with_transformers(gqa_model):
     checked = 0
     for i, logits in enumerate(step_logits):  # step i produced output token i + 1
         want = hf[len(prompt) + i]
-        # bf16 through every layer on both sides, summed in different orders (cuBLAS vs our
-        # projection kernel): single logits may differ by a few bf16 steps, the mean may not.
+        # Both sides compute in bf16 and round the logits to bf16 (one step = 2^-7 relative), with
+        # sums in different orders (cuBLAS vs our kernels): single logits may differ by a few
+        # steps, the mean difference stays within 4 steps of the mean magnitude.
         torch.testing.assert_close(logits, want, rtol=5e-2, atol=2.5e-1)
-        assert (logits - want).abs().mean() <= 2e-2
+        assert (logits - want).abs().mean() <= 4 * 2**-7 * want.abs().mean()
         top2 = want.topk(2).values
         if (top2[0] - top2[1]).item() > 0.25:
             assert ours[i + 1] == int(want.argmax())
