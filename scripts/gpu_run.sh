@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One H200 call: GPU tests and the model benchmarks. Results land in $OUT.
-# Usage (device tool, carry .whl): bash scripts/gpu_run.sh [tests|bench|peers|all]
+# Usage (device tool, carry .whl): FGCHAT_COMMIT=<sha> bash scripts/gpu_run.sh [tests|bench|more|tui|peers|all|probe|run3|run4|final3]
+# final3 is the run behind the README table; probe/run3/run4 produced docs/bench/h200-probe, -run3 and the notes.
 set -u -o pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/fgchat-out}; mkdir -p "$OUT"
