@@ -81,8 +81,6 @@ class Engine:
         self.unavailable: dict[str, str] = {"eager": ""}
         self.runner = None
         self._init_graphs()
-        # Two sets of (start, end, tokens copied) events and pinned token buffers, alternating
-        # between the step in flight and the one launched behind it.
         cuda = self.device.type == "cuda"
         default = cuda and os.environ.get("FGCHAT_PIPELINE") != "0"
         self._pipelined = default if config.pipeline is None else config.pipeline
@@ -90,7 +88,9 @@ class Engine:
         self.step_logits: list[torch.Tensor] = []
         self._inflight: _InFlight | None = None
         self._flip = 0
-        if self.device.type == "cuda":
+        # Two sets of (start, end, tokens copied) events and pinned token buffers, alternating
+        # between the step in flight and the one launched behind it.
+        if cuda:
             self._event_sets = [
                 tuple(torch.cuda.Event(enable_timing=i < 2) for i in range(3)) for _ in range(2)
             ]
