@@ -55,7 +55,9 @@ def run_generate(args: argparse.Namespace, config) -> int:
     caps = engine.info().captures
     if caps:
         secs, mib = sum(c.seconds for c in caps), sum(c.pool_mib for c in caps)
-        print(f"fgchat: captured {len(caps)} graphs in {secs:.2f} s, pools {mib:.0f} MiB", file=sys.stderr)
+        warm = engine.info().kernel_warmup_s or 0.0
+        print(f"fgchat: kernels warmed in {warm:.2f} s; captured {len(caps)} graphs in {secs:.2f} s, "
+              f"pools {mib:.0f} MiB", file=sys.stderr)
     stream = args.n == 1 and not args.json
     done: dict[int, RequestSummary] = {}
     batch_max = 0

@@ -1,7 +1,9 @@
 """H200 microbenchmark: our skinny projection kernel vs cuBLAS (F.linear) on the same weights.
 
 Each variant runs 50 times inside one CUDA graph (launch overhead excluded); prints us per call
-and effective weight bandwidth. Usage: python scripts/bench_proj.py [--sweep]
+and effective weight bandwidth. Usage: python scripts/bench_proj.py [--sweep] [--pdl]
+--pdl adds our kernel launched with programmatic dependent launch (each call may start loading
+its weights while the previous call drains), the way the decode step launches it.
 """
 
 from __future__ import annotations
@@ -59,34 +61,37 @@ def variants(m: int, n: int, k: int):
     x = torch.randn(m, k, device="cuda").bfloat16()
     w = (torch.randn(n, k, device="cuda") * 0.02).bfloat16()  # gate_up: both halves, N = 2 * I
 
-    def ours(cfg: ProjConfig | None = None):
-        return lambda: project(x, w, cfg)
+    def ours(cfg: ProjConfig | None = None, pdl: bool = False):
+        return lambda: project(x, w, cfg, pdl=pdl)
 
     return w.numel() * 2, lambda: F.linear(x, w), ours
 
 
 def main() -> None:
     sweep = "--sweep" in sys.argv
-    print(f"{'model':5} {'proj':8} {'M':>2} {'cublas us':>10} {'ours us':>8} {'ours GB/s':>9} {'ratio':>6}  best sweep")
+    pdl = "--pdl" in sys.argv
+    print(f"{'model':5} {'proj':8} {'M':>2} {'cublas us':>10} {'ours us':>8} {'ours GB/s':>9} {'ratio':>6} "
+          f"{'pdl us':>7}  best sweep")
     for model, shapes in SHAPES.items():
         for (name, n, k, kind), m in itertools.product(shapes, (1, 8)):
             nbytes, cublas, ours = variants(m, n, k)
             t_ref = graph_time_us(cublas)
             t_ours = graph_time_us(ours())
+            t_pdl = graph_time_us(ours(pdl=True)) if pdl else float("nan")
             best = ""
             if sweep and m == 1 and model == "1b" and name != "o":
                 res = []
                 for bn, bk, nw, st in SWEEP:
                     cfg = ProjConfig(bn, bk, nw, st)
                     try:
-                        res.append((graph_time_us(ours(cfg)), cfg))
+                        res.append((graph_time_us(ours(cfg, pdl)), cfg))
                     except Exception as exc:  # noqa: BLE001 - a config that does not compile is skipped
                         print(f"  skip {cfg}: {type(exc).__name__}", file=sys.stderr)
                 if res:
                     t, c = min(res, key=lambda r: r[0])
                     best = f"{t:.1f} us bn={c.block_n} bk={c.block_k} w={c.num_warps} s={c.num_stages}"
             print(f"{model:5} {name:8} {m:2d} {t_ref:10.1f} {t_ours:8.1f} {nbytes / t_ours / 1e3:9.0f} "
-                  f"{t_ref / t_ours:6.2f}  {best}  used={wins_over_cublas(torch.empty(n, k, device='meta'))}",
+                  f"{t_ref / t_ours:6.2f} {t_pdl:7.1f}  {best}  used={wins_over_cublas(torch.empty(n, k, device='meta'))}",
                   flush=True)
 
 

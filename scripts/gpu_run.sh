@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One H200 call: GPU tests and the model benchmarks. Results land in $OUT.
-# Usage (device tool, carry .whl): FGCHAT_COMMIT=<sha> bash scripts/gpu_run.sh [tests|bench|more|tui|peers|all|probe|run3|run4|final3]
+# Usage (device tool, carry .whl): FGCHAT_COMMIT=<sha> bash scripts/gpu_run.sh [tests|bench|more|tui|peers|all|probe|run3|run4|final3|pdl]
 # final3 is the run behind the README table; probe/run3/run4 produced docs/bench/h200-probe, -run3 and the notes.
 set -u -o pipefail
 export PYTHONUNBUFFERED=1
@@ -99,6 +99,24 @@ if [[ $what == final3 ]]; then
     tests/test_gpu_fused.py tests/test_gpu_graphs.py tests/test_gpu_prefill.py -q --timeout 100 -W ignore 2>&1 \
     | tee -a "$OUT/run.log" | tail -8
   timeout 40 python3 scripts/profile_step.py llama-3.2-1b 2>&1 | tee -a "$OUT/run.log" | tail -34
+fi
+if [[ $what == pdl ]]; then
+  export BENCH_TIMEOUT=80
+  bench llama-3.2-1b --preset llama-3.2-1b --random-weights --batch-sizes 1,8 --repeats 2
+  FGCHAT_PDL=0 bench 1b-no-pdl --preset llama-3.2-1b --random-weights --batch-sizes 1,8 --repeats 2 --modes full
+  FGCHAT_LM_HEAD_GEMV=0 bench 1b-cublas-head --preset llama-3.2-1b --random-weights --batch-sizes 1 --repeats 2 \
+    --modes full
+  FGCHAT_GEMV_MAX=1e12 bench 1b-all-gemv --preset llama-3.2-1b --random-weights --batch-sizes 1,8 --repeats 2 \
+    --modes full
+  bench smollm2-135m --preset smollm2-135m --random-weights --batch-sizes 1,8 --repeats 2 --modes full
+  FGCHAT_PDL=0 bench 135m-no-pdl --preset smollm2-135m --random-weights --batch-sizes 1 --repeats 2 --modes full
+  bench llama-3.1-8b --preset llama-3.1-8b --random-weights --batch-sizes 1 --repeats 2 --modes full
+  FGCHAT_PDL=0 bench 8b-no-pdl --preset llama-3.1-8b --random-weights --batch-sizes 1 --repeats 2 --modes full
+  timeout 150 python3 -m pytest -p no:cacheprovider -m gpu tests/test_gpu_pdl.py tests/test_attention.py \
+    tests/test_gpu_fused.py tests/test_gpu_graphs.py tests/test_gpu_prefill.py -q --timeout 100 -W ignore 2>&1 \
+    | tee -a "$OUT/run.log" | tail -15
+  timeout 40 python3 scripts/profile_host.py 2>&1 | tee -a "$OUT/run.log" | head -45
+  timeout 80 python3 scripts/bench_proj.py --pdl 2>&1 | tee -a "$OUT/run.log"
 fi
 if [[ $what == peers || $what == all ]]; then
   BENCH_TIMEOUT=240 bench llama-3.2-1b-peers --preset llama-3.2-1b --random-weights --batch-sizes 1,8 \

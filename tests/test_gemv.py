@@ -78,3 +78,11 @@ def test_fused_decoder_step_matches_unfused(tiny_model_dirs, family):
         torch.testing.assert_close(out.logits, ref_logits, rtol=1e-4, atol=1e-4)
         for k, rk in zip(eng.cache.k, ref_k):
             torch.testing.assert_close(k, rk, rtol=1e-5, atol=1e-5)
+
+
+def test_float32_output_holds_the_input_dtype_rounding():
+    x, w = _inputs(3, 48, 96, 5)
+    x16, w16 = x.half(), w.half()
+    y = project(x16, w16, ProjConfig(16, 64), out_dtype=torch.float32)
+    assert y.dtype == torch.float32
+    assert torch.equal(y, project(x16, w16, ProjConfig(16, 64)).float())

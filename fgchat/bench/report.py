@@ -66,6 +66,9 @@ def print_report(result: dict[str, Any], out: TextIO) -> None:
         tot = sum(c["seconds"] for c in result["captures"])
         mib = sum(c["pool_mib"] for c in result["captures"])
         out.write(f"graph capture total: {tot:.2f} s, pools {mib:.1f} MiB\n")
+    warm = result["meta"].get("kernel_warmup_s")
+    if warm is not None:
+        out.write(f"kernel warm-up before capture (Triton JIT on a cold cache): {warm:.2f} s\n")
     for s in result["skipped"]:
         out.write(f"skipped {s['runner']}: {s['reason']}\n")
     from rich.console import Console

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from fgchat.engine.events import Mode
+from fgchat.engine.tuning import Tuning
 
 
 @dataclass
@@ -22,4 +23,6 @@ class EngineConfig:
     seed: int = 0
     # launch step n+1 (inputs fed on the device) before reading step n; None: on with CUDA
     pipeline: bool | None = None
+    # kernel-path switches; None: Tuning.from_env() (the FGCHAT_* variables) when the engine starts
+    tuning: Tuning | None = None
     notes: list[str] = field(default_factory=list)

@@ -28,6 +28,7 @@ from fgchat.engine.model.decoder import Decoder
 from fgchat.engine.requests import Sequence
 from fgchat.engine.scheduler import Scheduler
 from fgchat.engine.step import ROW_IDS, ROW_POS, StepBuffers, StepOutputs, StepProgram
+from fgchat.engine.tuning import Tuning
 
 
 def _now() -> int:
@@ -60,6 +61,7 @@ class Engine:
             else:
                 loaded = load_model(config.model, self.device, self.dtype)
         self.model = loaded
+        self.tuning = config.tuning if config.tuning is not None else Tuning.from_env()
         self.cfg = loaded.cfg
         self.tokenizer = loaded.tokenizer
         self.notes: list[str] = list(config.notes)
@@ -68,21 +70,22 @@ class Engine:
         )
         self.notes.append(f"max context {self.max_context} tokens ({why})")
         self.cache = KVCache(self.cfg, self.max_context, self.device, self.dtype)
-        self.decoder = Decoder(self.cfg, loaded.weights, self.max_context, self._use_fused())
+        self.decoder = Decoder(self.cfg, loaded.weights, self.max_context, self._use_fused(),
+                               self.tuning)
         self.bufs = StepBuffers(self.device, self.cfg.num_heads, self.cfg.head_dim, self.dtype)
         self.attention, self.attention_name = self._pick_attention(config.attention)
-        # RoPE + K/V write inside the attention kernel (FGCHAT_ROPE_IN_ATTENTION=0: separate kernel)
         self.decoder.rope_in_attention = (
             self.decoder.fused and hasattr(self.attention, "decode_with_rope")
-            and os.environ.get("FGCHAT_ROPE_IN_ATTENTION") != "0"
+            and self.tuning.rope_in_attention
         )
         self.program = StepProgram(self.decoder, self.cache, self.bufs, self.attention)
         self.scheduler = Scheduler()
         self.unavailable: dict[str, str] = {"eager": ""}
         self.runner = None
+        self.kernel_warmup_s: float | None = None
         self._init_graphs()
         cuda = self.device.type == "cuda"
-        default = cuda and os.environ.get("FGCHAT_PIPELINE") != "0"
+        default = cuda and self.tuning.pipeline
         self._pipelined = default if config.pipeline is None else config.pipeline
         self.keep_logits = False  # keep every collected step's logits in step_logits (tests)
         self.step_logits: list[torch.Tensor] = []
@@ -129,21 +132,18 @@ class Engine:
             return self.config.fused
         import importlib.util
 
-        if os.environ.get("FGCHAT_FUSED") == "0":
-            return False
-
-        return importlib.util.find_spec("triton") is not None
+        return self.tuning.fused and importlib.util.find_spec("triton") is not None
 
     def _pick_attention(self, name: str):
         from fgchat.engine.attention import get_backend
 
         try:
-            backend = get_backend(name, self.device)
+            backend = get_backend(name, self.device, self.tuning)
         except FgchatError as exc:
             if name in ("auto", "torch"):
                 raise
             self.notes.append(f"{exc}; falling back to auto")
-            backend = get_backend("auto", self.device)
+            backend = get_backend("auto", self.device, self.tuning)
         return backend, backend.name
 
     def _init_graphs(self) -> None:
@@ -156,6 +156,10 @@ class Engine:
         self.runner = GraphRunner(self.program)
         self.unavailable.update(piecewise="", full="")
         if not self.config.lazy_capture:
+            try:
+                self.kernel_warmup_s = self.runner.warm_kernels(range(1, NUM_SLOTS + 1))
+            except RuntimeError as exc:  # the captures below meet the same failure and disable modes
+                self.notes.append(f"kernel warm-up failed: {str(exc).splitlines()[0][:160]}")
             for mode in ("piecewise", "full"):
                 self._capture_mode(mode)
 
@@ -211,6 +215,7 @@ class Engine:
             mode=self.mode,
             captures=list(self.runner.reports) if self.runner else [],
             notes=list(self.notes),
+            kernel_warmup_s=self.kernel_warmup_s,
         )
 
     @property

@@ -102,6 +102,8 @@ class EngineInfo:
     mode: Mode
     captures: list[CaptureReport] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    # seconds of the eager warm-up step per batch size before capture (Triton JIT on a cold cache)
+    kernel_warmup_s: float | None = None
 
 
 @dataclass

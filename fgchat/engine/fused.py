@@ -12,14 +12,17 @@ import triton
 import triton.language as tl
 
 from fgchat.engine.launch import fast
+from fgchat.engine.pdl import pdl_enter
 
 
 @triton.jit
 def _add_rms_norm_kernel(x_ptr, d_ptr, w_ptr, h_out_ptr, y_ptr, n_cols, eps,
-                         HAS_DELTA: tl.constexpr, BLOCK: tl.constexpr):
+                         HAS_DELTA: tl.constexpr, BLOCK: tl.constexpr, USE_PDL: tl.constexpr = False):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     m = cols < n_cols
+    w = tl.load(w_ptr + cols, mask=m, other=0.0).to(tl.float32)  # a weight: readable before the wait
+    pdl_enter(USE_PDL)
     x = tl.load(x_ptr + row * n_cols + cols, mask=m, other=0.0)
     if HAS_DELTA:
         d = tl.load(d_ptr + row * n_cols + cols, mask=m, other=0.0)
@@ -28,24 +31,25 @@ def _add_rms_norm_kernel(x_ptr, d_ptr, w_ptr, h_out_ptr, y_ptr, n_cols, eps,
     xf = x.to(tl.float32)
     var = tl.sum(xf * xf, axis=0) / n_cols
     y = (xf * (1.0 / tl.sqrt(var + eps))).to(y_ptr.dtype.element_ty).to(tl.float32)
-    w = tl.load(w_ptr + cols, mask=m, other=0.0).to(tl.float32)
     tl.store(y_ptr + row * n_cols + cols, (w * y).to(y_ptr.dtype.element_ty), mask=m)
 
 
-def add_rms_norm(h: torch.Tensor, delta: torch.Tensor | None, w: torch.Tensor, eps: float
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Returns (h + delta, rms_norm(h + delta) * w); with delta None, (h, rms_norm(h) * w)."""
+def add_rms_norm(h: torch.Tensor, delta: torch.Tensor | None, w: torch.Tensor, eps: float,
+                 pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Returns (h + delta, rms_norm(h + delta) * w); with delta None, (h, rms_norm(h) * w).
+    pdl: launch with programmatic dependent launch (see engine.pdl), as for every kernel here."""
     rows, n = h.shape
     y = torch.empty_like(h)
     h_out = torch.empty_like(h) if delta is not None else h
     fast(_add_rms_norm_kernel)[(rows,)](h, delta if delta is not None else h, w, h_out, y, n, eps,
                                         HAS_DELTA=delta is not None, BLOCK=triton.next_power_of_2(n),
-                                        num_warps=4 if n <= 4096 else 8)
+                                        USE_PDL=pdl, num_warps=4 if n <= 4096 else 8, launch_pdl=pdl)
     return h_out, y
 
 
 @triton.jit
-def _silu_mul_kernel(gu_ptr, out_ptr, inter, BLOCK: tl.constexpr):
+def _silu_mul_kernel(gu_ptr, out_ptr, inter, BLOCK: tl.constexpr, USE_PDL: tl.constexpr = False):
+    pdl_enter(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     m = cols < inter
@@ -55,21 +59,23 @@ def _silu_mul_kernel(gu_ptr, out_ptr, inter, BLOCK: tl.constexpr):
     tl.store(out_ptr + row * inter + cols, (s * u).to(out_ptr.dtype.element_ty), mask=m)
 
 
-def silu_mul(gu: torch.Tensor) -> torch.Tensor:
+def silu_mul(gu: torch.Tensor, pdl: bool = False) -> torch.Tensor:
     """gu: [N, 2I] rows gate | up -> silu(gate) * up, [N, I]."""
     rows, two_i = gu.shape
     inter = two_i // 2
     out = torch.empty((rows, inter), dtype=gu.dtype, device=gu.device)
     block = 1024
-    fast(_silu_mul_kernel)[(rows, triton.cdiv(inter, block))](gu, out, inter, BLOCK=block, num_warps=4)
+    fast(_silu_mul_kernel)[(rows, triton.cdiv(inter, block))](gu, out, inter, BLOCK=block, USE_PDL=pdl,
+                                                                   num_warps=4, launch_pdl=pdl)
     return out
 
 
 @triton.jit
 def _rope_kv_kernel(qkv_ptr, cos_ptr, sin_ptr, pos_ptr, slot_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr,
                     n_q_heads, n_kv_heads, stride_slot, stride_pos,
-                    HEAD_DIM: tl.constexpr):
+                    HEAD_DIM: tl.constexpr, USE_PDL: tl.constexpr = False):
     """Program (row, head): heads [0, Hq) are q, [Hq, Hq+Hkv) are k (+ their v is copied)."""
+    pdl_enter(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     half: tl.constexpr = HEAD_DIM // 2
@@ -105,7 +111,7 @@ def _rope_kv_kernel(qkv_ptr, cos_ptr, sin_ptr, pos_ptr, slot_ptr, q_out_ptr, k_c
 
 def rope_kv_write(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
                   slots: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                  n_q_heads: int, n_kv_heads: int, head_dim: int) -> torch.Tensor:
+                  n_q_heads: int, n_kv_heads: int, head_dim: int, pdl: bool = False) -> torch.Tensor:
     """RoPE on q and k of `qkv` [N, (Hq+2Hkv)*D]; k and v written to the cache at (slot, pos).
 
     Returns q [N, Hq, D]. Cache layout [slots, T, Hkv, D], contiguous.
@@ -114,6 +120,6 @@ def rope_kv_write(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, posit
     q = torch.empty((rows, n_q_heads, head_dim), dtype=qkv.dtype, device=qkv.device)
     fast(_rope_kv_kernel)[(rows, n_q_heads + n_kv_heads)](
         qkv, cos, sin, positions, slots, q, k_cache, v_cache, n_q_heads, n_kv_heads,
-        k_cache.stride(0), k_cache.stride(1), HEAD_DIM=head_dim, num_warps=1,
+        k_cache.stride(0), k_cache.stride(1), HEAD_DIM=head_dim, USE_PDL=pdl, num_warps=1, launch_pdl=pdl,
     )
     return q

@@ -70,6 +70,20 @@ class GraphRunner:
             g = self.capture(*key)
         return g
 
+    @torch.inference_mode()
+    def warm_kernels(self, batch_sizes: range) -> float:
+        """One eager step per batch size before any capture; returns its seconds.
+
+        This is where Triton compiles the step's kernels (only on a machine whose Triton cache
+        lacks them) and cuBLAS picks its kernels, so capture times measure capture alone.
+        """
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        self.stream.wait_stream(torch.cuda.current_stream())
+        for b in batch_sizes:
+            self._warmup(b, False)
+        return time.perf_counter() - t0
+
     def _warmup(self, b: int, do_sample: bool) -> None:
         """Run the step eagerly on the side stream: compiles kernels, creates cuBLAS handles."""
         with torch.cuda.stream(self.stream):

@@ -216,6 +216,8 @@ class LatencyPanel(VerticalScroll):
                 secs = sum(r.seconds for r in mine)
                 mib = sum(r.pool_mib for r in mine)
                 parts.append((f"\n {mode:<9} {len(mine)} sizes {secs:.2f} s {mib:.0f} MiB", MODE_STYLES[mode]))
+        if info.kernel_warmup_s is not None:
+            parts.append((f"\n kernels  warmed in {info.kernel_warmup_s:.2f} s", "$text-muted"))
         return Content.assemble(*parts)
 
     @staticmethod

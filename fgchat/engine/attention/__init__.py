@@ -13,6 +13,7 @@ import torch
 
 from fgchat.engine.attention.base import DecodeAttention
 from fgchat.engine.errors import FgchatError
+from fgchat.engine.tuning import Tuning
 
 BACKEND_NAMES: tuple[str, ...] = ("auto", "triton", "flash-attn", "torch")
 
@@ -24,14 +25,14 @@ def triton_available() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
-def get_backend(name: str, device: torch.device) -> DecodeAttention:
+def get_backend(name: str, device: torch.device, tuning: Tuning | None = None) -> DecodeAttention:
     """Build the named backend for `device`. Raises FgchatError (one line) when it cannot run."""
     if name not in BACKEND_NAMES:
         raise FgchatError(f"unknown attention backend '{name}' (choose {', '.join(BACKEND_NAMES)})")
     if name == "auto":
         if device.type == "cuda" and torch.cuda.is_available() and triton_available():
             try:
-                return get_backend("triton", device)
+                return get_backend("triton", device, tuning)
             except FgchatError:  # triton present but unusable (e.g. a broken install): use torch
                 pass
         name = "torch"
@@ -46,7 +47,8 @@ def get_backend(name: str, device: torch.device) -> DecodeAttention:
             from fgchat.engine.attention.triton_decode import TritonDecodeAttention
         except ImportError as exc:
             raise FgchatError(f"triton is not importable ({exc}); use --attention torch") from exc
-        return TritonDecodeAttention(device)
+        t = tuning or Tuning()
+        return TritonDecodeAttention(device, fuse_combine=t.fused_combine, pdl=t.pdl)
     from fgchat.engine.attention.flash import FlashAttnDecode
 
     return FlashAttnDecode(device)

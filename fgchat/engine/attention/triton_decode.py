@@ -21,7 +21,6 @@ Graph-safety invariants:
 from __future__ import annotations
 
 import functools
-import os
 from dataclasses import dataclass
 
 import torch
@@ -32,6 +31,8 @@ from torch import Tensor
 from fgchat.engine.attention.base import check_decode_shapes, plan_num_splits
 from fgchat.engine.errors import FgchatError
 from fgchat.engine.launch import fast
+from fgchat.engine.pdl import pdl_enter
+from fgchat.engine.pdl import supported as pdl_supported
 
 LOG2_E = 1.4426950408889634  # log2(e): exp(x) == exp2(x * LOG2_E)
 
@@ -55,7 +56,9 @@ def _split_kernel(
     FUSE_COMBINE: tl.constexpr = False,
     BLOCK_S: tl.constexpr = 2,
     ROPE: tl.constexpr = False,
+    USE_PDL: tl.constexpr = False,
 ):
+    pdl_enter(USE_PDL)
     lane = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -180,7 +183,9 @@ def _combine_kernel(
     stride_ob, stride_oh,
     HEAD_DIM: tl.constexpr,
     BLOCK_S: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
 ):
+    pdl_enter(USE_PDL)
     lane = tl.program_id(0)
     head = tl.program_id(1)
     offs_s = tl.arange(0, BLOCK_S)
@@ -229,17 +234,18 @@ class TritonDecodeAttention:
     name = "triton"
 
     def __init__(self, device: torch.device, config: KernelConfig | None = None,
-                 fuse_combine: bool | None = None) -> None:
-        """config=None uses DEFAULT_CONFIGS[head_dim]; a given config applies to every head dim."""
+                 fuse_combine: bool = False, pdl: bool = False) -> None:
+        """config=None uses DEFAULT_CONFIGS[head_dim]; a given config applies to every head dim.
+        fuse_combine: the last split merges the others instead of a separate combine kernel (the
+        separate kernel measured faster on the H200). pdl: programmatic dependent launch where
+        the device supports it (see engine.pdl)."""
         if device.type != "cuda" or not torch.cuda.is_available():
             raise FgchatError("the triton attention backend needs a CUDA device (use --attention torch)")
         index = device.index if device.index is not None else torch.cuda.current_device()
         self.sm_count = _sm_count(index)
         self._config = config
-        # The last split merges (FGCHAT_FUSED_COMBINE=1) or a separate combine kernel does (the
-        # default: the merge loop's serial tail cost more than the launch it saves on the H200).
-        self.fuse_combine = fuse_combine if fuse_combine is not None else (
-            os.environ.get("FGCHAT_FUSED_COMBINE") == "1")
+        self.fuse_combine = fuse_combine
+        self.pdl = pdl and pdl_supported(device)
         self._cnt: Tensor | None = None
 
     def _counters(self, batch: int, num_kv_heads: int, device: torch.device) -> Tensor:
@@ -346,8 +352,10 @@ class TritonDecodeAttention:
             ROPE=cos is not None,
             BLOCK_N=cfg.block_n,
             DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+            USE_PDL=self.pdl,
             num_warps=cfg.num_warps,
             num_stages=cfg.num_stages,
+            launch_pdl=self.pdl,
         )
         if self.fuse_combine:
             return
@@ -359,5 +367,7 @@ class TritonDecodeAttention:
             out.stride(0), out.stride(1),
             HEAD_DIM=head_dim,
             BLOCK_S=max(2, triton.next_power_of_2(splits)),
+            USE_PDL=self.pdl,
             num_warps=4 if head_dim * splits >= 4096 else 2,
+            launch_pdl=self.pdl,
         )

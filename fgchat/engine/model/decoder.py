@@ -7,7 +7,6 @@ the same kernels in the same order and stay bit-identical.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Callable
 
@@ -16,6 +15,7 @@ import torch.nn.functional as F
 
 from fgchat.engine.errors import ModelLoadError
 from fgchat.engine.model.config import ModelConfig, rope_inv_freq
+from fgchat.engine.tuning import Tuning
 
 
 @dataclass
@@ -144,24 +144,38 @@ class Decoder:
     """Holds weights, RoPE tables and the decode/prefill stages. No per-step host syncs."""
 
     def __init__(
-        self, cfg: ModelConfig, weights: DecoderWeights, max_context: int, fused: bool = False
+        self, cfg: ModelConfig, weights: DecoderWeights, max_context: int, fused: bool = False,
+        tuning: Tuning | None = None,
     ) -> None:
-        """fused=True runs decode stages with the Triton kernels of fgchat.engine.fused (CUDA)."""
+        """fused=True runs decode stages with the Triton kernels of fgchat.engine.fused (CUDA);
+        `tuning` picks among their variants (see engine.tuning)."""
         self.cfg = cfg
         self.fused = fused
+        t = tuning or Tuning()
         # set by the engine when its attention backend applies RoPE and writes K/V itself
         self.rope_in_attention = False
+        self.pdl = False
         if fused:
             from fgchat.engine import fused as fk
             from fgchat.engine import gemv
+            from fgchat.engine.pdl import supported
 
             self._fk = fk
-            own = os.environ.get("FGCHAT_GEMV", "1") != "0"  # off: cuBLAS for every projection
+            self.pdl = t.pdl and supported(weights.embed.device)
+            pdl = self.pdl
 
             def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-                return gemv.project(x, w) if own and gemv.wins_over_cublas(w) else F.linear(x, w)
+                if t.gemv and gemv.wins_over_cublas(w, t.gemv_max_elements) and x.shape[0] <= gemv.MAX_ROWS:
+                    return gemv.project(x, w, pdl=pdl)
+                return F.linear(x, w)
+
+            def lm_head(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+                if t.lm_head_gemv and x.shape[0] <= gemv.MAX_ROWS:
+                    return gemv.project(x, w, out_dtype=torch.float32, pdl=pdl)
+                return F.linear(x, w).float()
 
             self._linear = linear
+            self._lm_head = lm_head
         self.w = weights
         self.device = weights.embed.device
         self.dtype = weights.embed.dtype
@@ -191,14 +205,14 @@ class Decoder:
         """Norm, QKV, RoPE and the KV-cache write of the current token at (slot, position)."""
         c, lw = self.cfg, self.w.layers[i]
         if self.fused:
-            st.h, x = self._fk.add_rms_norm(st.h, st.delta, lw.attn_norm, c.rms_eps)
+            st.h, x = self._fk.add_rms_norm(st.h, st.delta, lw.attn_norm, c.rms_eps, self.pdl)
             st.delta = None
             qkv = F.linear(x, lw.wqkv, lw.bqkv) if lw.bqkv is not None else self._linear(x, lw.wqkv)
             if self.rope_in_attention:  # the attention call applies RoPE and writes K/V
                 st.qkv = qkv
                 return
             st.q = self._fk.rope_kv_write(qkv, self.cos, self.sin, positions, slot_ids, k_cache,
-                                          v_cache, c.num_heads, c.num_kv_heads, c.head_dim)
+                                          v_cache, c.num_heads, c.num_kv_heads, c.head_dim, self.pdl)
             return
         x = rms_norm(st.h, lw.attn_norm, c.rms_eps)
         qkv = F.linear(x, lw.wqkv, lw.bqkv)
@@ -216,8 +230,9 @@ class Decoder:
         c, lw = self.cfg, self.w.layers[i]
         if self.fused:
             o = self._linear(attn_out.view(attn_out.shape[0], -1), lw.wo)
-            st.h, x = self._fk.add_rms_norm(st.h, o, lw.mlp_norm, c.rms_eps)
-            st.delta = self._linear(self._fk.silu_mul(F.linear(x, lw.w_gate_up)), lw.w_down)
+            st.h, x = self._fk.add_rms_norm(st.h, o, lw.mlp_norm, c.rms_eps, self.pdl)
+            gu = self._linear(x, lw.w_gate_up)
+            st.delta = self._linear(self._fk.silu_mul(gu, self.pdl), lw.w_down)
             return
         h = st.h + F.linear(attn_out.view(attn_out.shape[0], -1), lw.wo)
         x = rms_norm(h, lw.mlp_norm, c.rms_eps)
@@ -227,10 +242,12 @@ class Decoder:
 
     def head(self, st: StepState) -> None:
         if self.fused:
-            st.h, x = self._fk.add_rms_norm(st.h, st.delta, self.w.final_norm, self.cfg.rms_eps)
+            st.h, x = self._fk.add_rms_norm(st.h, st.delta, self.w.final_norm, self.cfg.rms_eps,
+                                            self.pdl)
             st.delta = None
-        else:
-            x = rms_norm(st.h, self.w.final_norm, self.cfg.rms_eps)
+            st.logits = self._lm_head(x, self.w.lm_head)
+            return
+        x = rms_norm(st.h, self.w.final_norm, self.cfg.rms_eps)
         st.logits = F.linear(x, self.w.lm_head).float()
 
     # ---- prefill (one sequence, eager) ----

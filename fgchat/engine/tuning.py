@@ -1,0 +1,71 @@
+"""Switches of the decode step's kernel paths, read from the environment in one place.
+
+Every switch only picks between implementations that compute the same step; the defaults are the
+variants that measured fastest on the H200 (docs/notes/decode-step.md). No torch import: the UI
+process builds an EngineConfig (which holds a Tuning) without loading torch.
+
+Environment (read by `Tuning.from_env`, once per engine):
+  FGCHAT_FUSED=0              torch ops instead of the fused Triton kernels
+  FGCHAT_PIPELINE=0           read step n's tokens before launching step n+1
+  FGCHAT_GEMV=0               cuBLAS for every projection
+  FGCHAT_GEMV_MAX=<elements>  largest weight our projection kernel serves (default 2048*2048)
+  FGCHAT_LM_HEAD_GEMV=0       cuBLAS for the LM head
+  FGCHAT_ROPE_IN_ATTENTION=0  RoPE + K/V write as its own kernel
+  FGCHAT_FUSED_COMBINE=1      the last attention split merges the others
+  FGCHAT_PDL=0                no programmatic dependent launch between the Triton kernels
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+DEFAULT_GEMV_MAX = 2048 * 2048
+
+
+def _flag(name: str, default: bool) -> bool:
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    return raw.strip().lower() not in {"0", "off", "no", "false"}
+
+
+def _int(name: str, default: int) -> int:
+    raw = os.environ.get(name, "").strip()
+    try:
+        return int(float(raw)) if raw else default
+    except ValueError:
+        return default
+
+
+@dataclass(frozen=True)
+class Tuning:
+    fused: bool = True  # Triton kernels where CUDA + Triton exist
+    pipeline: bool = True  # on CUDA only
+    gemv: bool = True
+    gemv_max_elements: int = DEFAULT_GEMV_MAX
+    lm_head_gemv: bool = True
+    rope_in_attention: bool = True
+    fused_combine: bool = False
+    # Programmatic dependent launch (sm_90+): each Triton kernel of the step may start (and load
+    # weights) while the previous kernel drains; it waits for that kernel before reading its output.
+    pdl: bool = True
+
+    @classmethod
+    def from_env(cls) -> Tuning:
+        d = cls()
+        return cls(
+            fused=_flag("FGCHAT_FUSED", d.fused),
+            pipeline=_flag("FGCHAT_PIPELINE", d.pipeline),
+            gemv=_flag("FGCHAT_GEMV", d.gemv),
+            gemv_max_elements=_int("FGCHAT_GEMV_MAX", d.gemv_max_elements),
+            lm_head_gemv=_flag("FGCHAT_LM_HEAD_GEMV", d.lm_head_gemv),
+            rope_in_attention=_flag("FGCHAT_ROPE_IN_ATTENTION", d.rope_in_attention),
+            fused_combine=_flag("FGCHAT_FUSED_COMBINE", d.fused_combine),
+            pdl=_flag("FGCHAT_PDL", d.pdl),
+        )
+
+    def changed(self) -> dict[str, object]:
+        """The switches that differ from the defaults (recorded with benchmark results)."""
+        d = Tuning()
+        return {k: v for k, v in self.__dict__.items() if getattr(d, k) != v}

@@ -1,0 +1,79 @@
+"""Compile the decode step's Triton kernels for sm_90 without a GPU (catches frontend errors).
+
+Prints registers / shared memory per kernel variant. Usage: python scripts/compile_check.py
+"""
+
+from __future__ import annotations
+
+import re
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from fgchat.engine import fused, gemv
+from fgchat.engine.attention import triton_decode as td
+
+TARGET = GPUTarget("cuda", 90, 32)
+
+
+def build(fn, signature: dict, constexprs: dict, **options) -> None:
+    sig = dict(signature)
+    for name in constexprs:
+        sig[name] = "constexpr"
+    # pointers 16-byte aligned, as the launches specialise them
+    attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n, t in signature.items() if t.startswith("*")}
+    src = ASTSource(fn, sig, constexprs={(fn.arg_names.index(k),): v for k, v in constexprs.items()}, attrs=attrs)
+    k = triton.compile(src, target=TARGET, options=options)
+    asm = k.asm.get("ptx", "")
+    regs = re.findall(r"\.reg \.b32\s+%r<(\d+)>", asm)
+    print(f"{fn.__name__:22} pdl={constexprs.get('USE_PDL')!s:5} smem={k.metadata.shared:6} "
+          f"ptx b32 regs={regs[0] if regs else '?':>4} griddepcontrol={asm.count('griddepcontrol')} "
+          f"loads before the wait={_loads_before_wait(asm)}")
+
+
+def _loads_before_wait(ptx: str) -> str:
+    """Global loads (kind: count) issued before griddepcontrol.wait, the weights' prefetch."""
+    head = ptx.split("griddepcontrol.wait")[0] if "griddepcontrol.wait" in ptx else ""
+    kinds = re.findall(r"\b(ld\.global[\w.]*|cp\.async[\w.]*)", head)
+    return ",".join(f"{k}:{kinds.count(k)}" for k in sorted(set(kinds))) or "-"
+
+
+def main() -> None:
+    for pdl in (False, True):
+        build(gemv._proj_kernel, {"x_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*fp32", "M": "i32", "stride_y": "i32"},
+              dict(N=128256, K=2048, EVEN_K=True, EVEN_N=True, BLOCK_M=16, BLOCK_N=64, BLOCK_K=128,
+                   DOT_PRECISION="tf32", USE_PDL=pdl), num_warps=4, num_stages=4, launch_pdl=pdl)
+        build(gemv._proj_kernel, {"x_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16", "M": "i32", "stride_y": "i32"},
+              dict(N=960, K=576, EVEN_K=False, EVEN_N=True, BLOCK_M=16, BLOCK_N=16, BLOCK_K=128,
+                   DOT_PRECISION="tf32", USE_PDL=pdl), num_warps=4, num_stages=4, launch_pdl=pdl)
+        build(fused._add_rms_norm_kernel, {"x_ptr": "*bf16", "d_ptr": "*bf16", "w_ptr": "*bf16", "h_out_ptr": "*bf16",
+                                           "y_ptr": "*bf16", "n_cols": "i32", "eps": "fp32"},
+              dict(HAS_DELTA=True, BLOCK=2048, USE_PDL=pdl), num_warps=4, launch_pdl=pdl)
+        build(fused._silu_mul_kernel, {"gu_ptr": "*bf16", "out_ptr": "*bf16", "inter": "i32"},
+              dict(BLOCK=1024, USE_PDL=pdl), num_warps=4, launch_pdl=pdl)
+        build(fused._rope_kv_kernel, {"qkv_ptr": "*bf16", "cos_ptr": "*bf16", "sin_ptr": "*bf16", "pos_ptr": "*i64",
+                                      "slot_ptr": "*i64", "q_out_ptr": "*bf16", "k_cache_ptr": "*bf16",
+                                      "v_cache_ptr": "*bf16", "n_q_heads": "i32", "n_kv_heads": "i32",
+                                      "stride_slot": "i32", "stride_pos": "i32"},
+              dict(HEAD_DIM=64, USE_PDL=pdl), num_warps=1, launch_pdl=pdl)
+        split_sig = {n: "i32" for n in td._split_kernel.arg_names}
+        for n in ("q_ptr", "k_ptr", "v_ptr", "cos_ptr", "sin_ptr", "out_ptr"):
+            split_sig[n] = "*bf16"
+        for n in ("part_ptr", "lse_ptr"):
+            split_sig[n] = "*fp32"
+        split_sig.update(slot_ptr="*i32", len_ptr="*i32", cnt_ptr="*i32", qk_scale="fp32")
+        consts = dict(HEAD_DIM=64, BLOCK_G=16, BLOCK_N=64, DOT_PRECISION="tf32", FUSE_COMBINE=False, BLOCK_S=32,
+                      ROPE=True, USE_PDL=pdl)
+        for c in consts:
+            split_sig.pop(c)
+        build(td._split_kernel, split_sig, consts, num_warps=4, num_stages=3, launch_pdl=pdl)
+        comb_sig = {n: "i32" for n in td._combine_kernel.arg_names}
+        comb_sig.update(part_ptr="*fp32", lse_ptr="*fp32", out_ptr="*bf16")
+        for c in ("HEAD_DIM", "BLOCK_S", "USE_PDL"):
+            comb_sig.pop(c)
+        build(td._combine_kernel, comb_sig, dict(HEAD_DIM=64, BLOCK_S=32, USE_PDL=pdl), num_warps=2, launch_pdl=pdl)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,28 @@
+"""Kernel-path switches read from the environment in one place."""
+
+from __future__ import annotations
+
+from fgchat.engine.tuning import DEFAULT_GEMV_MAX, Tuning
+
+
+def test_defaults_without_environment(monkeypatch):
+    for name in ("FGCHAT_FUSED", "FGCHAT_PDL", "FGCHAT_GEMV_MAX", "FGCHAT_FUSED_COMBINE"):
+        monkeypatch.delenv(name, raising=False)
+    t = Tuning.from_env()
+    assert t == Tuning() and t.pdl and t.gemv_max_elements == DEFAULT_GEMV_MAX and not t.fused_combine
+    assert t.changed() == {}
+
+
+def test_environment_switches_and_changed(monkeypatch):
+    monkeypatch.setenv("FGCHAT_PDL", "0")
+    monkeypatch.setenv("FGCHAT_FUSED_COMBINE", "1")
+    monkeypatch.setenv("FGCHAT_GEMV_MAX", "1e9")
+    monkeypatch.setenv("FGCHAT_PIPELINE", "off")
+    t = Tuning.from_env()
+    assert not t.pdl and t.fused_combine and not t.pipeline and t.gemv_max_elements == 10**9
+    assert t.changed() == {"pdl": False, "fused_combine": True, "pipeline": False, "gemv_max_elements": 10**9}
+
+
+def test_unparsable_number_keeps_the_default(monkeypatch):
+    monkeypatch.setenv("FGCHAT_GEMV_MAX", "lots")
+    assert Tuning.from_env().gemv_max_elements == DEFAULT_GEMV_MAX
