@@ -3,7 +3,8 @@
 Each variant runs 50 times inside one CUDA graph (launch overhead excluded); prints us per call
 and effective weight bandwidth. Usage: python scripts/bench_proj.py [--sweep] [--pdl]
 --pdl adds our kernel launched with programmatic dependent launch (each call may start loading
-its weights while the previous call drains), the way the decode step launches it.
+its weights while the previous call drains), the way the decode step launches it, and for the
+projections that feed a norm (o, down) the split-K variants (partial sums) with PDL.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from fgchat.engine.gemv import ProjConfig, project, wins_over_cublas
+from fgchat.engine.gemv import ProjConfig, pick_split, project, project_partials, wins_over_cublas
 
 REPS = 50
 # name -> (N, K, kind); every variant is the plain product x @ w^T at that shape (gate_up: both halves)
@@ -61,7 +62,9 @@ def variants(m: int, n: int, k: int):
     x = torch.randn(m, k, device="cuda").bfloat16()
     w = (torch.randn(n, k, device="cuda") * 0.02).bfloat16()  # gate_up: both halves, N = 2 * I
 
-    def ours(cfg: ProjConfig | None = None, pdl: bool = False):
+    def ours(cfg: ProjConfig | None = None, pdl: bool = False, split: int = 1):
+        if split > 1:
+            return lambda: project_partials(x, w, split, cfg, pdl=pdl)
         return lambda: project(x, w, cfg, pdl=pdl)
 
     return w.numel() * 2, lambda: F.linear(x, w), ours
@@ -79,6 +82,17 @@ def main() -> None:
             t_ours = graph_time_us(ours())
             t_pdl = graph_time_us(ours(pdl=True)) if pdl else float("nan")
             best = ""
+            if pdl and name in ("o", "down"):
+                sms = torch.cuda.get_device_properties(0).multi_processor_count
+                picked = pick_split(n, k, sms)
+                cells = []
+                for split in sorted({2, 3, 4, picked}):
+                    try:
+                        cells.append(f"split{split}{'*' if split == picked else ''} "
+                                     f"{graph_time_us(ours(pdl=True, split=split)):.1f}")
+                    except ValueError:
+                        pass
+                best = " ".join(cells)
             if sweep and m == 1 and model == "1b" and name != "o":
                 res = []
                 for bn, bk, nw, st in SWEEP:

@@ -41,15 +41,24 @@ def _loads_before_wait(ptx: str) -> str:
 
 def main() -> None:
     for pdl in (False, True):
-        build(gemv._proj_kernel, {"x_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*fp32", "M": "i32", "stride_y": "i32"},
+        proj = {"x_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*fp32", "M": "i32", "stride_y": "i32",
+                "stride_split": "i32", "pmax_ptr": "*fp32", "pidx_ptr": "*i32", "stride_p": "i32"}
+        build(gemv._proj_kernel, proj,
               dict(N=128256, K=2048, EVEN_K=True, EVEN_N=True, BLOCK_M=16, BLOCK_N=64, BLOCK_K=128,
-                   DOT_PRECISION="tf32", USE_PDL=pdl), num_warps=4, num_stages=4, launch_pdl=pdl)
-        build(gemv._proj_kernel, {"x_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16", "M": "i32", "stride_y": "i32"},
+                   DOT_PRECISION="tf32", USE_PDL=pdl, SPLIT_K=1, ARGMAX=True), num_warps=4, num_stages=4,
+              launch_pdl=pdl)
+        build(gemv._argmax_finish_kernel, {"pmax_ptr": "*fp32", "pidx_ptr": "*i32", "out_ptr": "*i64", "P": "i32",
+                                           "stride_p": "i32"}, dict(BLOCK_P=2048, USE_PDL=pdl), num_warps=4,
+              launch_pdl=pdl)
+        build(gemv._proj_kernel, proj,
+              dict(N=2048, K=8192, EVEN_K=True, EVEN_N=True, BLOCK_M=16, BLOCK_N=16, BLOCK_K=512,
+                   DOT_PRECISION="tf32", USE_PDL=pdl, SPLIT_K=4), num_warps=4, num_stages=4, launch_pdl=pdl)
+        build(gemv._proj_kernel, dict(proj, y_ptr="*bf16"),
               dict(N=960, K=576, EVEN_K=False, EVEN_N=True, BLOCK_M=16, BLOCK_N=16, BLOCK_K=128,
-                   DOT_PRECISION="tf32", USE_PDL=pdl), num_warps=4, num_stages=4, launch_pdl=pdl)
+                   DOT_PRECISION="tf32", USE_PDL=pdl, SPLIT_K=1), num_warps=4, num_stages=4, launch_pdl=pdl)
         build(fused._add_rms_norm_kernel, {"x_ptr": "*bf16", "d_ptr": "*bf16", "w_ptr": "*bf16", "h_out_ptr": "*bf16",
-                                           "y_ptr": "*bf16", "n_cols": "i32", "eps": "fp32"},
-              dict(HAS_DELTA=True, BLOCK=2048, USE_PDL=pdl), num_warps=4, launch_pdl=pdl)
+                                           "y_ptr": "*bf16", "n_cols": "i32", "eps": "fp32", "stride_part": "i32"},
+              dict(HAS_DELTA=True, BLOCK=2048, USE_PDL=pdl, PARTS=4), num_warps=4, launch_pdl=pdl)
         build(fused._silu_mul_kernel, {"gu_ptr": "*bf16", "out_ptr": "*bf16", "inter": "i32"},
               dict(BLOCK=1024, USE_PDL=pdl), num_warps=4, launch_pdl=pdl)
         build(fused._rope_kv_kernel, {"qkv_ptr": "*bf16", "cos_ptr": "*bf16", "sin_ptr": "*bf16", "pos_ptr": "*i64",
@@ -57,6 +66,9 @@ def main() -> None:
                                       "v_cache_ptr": "*bf16", "n_q_heads": "i32", "n_kv_heads": "i32",
                                       "stride_slot": "i32", "stride_pos": "i32"},
               dict(HEAD_DIM=64, USE_PDL=pdl), num_warps=1, launch_pdl=pdl)
+        build(fused._step_inputs_kernel, {"ids_ptr": "*i64", "pos_ptr": "*i64", "slot_ptr": "*i64", "embed_ptr": "*bf16",
+                                          "h_ptr": "*bf16", "len_ptr": "*i32", "slot32_ptr": "*i32"},
+              dict(hidden=2048, BLOCK=2048), num_warps=4)
         split_sig = {n: "i32" for n in td._split_kernel.arg_names}
         for n in ("q_ptr", "k_ptr", "v_ptr", "cos_ptr", "sin_ptr", "out_ptr"):
             split_sig[n] = "*bf16"

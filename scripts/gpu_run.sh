@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One H200 call: GPU tests and the model benchmarks. Results land in $OUT.
-# Usage (device tool, carry .whl): FGCHAT_COMMIT=<sha> bash scripts/gpu_run.sh [tests|bench|more|tui|peers|all|probe|run3|run4|final3|pdl]
+# Usage (device tool, carry .whl): FGCHAT_COMMIT=<sha> bash scripts/gpu_run.sh [tests|bench|more|tui|peers|all|probe|run3|run4|final3|pdl|split]
 # final3 is the run behind the README table; probe/run3/run4 produced docs/bench/h200-probe, -run3 and the notes.
 set -u -o pipefail
 export PYTHONUNBUFFERED=1
@@ -116,6 +116,24 @@ if [[ $what == pdl ]]; then
     tests/test_gpu_fused.py tests/test_gpu_graphs.py tests/test_gpu_prefill.py -q --timeout 100 -W ignore 2>&1 \
     | tee -a "$OUT/run.log" | tail -15
   timeout 40 python3 scripts/profile_host.py 2>&1 | tee -a "$OUT/run.log" | head -45
+  timeout 80 python3 scripts/bench_proj.py --pdl 2>&1 | tee -a "$OUT/run.log"
+fi
+if [[ $what == split ]]; then
+  export BENCH_TIMEOUT=80
+  timeout 170 python3 -m pytest -p no:cacheprovider -m gpu tests/test_gpu_pdl.py tests/test_attention.py tests/test_launch.py \
+    tests/test_gpu_fused.py tests/test_gpu_graphs.py tests/test_gpu_prefill.py -q --timeout 100 -W ignore 2>&1 \
+    | tee -a "$OUT/run.log" | tail -15
+  bench llama-3.2-1b --preset llama-3.2-1b --random-weights --batch-sizes 1,8 --repeats 2
+  FGCHAT_SPLIT_K=0 bench 1b-no-split --preset llama-3.2-1b --random-weights --batch-sizes 1,8 --repeats 2 --modes full
+  FGCHAT_GEMV_MAX_SPLIT=1e12 bench 1b-split-down --preset llama-3.2-1b --random-weights --batch-sizes 1,8 --repeats 2 \
+    --modes full
+  FGCHAT_PDL_AFTER_LIBRARY=1 bench 1b-pdl-all --preset llama-3.2-1b --random-weights --batch-sizes 1 --repeats 2 --modes full
+  FGCHAT_PDL=0 bench 1b-no-pdl --preset llama-3.2-1b --random-weights --batch-sizes 1 --repeats 2 --modes full
+  bench smollm2-135m --preset smollm2-135m --random-weights --batch-sizes 1,8 --repeats 2 --modes full
+  bench llama-3.1-8b --preset llama-3.1-8b --random-weights --batch-sizes 1 --repeats 2 --modes full
+  FGCHAT_PDL_AFTER_LIBRARY=1 bench 8b-pdl-all --preset llama-3.1-8b --random-weights --batch-sizes 1 --repeats 2 --modes full
+  FGCHAT_GEMV_MAX_SPLIT=1e12 bench 8b-split --preset llama-3.1-8b --random-weights --batch-sizes 1 --repeats 2 --modes full
+  FGCHAT_PDL=0 bench 8b-no-pdl --preset llama-3.1-8b --random-weights --batch-sizes 1 --repeats 2 --modes full
   timeout 80 python3 scripts/bench_proj.py --pdl 2>&1 | tee -a "$OUT/run.log"
 fi
 if [[ $what == peers || $what == all ]]; then

@@ -15,7 +15,14 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # read when triton loads and kernels are decorated
 pytest.importorskip("triton")
 
-from fgchat.engine.gemv import ProjConfig, pick_config, project, wins_over_cublas  # noqa: E402
+from fgchat.engine.gemv import (  # noqa: E402
+    ProjConfig,
+    pick_config,
+    pick_split,
+    project,
+    project_partials,
+    wins_over_cublas,
+)
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -76,6 +83,7 @@ def test_fused_decoder_step_matches_unfused(tiny_model_dirs, family):
         ref_logits, ref_k = ref.logits.clone(), [k.clone() for k in eng.cache.k]
         out = fused.run_eager(b, do_sample=False)
         torch.testing.assert_close(out.logits, ref_logits, rtol=1e-4, atol=1e-4)
+        assert torch.equal(out.tokens, ref.tokens)  # the LM head kernel's own greedy pick
         for k, rk in zip(eng.cache.k, ref_k):
             torch.testing.assert_close(k, rk, rtol=1e-5, atol=1e-5)
 
@@ -86,3 +94,65 @@ def test_float32_output_holds_the_input_dtype_rounding():
     y = project(x16, w16, ProjConfig(16, 64), out_dtype=torch.float32)
     assert y.dtype == torch.float32
     assert torch.equal(y, project(x16, w16, ProjConfig(16, 64)).float())
+
+
+@pytest.mark.parametrize("split", [2, 4])
+def test_split_k_slabs_are_the_products_of_their_k_slices(split):
+    x, w = _inputs(3, 48, 256, split)
+    parts = project_partials(x, w, split, ProjConfig(16, 64))
+    assert parts.shape == (split, 3, 48) and parts.dtype == torch.float32
+    cut = 256 // split
+    for s in range(split):
+        sl = slice(s * cut, (s + 1) * cut)
+        torch.testing.assert_close(parts[s], F.linear(x[:, sl], w[:, sl]), rtol=1e-5, atol=1e-5)
+
+
+def test_split_k_rejects_slices_of_partial_tiles():
+    x, w = _inputs(2, 32, 192, 0)
+    with pytest.raises(ValueError, match="whole"):
+        project_partials(x, w, 2, ProjConfig(16, 64))  # 96-wide slices of 64-wide tiles
+
+
+def test_norm_adds_partial_sums_in_slab_order():
+    from fgchat.engine.fused import add_rms_norm
+
+    g = torch.Generator().manual_seed(8)
+    h = torch.randn(3, 64, generator=g).half()
+    parts = torch.randn(3, 3, 64, generator=g)
+    w = torch.rand(64, generator=g).half() + 0.5
+    got_h, got_y = add_rms_norm(h, parts, w, 1e-5)
+    delta = ((parts[0] + parts[1]) + parts[2]).half()  # the projection's own rounding
+    want_h, want_y = add_rms_norm(h, delta, w, 1e-5)
+    assert torch.equal(got_h, want_h) and torch.equal(got_y, want_y)
+
+
+def test_split_depends_on_shape_and_sm_count_only():
+    assert pick_split(2048, 2048, 132) == 4  # Llama-3.2-1B o: 128 column tiles -> 512 programs
+    assert pick_split(2048, 8192, 132) == 4  # its down projection
+    assert pick_split(576, 1536, 132) == 3  # SmolLM2 down: three 512-wide slices
+    assert pick_split(576, 576, 132) == 1  # too short to cut
+    assert pick_split(16384, 2048, 132) == 1  # enough column tiles already
+
+
+def test_lm_head_argmax_is_torch_argmax_with_ties():
+    from fgchat.engine.gemv import project_argmax
+
+    x, w = _inputs(4, 200, 64, 3)
+    w[150] = w[37]  # column 150 duplicates 37: equal logits, the first must win
+    w[199] = w[37]
+    x[2] = 0.0  # an all-zero row: every logit ties at 0, index 0 wins
+    logits, tokens = project_argmax(x, w, ProjConfig(16, 64))
+    assert torch.equal(logits, project(x, w, ProjConfig(16, 64), out_dtype=torch.float32))
+    assert torch.equal(tokens, torch.argmax(logits, dim=-1))
+    assert tokens[2].item() == 0
+
+
+def test_step_inputs_kernel():
+    from fgchat.engine.fused import step_inputs
+
+    g = torch.Generator().manual_seed(2)
+    embed = torch.randn(50, 40, generator=g)
+    ids, pos, slots = torch.tensor([3, 49, 0]), torch.tensor([0, 7, 100]), torch.tensor([2, 0, 5])
+    lens, slots32 = torch.zeros(3, dtype=torch.int32), torch.zeros(3, dtype=torch.int32)
+    h = step_inputs(ids, pos, slots, embed, lens, slots32)
+    assert torch.equal(h, embed[ids]) and lens.tolist() == [1, 8, 101] and slots32.tolist() == [2, 0, 5]

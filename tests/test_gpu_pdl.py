@@ -21,13 +21,15 @@ def _chain(h: torch.Tensor, norms: list[torch.Tensor], ws: list[torch.Tensor], p
     """norm -> projection -> silu-mul -> projection, LAYERS times: every kernel reads its
     predecessor's output, so a launch that ran ahead of its wait would read stale memory."""
     from fgchat.engine.fused import add_rms_norm, silu_mul
-    from fgchat.engine.gemv import project
+    from fgchat.engine.gemv import project, project_partials
 
     delta = None
     for i in range(LAYERS):
         h, x = add_rms_norm(h, delta, norms[i], 1e-5, pdl)
         gu = project(x, ws[2 * i], pdl=pdl)
-        delta = project(silu_mul(gu, pdl), ws[2 * i + 1], pdl=pdl)
+        act = silu_mul(gu, pdl)
+        # odd layers: split-K partial sums, added by the next norm
+        delta = project_partials(act, ws[2 * i + 1], 2, pdl=pdl) if i % 2 else project(act, ws[2 * i + 1], pdl=pdl)
     return add_rms_norm(h, delta, norms[0], 1e-5, pdl)[1]
 
 
@@ -67,6 +69,25 @@ def test_pdl_chain_in_a_graph_matches_plain_launches(rows):
         assert torch.equal(_chain(inp.clone(), norms, ws, True), want), rep  # eager PDL launches
 
 
+@pytest.mark.parametrize("n,k", [(2048, 2048), (2048, 8192), (4096, 14336), (576, 1536)])
+def test_split_k_projection_close_to_cublas(n, k):
+    from fgchat.engine.gemv import pick_split, project_partials
+
+    split = pick_split(n, k, torch.cuda.get_device_properties(0).multi_processor_count)
+    assert split > 1
+    g = torch.Generator(device="cuda").manual_seed(n + k)
+    x = torch.randn(8, k, device="cuda", generator=g).bfloat16()
+    w = (torch.randn(n, k, device="cuda", generator=g) * k**-0.5).bfloat16()
+    parts = project_partials(x, w, split, pdl=True)
+    total = parts[0]
+    for p in parts[1:]:
+        total = total + p
+    got, ref = total.bfloat16().float(), F.linear(x, w).float()
+    ulp = torch.finfo(torch.bfloat16).eps * ref.abs().clamp_min(1e-3)
+    assert ((got - ref).abs() <= ulp * 1.01).all()
+    assert (got != ref).float().mean().item() < 0.05
+
+
 def test_lm_head_kernel_float32_logits_close_to_cublas():
     from fgchat.engine.gemv import project
 
@@ -79,6 +100,20 @@ def test_lm_head_kernel_float32_logits_close_to_cublas():
     ulp = torch.finfo(torch.bfloat16).eps * ref.abs().clamp_min(1e-3)
     assert ((got - ref).abs() <= ulp * 1.01).all()  # accumulation order moves a value one ulp at most
     assert (got != ref).float().mean().item() < 0.05
+
+
+@pytest.mark.parametrize("vocab", [128256, 49152])
+def test_lm_head_greedy_pick_is_torch_argmax(vocab):
+    from fgchat.engine.gemv import project_argmax
+
+    g = torch.Generator(device="cuda").manual_seed(vocab)
+    x = torch.randn(8, 2048, device="cuda", generator=g).bfloat16()
+    w = (torch.randn(vocab, 2048, device="cuda", generator=g) * 0.02).bfloat16()
+    w[vocab - 1] = w[1000]  # a tie across programs: the first index must win
+    x[3] = 0.0  # a row of ties only
+    logits, tokens = project_argmax(x, w, pdl=True)
+    assert torch.equal(tokens, torch.argmax(logits, dim=-1))
+    assert tokens[3].item() == 0
 
 
 def test_engine_with_pdl_same_bits_as_without(tmp_path):

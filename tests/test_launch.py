@@ -396,9 +396,9 @@ def test_gpu_second_call_is_fast():
     h = torch.randn(2, 1024, device="cuda", dtype=torch.bfloat16)
     w = torch.ones(1024, device="cuda", dtype=torch.bfloat16)
     y1, y2 = torch.empty_like(h), torch.empty_like(h)
-    k1 = la[(2,)](h, h, w, h, y1, 1024, 1e-5, HAS_DELTA=False, BLOCK=1024, num_warps=4)
+    k1 = la[(2,)](h, h, w, h, y1, 1024, 1e-5, 0, HAS_DELTA=False, BLOCK=1024, num_warps=4)
     assert (la.misses, la.fast_launches, la.plain_launches) == (1, 0, 1)
-    k2 = la[(2,)](h, h, w, h, y2, 1024, 1e-5, HAS_DELTA=False, BLOCK=1024, num_warps=4)
+    k2 = la[(2,)](h, h, w, h, y2, 1024, 1e-5, 0, HAS_DELTA=False, BLOCK=1024, num_warps=4)
     assert (la.misses, la.fast_launches, la.plain_launches) == (1, 1, 1)
     assert k1 is k2
     torch.cuda.synchronize()

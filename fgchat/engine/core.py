@@ -74,10 +74,12 @@ class Engine:
                                self.tuning)
         self.bufs = StepBuffers(self.device, self.cfg.num_heads, self.cfg.head_dim, self.dtype)
         self.attention, self.attention_name = self._pick_attention(config.attention)
-        self.decoder.rope_in_attention = (
-            self.decoder.fused and hasattr(self.attention, "decode_with_rope")
-            and self.tuning.rope_in_attention
+        entry_pdl = self.decoder.bind_attention(
+            rope_in_attention=hasattr(self.attention, "decode_with_rope") and self.tuning.rope_in_attention,
+            attention_is_triton=self.attention_name == "triton",
         )
+        if hasattr(self.attention, "pdl_entry"):
+            self.attention.pdl_entry = entry_pdl and self.attention.pdl
         self.program = StepProgram(self.decoder, self.cache, self.bufs, self.attention)
         self.scheduler = Scheduler()
         self.unavailable: dict[str, str] = {"eager": ""}

@@ -16,8 +16,11 @@ from fgchat.engine.pdl import pdl_enter
 
 
 @triton.jit
-def _add_rms_norm_kernel(x_ptr, d_ptr, w_ptr, h_out_ptr, y_ptr, n_cols, eps,
-                         HAS_DELTA: tl.constexpr, BLOCK: tl.constexpr, USE_PDL: tl.constexpr = False):
+def _add_rms_norm_kernel(x_ptr, d_ptr, w_ptr, h_out_ptr, y_ptr, n_cols, eps, stride_part,
+                         HAS_DELTA: tl.constexpr, BLOCK: tl.constexpr, USE_PDL: tl.constexpr = False,
+                         PARTS: tl.constexpr = 1):
+    """PARTS > 1: the delta is PARTS float32 partial sums (slabs stride_part apart) of a split-K
+    projection, added in slab order and rounded to h's dtype as the projection would round."""
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     m = cols < n_cols
@@ -25,8 +28,14 @@ def _add_rms_norm_kernel(x_ptr, d_ptr, w_ptr, h_out_ptr, y_ptr, n_cols, eps,
     pdl_enter(USE_PDL)
     x = tl.load(x_ptr + row * n_cols + cols, mask=m, other=0.0)
     if HAS_DELTA:
-        d = tl.load(d_ptr + row * n_cols + cols, mask=m, other=0.0)
-        x = (x.to(tl.float32) + d.to(tl.float32)).to(h_out_ptr.dtype.element_ty)
+        if PARTS == 1:
+            d = tl.load(d_ptr + row * n_cols + cols, mask=m, other=0.0).to(tl.float32)
+        else:
+            d = tl.load(d_ptr + row * n_cols + cols, mask=m, other=0.0)
+            for p in tl.static_range(1, PARTS):
+                d += tl.load(d_ptr + p * stride_part + row * n_cols + cols, mask=m, other=0.0)
+            d = d.to(h_out_ptr.dtype.element_ty).to(tl.float32)
+        x = (x.to(tl.float32) + d).to(h_out_ptr.dtype.element_ty)
         tl.store(h_out_ptr + row * n_cols + cols, x, mask=m)
     xf = x.to(tl.float32)
     var = tl.sum(xf * xf, axis=0) / n_cols
@@ -37,13 +46,19 @@ def _add_rms_norm_kernel(x_ptr, d_ptr, w_ptr, h_out_ptr, y_ptr, n_cols, eps,
 def add_rms_norm(h: torch.Tensor, delta: torch.Tensor | None, w: torch.Tensor, eps: float,
                  pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Returns (h + delta, rms_norm(h + delta) * w); with delta None, (h, rms_norm(h) * w).
+    delta [S, rows, n] float32: partial sums of a split-K projection (gemv.project_partials).
     pdl: launch with programmatic dependent launch (see engine.pdl), as for every kernel here."""
     rows, n = h.shape
     y = torch.empty_like(h)
     h_out = torch.empty_like(h) if delta is not None else h
+    parts = delta.shape[0] if delta is not None and delta.dim() == 3 else 1
+    if parts > 1 and (delta.shape[1:] != h.shape or delta.dtype != torch.float32 or not delta.is_contiguous()):
+        raise ValueError("partial sums must be contiguous float32 [S, rows, n]")
     fast(_add_rms_norm_kernel)[(rows,)](h, delta if delta is not None else h, w, h_out, y, n, eps,
+                                        rows * n if parts > 1 else 0,
                                         HAS_DELTA=delta is not None, BLOCK=triton.next_power_of_2(n),
-                                        USE_PDL=pdl, num_warps=4 if n <= 4096 else 8, launch_pdl=pdl)
+                                        USE_PDL=pdl, PARTS=parts,
+                                        num_warps=4 if n <= 4096 else 8, launch_pdl=pdl)
     return h_out, y
 
 
@@ -123,3 +138,28 @@ def rope_kv_write(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, posit
         k_cache.stride(0), k_cache.stride(1), HEAD_DIM=head_dim, USE_PDL=pdl, num_warps=1, launch_pdl=pdl,
     )
     return q
+
+
+@triton.jit
+def _step_inputs_kernel(ids_ptr, pos_ptr, slot_ptr, embed_ptr, h_ptr, len_ptr, slot32_ptr,
+                        hidden: tl.constexpr, BLOCK: tl.constexpr):
+    """Lane b: attention's int32 inputs (seq_len = position + 1, slot) and the token's embedding row."""
+    b = tl.program_id(0)
+    tok = tl.load(ids_ptr + b).to(tl.int64)
+    tl.store(len_ptr + b, (tl.load(pos_ptr + b) + 1).to(tl.int32))
+    tl.store(slot32_ptr + b, tl.load(slot_ptr + b).to(tl.int32))
+    for c0 in range(0, hidden, BLOCK):
+        cols = c0 + tl.arange(0, BLOCK)
+        m = cols < hidden
+        tl.store(h_ptr + b * hidden + cols, tl.load(embed_ptr + tok * hidden + cols, mask=m), mask=m)
+
+
+def step_inputs(ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, embed: torch.Tensor,
+                seq_lens: torch.Tensor, slots32: torch.Tensor) -> torch.Tensor:
+    """One launch for the step's inputs: writes seq_lens (positions + 1) and slots32 (int32) in
+    place and returns the embeddings h [B, H] of `ids` (int64 ids, positions, slots [B])."""
+    b, hidden = ids.shape[0], embed.shape[1]
+    h = torch.empty((b, hidden), dtype=embed.dtype, device=embed.device)
+    fast(_step_inputs_kernel)[(b,)](ids, positions, slots, embed, h, seq_lens, slots32, hidden=hidden,
+                                    BLOCK=min(4096, triton.next_power_of_2(hidden)), num_warps=4)
+    return h

@@ -27,47 +27,80 @@ MAX_WEIGHT_ELEMENTS = 2048 * 2048
 
 @triton.jit
 def _proj_kernel(
-    x_ptr, w_ptr, y_ptr, M, stride_y,
+    x_ptr, w_ptr, y_ptr, M, stride_y, stride_split,
+    pmax_ptr, pidx_ptr, stride_p,  # ARGMAX outputs (None without)
     N: tl.constexpr, K: tl.constexpr,
     EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     DOT_PRECISION: tl.constexpr, USE_PDL: tl.constexpr = False,
+    SPLIT_K: tl.constexpr = 1, ARGMAX: tl.constexpr = False,
 ):
+    """Program (pid, ks) owns columns [pid*BLOCK_N, +BLOCK_N) over K slice ks of SPLIT_K. With
+    SPLIT_K > 1 it stores its float32 partial sum in slab ks of y [SPLIT_K, M, N] (the consumer
+    adds the slabs in order); else the sum rounded to x's dtype, stored in y's dtype. ARGMAX
+    (SPLIT_K == 1): also the maximum of each row's stored values over the program's columns and
+    its first column, at [row, pid] of pmax / pidx (finished by _argmax_finish_kernel)."""
     pid = tl.program_id(0)
+    K_PART: tl.constexpr = K // SPLIT_K
+    k_base = tl.program_id(1) * K_PART
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k0 = tl.arange(0, BLOCK_K)
     m_mask = offs_m < M
     n_mask = offs_n < N
-    w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * K
+    w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * K + k_base
+    x_rows = x_ptr + offs_m[:, None] * K + k_base
     # The first weight tile is loaded before waiting on the previous kernel (weights are never
     # written by a kernel); the K loop below starts at the second tile, so the sum's order is the
     # same with and without PDL: tile 0, tile 1, ...
     if EVEN_K and EVEN_N:
         w = tl.load(w_rows + offs_k0[None, :])
     else:
-        w = tl.load(w_rows + offs_k0[None, :], mask=n_mask[:, None] & (offs_k0[None, :] < K), other=0.0)
+        w = tl.load(w_rows + offs_k0[None, :], mask=n_mask[:, None] & (offs_k0[None, :] < K_PART), other=0.0)
     pdl_enter(USE_PDL)
-    x = tl.load(x_ptr + offs_m[:, None] * K + offs_k0[None, :], mask=m_mask[:, None] & (offs_k0[None, :] < K),
-                other=0.0)
+    x = tl.load(x_rows + offs_k0[None, :], mask=m_mask[:, None] & (offs_k0[None, :] < K_PART), other=0.0)
     acc = tl.dot(x, tl.trans(w), input_precision=DOT_PRECISION)
-    for k0 in range(BLOCK_K, K, BLOCK_K):
+    for k0 in range(BLOCK_K, K_PART, BLOCK_K):
         offs_k = k0 + offs_k0
         if EVEN_K:
-            x = tl.load(x_ptr + offs_m[:, None] * K + offs_k[None, :], mask=m_mask[:, None], other=0.0)
+            x = tl.load(x_rows + offs_k[None, :], mask=m_mask[:, None], other=0.0)
             if EVEN_N:
                 w = tl.load(w_rows + offs_k[None, :])
             else:
                 w = tl.load(w_rows + offs_k[None, :], mask=n_mask[:, None], other=0.0)
         else:
-            k_mask = offs_k[None, :] < K
-            x = tl.load(x_ptr + offs_m[:, None] * K + offs_k[None, :], mask=m_mask[:, None] & k_mask, other=0.0)
+            k_mask = offs_k[None, :] < K_PART
+            x = tl.load(x_rows + offs_k[None, :], mask=m_mask[:, None] & k_mask, other=0.0)
             w = tl.load(w_rows + offs_k[None, :], mask=n_mask[:, None] & k_mask, other=0.0)
         acc += tl.dot(x, tl.trans(w), input_precision=DOT_PRECISION)
     out_mask = m_mask[:, None] & n_mask[None, :]
-    # rounded to the input dtype first (as F.linear does), then stored in y's dtype (f32 logits)
-    y = acc.to(x_ptr.dtype.element_ty).to(y_ptr.dtype.element_ty)
-    tl.store(y_ptr + offs_m[:, None] * stride_y + offs_n[None, :], y, mask=out_mask)
+    out = y_ptr + offs_m[:, None] * stride_y + offs_n[None, :]
+    if SPLIT_K == 1:
+        # rounded to the input dtype first (as F.linear does), then stored in y's dtype (f32 logits)
+        y = acc.to(x_ptr.dtype.element_ty).to(y_ptr.dtype.element_ty)
+        tl.store(out, y, mask=out_mask)
+        if ARGMAX:
+            vals = tl.where(n_mask[None, :], y.to(tl.float32), float("-inf"))
+            best = tl.max(vals, axis=1)
+            first = tl.argmax(vals, axis=1, tie_break_left=True)
+            tl.store(pmax_ptr + offs_m * stride_p + pid, best, mask=m_mask)
+            tl.store(pidx_ptr + offs_m * stride_p + pid, pid * BLOCK_N + first, mask=m_mask)
+    else:
+        tl.store(out + tl.program_id(1) * stride_split, acc, mask=out_mask)
+
+
+@triton.jit
+def _argmax_finish_kernel(pmax_ptr, pidx_ptr, out_ptr, P, stride_p, BLOCK_P: tl.constexpr,
+                          USE_PDL: tl.constexpr = False):
+    """Row r: the first column holding the row maximum, from the per-program maxima (programs
+    cover increasing columns, so the first program with the maximum holds its first column)."""
+    pdl_enter(USE_PDL)
+    row = tl.program_id(0)
+    offs = tl.arange(0, BLOCK_P)
+    vals = tl.load(pmax_ptr + row * stride_p + offs, mask=offs < P, other=float("-inf"))
+    at = tl.argmax(vals, axis=0, tie_break_left=True)
+    tok = tl.load(pidx_ptr + row * stride_p + at)
+    tl.store(out_ptr + row, tok.to(tl.int64))
 
 
 @dataclass(frozen=True)
@@ -91,10 +124,56 @@ def wins_over_cublas(w: torch.Tensor, max_elements: int = MAX_WEIGHT_ELEMENTS) -
     return w.numel() <= max_elements
 
 
+def pick_split(n: int, k: int, sm_count: int, config: ProjConfig | None = None) -> int:
+    """Split of K (shape and SM count only) for a projection whose consumer adds partial sums:
+    the smallest split giving >= 2 programs per SM, with every slice whole tiles of >= 512."""
+    cfg = config or pick_config(n, k)
+    programs = triton.cdiv(n, cfg.block_n)
+    split = 1
+    for s in (2, 3, 4, 6, 8):
+        if programs * split >= 2 * sm_count:
+            break
+        if k % (s * cfg.block_k) or k // s < 512:
+            continue
+        split = s
+    return split
+
+
 def project(x: torch.Tensor, w: torch.Tensor, config: ProjConfig | None = None,
             out_dtype: torch.dtype | None = None, pdl: bool = False) -> torch.Tensor:
     """x [M <= 16, K] @ w[N, K]^T -> [M, N] (float32 accumulation, rounded to x's dtype, stored
     as out_dtype, default x's). pdl: launch with programmatic dependent launch (see engine.pdl)."""
+    return _launch(x, w, config, out_dtype, pdl, 1)
+
+
+def project_argmax(x: torch.Tensor, w: torch.Tensor, config: ProjConfig | None = None,
+                   pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """LM head + greedy pick: float32 logits [M, N] as `project(..., out_dtype=float32)` and, per
+    row, the first index of its maximum (torch.argmax's choice) as int64 [M]. Two launches."""
+    m, n = x.shape[0], w.shape[0]
+    cfg = config or pick_config(n, x.shape[1])
+    programs = triton.cdiv(n, cfg.block_n)
+    pmax = torch.empty((m, programs), dtype=torch.float32, device=x.device)
+    pidx = torch.empty((m, programs), dtype=torch.int32, device=x.device)
+    logits = _launch(x, w, cfg, torch.float32, pdl, 1, argmax=(pmax, pidx))
+    tokens = torch.empty(m, dtype=torch.int64, device=x.device)
+    fast(_argmax_finish_kernel)[(m,)](pmax, pidx, tokens, programs, programs,
+                                      BLOCK_P=max(16, triton.next_power_of_2(programs)), USE_PDL=pdl,
+                                      num_warps=4, launch_pdl=pdl)
+    return logits, tokens
+
+
+def project_partials(x: torch.Tensor, w: torch.Tensor, split: int, config: ProjConfig | None = None,
+                     pdl: bool = False) -> torch.Tensor:
+    """Split-K x @ w^T: float32 partial sums [split, M, N], slab s over K slice s. Their sum in
+    slab order, rounded to x's dtype, is the projection (fused.add_rms_norm takes them as delta)."""
+    if split < 2:
+        raise ValueError("project_partials needs split >= 2 (use project)")
+    return _launch(x, w, config, torch.float32, pdl, split)
+
+
+def _launch(x: torch.Tensor, w: torch.Tensor, config: ProjConfig | None, out_dtype: torch.dtype | None,
+            pdl: bool, split: int, argmax: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     m, k = x.shape
     if m > MAX_ROWS:
         raise ValueError(f"project handles at most {MAX_ROWS} rows, got {m}")
@@ -102,12 +181,19 @@ def project(x: torch.Tensor, w: torch.Tensor, config: ProjConfig | None = None,
         raise ValueError("project needs contiguous x [M, K] and w [N, K]")
     n = w.shape[0]
     cfg = config or pick_config(n, k)
-    y = torch.empty((m, n), dtype=out_dtype or x.dtype, device=x.device)
-    fast(_proj_kernel)[(triton.cdiv(n, cfg.block_n),)](
-        x, w, y, m, y.stride(0), n, k,
-        EVEN_K=k % cfg.block_k == 0, EVEN_N=n % cfg.block_n == 0,
+    if k % split or (split > 1 and (k // split) % cfg.block_k):
+        raise ValueError(f"split {split} must cut K={k} into whole {cfg.block_k}-wide tiles")
+    shape = (split, m, n) if split > 1 else (m, n)
+    y = torch.empty(shape, dtype=out_dtype or x.dtype, device=x.device)
+    pmax, pidx = argmax if argmax is not None else (None, None)
+    # non-constexpr arguments positionally: the fast launcher keys them cheaply
+    fast(_proj_kernel)[(triton.cdiv(n, cfg.block_n), split)](
+        x, w, y, m, y.stride(-2), m * n if split > 1 else 0,
+        pmax, pidx, pmax.stride(0) if pmax is not None else 0,
+        N=n, K=k, EVEN_K=(k // split) % cfg.block_k == 0, EVEN_N=n % cfg.block_n == 0,
         BLOCK_M=MAX_ROWS, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         DOT_PRECISION="ieee" if w.dtype == torch.float32 else "tf32", USE_PDL=pdl,
+        SPLIT_K=split, ARGMAX=argmax is not None,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=pdl,
     )
     return y

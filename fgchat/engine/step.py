@@ -106,9 +106,12 @@ class StepProgram:
         n_layers = dec.cfg.num_layers
 
         def first(st: StepState) -> None:
-            seq_lens.copy_(pos + 1)
-            slots32.copy_(slots)
-            dec.embed(st, ids)
+            if dec.fused:
+                st.h, st.delta = fused_ops.step_inputs(ids, pos, slots, dec.w.embed, seq_lens, slots32), None
+            else:
+                seq_lens.copy_(pos + 1)
+                slots32.copy_(slots)
+                dec.embed(st, ids)
             dec.before_attention(0, st, pos, slots, cache.k[0], cache.v[0])
 
         def middle(i: int) -> Piece:
@@ -120,13 +123,13 @@ class StepProgram:
 
         def last(st: StepState) -> None:
             dec.after_attention(n_layers - 1, st, attn_out)
-            dec.head(st)
+            dec.head(st, greedy=not do_sample)  # may pick the greedy tokens itself (st.tokens)
             if do_sample:
                 st.tokens = sampling.sample(
                     st.logits, df[ROW_TEMP, :b], df[ROW_TOPP, :b], di[ROW_TOPK, :b],
                     di[ROW_SEED, :b], pos + 1,
                 )
-            else:
+            elif st.tokens is None:
                 st.tokens = sampling.greedy(st.logits)
 
         def attend(i: int) -> Callable[[StepState], None]:
@@ -144,6 +147,9 @@ class StepProgram:
 
             return run
 
+        fused_ops = None
+        if dec.fused:
+            from fgchat.engine import fused as fused_ops
         pieces = [first] + [middle(i) for i in range(1, n_layers)] + [last]
         return pieces, [attend(i) for i in range(n_layers)]
 

@@ -9,10 +9,13 @@ Environment (read by `Tuning.from_env`, once per engine):
   FGCHAT_PIPELINE=0           read step n's tokens before launching step n+1
   FGCHAT_GEMV=0               cuBLAS for every projection
   FGCHAT_GEMV_MAX=<elements>  largest weight our projection kernel serves (default 2048*2048)
+  FGCHAT_GEMV_MAX_SPLIT=<n>   the same for o and down, which may split K (default 2048*2048)
+  FGCHAT_SPLIT_K=0            o and down never split K
   FGCHAT_LM_HEAD_GEMV=0       cuBLAS for the LM head
   FGCHAT_ROPE_IN_ATTENTION=0  RoPE + K/V write as its own kernel
   FGCHAT_FUSED_COMBINE=1      the last attention split merges the others
   FGCHAT_PDL=0                no programmatic dependent launch between the Triton kernels
+  FGCHAT_PDL_AFTER_LIBRARY=1  PDL also for a Triton kernel that follows a cuBLAS/torch kernel
 """
 
 from __future__ import annotations
@@ -44,12 +47,15 @@ class Tuning:
     pipeline: bool = True  # on CUDA only
     gemv: bool = True
     gemv_max_elements: int = DEFAULT_GEMV_MAX
+    gemv_max_split: int = DEFAULT_GEMV_MAX
+    split_k: bool = True
     lm_head_gemv: bool = True
     rope_in_attention: bool = True
     fused_combine: bool = False
     # Programmatic dependent launch (sm_90+): each Triton kernel of the step may start (and load
     # weights) while the previous kernel drains; it waits for that kernel before reading its output.
     pdl: bool = True
+    pdl_after_library: bool = False
 
     @classmethod
     def from_env(cls) -> Tuning:
@@ -59,10 +65,13 @@ class Tuning:
             pipeline=_flag("FGCHAT_PIPELINE", d.pipeline),
             gemv=_flag("FGCHAT_GEMV", d.gemv),
             gemv_max_elements=_int("FGCHAT_GEMV_MAX", d.gemv_max_elements),
+            gemv_max_split=_int("FGCHAT_GEMV_MAX_SPLIT", d.gemv_max_split),
+            split_k=_flag("FGCHAT_SPLIT_K", d.split_k),
             lm_head_gemv=_flag("FGCHAT_LM_HEAD_GEMV", d.lm_head_gemv),
             rope_in_attention=_flag("FGCHAT_ROPE_IN_ATTENTION", d.rope_in_attention),
             fused_combine=_flag("FGCHAT_FUSED_COMBINE", d.fused_combine),
             pdl=_flag("FGCHAT_PDL", d.pdl),
+            pdl_after_library=_flag("FGCHAT_PDL_AFTER_LIBRARY", d.pdl_after_library),
         )
 
     def changed(self) -> dict[str, object]:

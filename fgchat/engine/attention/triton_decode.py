@@ -246,6 +246,8 @@ class TritonDecodeAttention:
         self._config = config
         self.fuse_combine = fuse_combine
         self.pdl = pdl and pdl_supported(device)
+        # PDL for the split kernel: the caller lowers it when a library kernel precedes attention
+        self.pdl_entry = self.pdl
         self._cnt: Tensor | None = None
 
     def _counters(self, batch: int, num_kv_heads: int, device: torch.device) -> Tensor:
@@ -352,10 +354,10 @@ class TritonDecodeAttention:
             ROPE=cos is not None,
             BLOCK_N=cfg.block_n,
             DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-            USE_PDL=self.pdl,
+            USE_PDL=self.pdl_entry,
             num_warps=cfg.num_warps,
             num_stages=cfg.num_stages,
-            launch_pdl=self.pdl,
+            launch_pdl=self.pdl_entry,
         )
         if self.fuse_combine:
             return

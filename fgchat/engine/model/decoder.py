@@ -8,7 +8,7 @@ the same kernels in the same order and stay bit-identical.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 import torch.nn.functional as F
@@ -16,6 +16,9 @@ import torch.nn.functional as F
 from fgchat.engine.errors import ModelLoadError
 from fgchat.engine.model.config import ModelConfig, rope_inv_freq
 from fgchat.engine.tuning import Tuning
+
+if TYPE_CHECKING:
+    from fgchat.engine.model.fused_step import FusedStages
 
 
 @dataclass
@@ -138,6 +141,7 @@ class StepState:
     q: torch.Tensor  # query of the current layer [B, Hq, D]
     qkv: torch.Tensor  # with rope_in_attention: the layer's q | k | v rows before RoPE
     logits: torch.Tensor  # [B, V] float32
+    tokens: torch.Tensor | None = None  # [B] int64 greedy picks, when head(greedy=True) made them
 
 
 class Decoder:
@@ -152,31 +156,18 @@ class Decoder:
         self.cfg = cfg
         self.fused = fused
         t = tuning or Tuning()
-        # set by the engine when its attention backend applies RoPE and writes K/V itself
-        self.rope_in_attention = False
+        self.w = weights
         self.pdl = False
+        self._fused: FusedStages | None = None
         if fused:
-            from fgchat.engine import fused as fk
-            from fgchat.engine import gemv
+            from fgchat.engine.model import fused_step
             from fgchat.engine.pdl import supported
 
-            self._fk = fk
-            self.pdl = t.pdl and supported(weights.embed.device)
-            pdl = self.pdl
-
-            def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-                if t.gemv and gemv.wins_over_cublas(w, t.gemv_max_elements) and x.shape[0] <= gemv.MAX_ROWS:
-                    return gemv.project(x, w, pdl=pdl)
-                return F.linear(x, w)
-
-            def lm_head(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-                if t.lm_head_gemv and x.shape[0] <= gemv.MAX_ROWS:
-                    return gemv.project(x, w, out_dtype=torch.float32, pdl=pdl)
-                return F.linear(x, w).float()
-
-            self._linear = linear
-            self._lm_head = lm_head
-        self.w = weights
+            dev = weights.embed.device
+            self.pdl = t.pdl and supported(dev)
+            # SM count sizes split-K; a CPU decoder (tests, Triton's interpreter) takes the H200's
+            sms = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 132
+            self._fused = fused_step.FusedStages(self, t, sms, self.pdl)
         self.device = weights.embed.device
         self.dtype = weights.embed.dtype
         self.max_context = max_context
@@ -189,6 +180,18 @@ class Decoder:
         self.scale = cfg.head_dim**-0.5
 
     # ---- decode stages (batch of B sequences, one token each) ----
+    @property
+    def rope_in_attention(self) -> bool:
+        """True when the attention call applies RoPE and writes K/V (see bind_attention)."""
+        return self._fused is not None and self._fused.rope_in_attention
+
+    def bind_attention(self, rope_in_attention: bool, attention_is_triton: bool) -> bool:
+        """Fused path: record how the attention call runs. Returns whether the attention's first
+        kernel may use programmatic dependent launch."""
+        if self._fused is None:
+            return False
+        return self._fused.bind_attention(rope_in_attention, attention_is_triton)
+
     def embed(self, st: StepState, input_ids: torch.Tensor) -> None:
         st.h = F.embedding(input_ids, self.w.embed)
         st.delta = None
@@ -203,17 +206,10 @@ class Decoder:
         v_cache: torch.Tensor,
     ) -> None:
         """Norm, QKV, RoPE and the KV-cache write of the current token at (slot, position)."""
-        c, lw = self.cfg, self.w.layers[i]
-        if self.fused:
-            st.h, x = self._fk.add_rms_norm(st.h, st.delta, lw.attn_norm, c.rms_eps, self.pdl)
-            st.delta = None
-            qkv = F.linear(x, lw.wqkv, lw.bqkv) if lw.bqkv is not None else self._linear(x, lw.wqkv)
-            if self.rope_in_attention:  # the attention call applies RoPE and writes K/V
-                st.qkv = qkv
-                return
-            st.q = self._fk.rope_kv_write(qkv, self.cos, self.sin, positions, slot_ids, k_cache,
-                                          v_cache, c.num_heads, c.num_kv_heads, c.head_dim, self.pdl)
+        if self._fused is not None:
+            self._fused.before_attention(i, st, positions, slot_ids, k_cache, v_cache)
             return
+        c, lw = self.cfg, self.w.layers[i]
         x = rms_norm(st.h, lw.attn_norm, c.rms_eps)
         qkv = F.linear(x, lw.wqkv, lw.bqkv)
         n = x.shape[0]
@@ -227,25 +223,21 @@ class Decoder:
 
     def after_attention(self, i: int, st: StepState, attn_out: torch.Tensor) -> None:
         """Output projection, residual, norm, gated MLP, residual."""
-        c, lw = self.cfg, self.w.layers[i]
-        if self.fused:
-            o = self._linear(attn_out.view(attn_out.shape[0], -1), lw.wo)
-            st.h, x = self._fk.add_rms_norm(st.h, o, lw.mlp_norm, c.rms_eps, self.pdl)
-            gu = self._linear(x, lw.w_gate_up)
-            st.delta = self._linear(self._fk.silu_mul(gu, self.pdl), lw.w_down)
+        if self._fused is not None:
+            self._fused.after_attention(i, st, attn_out)
             return
+        c, lw = self.cfg, self.w.layers[i]
         h = st.h + F.linear(attn_out.view(attn_out.shape[0], -1), lw.wo)
         x = rms_norm(h, lw.mlp_norm, c.rms_eps)
         gu = F.linear(x, lw.w_gate_up)
         g, u = gu.chunk(2, dim=-1)
         st.h = h + F.linear(F.silu(g) * u, lw.w_down)
 
-    def head(self, st: StepState) -> None:
-        if self.fused:
-            st.h, x = self._fk.add_rms_norm(st.h, st.delta, self.w.final_norm, self.cfg.rms_eps,
-                                            self.pdl)
-            st.delta = None
-            st.logits = self._lm_head(x, self.w.lm_head)
+    def head(self, st: StepState, greedy: bool = False) -> None:
+        """Final norm and LM head: st.logits. greedy=True lets the fused path also set st.tokens
+        (torch.argmax's pick) in the LM head's own launches."""
+        if self._fused is not None:
+            self._fused.head(st, greedy)
             return
         x = rms_norm(st.h, self.w.final_norm, self.cfg.rms_eps)
         st.logits = F.linear(x, self.w.lm_head).float()

@@ -127,7 +127,9 @@ def _prefill_fused(
     """The fused path: per layer add_rms_norm, qkv, rope_kv_write, SDPA, wo, add_rms_norm,
     gate_up, silu_mul, down. The MLP output stays in `delta` until the next add_rms_norm adds it.
     """
-    c, w, fk = dec.cfg, dec.w, dec._fk
+    from fgchat.engine import fused as fk
+
+    c, w = dec.cfg, dec.w
     t = ids.shape[0]
     # the kernel writes rows unchecked: keep them inside the slot (host ints, no sync)
     if t > k_caches[0].shape[1] or t > dec.cos.shape[0]:

@@ -1,0 +1,112 @@
+"""The fused decode stages (CUDA + Triton): which kernel runs each part of a layer, and how the
+launches chain.
+
+Routing is decided once, from weight shapes that every layer shares, so eager steps and captured
+graphs launch identical kernels (modes stay bit-identical):
+- a projection runs on our skinny kernel (engine.gemv) where that beat cuBLAS, else on cuBLAS;
+- the o and down projections feed the next add+RMSNorm; on our kernel they may split K into
+  float32 partial sums that the norm adds in a fixed order (more programs in flight on narrow
+  outputs, and no extra launch);
+- programmatic dependent launch (engine.pdl) is used for a launch whose predecessor in the
+  stream is one of our Triton kernels, or for every Triton launch with Tuning.pdl_after_library.
+  Either way each kernel waits for its predecessor before touching its data, so PDL never
+  changes results; it only lets a kernel start (and load weights) while the previous drains.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from fgchat.engine import fused as fk
+from fgchat.engine import gemv
+from fgchat.engine.tuning import Tuning
+
+
+@dataclass(frozen=True)
+class Route:
+    """How one projection runs: on our kernel (split > 1: partial sums) or on cuBLAS."""
+
+    ours: bool
+    split: int = 1
+
+
+class FusedStages:
+    def __init__(self, dec, tuning: Tuning, sm_count: int, pdl: bool) -> None:
+        self.dec = dec
+        self.t = tuning
+        self.pdl = pdl
+        lw = dec.w.layers[0]
+        self.qkv = self._route(lw.wqkv, lw.bqkv is None, feeds_norm=False, sm_count=sm_count)
+        self.o = self._route(lw.wo, True, feeds_norm=True, sm_count=sm_count)
+        self.gate_up = self._route(lw.w_gate_up, True, feeds_norm=False, sm_count=sm_count)
+        self.down = self._route(lw.w_down, True, feeds_norm=True, sm_count=sm_count)
+        self.head_ours = tuning.lm_head_gemv
+        self.attention_ours = False
+        self.rope_in_attention = False
+
+    def _route(self, w: torch.Tensor, bias_free: bool, feeds_norm: bool, sm_count: int) -> Route:
+        t = self.t
+        if not (t.gemv and bias_free):
+            return Route(False)
+        if feeds_norm and t.split_k and gemv.wins_over_cublas(w, t.gemv_max_split):
+            return Route(True, gemv.pick_split(w.shape[0], w.shape[1], sm_count))
+        return Route(gemv.wins_over_cublas(w, t.gemv_max_elements))
+
+    def after(self, predecessor_ours: bool) -> bool:
+        """PDL for a launch following a kernel that is ours (True) or a library kernel."""
+        return self.pdl and (predecessor_ours or self.t.pdl_after_library)
+
+    def bind_attention(self, rope_in_attention: bool, attention_ours: bool) -> bool:
+        """Record how attention runs; returns PDL for the attention's first kernel."""
+        self.rope_in_attention = rope_in_attention
+        self.attention_ours = attention_ours
+        return self.after(self.qkv.ours or not rope_in_attention)
+
+    def _project(self, x: torch.Tensor, w: torch.Tensor, route: Route, predecessor_ours: bool
+                 ) -> torch.Tensor:
+        if not route.ours or x.shape[0] > gemv.MAX_ROWS:
+            return F.linear(x, w)
+        pdl = self.after(predecessor_ours)
+        if route.split > 1:
+            return gemv.project_partials(x, w, route.split, pdl=pdl)
+        return gemv.project(x, w, pdl=pdl)
+
+    # ---- stages (see Decoder for their contracts) ----
+    def before_attention(self, i: int, st, positions: torch.Tensor, slot_ids: torch.Tensor,
+                         k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
+        c, lw = self.dec.cfg, self.dec.w.layers[i]
+        # layer 0 follows the embedding (a torch kernel); later layers the previous down projection
+        st.h, x = fk.add_rms_norm(st.h, st.delta, lw.attn_norm, c.rms_eps, self.after(i > 0 and self.down.ours))
+        st.delta = None
+        if lw.bqkv is not None:
+            qkv = F.linear(x, lw.wqkv, lw.bqkv)
+        else:
+            qkv = self._project(x, lw.wqkv, self.qkv, True)
+        if self.rope_in_attention:  # the attention call applies RoPE and writes K/V
+            st.qkv = qkv
+            return
+        st.q = fk.rope_kv_write(qkv, self.dec.cos, self.dec.sin, positions, slot_ids, k_cache, v_cache,
+                                c.num_heads, c.num_kv_heads, c.head_dim, self.after(self.qkv.ours))
+
+    def after_attention(self, i: int, st, attn_out: torch.Tensor) -> None:
+        c, lw = self.dec.cfg, self.dec.w.layers[i]
+        o = self._project(attn_out.view(attn_out.shape[0], -1), lw.wo, self.o, self.attention_ours)
+        st.h, x = fk.add_rms_norm(st.h, o, lw.mlp_norm, c.rms_eps, self.after(self.o.ours))
+        gu = self._project(x, lw.w_gate_up, self.gate_up, True)
+        act = fk.silu_mul(gu, self.after(self.gate_up.ours))
+        st.delta = self._project(act, lw.w_down, self.down, True)
+
+    def head(self, st, greedy: bool) -> None:
+        dec = self.dec
+        st.h, x = fk.add_rms_norm(st.h, st.delta, dec.w.final_norm, dec.cfg.rms_eps, self.after(self.down.ours))
+        st.delta = None
+        if self.head_ours and x.shape[0] <= gemv.MAX_ROWS:
+            if greedy:
+                st.logits, st.tokens = gemv.project_argmax(x, dec.w.lm_head, pdl=self.after(True))
+            else:
+                st.logits = gemv.project(x, dec.w.lm_head, out_dtype=torch.float32, pdl=self.after(True))
+        else:
+            st.logits = F.linear(x, dec.w.lm_head).float()
