@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One H200 call: GPU tests and the model benchmarks. Results land in $OUT.
-# Usage (device tool, carry .whl): FGCHAT_COMMIT=<sha> bash scripts/gpu_run.sh [tests|bench|more|tui|peers|all|probe|run3|run4|final3|pdl|split]
+# Usage (device tool, carry .whl): FGCHAT_COMMIT=<sha> bash scripts/gpu_run.sh [tests|bench|more|tui|peers|all|probe|run3|run4|final3|pdl|split|verify|final4]
 # final3 is the run behind the README table; probe/run3/run4 produced docs/bench/h200-probe, -run3 and the notes.
 set -u -o pipefail
 export PYTHONUNBUFFERED=1
@@ -135,6 +135,31 @@ if [[ $what == split ]]; then
   FGCHAT_GEMV_MAX_SPLIT=1e12 bench 8b-split --preset llama-3.1-8b --random-weights --batch-sizes 1 --repeats 2 --modes full
   FGCHAT_PDL=0 bench 8b-no-pdl --preset llama-3.1-8b --random-weights --batch-sizes 1 --repeats 2 --modes full
   timeout 80 python3 scripts/bench_proj.py --pdl 2>&1 | tee -a "$OUT/run.log"
+fi
+GPU_TESTS="tests/test_gpu_pdl.py tests/test_gpu_prefill_graphs.py tests/test_attention.py tests/test_launch.py
+  tests/test_gpu_fused.py tests/test_gpu_graphs.py tests/test_gpu_prefill.py"
+if [[ $what == verify ]]; then
+  export BENCH_TIMEOUT=80
+  timeout 240 python3 -m pytest -p no:cacheprovider -m gpu $GPU_TESTS -q --timeout 120 -W ignore 2>&1 \
+    | tee -a "$OUT/run.log" | tail -25
+  bench llama-3.2-1b --preset llama-3.2-1b --random-weights --batch-sizes 1,8 --repeats 2
+  bench smollm2-135m --preset smollm2-135m --random-weights --batch-sizes 1,8 --repeats 2 --modes full
+  bench llama-3.1-8b --preset llama-3.1-8b --random-weights --batch-sizes 1 --repeats 2 --modes full
+fi
+if [[ $what == final4 ]]; then  # the README run
+  export BENCH_TIMEOUT=100
+  bench llama-3.2-1b --preset llama-3.2-1b --random-weights --batch-sizes 1,8 --repeats 3
+  BENCH_TIMEOUT=230 bench llama-3.2-1b-peers --preset llama-3.2-1b --random-weights --batch-sizes 1,8 \
+    --repeats 3 --modes full --peers hf --peer-timeout 170
+  bench smollm2-135m --preset smollm2-135m --random-weights --batch-sizes 1,8 --repeats 3
+  bench llama-3.1-8b --preset llama-3.1-8b --random-weights --batch-sizes 1,8 --repeats 3 --modes eager,full
+  export BENCH_TIMEOUT=60
+  for v in FGCHAT_PDL=0 FGCHAT_PDL_AFTER_LIBRARY=0 FGCHAT_SPLIT_K=0 FGCHAT_LM_HEAD_GEMV=0 FGCHAT_PREFILL_GRAPHS=0; do
+    timeout "$BENCH_TIMEOUT" env "$v" python3 -m fgchat.cli bench --no-progress --json "$OUT/bench_1b-${v,,}.json" --preset llama-3.2-1b \
+      --random-weights --batch-sizes 1,8 --repeats 3 --modes full 2>&1 | tee -a "$OUT/run.log" | tail -4
+  done
+  FGCHAT_PDL=0 bench 135m-fgchat_pdl=0 --preset smollm2-135m --random-weights --batch-sizes 1 --repeats 3 --modes full
+  timeout 40 python3 scripts/profile_step.py llama-3.2-1b 2>&1 | tee -a "$OUT/run.log" | tail -30
 fi
 if [[ $what == peers || $what == all ]]; then
   BENCH_TIMEOUT=240 bench llama-3.2-1b-peers --preset llama-3.2-1b --random-weights --batch-sizes 1,8 \

@@ -31,7 +31,8 @@ def _block(run: dict[str, Any], captures: list[dict[str, Any]]) -> str:
     lines.append(" Step ".center(w, "-"))
     lines.append(f"{'GPU time per step (ms):':<36}{_f(run['gpu_step_ms']['mean'], 3):>14}")
     lines.append(f"{'Host overhead per step (ms):':<36}{_f(run.get('host_overhead_ms'), 3):>14}")
-    caps = [c for c in captures if c["mode"] == run["mode"] and c["batch_size"] == run["batch_size"]]
+    caps = [c for c in captures if c["mode"] == run["mode"] and c["batch_size"] == run["batch_size"]
+            and c.get("kind", "decode") == "decode"]
     if caps:
         lines.append(f"{'Graph capture (s):':<36}{_f(sum(c['seconds'] for c in caps), 3):>14}")
         lines.append(f"{'Graph pool (MiB):':<36}{_f(sum(c['pool_mib'] for c in caps), 1):>14}")
@@ -66,6 +67,10 @@ def print_report(result: dict[str, Any], out: TextIO) -> None:
         tot = sum(c["seconds"] for c in result["captures"])
         mib = sum(c["pool_mib"] for c in result["captures"])
         out.write(f"graph capture total: {tot:.2f} s, pools {mib:.1f} MiB\n")
+        pre = [c for c in result["captures"] if c.get("kind") == "prefill"]
+        if pre:
+            out.write(f"  of which prefill graphs ({len(pre)} token buckets up to {max(c['batch_size'] for c in pre)}): "
+                      f"{sum(c['seconds'] for c in pre):.2f} s, {sum(c['pool_mib'] for c in pre):.1f} MiB\n")
     warm = result["meta"].get("kernel_warmup_s")
     if warm is not None:
         out.write(f"kernel warm-up before capture (Triton JIT on a cold cache): {warm:.2f} s\n")

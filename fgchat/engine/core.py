@@ -84,6 +84,7 @@ class Engine:
         self.scheduler = Scheduler()
         self.unavailable: dict[str, str] = {"eager": ""}
         self.runner = None
+        self.prefill_graphs = None  # PrefillGraphs in full mode (fused decoders on CUDA)
         self.kernel_warmup_s: float | None = None
         self._init_graphs()
         cuda = self.device.type == "cuda"
@@ -157,6 +158,11 @@ class Engine:
 
         self.runner = GraphRunner(self.program)
         self.unavailable.update(piecewise="", full="")
+        if self.decoder.fused and self.tuning.prefill_graphs:
+            from fgchat.engine.prefill_graphs import PrefillGraphs
+
+            self.prefill_graphs = PrefillGraphs(self.decoder, self.cache.k, self.cache.v,
+                                                self.runner.pool, self.runner.stream)
         if not self.config.lazy_capture:
             try:
                 self.kernel_warmup_s = self.runner.warm_kernels(range(1, NUM_SLOTS + 1))
@@ -172,10 +178,22 @@ class Engine:
                 self.runner.capture(mode, b, False)
             if self.config.self_check:
                 self._self_check(mode)
+            if mode == "full" and self.prefill_graphs is not None:
+                self._capture_prefill()
         except torch.OutOfMemoryError:
             self._disable(mode, "out of GPU memory while capturing graphs")
         except RuntimeError as exc:  # capture failures surface as RuntimeError
             self._disable(mode, f"graph capture failed: {str(exc).splitlines()[0][:160]}")
+
+    def _capture_prefill(self) -> None:
+        """Prefill graphs for every bucket; on failure prefill stays eager (full decode stays)."""
+        assert self.prefill_graphs is not None
+        try:
+            self.prefill_graphs.capture_all()
+        except (torch.OutOfMemoryError, RuntimeError) as exc:
+            self.prefill_graphs = None
+            torch.cuda.empty_cache()
+            self.notes.append(f"prefill graphs disabled: {str(exc).splitlines()[0][:160]}")
 
     def _disable(self, mode: str, reason: str) -> None:
         self.unavailable[mode] = reason
@@ -215,7 +233,8 @@ class Engine:
             attention_backend=self.attention_name,
             available_modes=dict(self.unavailable),
             mode=self.mode,
-            captures=list(self.runner.reports) if self.runner else [],
+            captures=(list(self.runner.reports) if self.runner else [])
+            + (list(self.prefill_graphs.reports) if self.prefill_graphs else []),
             notes=list(self.notes),
             kernel_warmup_s=self.kernel_warmup_s,
         )
@@ -339,7 +358,7 @@ class Engine:
         """Prefill into the sequence's slot; returns its first token [1] on the device."""
         ids = torch.tensor(seq.prompt_ids, dtype=torch.int64, device=self.device)
         try:
-            logits = self.decoder.prefill(ids, seq.slot, self.cache.k, self.cache.v)
+            logits = self._prefill_logits(ids, seq.slot)
         except torch.OutOfMemoryError:
             self._pending.append(EngineError("out of memory during prefill", seq.request_id))
             self._finish(seq, "error")
@@ -358,6 +377,21 @@ class Engine:
         else:
             tok = torch.argmax(logits)[None]
         return tok
+
+    def _prefill_logits(self, ids: torch.Tensor, slot: int) -> torch.Tensor:
+        """Full mode replays a prefill graph (captured on first use of a bucket when capture is
+        lazy); other modes, and prompts longer than the last bucket, prefill eagerly. Both run
+        the same kernels at the same padded length."""
+        graphs = self.prefill_graphs
+        if self.mode == "full" and graphs is not None and graphs.covers(ids.shape[0]):
+            try:
+                return graphs.run(ids, slot)
+            except torch.OutOfMemoryError:
+                raise
+            except RuntimeError as exc:  # a capture failure: prefill stays eager from now on
+                self.prefill_graphs = None
+                self.notes.append(f"prefill graphs disabled: {str(exc).splitlines()[0][:160]}")
+        return self.decoder.prefill(ids, slot, self.cache.k, self.cache.v)
 
     def _can_follow(self, prev: _InFlight, seqs: list[Sequence]) -> bool:
         """A step may be launched behind `prev` when it runs the same lanes and no lane can hit a

@@ -81,12 +81,14 @@ class ModeChanged:
 
 @dataclass
 class CaptureReport:
-    """Graph capture cost for one (mode, batch size)."""
+    """Graph capture cost for one (mode, batch size), or for one prefill token bucket
+    (kind "prefill": batch_size holds the bucket's token count)."""
 
     mode: Mode
     batch_size: int
     seconds: float
     pool_mib: float
+    kind: str = "decode"
 
 
 @dataclass

@@ -15,6 +15,11 @@ from fgchat.engine.launch import fast
 from fgchat.engine.pdl import pdl_enter
 
 
+def _next_pow2(n: int) -> int:
+    """triton.next_power_of_2 without its constexpr-function wrapper (a hot host path)."""
+    return 1 << max(0, n - 1).bit_length()
+
+
 @triton.jit
 def _add_rms_norm_kernel(x_ptr, d_ptr, w_ptr, h_out_ptr, y_ptr, n_cols, eps, stride_part,
                          HAS_DELTA: tl.constexpr, BLOCK: tl.constexpr, USE_PDL: tl.constexpr = False,
@@ -56,7 +61,7 @@ def add_rms_norm(h: torch.Tensor, delta: torch.Tensor | None, w: torch.Tensor, e
         raise ValueError("partial sums must be contiguous float32 [S, rows, n]")
     fast(_add_rms_norm_kernel)[(rows,)](h, delta if delta is not None else h, w, h_out, y, n, eps,
                                         rows * n if parts > 1 else 0,
-                                        HAS_DELTA=delta is not None, BLOCK=triton.next_power_of_2(n),
+                                        HAS_DELTA=delta is not None, BLOCK=_next_pow2(n),
                                         USE_PDL=pdl, PARTS=parts,
                                         num_warps=4 if n <= 4096 else 8, launch_pdl=pdl)
     return h_out, y
@@ -80,16 +85,18 @@ def silu_mul(gu: torch.Tensor, pdl: bool = False) -> torch.Tensor:
     inter = two_i // 2
     out = torch.empty((rows, inter), dtype=gu.dtype, device=gu.device)
     block = 1024
-    fast(_silu_mul_kernel)[(rows, triton.cdiv(inter, block))](gu, out, inter, BLOCK=block, USE_PDL=pdl,
+    fast(_silu_mul_kernel)[(rows, -(-inter // block))](gu, out, inter, BLOCK=block, USE_PDL=pdl,
                                                                    num_warps=4, launch_pdl=pdl)
     return out
 
 
 @triton.jit
 def _rope_kv_kernel(qkv_ptr, cos_ptr, sin_ptr, pos_ptr, slot_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr,
-                    n_q_heads, n_kv_heads, stride_slot, stride_pos,
-                    HEAD_DIM: tl.constexpr, USE_PDL: tl.constexpr = False):
-    """Program (row, head): heads [0, Hq) are q, [Hq, Hq+Hkv) are k (+ their v is copied)."""
+                    n_q_heads, n_kv_heads, stride_slot, stride_pos, k_out_ptr, slot_step,
+                    HEAD_DIM: tl.constexpr, USE_PDL: tl.constexpr = False, K_OUT: tl.constexpr = False):
+    """Program (row, head): heads [0, Hq) are q, [Hq, Hq+Hkv) are k (+ their v is copied).
+    K_OUT: the RoPE'd k rows also go to k_out [rows, Hkv, D] (prefill attends over them).
+    Row r's slot is at slot_ptr + r * slot_step (0: one slot for every row)."""
     pdl_enter(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
@@ -115,10 +122,14 @@ def _rope_kv_kernel(qkv_ptr, cos_ptr, sin_ptr, pos_ptr, slot_ptr, q_out_ptr, k_c
         tl.store(dst + half + idx, o2)
     else:
         kv_head = head - n_q_heads
-        slot = tl.load(slot_ptr + row).to(tl.int64)
+        slot = tl.load(slot_ptr + row * slot_step).to(tl.int64)
         off = slot * stride_slot + pos.to(tl.int64) * stride_pos + kv_head * HEAD_DIM
         tl.store(k_cache_ptr + off + idx, o1)
         tl.store(k_cache_ptr + off + half + idx, o2)
+        if K_OUT:
+            kdst = k_out_ptr + (row * n_kv_heads + kv_head) * HEAD_DIM
+            tl.store(kdst + idx, o1)
+            tl.store(kdst + half + idx, o2)
         vbase = qkv_ptr + row * width + (n_q_heads + n_kv_heads + kv_head) * HEAD_DIM
         tl.store(v_cache_ptr + off + idx, tl.load(vbase + idx))
         tl.store(v_cache_ptr + off + half + idx, tl.load(vbase + half + idx))
@@ -126,16 +137,20 @@ def _rope_kv_kernel(qkv_ptr, cos_ptr, sin_ptr, pos_ptr, slot_ptr, q_out_ptr, k_c
 
 def rope_kv_write(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
                   slots: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                  n_q_heads: int, n_kv_heads: int, head_dim: int, pdl: bool = False) -> torch.Tensor:
+                  n_q_heads: int, n_kv_heads: int, head_dim: int, pdl: bool = False,
+                  k_out: torch.Tensor | None = None) -> torch.Tensor:
     """RoPE on q and k of `qkv` [N, (Hq+2Hkv)*D]; k and v written to the cache at (slot, pos).
 
-    Returns q [N, Hq, D]. Cache layout [slots, T, Hkv, D], contiguous.
+    Returns q [N, Hq, D]. Cache layout [slots, T, Hkv, D], contiguous. `slots` [N] may be an
+    expanded view (stride 0: every row in one slot). k_out [N, Hkv, D] (contiguous), if given,
+    receives the RoPE'd k rows as well.
     """
     rows = qkv.shape[0]
     q = torch.empty((rows, n_q_heads, head_dim), dtype=qkv.dtype, device=qkv.device)
     fast(_rope_kv_kernel)[(rows, n_q_heads + n_kv_heads)](
         qkv, cos, sin, positions, slots, q, k_cache, v_cache, n_q_heads, n_kv_heads,
-        k_cache.stride(0), k_cache.stride(1), HEAD_DIM=head_dim, USE_PDL=pdl, num_warps=1, launch_pdl=pdl,
+        k_cache.stride(0), k_cache.stride(1), k_out if k_out is not None else q, slots.stride(0),
+        HEAD_DIM=head_dim, USE_PDL=pdl, K_OUT=k_out is not None, num_warps=1, launch_pdl=pdl,
     )
     return q
 
@@ -161,5 +176,5 @@ def step_inputs(ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
     b, hidden = ids.shape[0], embed.shape[1]
     h = torch.empty((b, hidden), dtype=embed.dtype, device=embed.device)
     fast(_step_inputs_kernel)[(b,)](ids, positions, slots, embed, h, seq_lens, slots32, hidden=hidden,
-                                    BLOCK=min(4096, triton.next_power_of_2(hidden)), num_warps=4)
+                                    BLOCK=min(4096, _next_pow2(hidden)), num_warps=4)
     return h

@@ -11,6 +11,7 @@ config is chosen from shapes only; no host sync, so it is safe under CUDA graph 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -128,7 +129,7 @@ def pick_split(n: int, k: int, sm_count: int, config: ProjConfig | None = None) 
     """Split of K (shape and SM count only) for a projection whose consumer adds partial sums:
     the smallest split giving >= 2 programs per SM, with every slice whole tiles of >= 512."""
     cfg = config or pick_config(n, k)
-    programs = triton.cdiv(n, cfg.block_n)
+    programs = -(-n // cfg.block_n)
     split = 1
     for s in (2, 3, 4, 6, 8):
         if programs * split >= 2 * sm_count:
@@ -151,14 +152,14 @@ def project_argmax(x: torch.Tensor, w: torch.Tensor, config: ProjConfig | None =
     """LM head + greedy pick: float32 logits [M, N] as `project(..., out_dtype=float32)` and, per
     row, the first index of its maximum (torch.argmax's choice) as int64 [M]. Two launches."""
     m, n = x.shape[0], w.shape[0]
-    cfg = config or pick_config(n, x.shape[1])
-    programs = triton.cdiv(n, cfg.block_n)
+    plan = _plan(m, n, x.shape[1], x.dtype, w.dtype, torch.float32, 1, True, pdl, config)
+    programs = plan.grid[0]
     pmax = torch.empty((m, programs), dtype=torch.float32, device=x.device)
     pidx = torch.empty((m, programs), dtype=torch.int32, device=x.device)
-    logits = _launch(x, w, cfg, torch.float32, pdl, 1, argmax=(pmax, pidx))
+    logits = _launch(x, w, config, torch.float32, pdl, 1, argmax=(pmax, pidx))
     tokens = torch.empty(m, dtype=torch.int64, device=x.device)
     fast(_argmax_finish_kernel)[(m,)](pmax, pidx, tokens, programs, programs,
-                                      BLOCK_P=max(16, triton.next_power_of_2(programs)), USE_PDL=pdl,
+                                      BLOCK_P=max(16, 1 << (programs - 1).bit_length()), USE_PDL=pdl,
                                       num_warps=4, launch_pdl=pdl)
     return logits, tokens
 
@@ -172,28 +173,45 @@ def project_partials(x: torch.Tensor, w: torch.Tensor, split: int, config: ProjC
     return _launch(x, w, config, torch.float32, pdl, split)
 
 
-def _launch(x: torch.Tensor, w: torch.Tensor, config: ProjConfig | None, out_dtype: torch.dtype | None,
-            pdl: bool, split: int, argmax: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-    m, k = x.shape
+@dataclass(frozen=True)
+class _Plan:
+    grid: tuple[int, int]
+    shape: tuple[int, ...]
+    stride_y: int
+    stride_split: int
+    kw: dict
+
+
+@functools.lru_cache(maxsize=1024)
+def _plan(m: int, n: int, k: int, x_dtype: torch.dtype, w_dtype: torch.dtype, out_dtype: torch.dtype,
+          split: int, argmax: bool, pdl: bool, config: ProjConfig | None) -> _Plan:
+    """Grid, output shape and launch options of one call signature (validated once)."""
     if m > MAX_ROWS:
         raise ValueError(f"project handles at most {MAX_ROWS} rows, got {m}")
-    if w.shape[1] != k or not (x.is_contiguous() and w.is_contiguous()):
-        raise ValueError("project needs contiguous x [M, K] and w [N, K]")
-    n = w.shape[0]
     cfg = config or pick_config(n, k)
     if k % split or (split > 1 and (k // split) % cfg.block_k):
         raise ValueError(f"split {split} must cut K={k} into whole {cfg.block_k}-wide tiles")
-    shape = (split, m, n) if split > 1 else (m, n)
-    y = torch.empty(shape, dtype=out_dtype or x.dtype, device=x.device)
-    pmax, pidx = argmax if argmax is not None else (None, None)
-    # non-constexpr arguments positionally: the fast launcher keys them cheaply
-    fast(_proj_kernel)[(triton.cdiv(n, cfg.block_n), split)](
-        x, w, y, m, y.stride(-2), m * n if split > 1 else 0,
-        pmax, pidx, pmax.stride(0) if pmax is not None else 0,
+    kw = dict(
         N=n, K=k, EVEN_K=(k // split) % cfg.block_k == 0, EVEN_N=n % cfg.block_n == 0,
         BLOCK_M=MAX_ROWS, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        DOT_PRECISION="ieee" if w.dtype == torch.float32 else "tf32", USE_PDL=pdl,
-        SPLIT_K=split, ARGMAX=argmax is not None,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=pdl,
+        DOT_PRECISION="ieee" if w_dtype == torch.float32 else "tf32", USE_PDL=pdl,
+        SPLIT_K=split, ARGMAX=argmax, num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=pdl,
     )
+    shape = (split, m, n) if split > 1 else (m, n)
+    return _Plan(((n + cfg.block_n - 1) // cfg.block_n, split), shape, n, m * n if split > 1 else 0, kw)
+
+
+def _launch(x: torch.Tensor, w: torch.Tensor, config: ProjConfig | None, out_dtype: torch.dtype | None,
+            pdl: bool, split: int, argmax: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    m, k = x.shape
+    n = w.shape[0]
+    if w.shape[1] != k or not (x.is_contiguous() and w.is_contiguous()):
+        raise ValueError("project needs contiguous x [M, K] and w [N, K]")
+    out_dtype = out_dtype or x.dtype
+    plan = _plan(m, n, k, x.dtype, w.dtype, out_dtype, split, argmax is not None, pdl, config)
+    y = torch.empty(plan.shape, dtype=out_dtype, device=x.device)
+    pmax, pidx = argmax if argmax is not None else (None, None)
+    # non-constexpr arguments positionally: the fast launcher keys them cheaply
+    fast(_proj_kernel)[plan.grid](x, w, y, m, plan.stride_y, plan.stride_split,
+                                  pmax, pidx, pmax.stride(0) if pmax is not None else 0, **plan.kw)
     return y

@@ -149,7 +149,8 @@ def serve(
 
 def _capture_count(engine: Any) -> int:
     runner = getattr(engine, "runner", None)
-    return len(getattr(runner, "reports", ()) or ())
+    prefill = getattr(engine, "prefill_graphs", None)
+    return len(getattr(runner, "reports", ()) or ()) + len(getattr(prefill, "reports", ()) or ())
 
 
 def _apply(engine: Any, cmd: Command) -> list:

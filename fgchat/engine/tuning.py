@@ -15,7 +15,8 @@ Environment (read by `Tuning.from_env`, once per engine):
   FGCHAT_ROPE_IN_ATTENTION=0  RoPE + K/V write as its own kernel
   FGCHAT_FUSED_COMBINE=1      the last attention split merges the others
   FGCHAT_PDL=0                no programmatic dependent launch between the Triton kernels
-  FGCHAT_PDL_AFTER_LIBRARY=1  PDL also for a Triton kernel that follows a cuBLAS/torch kernel
+  FGCHAT_PDL_AFTER_LIBRARY=0  PDL only for a Triton kernel that follows one of our kernels
+  FGCHAT_PREFILL_GRAPHS=0     full mode prefills eagerly instead of replaying a prefill graph
 """
 
 from __future__ import annotations
@@ -55,7 +56,8 @@ class Tuning:
     # Programmatic dependent launch (sm_90+): each Triton kernel of the step may start (and load
     # weights) while the previous kernel drains; it waits for that kernel before reading its output.
     pdl: bool = True
-    pdl_after_library: bool = False
+    pdl_after_library: bool = True
+    prefill_graphs: bool = True
 
     @classmethod
     def from_env(cls) -> Tuning:
@@ -72,6 +74,7 @@ class Tuning:
             fused_combine=_flag("FGCHAT_FUSED_COMBINE", d.fused_combine),
             pdl=_flag("FGCHAT_PDL", d.pdl),
             pdl_after_library=_flag("FGCHAT_PDL_AFTER_LIBRARY", d.pdl_after_library),
+            prefill_graphs=_flag("FGCHAT_PREFILL_GRAPHS", d.prefill_graphs),
         )
 
     def changed(self) -> dict[str, object]:

@@ -211,11 +211,15 @@ class LatencyPanel(VerticalScroll):
             return Content.assemble(("graphs ", "$text-muted"), ("none captured", "$text-muted"))
         parts: list[Any] = [("graphs", "$text-muted")]
         for mode in ("piecewise", "full"):
-            mine = [r for r in reports if r.mode == mode]
+            mine = [r for r in reports if r.mode == mode and r.kind == "decode"]
             if mine:
                 secs = sum(r.seconds for r in mine)
                 mib = sum(r.pool_mib for r in mine)
                 parts.append((f"\n {mode:<9} {len(mine)} sizes {secs:.2f} s {mib:.0f} MiB", MODE_STYLES[mode]))
+        pre = [r for r in reports if r.kind == "prefill"]
+        if pre:
+            secs, mib = sum(r.seconds for r in pre), sum(r.pool_mib for r in pre)
+            parts.append((f"\n prefill   {len(pre)} lengths {secs:.2f} s {mib:.0f} MiB", MODE_STYLES["full"]))
         if info.kernel_warmup_s is not None:
             parts.append((f"\n kernels  warmed in {info.kernel_warmup_s:.2f} s", "$text-muted"))
         return Content.assemble(*parts)

@@ -21,6 +21,7 @@ Graph-safety invariants:
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -249,6 +250,7 @@ class TritonDecodeAttention:
         # PDL for the split kernel: the caller lowers it when a library kernel precedes attention
         self.pdl_entry = self.pdl
         self._cnt: Tensor | None = None
+        self._plans: dict[tuple, _Plan] = {}
 
     def _counters(self, batch: int, num_kv_heads: int, device: torch.device) -> Tensor:
         """Arrival counters, zero between launches (each merge resets its own). Allocated once,
@@ -285,10 +287,13 @@ class TritonDecodeAttention:
         scale: float,
         max_len_hint: int | None = None,  # ignored on purpose: the launch must not depend on lengths
     ) -> None:
-        check_decode_shapes(q, k_cache, v_cache, slot_ids, seq_lens, out)
-        if q.stride(-1) != 1:
-            raise ValueError("q must be contiguous in its last dimension")
-        self._launch(q, q.stride(0), q.stride(1), None, None, k_cache, v_cache, slot_ids, seq_lens, out, scale)
+        plan = self._plans.get(self._key(q, q.stride(), None, k_cache, v_cache, slot_ids, seq_lens, out, scale))
+        if plan is None:
+            check_decode_shapes(q, k_cache, v_cache, slot_ids, seq_lens, out)
+            if q.stride(-1) != 1:
+                raise ValueError("q must be contiguous in its last dimension")
+            plan = self._plan(q, q.stride(0), q.stride(1), None, k_cache, v_cache, slot_ids, seq_lens, out, scale)
+        self._run(plan, q, None, None, k_cache, v_cache, slot_ids, seq_lens, out)
 
     def decode_with_rope(
         self,
@@ -305,19 +310,31 @@ class TritonDecodeAttention:
         """RoPE + KV-cache write + attention in one call: qkv [B, (Hq + 2 Hkv) * D] rows q | k | v
         of the current token at position seq_lens - 1; cos/sin [T, D] tables in qkv's dtype.
         Same bits as fused.rope_kv_write followed by __call__."""
-        batch, num_q_heads, head_dim = out.shape
-        num_kv_heads = k_cache.shape[2]
-        if qkv.shape != (batch, (num_q_heads + 2 * num_kv_heads) * head_dim) or qkv.stride(-1) != 1:
-            raise ValueError(f"qkv must be [B, (Hq + 2 Hkv) * D] contiguous rows, got {tuple(qkv.shape)}")
-        if cos.shape[-1] != head_dim or sin.shape != cos.shape or cos.shape[0] < k_cache.shape[1]:
-            raise ValueError("cos/sin must be [T, D] tables covering the cache")
-        q_view = qkv[:, : num_q_heads * head_dim].view(batch, num_q_heads, head_dim)
-        check_decode_shapes(q_view, k_cache, v_cache, slot_ids, seq_lens, out)
-        self._launch(qkv, qkv.stride(0), head_dim, cos, sin, k_cache, v_cache, slot_ids, seq_lens, out, scale)
+        plan = self._plans.get(self._key(qkv, qkv.stride(), cos, k_cache, v_cache, slot_ids, seq_lens, out, scale))
+        if plan is None:
+            batch, num_q_heads, head_dim = out.shape
+            num_kv_heads = k_cache.shape[2]
+            if qkv.shape != (batch, (num_q_heads + 2 * num_kv_heads) * head_dim) or qkv.stride(-1) != 1:
+                raise ValueError(f"qkv must be [B, (Hq + 2 Hkv) * D] contiguous rows, got {tuple(qkv.shape)}")
+            if cos.shape[-1] != head_dim or sin.shape != cos.shape or cos.shape[0] < k_cache.shape[1]:
+                raise ValueError("cos/sin must be [T, D] tables covering the cache")
+            q_view = qkv[:, : num_q_heads * head_dim].view(batch, num_q_heads, head_dim)
+            check_decode_shapes(q_view, k_cache, v_cache, slot_ids, seq_lens, out)
+            plan = self._plan(qkv, qkv.stride(0), head_dim, cos, k_cache, v_cache, slot_ids, seq_lens, out, scale)
+        self._run(plan, qkv, cos, sin, k_cache, v_cache, slot_ids, seq_lens, out)
 
-    def _launch(self, q: Tensor, stride_qb: int, stride_qh: int, cos: Tensor | None, sin: Tensor | None,
-                k_cache: Tensor, v_cache: Tensor, slot_ids: Tensor, seq_lens: Tensor, out: Tensor,
-                scale: float) -> None:
+    def _key(self, q: Tensor, q_strides: tuple, cos: Tensor | None, k_cache: Tensor, v_cache: Tensor,
+             slot_ids: Tensor, seq_lens: Tensor, out: Tensor, scale: float) -> tuple:
+        """Everything a launch's arguments derive from apart from the tensors' addresses: calls
+        with equal keys launch the same grid with the same scalars (all layers share one key)."""
+        return (q.shape, q.dtype, q_strides, cos is None or (cos.shape, cos.dtype), k_cache.shape,
+                k_cache.stride(), k_cache.dtype, v_cache.stride(), v_cache.dtype, out.shape, out.stride(),
+                out.dtype, slot_ids.shape, slot_ids.dtype, seq_lens.shape, seq_lens.dtype, scale,
+                self.pdl, self.pdl_entry, self.fuse_combine)
+
+    def _plan(self, q: Tensor, stride_qb: int, stride_qh: int, cos: Tensor | None, k_cache: Tensor,
+              v_cache: Tensor, slot_ids: Tensor, seq_lens: Tensor, out: Tensor, scale: float) -> _Plan:
+        """Validate once per key and precompute the launches' grids, scalars and options."""
         batch, num_q_heads, head_dim = out.shape
         _, max_context, num_kv_heads, _ = k_cache.shape
         if head_dim not in (64, 128):
@@ -330,46 +347,59 @@ class TritonDecodeAttention:
         cfg = self.config(head_dim)
         group = num_q_heads // num_kv_heads
         splits = self.num_splits(batch, num_kv_heads, max_context, head_dim)
+        block_s = max(2, _next_pow2(splits))
+        part_shape = (batch, num_q_heads, splits, head_dim)
+        # strides of the contiguous scratch allocated per call
+        part_strides = (num_q_heads * splits * head_dim, splits * head_dim, head_dim)
+        lse_strides = (num_q_heads * splits, splits)
+        split_mid = (scale * LOG2_E, max_context, group, splits, stride_qb, stride_qh,
+                     *k_cache.stride()[:3], *v_cache.stride()[:3], *part_strides, *lse_strides)
+        split_kw = dict(
+            HEAD_DIM=head_dim, BLOCK_G=max(16, _next_pow2(group)), FUSE_COMBINE=self.fuse_combine,
+            BLOCK_S=block_s, ROPE=cos is not None, BLOCK_N=cfg.block_n,
+            DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", USE_PDL=self.pdl_entry,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=self.pdl_entry,
+        )
+        combine = None
+        if not self.fuse_combine:
+            combine = (
+                fast(_combine_kernel)[(batch, num_q_heads)],
+                (splits, *part_strides, *lse_strides, *out.stride()[:2]),
+                dict(HEAD_DIM=head_dim, BLOCK_S=block_s, USE_PDL=self.pdl,
+                     num_warps=4 if head_dim * splits >= 4096 else 2, launch_pdl=self.pdl),
+            )
+        plan = _Plan(fast(_split_kernel)[(batch, num_kv_heads, splits)], split_mid, tuple(out.stride()[:2]),
+                     split_kw, part_shape, part_shape[:3], batch * num_kv_heads, combine)
+        self._plans[self._key(q, q.stride(), cos, k_cache, v_cache, slot_ids, seq_lens, out, scale)] = plan
+        return plan
 
+    def _run(self, plan: _Plan, q: Tensor, cos: Tensor | None, sin: Tensor | None, k_cache: Tensor,
+             v_cache: Tensor, slot_ids: Tensor, seq_lens: Tensor, out: Tensor) -> None:
         # Scratch: per-call torch.empty is fine under graph capture (the graph's pool owns it).
-        part = torch.empty((batch, num_q_heads, splits, head_dim), dtype=torch.float32, device=q.device)
-        lse = torch.empty((batch, num_q_heads, splits), dtype=torch.float32, device=q.device)
+        part = torch.empty(plan.part_shape, dtype=torch.float32, device=q.device)
+        lse = torch.empty(plan.lse_shape, dtype=torch.float32, device=q.device)
+        cnt = self._counters(plan.lanes, 1, q.device) if self.fuse_combine else lse
+        plan.split(q, k_cache, v_cache, slot_ids, seq_lens, part, lse, *plan.split_mid, cnt, out,
+                   *plan.out_strides, cos if cos is not None else lse, sin if sin is not None else lse,
+                   **plan.split_kw)
+        if plan.combine is not None:
+            launch, scalars, kw = plan.combine
+            launch(part, lse, out, *scalars, **kw)
 
-        fast(_split_kernel)[(batch, num_kv_heads, splits)](
-            q, k_cache, v_cache, slot_ids, seq_lens, part, lse,
-            scale * LOG2_E,
-            max_context, group, splits,
-            stride_qb, stride_qh,
-            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-            v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-            part.stride(0), part.stride(1), part.stride(2),
-            lse.stride(0), lse.stride(1),
-            self._counters(batch, num_kv_heads, q.device) if self.fuse_combine else lse, out,
-            out.stride(0), out.stride(1),
-            cos if cos is not None else lse, sin if sin is not None else lse,
-            HEAD_DIM=head_dim,
-            BLOCK_G=max(16, triton.next_power_of_2(group)),
-            FUSE_COMBINE=self.fuse_combine,
-            BLOCK_S=max(2, triton.next_power_of_2(splits)),
-            ROPE=cos is not None,
-            BLOCK_N=cfg.block_n,
-            DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-            USE_PDL=self.pdl_entry,
-            num_warps=cfg.num_warps,
-            num_stages=cfg.num_stages,
-            launch_pdl=self.pdl_entry,
-        )
-        if self.fuse_combine:
-            return
-        fast(_combine_kernel)[(batch, num_q_heads)](
-            part, lse, out,
-            splits,
-            part.stride(0), part.stride(1), part.stride(2),
-            lse.stride(0), lse.stride(1),
-            out.stride(0), out.stride(1),
-            HEAD_DIM=head_dim,
-            BLOCK_S=max(2, triton.next_power_of_2(splits)),
-            USE_PDL=self.pdl,
-            num_warps=4 if head_dim * splits >= 4096 else 2,
-            launch_pdl=self.pdl,
-        )
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """Precomputed launches of one attention key (see TritonDecodeAttention._key)."""
+
+    split: Callable[..., object]  # fast(_split_kernel)[grid]
+    split_mid: tuple  # scalars between the scratch tensors and the counter argument
+    out_strides: tuple
+    split_kw: dict
+    part_shape: tuple
+    lse_shape: tuple
+    lanes: int  # batch * KV heads: arrival counters needed by the fused merge
+    combine: tuple | None  # (fast(_combine_kernel)[grid], scalars, options)

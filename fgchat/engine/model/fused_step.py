@@ -7,8 +7,10 @@ graphs launch identical kernels (modes stay bit-identical):
 - the o and down projections feed the next add+RMSNorm; on our kernel they may split K into
   float32 partial sums that the norm adds in a fixed order (more programs in flight on narrow
   outputs, and no extra launch);
-- programmatic dependent launch (engine.pdl) is used for a launch whose predecessor in the
-  stream is one of our Triton kernels, or for every Triton launch with Tuning.pdl_after_library.
+- programmatic dependent launch (engine.pdl) is used for every Triton launch of the step, or,
+  with Tuning.pdl_after_library off, only where the predecessor in the stream is one of our
+  Triton kernels (a library kernel that lets dependents launch early would then share its SMs
+  with our waiting programs).
   Either way each kernel waits for its predecessor before touching its data, so PDL never
   changes results; it only lets a kernel start (and load weights) while the previous drains.
 """

@@ -1,4 +1,4 @@
-"""Prefill: one prompt of T tokens through the decoder into its KV-cache slot (eager).
+"""Prefill: one prompt of T tokens through the decoder into its KV-cache slot.
 
 Two paths, chosen by `dec.fused`:
 - unfused (CPU, or fused=False): plain torch ops, the reference the CPU tests compare with
@@ -7,8 +7,9 @@ Two paths, chosen by `dec.fused`:
   (which also adds the previous sublayer's output into the residual), rope_kv_write (RoPE of q
   and k, and the K/V cache write) and silu_mul — so a layer is ~10 launches instead of ~40.
 
-Attention is causal SDPA over the slot's cache rows [0, T) (fused) or the fresh k/v (unfused),
-as strided views (one as_strided each), with no copies. In bf16/fp16 the grouped heads go to
+Attention is causal SDPA over the fresh k and v: k RoPE'd by the same kernel that writes the
+cache, v a strided view of the qkv rows (no copies), so the slot is only ever a device index and a
+prefill can be captured in a CUDA graph. In bf16/fp16 the grouped heads go to
 SDPA as they are (enable_gqa=True): both fused CUDA backends that take grouped heads, flash
 and cuDNN, are eligible for these views, and on an H200 with torch 2.11 the default dispatch
 picks cuDNN's flash-style kernel (measured by scripts/profile_prefill.py: ~8.5 us a layer at
@@ -16,8 +17,9 @@ T=512, as fast as flash forced, and no head expansion). Float32 is eligible for 
 enable_gqa would fall back to the math backend, so there K/V heads are expanded first and the
 efficient kernel runs.
 
-No host syncs: T, the slot and all shapes are host ints; positions and slots are made on the
-device once per call.
+No host syncs. The fused path pads the prompt to a bucket (PREFILL_BUCKETS) and reads the slot
+and the last row from device tensors, so the same computation runs eagerly or as a captured graph
+(engine.prefill_graphs) with the same bits.
 """
 
 from __future__ import annotations
@@ -116,6 +118,21 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
     return sdpa_causal(heads_first(q), heads_first(k), heads_first(v), scale)
 
 
+# Token counts a fused prefill is padded to (the smallest bucket >= T that fits the cache). Padding
+# is a function of T alone, so eager prefill and the captured prefill graphs (engine.prefill_graphs)
+# run the same shapes and kernels and give the same bits. Prompts longer than the last bucket run
+# at their own length, eagerly.
+PREFILL_BUCKETS: tuple[int, ...] = (32, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048)
+
+
+def bucket_for(t: int, max_context: int) -> int:
+    """Padded length of a fused prefill of t tokens into a cache of max_context positions."""
+    for b in PREFILL_BUCKETS:
+        if t <= b <= max_context:
+            return b
+    return t
+
+
 def _prefill_fused(
     dec: Decoder,
     ids: torch.Tensor,
@@ -124,36 +141,64 @@ def _prefill_fused(
     v_caches: list[torch.Tensor],
     all_logits: bool,
 ) -> torch.Tensor:
-    """The fused path: per layer add_rms_norm, qkv, rope_kv_write, SDPA, wo, add_rms_norm,
-    gate_up, silu_mul, down. The MLP output stays in `delta` until the next add_rms_norm adds it.
-    """
+    """The fused path. With all_logits, exactly T rows; otherwise the prompt padded to its bucket
+    (rows >= T of the slot then hold padding K/V, which decode overwrites before reading)."""
+    t = ids.shape[0]
+    cache_len = k_caches[0].shape[1]
+    # the kernel writes rows unchecked: keep them inside the slot (host ints, no sync)
+    if t > cache_len or t > dec.cos.shape[0]:
+        raise ValueError(f"prompt of {t} tokens exceeds the context of {cache_len}")
+    if not 0 <= slot < k_caches[0].shape[0]:
+        raise ValueError(f"slot {slot} out of range")
+    dev = dec.device
+    slot_dev = torch.full((1,), slot, dtype=torch.int64, device=dev)
+    if all_logits:
+        h, delta = prefill_rows(dec, ids, slot_dev, k_caches, v_caches)
+        return final_logits(dec, h, delta)
+    padded = torch.zeros(bucket_for(t, cache_len), dtype=torch.int64, device=dev)
+    padded[:t] = ids
+    last = torch.full((1,), t - 1, dtype=torch.int64, device=dev)
+    return prefill_last(dec, padded, slot_dev, last, k_caches, v_caches)[0]
+
+
+def prefill_last(dec: Decoder, ids: torch.Tensor, slot_dev: torch.Tensor, last: torch.Tensor,
+                 k_caches: list[torch.Tensor], v_caches: list[torch.Tensor]) -> torch.Tensor:
+    """Logits [1, V] (float32) of row `last` (a device index) of a fused prefill of `ids` into
+    cache slot `slot_dev` (a device int64 [1]). Graph-capturable: no host values but shapes."""
+    h, delta = prefill_rows(dec, ids, slot_dev, k_caches, v_caches)
+    return final_logits(dec, h.index_select(0, last), delta.index_select(0, last))
+
+
+def prefill_rows(dec: Decoder, ids: torch.Tensor, slot_dev: torch.Tensor, k_caches: list[torch.Tensor],
+                 v_caches: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per layer add_rms_norm, qkv, rope_kv_write (K/V to the cache and RoPE'd k to a scratch),
+    causal SDPA over the fresh k and v, wo, add_rms_norm, gate_up, silu_mul, down. Returns the
+    residual h and the last MLP output `delta` not yet added to it, for every row."""
     from fgchat.engine import fused as fk
 
     c, w = dec.cfg, dec.w
     t = ids.shape[0]
-    # the kernel writes rows unchecked: keep them inside the slot (host ints, no sync)
-    if t > k_caches[0].shape[1] or t > dec.cos.shape[0]:
-        raise ValueError(f"prompt of {t} tokens exceeds the context of {k_caches[0].shape[1]}")
-    if not 0 <= slot < k_caches[0].shape[0]:
-        raise ValueError(f"slot {slot} out of range")
     dev = dec.device
     pos = torch.arange(t, dtype=torch.int64, device=dev)
-    slots = torch.full((t,), slot, dtype=torch.int64, device=dev)
+    slots = slot_dev.expand(t)
     h = F.embedding(ids, w.embed)
     delta: torch.Tensor | None = None
+    v_at = c.q_size + c.kv_size
     for i, lw in enumerate(w.layers):
-        kc, vc = k_caches[i], v_caches[i]
         h, x = fk.add_rms_norm(h, delta, lw.attn_norm, c.rms_eps)
         qkv = F.linear(x, lw.wqkv, lw.bqkv)
-        q = fk.rope_kv_write(qkv, dec.cos, dec.sin, pos, slots, kc, vc,
-                             c.num_heads, c.num_kv_heads, c.head_dim)
-        # attend over the rows just written: the slot's cache [0, T) holds exactly RoPE'd k and v
-        a = sdpa_causal(heads_first(q), cache_heads_first(kc, slot, t),
-                        cache_heads_first(vc, slot, t), dec.scale)
+        k = torch.empty((t, c.num_kv_heads, c.head_dim), dtype=qkv.dtype, device=dev)
+        q = fk.rope_kv_write(qkv, dec.cos, dec.sin, pos, slots, k_caches[i], v_caches[i],
+                             c.num_heads, c.num_kv_heads, c.head_dim, k_out=k)
+        v = qkv[:, v_at:].view(t, c.num_kv_heads, c.head_dim)  # a strided view: no copy
+        a = sdpa_causal(heads_first(q), heads_first(k), heads_first(v), dec.scale)
         h, x = fk.add_rms_norm(h, F.linear(a, lw.wo), lw.mlp_norm, c.rms_eps)
         delta = F.linear(fk.silu_mul(F.linear(x, lw.w_gate_up)), lw.w_down)
-    if not all_logits:
-        h, delta = h[-1:], delta[-1:] if delta is not None else None
-    _, x = fk.add_rms_norm(h, delta, w.final_norm, c.rms_eps)
-    logits = F.linear(x, w.lm_head).float()
-    return logits if all_logits else logits[0]
+    return h, delta
+
+
+def final_logits(dec: Decoder, h: torch.Tensor, delta: torch.Tensor | None) -> torch.Tensor:
+    from fgchat.engine import fused as fk
+
+    _, x = fk.add_rms_norm(h, delta, dec.w.final_norm, dec.cfg.rms_eps)
+    return F.linear(x, dec.w.lm_head).float()

@@ -1,0 +1,91 @@
+"""CUDA graphs of the fused prefill, one per token bucket (model.prefill.PREFILL_BUCKETS).
+
+A prompt of T tokens runs the graph of bucket_for(T): its ids (zero-padded), the slot and the
+last row index are copied into fixed input buffers, and the graph replays the same kernels as
+the eager fused prefill at that bucket, so both give the same bits.
+
+Invariants:
+- graphs share the decode graphs' memory pool; a prefill replay only runs when no decode step is
+  in flight (the engine drains first), and each graph's output stays referenced here;
+- the captured region reads the slot and the last row from device memory, never host values, and
+  writes cache rows [0, bucket) of that slot only (rows >= T hold padding that decode overwrites
+  before it reads them).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from fgchat.engine.events import CaptureReport
+from fgchat.engine.model.decoder import Decoder
+from fgchat.engine.model.prefill import PREFILL_BUCKETS, bucket_for, prefill_last
+
+
+@dataclass
+class _Graph:
+    graph: torch.cuda.CUDAGraph
+    logits: torch.Tensor  # [1, V] float32, written by each replay
+
+
+class PrefillGraphs:
+    def __init__(self, decoder: Decoder, k_caches: list[torch.Tensor], v_caches: list[torch.Tensor],
+                 pool, stream: torch.cuda.Stream) -> None:
+        self.dec = decoder
+        self.k, self.v = k_caches, v_caches
+        self.pool, self.stream = pool, stream
+        self.cache_len = k_caches[0].shape[1]
+        self.buckets = [b for b in PREFILL_BUCKETS if b <= self.cache_len]
+        dev = decoder.device
+        top = self.buckets[-1] if self.buckets else 1
+        self.ids = torch.zeros(top, dtype=torch.int64, device=dev)
+        self.slot = torch.zeros(1, dtype=torch.int64, device=dev)
+        self.last = torch.zeros(1, dtype=torch.int64, device=dev)
+        self.graphs: dict[int, _Graph] = {}
+        self.reports: list[CaptureReport] = []
+
+    def covers(self, t: int) -> bool:
+        """A graph serves prompts of t tokens (longer ones run eagerly)."""
+        return bool(self.buckets) and 0 < t <= self.buckets[-1]
+
+    @torch.inference_mode()
+    def capture(self, bucket: int) -> _Graph:
+        """Capture the prefill of `bucket` tokens: a warm-up run on the side stream with the
+        current input buffers, then the capture. The warm-up writes rows [0, bucket) of the slot
+        in self.slot, which is the slot about to be prefilled (or slot 0 before any request)."""
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_reserved()
+        t0 = time.perf_counter()
+        ids = self.ids[:bucket]
+        self.stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(self.stream):
+            prefill_last(self.dec, ids, self.slot, self.last, self.k, self.v)
+        self.stream.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, pool=self.pool, stream=self.stream):
+            logits = prefill_last(self.dec, ids, self.slot, self.last, self.k, self.v)
+        torch.cuda.synchronize()
+        entry = _Graph(g, logits)
+        self.graphs[bucket] = entry
+        self.reports.append(CaptureReport("full", bucket, time.perf_counter() - t0,
+                                          (torch.cuda.memory_reserved() - before) / 2**20, kind="prefill"))
+        return entry
+
+    def capture_all(self) -> None:
+        for b in self.buckets:
+            if b not in self.graphs:
+                self.capture(b)
+
+    def run(self, ids: torch.Tensor, slot: int) -> torch.Tensor:
+        """Prefill `ids` [T] (int64, on the device) into `slot`; returns the last logits [V]."""
+        t = ids.shape[0]
+        bucket = bucket_for(t, self.cache_len)
+        self.ids[:t].copy_(ids)
+        self.ids[t:bucket].zero_()
+        self.slot.fill_(slot)
+        self.last.fill_(t - 1)
+        entry = self.graphs.get(bucket) or self.capture(bucket)  # inputs first: see capture
+        entry.graph.replay()
+        return entry.logits[0]
