@@ -128,7 +128,8 @@ def test_norm_adds_partial_sums_in_slab_order():
 
 def test_split_depends_on_shape_and_sm_count_only():
     assert pick_split(2048, 2048, 132) == 4  # Llama-3.2-1B o: 128 column tiles -> 512 programs
-    assert pick_split(2048, 8192, 132) == 4  # its down projection
+    assert pick_split(2048, 8192, 132) == 2  # its down projection: two 4096-wide slices
+    assert pick_split(4096, 14336, 132) == 2  # Llama-3.1-8B down
     assert pick_split(576, 1536, 132) == 3  # SmolLM2 down: three 512-wide slices
     assert pick_split(576, 576, 132) == 1  # too short to cut
     assert pick_split(16384, 2048, 132) == 1  # enough column tiles already

@@ -9,8 +9,9 @@ Environment (read by `Tuning.from_env`, once per engine):
   FGCHAT_PIPELINE=0           read step n's tokens before launching step n+1
   FGCHAT_GEMV=0               cuBLAS for every projection
   FGCHAT_GEMV_MAX=<elements>  largest weight our projection kernel serves (default 2048*2048)
-  FGCHAT_GEMV_MAX_SPLIT=<n>   the same for o and down, which may split K (default 2048*2048)
   FGCHAT_SPLIT_K=0            o and down never split K
+  FGCHAT_SPLIT_MAX_N=<n>      o / down with at most n outputs run split-K on our kernel (2048)
+  FGCHAT_GEMV_MAX_SPLIT=<n>   ... and at most n weight elements (default 8192*4096)
   FGCHAT_LM_HEAD_GEMV=0       cuBLAS for the LM head
   FGCHAT_ROPE_IN_ATTENTION=0  RoPE + K/V write as its own kernel
   FGCHAT_FUSED_COMBINE=1      the last attention split merges the others
@@ -48,8 +49,9 @@ class Tuning:
     pipeline: bool = True  # on CUDA only
     gemv: bool = True
     gemv_max_elements: int = DEFAULT_GEMV_MAX
-    gemv_max_split: int = DEFAULT_GEMV_MAX
     split_k: bool = True
+    split_max_n: int = 2048
+    gemv_max_split: int = 8192 * 4096
     lm_head_gemv: bool = True
     rope_in_attention: bool = True
     fused_combine: bool = False
@@ -67,8 +69,9 @@ class Tuning:
             pipeline=_flag("FGCHAT_PIPELINE", d.pipeline),
             gemv=_flag("FGCHAT_GEMV", d.gemv),
             gemv_max_elements=_int("FGCHAT_GEMV_MAX", d.gemv_max_elements),
-            gemv_max_split=_int("FGCHAT_GEMV_MAX_SPLIT", d.gemv_max_split),
             split_k=_flag("FGCHAT_SPLIT_K", d.split_k),
+            split_max_n=_int("FGCHAT_SPLIT_MAX_N", d.split_max_n),
+            gemv_max_split=_int("FGCHAT_GEMV_MAX_SPLIT", d.gemv_max_split),
             lm_head_gemv=_flag("FGCHAT_LM_HEAD_GEMV", d.lm_head_gemv),
             rope_in_attention=_flag("FGCHAT_ROPE_IN_ATTENTION", d.rope_in_attention),
             fused_combine=_flag("FGCHAT_FUSED_COMBINE", d.fused_combine),

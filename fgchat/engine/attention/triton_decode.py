@@ -21,7 +21,6 @@ Graph-safety invariants:
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -363,12 +362,12 @@ class TritonDecodeAttention:
         combine = None
         if not self.fuse_combine:
             combine = (
-                fast(_combine_kernel)[(batch, num_q_heads)],
+                (batch, num_q_heads),
                 (splits, *part_strides, *lse_strides, *out.stride()[:2]),
                 dict(HEAD_DIM=head_dim, BLOCK_S=block_s, USE_PDL=self.pdl,
                      num_warps=4 if head_dim * splits >= 4096 else 2, launch_pdl=self.pdl),
             )
-        plan = _Plan(fast(_split_kernel)[(batch, num_kv_heads, splits)], split_mid, tuple(out.stride()[:2]),
+        plan = _Plan((batch, num_kv_heads, splits), split_mid, tuple(out.stride()[:2]),
                      split_kw, part_shape, part_shape[:3], batch * num_kv_heads, combine)
         self._plans[self._key(q, q.stride(), cos, k_cache, v_cache, slot_ids, seq_lens, out, scale)] = plan
         return plan
@@ -379,12 +378,12 @@ class TritonDecodeAttention:
         part = torch.empty(plan.part_shape, dtype=torch.float32, device=q.device)
         lse = torch.empty(plan.lse_shape, dtype=torch.float32, device=q.device)
         cnt = self._counters(plan.lanes, 1, q.device) if self.fuse_combine else lse
-        plan.split(q, k_cache, v_cache, slot_ids, seq_lens, part, lse, *plan.split_mid, cnt, out,
-                   *plan.out_strides, cos if cos is not None else lse, sin if sin is not None else lse,
-                   **plan.split_kw)
+        fast(_split_kernel)[plan.split_grid](
+            q, k_cache, v_cache, slot_ids, seq_lens, part, lse, *plan.split_mid, cnt, out, *plan.out_strides,
+            cos if cos is not None else lse, sin if sin is not None else lse, **plan.split_kw)
         if plan.combine is not None:
-            launch, scalars, kw = plan.combine
-            launch(part, lse, out, *scalars, **kw)
+            grid, scalars, kw = plan.combine
+            fast(_combine_kernel)[grid](part, lse, out, *scalars, **kw)
 
 
 def _next_pow2(n: int) -> int:
@@ -395,11 +394,11 @@ def _next_pow2(n: int) -> int:
 class _Plan:
     """Precomputed launches of one attention key (see TritonDecodeAttention._key)."""
 
-    split: Callable[..., object]  # fast(_split_kernel)[grid]
+    split_grid: tuple[int, int, int]
     split_mid: tuple  # scalars between the scratch tensors and the counter argument
     out_strides: tuple
     split_kw: dict
     part_shape: tuple
     lse_shape: tuple
     lanes: int  # batch * KV heads: arrival counters needed by the fused merge
-    combine: tuple | None  # (fast(_combine_kernel)[grid], scalars, options)
+    combine: tuple | None  # (grid, scalars, options) of the combine kernel

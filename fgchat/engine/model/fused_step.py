@@ -4,9 +4,9 @@ launches chain.
 Routing is decided once, from weight shapes that every layer shares, so eager steps and captured
 graphs launch identical kernels (modes stay bit-identical):
 - a projection runs on our skinny kernel (engine.gemv) where that beat cuBLAS, else on cuBLAS;
-- the o and down projections feed the next add+RMSNorm; on our kernel they may split K into
-  float32 partial sums that the norm adds in a fixed order (more programs in flight on narrow
-  outputs, and no extra launch);
+- the o and down projections feed the next add+RMSNorm; when their output is narrow they run on
+  our kernel split along K into float32 partial sums that the norm adds in a fixed order (more
+  programs in flight, and no reduce launch);
 - programmatic dependent launch (engine.pdl) is used for every Triton launch of the step, or,
   with Tuning.pdl_after_library off, only where the predecessor in the stream is one of our
   Triton kernels (a library kernel that lets dependents launch early would then share its SMs
@@ -53,7 +53,9 @@ class FusedStages:
         t = self.t
         if not (t.gemv and bias_free):
             return Route(False)
-        if feeds_norm and t.split_k and gemv.wins_over_cublas(w, t.gemv_max_split):
+        # Narrow norm-fed outputs: cuBLAS splits K there too, plus a reduce kernel; ours leaves
+        # the partial sums to the norm (H200: 1B down 11.2 us vs 11.0 + its reduce launch).
+        if feeds_norm and t.split_k and w.shape[0] <= t.split_max_n and gemv.wins_over_cublas(w, t.gemv_max_split):
             return Route(True, gemv.pick_split(w.shape[0], w.shape[1], sm_count))
         return Route(gemv.wins_over_cublas(w, t.gemv_max_elements))
 
