@@ -51,9 +51,8 @@ def main() -> None:
                                            "stride_p": "i32"}, dict(BLOCK_P=2048, USE_PDL=pdl), num_warps=4,
               launch_pdl=pdl)
         build(gemv._proj_kernel, proj,
-              dict(N=2048, K=8192, EVEN_K=True, EVEN_N=True, BLOCK_M=16, BLOCK_N=16, BLOCK_K=256,
-                   DOT_PRECISION="tf32", USE_PDL=pdl, SPLIT_K=2, GATED=True), num_warps=4, num_stages=4,
-              launch_pdl=pdl)
+              dict(N=2048, K=8192, EVEN_K=True, EVEN_N=True, BLOCK_M=16, BLOCK_N=16, BLOCK_K=512,
+                   DOT_PRECISION="tf32", USE_PDL=pdl, SPLIT_K=4), num_warps=4, num_stages=4, launch_pdl=pdl)
         build(gemv._proj_kernel, dict(proj, y_ptr="*bf16"),
               dict(N=960, K=576, EVEN_K=False, EVEN_N=True, BLOCK_M=16, BLOCK_N=16, BLOCK_K=128,
                    DOT_PRECISION="tf32", USE_PDL=pdl, SPLIT_K=1), num_warps=4, num_stages=4, launch_pdl=pdl)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One H200 call: GPU tests and the model benchmarks. Results land in $OUT.
 # Usage (device tool, carry .whl): FGCHAT_COMMIT=<sha> bash scripts/gpu_run.sh [tests|bench|more|tui|peers|all|probe|run3|run4|final3|pdl|split|verify|final4|gputests|final5]
-# final3 is the run behind the README table; probe/run3/run4 produced docs/bench/h200-probe, -run3 and the notes.
+# final4 is the run behind the README table (docs/bench/h200-s4-06c8fff); gputests runs every GPU test;
+# final5 = gputests + final4. Older sections produced the other folders of docs/bench and the notes.
 set -u -o pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/fgchat-out}; mkdir -p "$OUT"
@@ -154,8 +155,8 @@ if [[ $what == final4 ]]; then  # the README run
   bench smollm2-135m --preset smollm2-135m --random-weights --batch-sizes 1,8 --repeats 3
   bench llama-3.1-8b --preset llama-3.1-8b --random-weights --batch-sizes 1,8 --repeats 3 --modes eager,full
   export BENCH_TIMEOUT=60
-  for v in FGCHAT_SILU_IN_DOWN=0 FGCHAT_PDL=0 FGCHAT_PDL_AFTER_LIBRARY=0 FGCHAT_SPLIT_K=0 \
-      FGCHAT_GEMV_MAX_SPLIT=4194304 FGCHAT_PREFILL_GRAPHS=0; do
+  for v in FGCHAT_PDL=0 FGCHAT_PDL_AFTER_LIBRARY=0 FGCHAT_SPLIT_K=0 FGCHAT_GEMV_MAX_SPLIT=4194304 \
+      FGCHAT_PREFILL_GRAPHS=0; do
     timeout "$BENCH_TIMEOUT" env "$v" python3 -m fgchat.cli bench --no-progress --json "$OUT/bench_1b-${v,,}.json" --preset llama-3.2-1b \
       --random-weights --batch-sizes 1,8 --repeats 3 --modes full 2>&1 | tee -a "$OUT/run.log" | tail -4
   done

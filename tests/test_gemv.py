@@ -60,7 +60,6 @@ def test_rejects_more_rows_than_the_kernel_tile():
 def test_config_and_routing_depend_on_shape_only():
     assert pick_config(2048, 2048).block_k == 512
     assert pick_config(576, 576).block_k == 128  # K not a multiple of 512: masked 128-wide tiles
-    assert pick_config(2048, 8192, gated=True).block_k == 256  # SiLU on the tiles: no spills
     assert wins_over_cublas(torch.empty(2048, 2048)) and not wins_over_cublas(torch.empty(2048, 8192))
 
 
@@ -158,19 +157,3 @@ def test_step_inputs_kernel():
     lens, slots32 = torch.zeros(3, dtype=torch.int32), torch.zeros(3, dtype=torch.int32)
     h = step_inputs(ids, pos, slots, embed, lens, slots32)
     assert torch.equal(h, embed[ids]) and lens.tolist() == [1, 8, 101] and slots32.tolist() == [2, 0, 5]
-
-
-@pytest.mark.parametrize("split", [1, 2])
-def test_gated_projection_is_silu_mul_then_projection(split):
-    from fgchat.engine.fused import silu_mul
-
-    g = torch.Generator().manual_seed(21 + split)
-    gu = (torch.randn(3, 2 * 256, generator=g) * 3).half()
-    w = (torch.randn(40, 256, generator=g) / 16).half()
-    cfg = ProjConfig(16, 64)
-    if split == 1:
-        got, want = project(gu, w, cfg, gated=True), project(silu_mul(gu), w, cfg)
-    else:
-        got = project_partials(gu, w, split, cfg, gated=True)
-        want = project_partials(silu_mul(gu), w, split, cfg)
-    assert torch.equal(got, want)  # the same activation bits, the same sums

@@ -27,20 +27,6 @@ MAX_WEIGHT_ELEMENTS = 2048 * 2048
 
 
 @triton.jit
-def _load_x(ptrs, mask, K: tl.constexpr, GATED: tl.constexpr):
-    """An activation tile. GATED: ptrs address the gate half of [gate | up] rows (up is K
-    further) and the tile is silu(gate) * up, rounded exactly as fused.silu_mul rounds."""
-    if GATED:
-        g = tl.load(ptrs, mask=mask, other=0.0)
-        u = tl.load(ptrs + K, mask=mask, other=0.0).to(tl.float32)
-        gf = g.to(tl.float32)
-        s = (gf / (1.0 + tl.exp(-gf))).to(g.dtype).to(tl.float32)
-        return (s * u).to(g.dtype)
-    else:
-        return tl.load(ptrs, mask=mask, other=0.0)
-
-
-@triton.jit
 def _proj_kernel(
     x_ptr, w_ptr, y_ptr, M, stride_y, stride_split,
     pmax_ptr, pidx_ptr, stride_p,  # ARGMAX outputs (None without)
@@ -48,14 +34,13 @@ def _proj_kernel(
     EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     DOT_PRECISION: tl.constexpr, USE_PDL: tl.constexpr = False,
-    SPLIT_K: tl.constexpr = 1, ARGMAX: tl.constexpr = False, GATED: tl.constexpr = False,
+    SPLIT_K: tl.constexpr = 1, ARGMAX: tl.constexpr = False,
 ):
     """Program (pid, ks) owns columns [pid*BLOCK_N, +BLOCK_N) over K slice ks of SPLIT_K. With
     SPLIT_K > 1 it stores its float32 partial sum in slab ks of y [SPLIT_K, M, N] (the consumer
     adds the slabs in order); else the sum rounded to x's dtype, stored in y's dtype. ARGMAX
     (SPLIT_K == 1): also the maximum of each row's stored values over the program's columns and
-    its first column, at [row, pid] of pmax / pidx (finished by _argmax_finish_kernel). GATED:
-    x is [M, 2K] rows gate | up and the product is taken with silu(gate) * up (see _load_x)."""
+    its first column, at [row, pid] of pmax / pidx (finished by _argmax_finish_kernel)."""
     pid = tl.program_id(0)
     K_PART: tl.constexpr = K // SPLIT_K
     k_base = tl.program_id(1) * K_PART
@@ -65,8 +50,7 @@ def _proj_kernel(
     m_mask = offs_m < M
     n_mask = offs_n < N
     w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * K + k_base
-    X_STRIDE: tl.constexpr = 2 * K if GATED else K
-    x_rows = x_ptr + offs_m[:, None] * X_STRIDE + k_base
+    x_rows = x_ptr + offs_m[:, None] * K + k_base
     # The first weight tile is loaded before waiting on the previous kernel (weights are never
     # written by a kernel); the K loop below starts at the second tile, so the sum's order is the
     # same with and without PDL: tile 0, tile 1, ...
@@ -75,19 +59,19 @@ def _proj_kernel(
     else:
         w = tl.load(w_rows + offs_k0[None, :], mask=n_mask[:, None] & (offs_k0[None, :] < K_PART), other=0.0)
     pdl_enter(USE_PDL)
-    x = _load_x(x_rows + offs_k0[None, :], m_mask[:, None] & (offs_k0[None, :] < K_PART), K, GATED)
+    x = tl.load(x_rows + offs_k0[None, :], mask=m_mask[:, None] & (offs_k0[None, :] < K_PART), other=0.0)
     acc = tl.dot(x, tl.trans(w), input_precision=DOT_PRECISION)
     for k0 in range(BLOCK_K, K_PART, BLOCK_K):
         offs_k = k0 + offs_k0
         if EVEN_K:
-            x = _load_x(x_rows + offs_k[None, :], m_mask[:, None], K, GATED)
+            x = tl.load(x_rows + offs_k[None, :], mask=m_mask[:, None], other=0.0)
             if EVEN_N:
                 w = tl.load(w_rows + offs_k[None, :])
             else:
                 w = tl.load(w_rows + offs_k[None, :], mask=n_mask[:, None], other=0.0)
         else:
             k_mask = offs_k[None, :] < K_PART
-            x = _load_x(x_rows + offs_k[None, :], m_mask[:, None] & k_mask, K, GATED)
+            x = tl.load(x_rows + offs_k[None, :], mask=m_mask[:, None] & k_mask, other=0.0)
             w = tl.load(w_rows + offs_k[None, :], mask=n_mask[:, None] & k_mask, other=0.0)
         acc += tl.dot(x, tl.trans(w), input_precision=DOT_PRECISION)
     out_mask = m_mask[:, None] & n_mask[None, :]
@@ -128,16 +112,12 @@ class ProjConfig:
     num_stages: int = 4
 
 
-def pick_config(n: int, k: int, gated: bool = False) -> ProjConfig:
+def pick_config(n: int, k: int) -> ProjConfig:
     """Shape-only (eager and captured launches match). Narrow column tiles keep >= 1 program per
     SM for N >= 2048; wide K tiles keep 16 KiB of weights per stage in flight; vocabulary-sized N
-    takes wide column tiles (LM head: 119 us vs cuBLAS 127 on the H200 sweep). Gated (SiLU on
-    the activation tiles): 256-wide K tiles, since 512 spills registers (255 + 208 B of stack
-    for sm_90, against 182 and none at 256, cuobjdump -res-usage)."""
+    takes wide column tiles (LM head: 119 us vs cuBLAS 127 on the H200 sweep)."""
     if n >= 32768:
         return ProjConfig(block_n=64, block_k=128, num_warps=4, num_stages=4)
-    if gated:
-        return ProjConfig(block_k=256 if k % 256 == 0 else 128)
     return ProjConfig(block_k=512 if k % 512 == 0 else 128)
 
 
@@ -164,11 +144,10 @@ def pick_split(n: int, k: int, sm_count: int, config: ProjConfig | None = None) 
 
 
 def project(x: torch.Tensor, w: torch.Tensor, config: ProjConfig | None = None,
-            out_dtype: torch.dtype | None = None, pdl: bool = False, gated: bool = False) -> torch.Tensor:
+            out_dtype: torch.dtype | None = None, pdl: bool = False) -> torch.Tensor:
     """x [M <= 16, K] @ w[N, K]^T -> [M, N] (float32 accumulation, rounded to x's dtype, stored
-    as out_dtype, default x's). pdl: launch with programmatic dependent launch (see engine.pdl).
-    gated: x [M, 2K] rows gate | up; see project_partials."""
-    return _launch(x, w, config, out_dtype, pdl, 1, gated=gated)
+    as out_dtype, default x's). pdl: launch with programmatic dependent launch (see engine.pdl)."""
+    return _launch(x, w, config, out_dtype, pdl, 1)
 
 
 def project_argmax(x: torch.Tensor, w: torch.Tensor, config: ProjConfig | None = None,
@@ -189,14 +168,12 @@ def project_argmax(x: torch.Tensor, w: torch.Tensor, config: ProjConfig | None =
 
 
 def project_partials(x: torch.Tensor, w: torch.Tensor, split: int, config: ProjConfig | None = None,
-                     pdl: bool = False, gated: bool = False) -> torch.Tensor:
+                     pdl: bool = False) -> torch.Tensor:
     """Split-K x @ w^T: float32 partial sums [split, M, N], slab s over K slice s. Their sum in
-    slab order, rounded to x's dtype, is the projection (fused.add_rms_norm takes them as delta).
-    gated: x is [M, 2K] rows gate | up, and the product is silu(gate) * up @ w^T, with the
-    activation rounded as fused.silu_mul rounds it (one launch instead of two)."""
+    slab order, rounded to x's dtype, is the projection (fused.add_rms_norm takes them as delta)."""
     if split < 2:
         raise ValueError("project_partials needs split >= 2 (use project)")
-    return _launch(x, w, config, torch.float32, pdl, split, gated=gated)
+    return _launch(x, w, config, torch.float32, pdl, split)
 
 
 @dataclass(frozen=True)
@@ -210,35 +187,31 @@ class _Plan:
 
 @functools.lru_cache(maxsize=1024)
 def _plan(m: int, n: int, k: int, x_dtype: torch.dtype, w_dtype: torch.dtype, out_dtype: torch.dtype,
-          split: int, argmax: bool, pdl: bool, config: ProjConfig | None, gated: bool = False) -> _Plan:
+          split: int, argmax: bool, pdl: bool, config: ProjConfig | None) -> _Plan:
     """Grid, output shape and launch options of one call signature (validated once)."""
     if m > MAX_ROWS:
         raise ValueError(f"project handles at most {MAX_ROWS} rows, got {m}")
-    cfg = config or pick_config(n, k, gated)
+    cfg = config or pick_config(n, k)
     if k % split or (split > 1 and (k // split) % cfg.block_k):
         raise ValueError(f"split {split} must cut K={k} into whole {cfg.block_k}-wide tiles")
     kw = dict(
         N=n, K=k, EVEN_K=(k // split) % cfg.block_k == 0, EVEN_N=n % cfg.block_n == 0,
         BLOCK_M=MAX_ROWS, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         DOT_PRECISION="ieee" if w_dtype == torch.float32 else "tf32", USE_PDL=pdl,
-        SPLIT_K=split, ARGMAX=argmax, GATED=gated, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        launch_pdl=pdl,
+        SPLIT_K=split, ARGMAX=argmax, num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=pdl,
     )
     shape = (split, m, n) if split > 1 else (m, n)
     return _Plan(((n + cfg.block_n - 1) // cfg.block_n, split), shape, n, m * n if split > 1 else 0, kw)
 
 
 def _launch(x: torch.Tensor, w: torch.Tensor, config: ProjConfig | None, out_dtype: torch.dtype | None,
-            pdl: bool, split: int, argmax: tuple[torch.Tensor, torch.Tensor] | None = None,
-            gated: bool = False) -> torch.Tensor:
+            pdl: bool, split: int, argmax: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     m, k = x.shape
-    if gated:
-        k //= 2
     n = w.shape[0]
     if w.shape[1] != k or not (x.is_contiguous() and w.is_contiguous()):
-        raise ValueError("project needs contiguous x [M, K] ([M, 2K] gated) and w [N, K]")
+        raise ValueError("project needs contiguous x [M, K] and w [N, K]")
     out_dtype = out_dtype or x.dtype
-    plan = _plan(m, n, k, x.dtype, w.dtype, out_dtype, split, argmax is not None, pdl, config, gated)
+    plan = _plan(m, n, k, x.dtype, w.dtype, out_dtype, split, argmax is not None, pdl, config)
     y = torch.empty(plan.shape, dtype=out_dtype, device=x.device)
     pmax, pidx = argmax if argmax is not None else (None, None)
     # non-constexpr arguments positionally: the fast launcher keys them cheaply

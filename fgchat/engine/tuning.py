@@ -13,7 +13,6 @@ Environment (read by `Tuning.from_env`, once per engine):
   FGCHAT_SPLIT_MAX_N=<n>      o / down with at most n outputs run split-K on our kernel (2048)
   FGCHAT_GEMV_MAX_SPLIT=<n>   ... and at most n weight elements (default 8192*4096)
   FGCHAT_LM_HEAD_GEMV=0       cuBLAS for the LM head
-  FGCHAT_SILU_IN_DOWN=0       SiLU-and-multiply as its own kernel, not in the down projection
   FGCHAT_ROPE_IN_ATTENTION=0  RoPE + K/V write as its own kernel
   FGCHAT_FUSED_COMBINE=1      the last attention split merges the others
   FGCHAT_PDL=0                no programmatic dependent launch between the Triton kernels
@@ -54,7 +53,6 @@ class Tuning:
     split_max_n: int = 2048
     gemv_max_split: int = 8192 * 4096
     lm_head_gemv: bool = True
-    silu_in_down: bool = True  # where down runs on our kernel
     rope_in_attention: bool = True
     fused_combine: bool = False
     # Programmatic dependent launch (sm_90+): each Triton kernel of the step may start (and load
@@ -75,7 +73,6 @@ class Tuning:
             split_max_n=_int("FGCHAT_SPLIT_MAX_N", d.split_max_n),
             gemv_max_split=_int("FGCHAT_GEMV_MAX_SPLIT", d.gemv_max_split),
             lm_head_gemv=_flag("FGCHAT_LM_HEAD_GEMV", d.lm_head_gemv),
-            silu_in_down=_flag("FGCHAT_SILU_IN_DOWN", d.silu_in_down),
             rope_in_attention=_flag("FGCHAT_ROPE_IN_ATTENTION", d.rope_in_attention),
             fused_combine=_flag("FGCHAT_FUSED_COMBINE", d.fused_combine),
             pdl=_flag("FGCHAT_PDL", d.pdl),

@@ -4,8 +4,6 @@ launches chain.
 Routing is decided once, from weight shapes that every layer shares, so eager steps and captured
 graphs launch identical kernels (modes stay bit-identical):
 - a projection runs on our skinny kernel (engine.gemv) where that beat cuBLAS, else on cuBLAS;
-- where down runs on our kernel, SiLU-and-multiply is computed on its activation tiles (one
-  launch less per layer, same rounding as the separate kernel);
 - the o and down projections feed the next add+RMSNorm; when their output is narrow they run on
   our kernel split along K into float32 partial sums that the norm adds in a fixed order (more
   programs in flight, and no reduce launch);
@@ -46,22 +44,19 @@ class FusedStages:
         self.qkv = self._route(lw.wqkv, lw.bqkv is None, feeds_norm=False, sm_count=sm_count)
         self.o = self._route(lw.wo, True, feeds_norm=True, sm_count=sm_count)
         self.gate_up = self._route(lw.w_gate_up, True, feeds_norm=False, sm_count=sm_count)
-        self.down = self._route(lw.w_down, True, feeds_norm=True, sm_count=sm_count,
-                                gated=tuning.silu_in_down)
+        self.down = self._route(lw.w_down, True, feeds_norm=True, sm_count=sm_count)
         self.head_ours = tuning.lm_head_gemv
         self.attention_ours = False
         self.rope_in_attention = False
 
-    def _route(self, w: torch.Tensor, bias_free: bool, feeds_norm: bool, sm_count: int,
-               gated: bool = False) -> Route:
+    def _route(self, w: torch.Tensor, bias_free: bool, feeds_norm: bool, sm_count: int) -> Route:
         t = self.t
         if not (t.gemv and bias_free):
             return Route(False)
         # Narrow norm-fed outputs: cuBLAS splits K there too, plus a reduce kernel; ours leaves
         # the partial sums to the norm (H200: 1B down 11.2 us vs 11.0 + its reduce launch).
         if feeds_norm and t.split_k and w.shape[0] <= t.split_max_n and gemv.wins_over_cublas(w, t.gemv_max_split):
-            n, k = w.shape
-            return Route(True, gemv.pick_split(n, k, sm_count, gemv.pick_config(n, k, gated)))
+            return Route(True, gemv.pick_split(w.shape[0], w.shape[1], sm_count))
         return Route(gemv.wins_over_cublas(w, t.gemv_max_elements))
 
     def after(self, predecessor_ours: bool) -> bool:
@@ -74,14 +69,14 @@ class FusedStages:
         self.attention_ours = attention_ours
         return self.after(self.qkv.ours or not rope_in_attention)
 
-    def _project(self, x: torch.Tensor, w: torch.Tensor, route: Route, predecessor_ours: bool,
-                 gated: bool = False) -> torch.Tensor:
+    def _project(self, x: torch.Tensor, w: torch.Tensor, route: Route, predecessor_ours: bool
+                 ) -> torch.Tensor:
         if not route.ours or x.shape[0] > gemv.MAX_ROWS:
-            return F.linear(fk.silu_mul(x, self.after(predecessor_ours)) if gated else x, w)
+            return F.linear(x, w)
         pdl = self.after(predecessor_ours)
         if route.split > 1:
-            return gemv.project_partials(x, w, route.split, pdl=pdl, gated=gated)
-        return gemv.project(x, w, pdl=pdl, gated=gated)
+            return gemv.project_partials(x, w, route.split, pdl=pdl)
+        return gemv.project(x, w, pdl=pdl)
 
     # ---- stages (see Decoder for their contracts) ----
     def before_attention(self, i: int, st, positions: torch.Tensor, slot_ids: torch.Tensor,
@@ -105,9 +100,6 @@ class FusedStages:
         o = self._project(attn_out.view(attn_out.shape[0], -1), lw.wo, self.o, self.attention_ours)
         st.h, x = fk.add_rms_norm(st.h, o, lw.mlp_norm, c.rms_eps, self.after(self.o.ours))
         gu = self._project(x, lw.w_gate_up, self.gate_up, True)
-        if self.down.ours and self.t.silu_in_down:  # SiLU-and-multiply inside the down projection
-            st.delta = self._project(gu, lw.w_down, self.down, self.gate_up.ours, gated=True)
-            return
         act = fk.silu_mul(gu, self.after(self.gate_up.ours))
         st.delta = self._project(act, lw.w_down, self.down, True)
 
