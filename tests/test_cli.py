@@ -118,6 +118,33 @@ def test_bench_smoke_json(tmp_path):
     assert skipped == {"fgchat-piecewise", "fgchat-full"}  # CPU: graphs skipped with a reason
     assert "TPOT" in p.stdout and "summary" in p.stdout
     assert csv_out.read_text().startswith("runner,batch_size")
+    meta = data["meta"]
+    assert meta["pdl"] is False and meta["kernel_warmup_s"] is None  # CPU: no PDL, no graphs
+    assert isinstance(meta["tuning_changed"], dict)
+
+
+def test_bench_report_separates_prefill_graphs():
+    import io
+
+    from fgchat.bench.report import print_report
+
+    run = {"runner": "fgchat-full", "mode": "full", "batch_size": 1, "requests": 1, "output_tokens_per_s": 900.0,
+           "host_overhead_ms": 0.02, "decode_modes": ["full"]}
+    for key in ("ttft_ms", "tpot_ms", "itl_ms", "gpu_step_ms"):
+        run[key] = {"mean": 1.0, "median": 1.0, "p90": 1.0, "p99": 1.0}
+    caps = [{"mode": "full", "batch_size": 1, "seconds": 0.02, "pool_mib": 2.0, "kind": "decode"},
+            {"mode": "full", "batch_size": 32, "seconds": 0.1, "pool_mib": 8.0, "kind": "prefill"},
+            {"mode": "full", "batch_size": 512, "seconds": 0.3, "pool_mib": 30.0, "kind": "prefill"}]
+    meta = {"model": "m", "device": "d", "dtype": "bfloat16", "attention": "triton", "prompt_len": 512,
+            "output_len": 128, "commit": "abc", "kernel_warmup_s": 1.25}
+    out = io.StringIO()
+    print_report({"meta": meta, "runs": [run], "captures": caps, "skipped": []}, out)
+    text = out.getvalue()
+    assert "graph capture total: 0.42 s, pools 40.0 MiB" in text
+    assert "prefill graphs (2 token buckets up to 512): 0.40 s, 38.0 MiB" in text
+    assert "kernel warm-up before capture (Triton JIT on a cold cache): 1.25 s" in text
+    block = text.split("fgchat-full | batch 1")[1]
+    assert "Graph capture (s):                           0.020" in block  # the decode graph only
 
 
 def test_bench_unknown_preset():
