@@ -32,7 +32,7 @@ class _Graph:
 
 class PrefillGraphs:
     def __init__(self, decoder: Decoder, k_caches: list[torch.Tensor], v_caches: list[torch.Tensor],
-                 pool, stream: torch.cuda.Stream) -> None:
+                 pool: tuple[int, int], stream: torch.cuda.Stream) -> None:
         self.dec = decoder
         self.k, self.v = k_caches, v_caches
         self.pool, self.stream = pool, stream

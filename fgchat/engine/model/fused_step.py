@@ -18,6 +18,7 @@ graphs launch identical kernels (modes stay bit-identical):
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -25,6 +26,9 @@ import torch.nn.functional as F
 from fgchat.engine import fused as fk
 from fgchat.engine import gemv
 from fgchat.engine.tuning import Tuning
+
+if TYPE_CHECKING:
+    from fgchat.engine.model.decoder import Decoder, StepState
 
 
 @dataclass(frozen=True)
@@ -36,7 +40,7 @@ class Route:
 
 
 class FusedStages:
-    def __init__(self, dec, tuning: Tuning, sm_count: int, pdl: bool) -> None:
+    def __init__(self, dec: Decoder, tuning: Tuning, sm_count: int, pdl: bool) -> None:
         self.dec = dec
         self.t = tuning
         self.pdl = pdl
@@ -79,7 +83,7 @@ class FusedStages:
         return gemv.project(x, w, pdl=pdl)
 
     # ---- stages (see Decoder for their contracts) ----
-    def before_attention(self, i: int, st, positions: torch.Tensor, slot_ids: torch.Tensor,
+    def before_attention(self, i: int, st: StepState, positions: torch.Tensor, slot_ids: torch.Tensor,
                          k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
         c, lw = self.dec.cfg, self.dec.w.layers[i]
         # layer 0 follows the embedding (a torch kernel); later layers the previous down projection
@@ -95,7 +99,7 @@ class FusedStages:
         st.q = fk.rope_kv_write(qkv, self.dec.cos, self.dec.sin, positions, slot_ids, k_cache, v_cache,
                                 c.num_heads, c.num_kv_heads, c.head_dim, self.after(self.qkv.ours))
 
-    def after_attention(self, i: int, st, attn_out: torch.Tensor) -> None:
+    def after_attention(self, i: int, st: StepState, attn_out: torch.Tensor) -> None:
         c, lw = self.dec.cfg, self.dec.w.layers[i]
         o = self._project(attn_out.view(attn_out.shape[0], -1), lw.wo, self.o, self.attention_ours)
         st.h, x = fk.add_rms_norm(st.h, o, lw.mlp_norm, c.rms_eps, self.after(self.o.ours))
@@ -103,7 +107,7 @@ class FusedStages:
         act = fk.silu_mul(gu, self.after(self.gate_up.ours))
         st.delta = self._project(act, lw.w_down, self.down, True)
 
-    def head(self, st, greedy: bool) -> None:
+    def head(self, st: StepState, greedy: bool) -> None:
         dec = self.dec
         st.h, x = fk.add_rms_norm(st.h, st.delta, dec.w.final_norm, dec.cfg.rms_eps, self.after(self.down.ours))
         st.delta = None
