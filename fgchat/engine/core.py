@@ -191,9 +191,13 @@ class Engine:
         try:
             self.prefill_graphs.capture_all()
         except (torch.OutOfMemoryError, RuntimeError) as exc:
-            self.prefill_graphs = None
-            torch.cuda.empty_cache()
-            self.notes.append(f"prefill graphs disabled: {str(exc).splitlines()[0][:160]}")
+            self._drop_prefill_graphs(exc)
+
+    def _drop_prefill_graphs(self, exc: Exception) -> None:
+        """Prefill runs eagerly from now on (same bits); full decode graphs stay."""
+        self.prefill_graphs = None
+        torch.cuda.empty_cache()
+        self.notes.append(f"prefill graphs disabled: {str(exc).splitlines()[0][:160]}")
 
     def _disable(self, mode: str, reason: str) -> None:
         self.unavailable[mode] = reason
@@ -388,9 +392,8 @@ class Engine:
                 return graphs.run(ids, slot)
             except torch.OutOfMemoryError:
                 raise
-            except RuntimeError as exc:  # a capture failure: prefill stays eager from now on
-                self.prefill_graphs = None
-                self.notes.append(f"prefill graphs disabled: {str(exc).splitlines()[0][:160]}")
+            except RuntimeError as exc:  # a capture failure
+                self._drop_prefill_graphs(exc)
         return self.decoder.prefill(ids, slot, self.cache.k, self.cache.v)
 
     def _can_follow(self, prev: _InFlight, seqs: list[Sequence]) -> bool:

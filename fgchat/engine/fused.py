@@ -11,13 +11,9 @@ import torch
 import triton
 import triton.language as tl
 
+from fgchat.engine.intmath import cdiv, next_pow2
 from fgchat.engine.launch import fast
 from fgchat.engine.pdl import pdl_enter
-
-
-def _next_pow2(n: int) -> int:
-    """triton.next_power_of_2 without its constexpr-function wrapper (a hot host path)."""
-    return 1 << max(0, n - 1).bit_length()
 
 
 @triton.jit
@@ -61,7 +57,7 @@ def add_rms_norm(h: torch.Tensor, delta: torch.Tensor | None, w: torch.Tensor, e
         raise ValueError("partial sums must be contiguous float32 [S, rows, n]")
     fast(_add_rms_norm_kernel)[(rows,)](h, delta if delta is not None else h, w, h_out, y, n, eps,
                                         rows * n if parts > 1 else 0,
-                                        HAS_DELTA=delta is not None, BLOCK=_next_pow2(n),
+                                        HAS_DELTA=delta is not None, BLOCK=next_pow2(n),
                                         USE_PDL=pdl, PARTS=parts,
                                         num_warps=4 if n <= 4096 else 8, launch_pdl=pdl)
     return h_out, y
@@ -85,7 +81,7 @@ def silu_mul(gu: torch.Tensor, pdl: bool = False) -> torch.Tensor:
     inter = two_i // 2
     out = torch.empty((rows, inter), dtype=gu.dtype, device=gu.device)
     block = 1024
-    fast(_silu_mul_kernel)[(rows, -(-inter // block))](gu, out, inter, BLOCK=block, USE_PDL=pdl,
+    fast(_silu_mul_kernel)[(rows, cdiv(inter, block))](gu, out, inter, BLOCK=block, USE_PDL=pdl,
                                                                    num_warps=4, launch_pdl=pdl)
     return out
 
@@ -176,5 +172,5 @@ def step_inputs(ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
     b, hidden = ids.shape[0], embed.shape[1]
     h = torch.empty((b, hidden), dtype=embed.dtype, device=embed.device)
     fast(_step_inputs_kernel)[(b,)](ids, positions, slots, embed, h, seq_lens, slots32, hidden=hidden,
-                                    BLOCK=min(4096, _next_pow2(hidden)), num_warps=4)
+                                    BLOCK=min(4096, next_pow2(hidden)), num_warps=4)
     return h

@@ -18,12 +18,14 @@ import torch
 import triton
 import triton.language as tl
 
+from fgchat.engine.intmath import cdiv, next_pow2
 from fgchat.engine.launch import fast
 from fgchat.engine.pdl import pdl_enter
+from fgchat.engine.tuning import DEFAULT_GEMV_MAX
 
 MAX_ROWS = 16
 # Largest weight (elements) for which the kernel beat cuBLAS in the H200 sweep.
-MAX_WEIGHT_ELEMENTS = 2048 * 2048
+MAX_WEIGHT_ELEMENTS = DEFAULT_GEMV_MAX
 
 
 @triton.jit
@@ -131,7 +133,7 @@ def pick_split(n: int, k: int, sm_count: int, config: ProjConfig | None = None) 
     columns, and of >= 4096 where K allows (H200: 1B o 2048 wide best at 4 slices, 1B down
     8192 wide at 2, SmolLM2 down 1536 wide at 3)."""
     cfg = config or pick_config(n, k)
-    programs = -(-n // cfg.block_n)
+    programs = cdiv(n, cfg.block_n)
     min_slice = 4096 if k >= 8192 else 512
     split = 1
     for s in (2, 3, 4, 6, 8):
@@ -162,7 +164,7 @@ def project_argmax(x: torch.Tensor, w: torch.Tensor, config: ProjConfig | None =
     logits = _launch(x, w, config, torch.float32, pdl, 1, argmax=(pmax, pidx))
     tokens = torch.empty(m, dtype=torch.int64, device=x.device)
     fast(_argmax_finish_kernel)[(m,)](pmax, pidx, tokens, programs, programs,
-                                      BLOCK_P=max(16, 1 << (programs - 1).bit_length()), USE_PDL=pdl,
+                                      BLOCK_P=max(16, next_pow2(programs)), USE_PDL=pdl,
                                       num_warps=4, launch_pdl=pdl)
     return logits, tokens
 
@@ -201,7 +203,7 @@ def _plan(m: int, n: int, k: int, x_dtype: torch.dtype, w_dtype: torch.dtype, ou
         SPLIT_K=split, ARGMAX=argmax, num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=pdl,
     )
     shape = (split, m, n) if split > 1 else (m, n)
-    return _Plan(((n + cfg.block_n - 1) // cfg.block_n, split), shape, n, m * n if split > 1 else 0, kw)
+    return _Plan((cdiv(n, cfg.block_n), split), shape, n, m * n if split > 1 else 0, kw)
 
 
 def _launch(x: torch.Tensor, w: torch.Tensor, config: ProjConfig | None, out_dtype: torch.dtype | None,

@@ -16,6 +16,8 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
+from fgchat.engine.intmath import cdiv
+
 
 class DecodeAttention(Protocol):
     """Single-token (decode) attention over a slotted KV cache. See the module docstring."""
@@ -33,10 +35,6 @@ class DecodeAttention(Protocol):
         scale: float,  # softmax scale, usually 1/sqrt(D)
         max_len_hint: int | None = None,  # host-side bound on seq_lens; eager only, may be ignored
     ) -> None: ...
-
-
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def check_decode_shapes(

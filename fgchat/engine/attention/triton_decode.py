@@ -30,6 +30,7 @@ from torch import Tensor
 
 from fgchat.engine.attention.base import check_decode_shapes, plan_num_splits
 from fgchat.engine.errors import FgchatError
+from fgchat.engine.intmath import next_pow2
 from fgchat.engine.launch import fast
 from fgchat.engine.pdl import pdl_enter
 from fgchat.engine.pdl import supported as pdl_supported
@@ -286,12 +287,13 @@ class TritonDecodeAttention:
         scale: float,
         max_len_hint: int | None = None,  # ignored on purpose: the launch must not depend on lengths
     ) -> None:
-        plan = self._plans.get(self._key(q, q.stride(), None, k_cache, v_cache, slot_ids, seq_lens, out, scale))
+        key = self._key(q, q.stride(), None, k_cache, v_cache, slot_ids, seq_lens, out, scale)
+        plan = self._plans.get(key)
         if plan is None:
             check_decode_shapes(q, k_cache, v_cache, slot_ids, seq_lens, out)
             if q.stride(-1) != 1:
                 raise ValueError("q must be contiguous in its last dimension")
-            plan = self._plan(q, q.stride(0), q.stride(1), None, k_cache, v_cache, slot_ids, seq_lens, out, scale)
+            plan = self._plan(key, q, q.stride(0), q.stride(1), None, k_cache, v_cache, out, scale)
         self._run(plan, q, None, None, k_cache, v_cache, slot_ids, seq_lens, out)
 
     def decode_with_rope(
@@ -309,7 +311,8 @@ class TritonDecodeAttention:
         """RoPE + KV-cache write + attention in one call: qkv [B, (Hq + 2 Hkv) * D] rows q | k | v
         of the current token at position seq_lens - 1; cos/sin [T, D] tables in qkv's dtype.
         Same bits as fused.rope_kv_write followed by __call__."""
-        plan = self._plans.get(self._key(qkv, qkv.stride(), cos, k_cache, v_cache, slot_ids, seq_lens, out, scale))
+        key = self._key(qkv, qkv.stride(), cos, k_cache, v_cache, slot_ids, seq_lens, out, scale)
+        plan = self._plans.get(key)
         if plan is None:
             batch, num_q_heads, head_dim = out.shape
             num_kv_heads = k_cache.shape[2]
@@ -319,7 +322,7 @@ class TritonDecodeAttention:
                 raise ValueError("cos/sin must be [T, D] tables covering the cache")
             q_view = qkv[:, : num_q_heads * head_dim].view(batch, num_q_heads, head_dim)
             check_decode_shapes(q_view, k_cache, v_cache, slot_ids, seq_lens, out)
-            plan = self._plan(qkv, qkv.stride(0), head_dim, cos, k_cache, v_cache, slot_ids, seq_lens, out, scale)
+            plan = self._plan(key, qkv, qkv.stride(0), head_dim, cos, k_cache, v_cache, out, scale)
         self._run(plan, qkv, cos, sin, k_cache, v_cache, slot_ids, seq_lens, out)
 
     def _key(self, q: Tensor, q_strides: tuple, cos: Tensor | None, k_cache: Tensor, v_cache: Tensor,
@@ -331,8 +334,8 @@ class TritonDecodeAttention:
                 out.dtype, slot_ids.shape, slot_ids.dtype, seq_lens.shape, seq_lens.dtype, scale,
                 self.pdl, self.pdl_entry, self.fuse_combine)
 
-    def _plan(self, q: Tensor, stride_qb: int, stride_qh: int, cos: Tensor | None, k_cache: Tensor,
-              v_cache: Tensor, slot_ids: Tensor, seq_lens: Tensor, out: Tensor, scale: float) -> _Plan:
+    def _plan(self, key: tuple, q: Tensor, stride_qb: int, stride_qh: int, cos: Tensor | None, k_cache: Tensor,
+              v_cache: Tensor, out: Tensor, scale: float) -> _Plan:
         """Validate once per key and precompute the launches' grids, scalars and options."""
         batch, num_q_heads, head_dim = out.shape
         _, max_context, num_kv_heads, _ = k_cache.shape
@@ -346,7 +349,7 @@ class TritonDecodeAttention:
         cfg = self.config(head_dim)
         group = num_q_heads // num_kv_heads
         splits = self.num_splits(batch, num_kv_heads, max_context, head_dim)
-        block_s = max(2, _next_pow2(splits))
+        block_s = max(2, next_pow2(splits))
         part_shape = (batch, num_q_heads, splits, head_dim)
         # strides of the contiguous scratch allocated per call
         part_strides = (num_q_heads * splits * head_dim, splits * head_dim, head_dim)
@@ -354,7 +357,7 @@ class TritonDecodeAttention:
         split_mid = (scale * LOG2_E, max_context, group, splits, stride_qb, stride_qh,
                      *k_cache.stride()[:3], *v_cache.stride()[:3], *part_strides, *lse_strides)
         split_kw = dict(
-            HEAD_DIM=head_dim, BLOCK_G=max(16, _next_pow2(group)), FUSE_COMBINE=self.fuse_combine,
+            HEAD_DIM=head_dim, BLOCK_G=max(16, next_pow2(group)), FUSE_COMBINE=self.fuse_combine,
             BLOCK_S=block_s, ROPE=cos is not None, BLOCK_N=cfg.block_n,
             DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", USE_PDL=self.pdl_entry,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=self.pdl_entry,
@@ -369,7 +372,7 @@ class TritonDecodeAttention:
             )
         plan = _Plan((batch, num_kv_heads, splits), split_mid, tuple(out.stride()[:2]),
                      split_kw, part_shape, part_shape[:3], batch * num_kv_heads, combine)
-        self._plans[self._key(q, q.stride(), cos, k_cache, v_cache, slot_ids, seq_lens, out, scale)] = plan
+        self._plans[key] = plan
         return plan
 
     def _run(self, plan: _Plan, q: Tensor, cos: Tensor | None, sin: Tensor | None, k_cache: Tensor,
@@ -384,10 +387,6 @@ class TritonDecodeAttention:
         if plan.combine is not None:
             grid, scalars, kw = plan.combine
             fast(_combine_kernel)[grid](part, lse, out, *scalars, **kw)
-
-
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, n - 1).bit_length()
 
 
 @dataclass(frozen=True)
