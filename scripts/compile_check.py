@@ -47,6 +47,12 @@ def main() -> None:
               dict(N=128256, K=2048, EVEN_K=True, EVEN_N=True, BLOCK_M=16, BLOCK_N=64, BLOCK_K=128,
                    DOT_PRECISION="tf32", USE_PDL=pdl, SPLIT_K=1, ARGMAX=True), num_warps=4, num_stages=4,
               launch_pdl=pdl)
+        for tile in ("16,512,4,4", "64,128,4,4,1", "128,64,4,4,1"):  # gate/up + SiLU, 1B
+            c = gemv.ProjConfig.parse(tile)
+            build(gemv._proj_kernel, dict(proj, y_ptr="*bf16"),
+                  dict(N=8192, K=2048, EVEN_K=True, EVEN_N=True, BLOCK_M=16, BLOCK_N=c.block_n,
+                       BLOCK_K=c.block_k, DOT_PRECISION="tf32", USE_PDL=pdl, SPLIT_K=1, GLU=True, SWAP=c.swap),
+                  num_warps=c.num_warps, num_stages=c.num_stages, launch_pdl=pdl)
         build(gemv._argmax_finish_kernel, {"pmax_ptr": "*fp32", "pidx_ptr": "*i32", "out_ptr": "*i64", "P": "i32",
                                            "stride_p": "i32"}, dict(BLOCK_P=2048, USE_PDL=pdl), num_warps=4,
               launch_pdl=pdl)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One H200 call: GPU tests and the model benchmarks. Results land in $OUT.
-# Usage (device tool, carry .whl): FGCHAT_COMMIT=<sha> bash scripts/gpu_run.sh [tests|bench|more|tui|peers|all|probe|run3|run4|final3|pdl|split|verify|final4|gputests|final5]
+# Usage (device tool, carry .whl): FGCHAT_COMMIT=<sha> bash scripts/gpu_run.sh [tests|bench|more|tui|peers|all|probe|run3|run4|final3|pdl|split|verify|final4|gputests|final5|sweep]
 # final4 is the run behind the README table (docs/bench/h200-s4-06c8fff); gputests runs every GPU test;
 # final5 = gputests + final4. Older sections produced the other folders of docs/bench and the notes.
 set -u -o pipefail
@@ -164,6 +164,10 @@ fi
 if [[ $what == final5 ]]; then  # GPU tests, then the README run (final4)
   bash "$0" gputests
   bash "$0" final4
+fi
+if [[ $what == sweep ]]; then  # tiles of our projection kernel at the large shapes (session 5)
+  timeout "${SWEEP_TIMEOUT:-420}" python3 scripts/sweep_proj.py --json "$OUT/sweep.json" --models "${SWEEP_MODELS:-1b,8b,135m}" \
+    2>&1 | tee -a "$OUT/run.log" | grep -v skip
 fi
 if [[ $what == gputests ]]; then
   timeout 280 python3 -m pytest -p no:cacheprovider -m gpu $GPU_TESTS -q --timeout 120 -W ignore 2>&1 \

@@ -20,6 +20,7 @@ from fgchat.engine.gemv import (  # noqa: E402
     pick_config,
     pick_split,
     project,
+    project_glu,
     project_partials,
     wins_over_cublas,
 )
@@ -42,6 +43,44 @@ def _inputs(m: int, n: int, k: int, seed: int):
 def test_projection_matches_torch(m, n, k, cfg):
     x, w = _inputs(m, n, k, m * n + k)
     torch.testing.assert_close(project(x, w, cfg), F.linear(x, w), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("m,i,k,cfg", [(1, 40, 96, ProjConfig(16, 64)), (6, 64, 256, None),
+                                       (3, 32, 128, ProjConfig(32, 64, swap=True))])
+def test_glu_projection_is_linear_then_silu_mul(m, i, k, cfg):
+    from fgchat.engine.fused import silu_mul
+
+    x, w = _inputs(m, 2 * i, k, m + i + k)
+    x16, w16 = x.half(), w.half()
+    cfg = cfg or pick_config(i, k, glu=True)  # the plain call below must tile K the same way
+    got = project_glu(x16, w16, cfg)
+    assert got.shape == (m, i) and got.dtype == torch.float16
+    # the same products the plain kernel computes, then the same activation kernel
+    assert torch.equal(got, silu_mul(project(x16, w16, cfg)))
+    torch.testing.assert_close(got.float(), F.silu(F.linear(x, w[:i])) * F.linear(x, w[i:]),
+                               rtol=2e-2, atol=2e-2)
+
+
+def test_glu_rejects_an_odd_weight():
+    x, w = _inputs(1, 33, 64, 0)
+    with pytest.raises(ValueError, match="even"):
+        project_glu(x, w)
+
+
+@pytest.mark.parametrize("m", [1, 7])
+def test_swapped_operands_give_the_plain_product(m):
+    x, w = _inputs(m, 96, 256, 40 + m)
+    got = project(x, w, ProjConfig(32, 64, swap=True))
+    torch.testing.assert_close(got, F.linear(x, w), rtol=1e-5, atol=1e-5)
+    one = project(x[:1].contiguous(), w, ProjConfig(32, 64, swap=True))
+    assert torch.equal(one[0], got[0])  # a row's result does not depend on the other rows
+
+
+def test_config_text_parses_and_rejects():
+    assert ProjConfig.parse("64,128,4,3,1") == ProjConfig(64, 128, 4, 3, True)
+    assert ProjConfig.parse("16,512,4,4") == ProjConfig(16, 512, 4, 4, False)
+    with pytest.raises(ValueError, match="bn,bk"):
+        ProjConfig.parse("16,512")
 
 
 def test_rows_do_not_depend_on_batch_size():

@@ -107,3 +107,24 @@ def test_projection_rows_identical_at_every_batch_size():
     y8 = project(x, w)
     for r in range(8):
         assert torch.equal(project(x[r : r + 1].contiguous(), w)[0], y8[r])
+
+
+# (M, I, K): gate/up of Llama-3.2-1B, SmolLM2-135M, Llama-3.1-8B; configs: the shape rule and the
+# swapped-operand tiles
+@pytest.mark.parametrize("m,i,k", [(1, 8192, 2048), (8, 8192, 2048), (1, 1536, 576), (2, 14336, 4096)])
+@pytest.mark.parametrize("cfg", [None, "64,128,4,4,1"])
+def test_glu_projection_bf16(m, i, k, cfg):
+    from fgchat.engine.fused import silu_mul
+    from fgchat.engine.gemv import ProjConfig, pick_config, project, project_glu
+
+    cfg = ProjConfig.parse(cfg) if cfg else pick_config(i, k, glu=True)
+    g = torch.Generator(device="cuda").manual_seed(i + k)
+    x = torch.randn(m, k, device="cuda", generator=g).bfloat16()
+    w = (torch.randn(2 * i, k, device="cuda", generator=g) * 0.02).bfloat16()
+    got = project_glu(x, w, cfg, pdl=True)
+    # the plain kernel's products, then the activation kernel: the same bits
+    assert torch.equal(got, silu_mul(project(x, w, cfg)))
+    ref = silu_mul(F.linear(x, w)).float()
+    assert ((got.float() - ref).abs() <= ref.abs() * 2**-6 + 2e-3).all()
+    one = project_glu(x[:1].contiguous(), w, cfg)
+    assert torch.equal(one[0], got[0])

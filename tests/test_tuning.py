@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from fgchat.engine.tuning import DEFAULT_GEMV_MAX, Tuning
 
 
@@ -26,3 +28,19 @@ def test_environment_switches_and_changed(monkeypatch):
 def test_unparsable_number_keeps_the_default(monkeypatch):
     monkeypatch.setenv("FGCHAT_GEMV_MAX", "lots")
     assert Tuning.from_env().gemv_max_elements == DEFAULT_GEMV_MAX
+
+
+def test_projection_config_overrides_per_role(monkeypatch):
+    monkeypatch.setenv("FGCHAT_PROJ_CONFIGS", " gate_up=64,128,4,4 ; qkv=32,256,4,3,1;")
+    t = Tuning.from_env()
+    assert t.proj_config_texts() == {"gate_up": "64,128,4,4", "qkv": "32,256,4,3,1"}
+    assert t.changed() == {"proj_configs": "gate_up=64,128,4,4 ; qkv=32,256,4,3,1;"}
+
+
+def test_malformed_projection_config_is_one_user_error():
+    from fgchat.engine.errors import FgchatError
+    from fgchat.engine.model.fused_step import _configs
+
+    for bad, match in (("lm=64,128,4,4", "ROLE"), ("gate_up=64,128", "bn,bk"), ("gate_up", "ROLE")):
+        with pytest.raises(FgchatError, match=match):
+            _configs(Tuning(proj_configs=bad))

@@ -29,6 +29,15 @@ MAX_WEIGHT_ELEMENTS = DEFAULT_GEMV_MAX
 
 
 @triton.jit
+def _tile_product(x, w, SWAP: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """x [BLOCK_M, BLOCK_K] . w [BLOCK_N, BLOCK_K]^T, float32. SWAP: computed as (w . x^T)^T, so the
+    weight rows fill the MMA's M dimension and the activation rows its N (same per-row order)."""
+    if SWAP:
+        return tl.trans(tl.dot(w, tl.trans(x), input_precision=DOT_PRECISION))
+    return tl.dot(x, tl.trans(w), input_precision=DOT_PRECISION)
+
+
+@triton.jit
 def _proj_kernel(
     x_ptr, w_ptr, y_ptr, M, stride_y, stride_split,
     pmax_ptr, pidx_ptr, stride_p,  # ARGMAX outputs (None without)
@@ -37,12 +46,15 @@ def _proj_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     DOT_PRECISION: tl.constexpr, USE_PDL: tl.constexpr = False,
     SPLIT_K: tl.constexpr = 1, ARGMAX: tl.constexpr = False,
+    GLU: tl.constexpr = False, SWAP: tl.constexpr = False,
 ):
     """Program (pid, ks) owns columns [pid*BLOCK_N, +BLOCK_N) over K slice ks of SPLIT_K. With
     SPLIT_K > 1 it stores its float32 partial sum in slab ks of y [SPLIT_K, M, N] (the consumer
     adds the slabs in order); else the sum rounded to x's dtype, stored in y's dtype. ARGMAX
     (SPLIT_K == 1): also the maximum of each row's stored values over the program's columns and
-    its first column, at [row, pid] of pmax / pidx (finished by _argmax_finish_kernel)."""
+    its first column, at [row, pid] of pmax / pidx (finished by _argmax_finish_kernel).
+    GLU (SPLIT_K == 1): w is [2N, K], rows gate | up; y = silu(x.gate) * (x.up), each product
+    rounded to x's dtype first, the activation as fused.silu_mul computes it."""
     pid = tl.program_id(0)
     K_PART: tl.constexpr = K // SPLIT_K
     k_base = tl.program_id(1) * K_PART
@@ -52,35 +64,57 @@ def _proj_kernel(
     m_mask = offs_m < M
     n_mask = offs_n < N
     w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * K + k_base
+    u_rows = w_rows + N * K  # GLU: the up row of each gate row
     x_rows = x_ptr + offs_m[:, None] * K + k_base
     # The first weight tile is loaded before waiting on the previous kernel (weights are never
     # written by a kernel); the K loop below starts at the second tile, so the sum's order is the
     # same with and without PDL: tile 0, tile 1, ...
     if EVEN_K and EVEN_N:
         w = tl.load(w_rows + offs_k0[None, :])
+        if GLU:
+            wu = tl.load(u_rows + offs_k0[None, :])
     else:
-        w = tl.load(w_rows + offs_k0[None, :], mask=n_mask[:, None] & (offs_k0[None, :] < K_PART), other=0.0)
+        w0_mask = n_mask[:, None] & (offs_k0[None, :] < K_PART)
+        w = tl.load(w_rows + offs_k0[None, :], mask=w0_mask, other=0.0)
+        if GLU:
+            wu = tl.load(u_rows + offs_k0[None, :], mask=w0_mask, other=0.0)
     pdl_enter(USE_PDL)
     x = tl.load(x_rows + offs_k0[None, :], mask=m_mask[:, None] & (offs_k0[None, :] < K_PART), other=0.0)
-    acc = tl.dot(x, tl.trans(w), input_precision=DOT_PRECISION)
+    acc = _tile_product(x, w, SWAP, DOT_PRECISION)
+    if GLU:
+        acc_u = _tile_product(x, wu, SWAP, DOT_PRECISION)
     for k0 in range(BLOCK_K, K_PART, BLOCK_K):
         offs_k = k0 + offs_k0
         if EVEN_K:
             x = tl.load(x_rows + offs_k[None, :], mask=m_mask[:, None], other=0.0)
             if EVEN_N:
                 w = tl.load(w_rows + offs_k[None, :])
+                if GLU:
+                    wu = tl.load(u_rows + offs_k[None, :])
             else:
                 w = tl.load(w_rows + offs_k[None, :], mask=n_mask[:, None], other=0.0)
+                if GLU:
+                    wu = tl.load(u_rows + offs_k[None, :], mask=n_mask[:, None], other=0.0)
         else:
             k_mask = offs_k[None, :] < K_PART
             x = tl.load(x_rows + offs_k[None, :], mask=m_mask[:, None] & k_mask, other=0.0)
             w = tl.load(w_rows + offs_k[None, :], mask=n_mask[:, None] & k_mask, other=0.0)
-        acc += tl.dot(x, tl.trans(w), input_precision=DOT_PRECISION)
+            if GLU:
+                wu = tl.load(u_rows + offs_k[None, :], mask=n_mask[:, None] & k_mask, other=0.0)
+        acc += _tile_product(x, w, SWAP, DOT_PRECISION)
+        if GLU:
+            acc_u += _tile_product(x, wu, SWAP, DOT_PRECISION)
     out_mask = m_mask[:, None] & n_mask[None, :]
     out = y_ptr + offs_m[:, None] * stride_y + offs_n[None, :]
     if SPLIT_K == 1:
         # rounded to the input dtype first (as F.linear does), then stored in y's dtype (f32 logits)
-        y = acc.to(x_ptr.dtype.element_ty).to(y_ptr.dtype.element_ty)
+        y = acc.to(x_ptr.dtype.element_ty)
+        if GLU:
+            g = y.to(tl.float32)
+            u = acc_u.to(x_ptr.dtype.element_ty).to(tl.float32)
+            s = (g / (1.0 + tl.exp(-g))).to(x_ptr.dtype.element_ty).to(tl.float32)
+            y = (s * u).to(x_ptr.dtype.element_ty)
+        y = y.to(y_ptr.dtype.element_ty)
         tl.store(out, y, mask=out_mask)
         if ARGMAX:
             vals = tl.where(n_mask[None, :], y.to(tl.float32), float("-inf"))
@@ -112,9 +146,18 @@ class ProjConfig:
     block_k: int = 512
     num_warps: int = 4
     num_stages: int = 4
+    swap: bool = False  # weight rows as the MMA's M dimension (see _tile_product)
+
+    @classmethod
+    def parse(cls, text: str) -> ProjConfig:
+        """"bn,bk,warps,stages[,swap]", e.g. "64,128,4,4,1" (benchmark and tuning overrides)."""
+        parts = [int(p) for p in text.split(",")]
+        if len(parts) not in (4, 5) or min(parts[:4]) < 1:
+            raise ValueError(f"projection config {text!r}: expected bn,bk,warps,stages[,swap]")
+        return cls(*parts[:4], bool(parts[4]) if len(parts) == 5 else False)
 
 
-def pick_config(n: int, k: int) -> ProjConfig:
+def pick_config(n: int, k: int, glu: bool = False) -> ProjConfig:
     """Shape-only (eager and captured launches match). Narrow column tiles keep >= 1 program per
     SM for N >= 2048; wide K tiles keep 16 KiB of weights per stage in flight; vocabulary-sized N
     takes wide column tiles (LM head: 119 us vs cuBLAS 127 on the H200 sweep)."""
@@ -169,6 +212,16 @@ def project_argmax(x: torch.Tensor, w: torch.Tensor, config: ProjConfig | None =
     return logits, tokens
 
 
+def project_glu(x: torch.Tensor, w_gate_up: torch.Tensor, config: ProjConfig | None = None,
+                pdl: bool = False) -> torch.Tensor:
+    """x [M <= 16, K], w_gate_up [2I, K] (rows gate | up) -> silu(x @ gate^T) * (x @ up^T), [M, I],
+    in one launch; each product rounded to x's dtype before the activation (as F.linear then
+    fused.silu_mul)."""
+    if w_gate_up.shape[0] % 2:
+        raise ValueError("project_glu needs an even number of weight rows (gate | up)")
+    return _launch(x, w_gate_up, config, None, pdl, 1, glu=True)
+
+
 def project_partials(x: torch.Tensor, w: torch.Tensor, split: int, config: ProjConfig | None = None,
                      pdl: bool = False) -> torch.Tensor:
     """Split-K x @ w^T: float32 partial sums [split, M, N], slab s over K slice s. Their sum in
@@ -189,31 +242,32 @@ class _Plan:
 
 @functools.lru_cache(maxsize=1024)
 def _plan(m: int, n: int, k: int, x_dtype: torch.dtype, w_dtype: torch.dtype, out_dtype: torch.dtype,
-          split: int, argmax: bool, pdl: bool, config: ProjConfig | None) -> _Plan:
+          split: int, argmax: bool, pdl: bool, config: ProjConfig | None, glu: bool = False) -> _Plan:
     """Grid, output shape and launch options of one call signature (validated once)."""
     if m > MAX_ROWS:
         raise ValueError(f"project handles at most {MAX_ROWS} rows, got {m}")
-    cfg = config or pick_config(n, k)
+    cfg = config or pick_config(n, k, glu)
     if k % split or (split > 1 and (k // split) % cfg.block_k):
         raise ValueError(f"split {split} must cut K={k} into whole {cfg.block_k}-wide tiles")
     kw = dict(
         N=n, K=k, EVEN_K=(k // split) % cfg.block_k == 0, EVEN_N=n % cfg.block_n == 0,
         BLOCK_M=MAX_ROWS, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         DOT_PRECISION="ieee" if w_dtype == torch.float32 else "tf32", USE_PDL=pdl,
-        SPLIT_K=split, ARGMAX=argmax, num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=pdl,
+        SPLIT_K=split, ARGMAX=argmax, GLU=glu, SWAP=cfg.swap, num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=pdl,
     )
     shape = (split, m, n) if split > 1 else (m, n)
     return _Plan((cdiv(n, cfg.block_n), split), shape, n, m * n if split > 1 else 0, kw)
 
 
 def _launch(x: torch.Tensor, w: torch.Tensor, config: ProjConfig | None, out_dtype: torch.dtype | None,
-            pdl: bool, split: int, argmax: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+            pdl: bool, split: int, argmax: tuple[torch.Tensor, torch.Tensor] | None = None,
+            glu: bool = False) -> torch.Tensor:
     m, k = x.shape
-    n = w.shape[0]
+    n = w.shape[0] // 2 if glu else w.shape[0]
     if w.shape[1] != k or not (x.is_contiguous() and w.is_contiguous()):
         raise ValueError("project needs contiguous x [M, K] and w [N, K]")
     out_dtype = out_dtype or x.dtype
-    plan = _plan(m, n, k, x.dtype, w.dtype, out_dtype, split, argmax is not None, pdl, config)
+    plan = _plan(m, n, k, x.dtype, w.dtype, out_dtype, split, argmax is not None, pdl, config, glu)
     y = torch.empty(plan.shape, dtype=out_dtype, device=x.device)
     pmax, pidx = argmax if argmax is not None else (None, None)
     # non-constexpr arguments positionally: the fast launcher keys them cheaply

@@ -13,6 +13,10 @@ Environment (read by `Tuning.from_env`, once per engine):
   FGCHAT_SPLIT_MAX_N=<n>      o / down with at most n outputs run split-K on our kernel (2048)
   FGCHAT_GEMV_MAX_SPLIT=<n>   ... and at most n weight elements (default 2048*2048: 1B o, not down)
   FGCHAT_LM_HEAD_GEMV=0       cuBLAS for the LM head
+  FGCHAT_GLU=0                gate/up on its own, then SiLU-and-multiply as a second kernel
+  FGCHAT_PROJ_CONFIGS=<spec>  our projection kernel's tiles per role instead of the shape rule,
+                              e.g. "gate_up=64,128,4,4;qkv=32,256,4,4,1" (gemv.ProjConfig.parse);
+                              roles qkv, o, gate_up, down, head
   FGCHAT_ROPE_IN_ATTENTION=0  RoPE + K/V write as its own kernel
   FGCHAT_FUSED_COMBINE=1      the last attention split merges the others
   FGCHAT_PDL=0                no programmatic dependent launch between the Triton kernels
@@ -26,6 +30,7 @@ import os
 from dataclasses import dataclass
 
 DEFAULT_GEMV_MAX = 2048 * 2048
+PROJ_ROLES = ("qkv", "o", "gate_up", "down", "head")
 
 
 def _flag(name: str, default: bool) -> bool:
@@ -54,6 +59,9 @@ class Tuning:
     # H200, one run: 1B down on cuBLAS 1.009 / 1.090 ms vs split on ours 1.017 / 1.110 (b1 / b8)
     gemv_max_split: int = DEFAULT_GEMV_MAX
     lm_head_gemv: bool = True
+    # gate/up projection with SiLU-and-multiply in its epilogue on our kernel: one launch
+    glu: bool = True
+    proj_configs: str = ""
     rope_in_attention: bool = True
     fused_combine: bool = False
     # Programmatic dependent launch (sm_90+): each Triton kernel of the step may start (and load
@@ -74,12 +82,25 @@ class Tuning:
             split_max_n=_int("FGCHAT_SPLIT_MAX_N", d.split_max_n),
             gemv_max_split=_int("FGCHAT_GEMV_MAX_SPLIT", d.gemv_max_split),
             lm_head_gemv=_flag("FGCHAT_LM_HEAD_GEMV", d.lm_head_gemv),
+            glu=_flag("FGCHAT_GLU", d.glu),
+            proj_configs=os.environ.get("FGCHAT_PROJ_CONFIGS", d.proj_configs).strip(),
             rope_in_attention=_flag("FGCHAT_ROPE_IN_ATTENTION", d.rope_in_attention),
             fused_combine=_flag("FGCHAT_FUSED_COMBINE", d.fused_combine),
             pdl=_flag("FGCHAT_PDL", d.pdl),
             pdl_after_library=_flag("FGCHAT_PDL_AFTER_LIBRARY", d.pdl_after_library),
             prefill_graphs=_flag("FGCHAT_PREFILL_GRAPHS", d.prefill_graphs),
         )
+
+    def proj_config_texts(self) -> dict[str, str]:
+        """FGCHAT_PROJ_CONFIGS as {role: "bn,bk,warps,stages[,swap]"}; raises ValueError if malformed."""
+        out: dict[str, str] = {}
+        for item in filter(None, (p.strip() for p in self.proj_configs.split(";"))):
+            role, sep, cfg = item.partition("=")
+            if not sep or role.strip() not in PROJ_ROLES:
+                raise ValueError(f"FGCHAT_PROJ_CONFIGS item {item!r}: expected ROLE=bn,bk,warps,stages "
+                                 f"with ROLE one of {', '.join(PROJ_ROLES)}")
+            out[role.strip()] = cfg.strip()
+        return out
 
     def changed(self) -> dict[str, object]:
         """The switches that differ from the defaults (recorded with benchmark results)."""

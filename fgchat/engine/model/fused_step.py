@@ -7,6 +7,7 @@ graphs launch identical kernels (modes stay bit-identical):
 - the o and down projections feed the next add+RMSNorm; when their output is narrow they run on
   our kernel split along K into float32 partial sums that the norm adds in a fixed order (more
   programs in flight, and no reduce launch);
+- the gate/up projection carries SiLU-and-multiply in its epilogue (one launch, Tuning.glu);
 - programmatic dependent launch (engine.pdl) is used for every Triton launch of the step, or,
   with Tuning.pdl_after_library off, only where the predecessor in the stream is one of our
   Triton kernels (a library kernel that lets dependents launch early would then share its SMs
@@ -25,6 +26,7 @@ import torch.nn.functional as F
 
 from fgchat.engine import fused as fk
 from fgchat.engine import gemv
+from fgchat.engine.errors import FgchatError
 from fgchat.engine.tuning import Tuning
 
 if TYPE_CHECKING:
@@ -33,10 +35,13 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Route:
-    """How one projection runs: on our kernel (split > 1: partial sums) or on cuBLAS."""
+    """How one projection runs: on our kernel (split > 1: partial sums; glu: gate/up with the
+    activation in its epilogue; config None: gemv.pick_config's) or on cuBLAS."""
 
     ours: bool
     split: int = 1
+    glu: bool = False
+    config: gemv.ProjConfig | None = None
 
 
 class FusedStages:
@@ -44,24 +49,28 @@ class FusedStages:
         self.dec = dec
         self.t = tuning
         self.pdl = pdl
+        self.configs = _configs(tuning)
         lw = dec.w.layers[0]
-        self.qkv = self._route(lw.wqkv, lw.bqkv is None, feeds_norm=False, sm_count=sm_count)
-        self.o = self._route(lw.wo, True, feeds_norm=True, sm_count=sm_count)
-        self.gate_up = self._route(lw.w_gate_up, True, feeds_norm=False, sm_count=sm_count)
-        self.down = self._route(lw.w_down, True, feeds_norm=True, sm_count=sm_count)
+        self.qkv = self._route("qkv", lw.wqkv, lw.bqkv is None, feeds_norm=False, sm_count=sm_count)
+        self.o = self._route("o", lw.wo, True, feeds_norm=True, sm_count=sm_count)
+        self.gate_up = self._route("gate_up", lw.w_gate_up, True, feeds_norm=False, sm_count=sm_count)
+        self.down = self._route("down", lw.w_down, True, feeds_norm=True, sm_count=sm_count)
         self.head_ours = tuning.lm_head_gemv
+        self.head_config = self.configs.get("head")
         self.attention_ours = False
         self.rope_in_attention = False
 
-    def _route(self, w: torch.Tensor, bias_free: bool, feeds_norm: bool, sm_count: int) -> Route:
-        t = self.t
+    def _route(self, role: str, w: torch.Tensor, bias_free: bool, feeds_norm: bool, sm_count: int) -> Route:
+        t, cfg = self.t, self.configs.get(role)
         if not (t.gemv and bias_free):
             return Route(False)
+        if role == "gate_up" and t.glu:
+            return Route(True, glu=True, config=cfg)
         # Narrow norm-fed outputs: more programs in flight, partial sums left to the norm (H200:
         # 1B o 5.0 -> 4.1 us); larger ones (1B down) stay on cuBLAS by gemv_max_split.
         if feeds_norm and t.split_k and w.shape[0] <= t.split_max_n and gemv.wins_over_cublas(w, t.gemv_max_split):
-            return Route(True, gemv.pick_split(w.shape[0], w.shape[1], sm_count))
-        return Route(gemv.wins_over_cublas(w, t.gemv_max_elements))
+            return Route(True, gemv.pick_split(w.shape[0], w.shape[1], sm_count, cfg), config=cfg)
+        return Route(gemv.wins_over_cublas(w, t.gemv_max_elements), config=cfg)
 
     def after(self, predecessor_ours: bool) -> bool:
         """PDL for a launch following a kernel that is ours (True) or a library kernel."""
@@ -79,8 +88,8 @@ class FusedStages:
             return F.linear(x, w)
         pdl = self.after(predecessor_ours)
         if route.split > 1:
-            return gemv.project_partials(x, w, route.split, pdl=pdl)
-        return gemv.project(x, w, pdl=pdl)
+            return gemv.project_partials(x, w, route.split, route.config, pdl=pdl)
+        return gemv.project(x, w, route.config, pdl=pdl)
 
     # ---- stages (see Decoder for their contracts) ----
     def before_attention(self, i: int, st: StepState, positions: torch.Tensor, slot_ids: torch.Tensor,
@@ -103,8 +112,11 @@ class FusedStages:
         c, lw = self.dec.cfg, self.dec.w.layers[i]
         o = self._project(attn_out.view(attn_out.shape[0], -1), lw.wo, self.o, self.attention_ours)
         st.h, x = fk.add_rms_norm(st.h, o, lw.mlp_norm, c.rms_eps, self.after(self.o.ours))
-        gu = self._project(x, lw.w_gate_up, self.gate_up, True)
-        act = fk.silu_mul(gu, self.after(self.gate_up.ours))
+        if self.gate_up.glu and x.shape[0] <= gemv.MAX_ROWS:
+            act = gemv.project_glu(x, lw.w_gate_up, self.gate_up.config, pdl=self.after(True))
+        else:
+            gu = self._project(x, lw.w_gate_up, self.gate_up, True)
+            act = fk.silu_mul(gu, self.after(self.gate_up.ours and x.shape[0] <= gemv.MAX_ROWS))
         st.delta = self._project(act, lw.w_down, self.down, True)
 
     def head(self, st: StepState, greedy: bool) -> None:
@@ -113,8 +125,18 @@ class FusedStages:
         st.delta = None
         if self.head_ours and x.shape[0] <= gemv.MAX_ROWS:
             if greedy:
-                st.logits, st.tokens = gemv.project_argmax(x, dec.w.lm_head, pdl=self.after(True))
+                st.logits, st.tokens = gemv.project_argmax(x, dec.w.lm_head, self.head_config,
+                                                           pdl=self.after(True))
             else:
-                st.logits = gemv.project(x, dec.w.lm_head, out_dtype=torch.float32, pdl=self.after(True))
+                st.logits = gemv.project(x, dec.w.lm_head, self.head_config, out_dtype=torch.float32,
+                                         pdl=self.after(True))
         else:
             st.logits = F.linear(x, dec.w.lm_head).float()
+
+
+def _configs(tuning: Tuning) -> dict[str, gemv.ProjConfig]:
+    """Tile overrides per projection role (FGCHAT_PROJ_CONFIGS); a malformed one is a user error."""
+    try:
+        return {role: gemv.ProjConfig.parse(text) for role, text in tuning.proj_config_texts().items()}
+    except ValueError as exc:
+        raise FgchatError(str(exc)) from None
