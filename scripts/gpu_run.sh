@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One H200 call: GPU tests and the model benchmarks. Results land in $OUT.
-# Usage (device tool, carry .whl): FGCHAT_COMMIT=<sha> bash scripts/gpu_run.sh [tests|bench|more|tui|peers|all|probe|run3|run4|final3|pdl|split|verify|final4|gputests|final5|sweep]
+# Usage (device tool, carry .whl): FGCHAT_COMMIT=<sha> bash scripts/gpu_run.sh [tests|bench|more|tui|peers|all|probe|run3|run4|final3|pdl|split|verify|final4|gputests|final5|sweep|s5]
 # final4 is the run behind the README table (docs/bench/h200-s4-06c8fff); gputests runs every GPU test;
 # final5 = gputests + final4. Older sections produced the other folders of docs/bench and the notes.
 set -u -o pipefail
@@ -168,6 +168,34 @@ fi
 if [[ $what == sweep ]]; then  # tiles of our projection kernel at the large shapes (session 5)
   timeout "${SWEEP_TIMEOUT:-420}" python3 scripts/sweep_proj.py --json "$OUT/sweep.json" --models "${SWEEP_MODELS:-1b,8b,135m}" \
     2>&1 | tee -a "$OUT/run.log" | grep -v skip
+fi
+if [[ $what == s5 ]]; then  # session 5: GPU tests, then gate/up+SiLU and tile variants end to end, then the sweep
+  bash "$0" gputests
+  v1b() {  # name, env...: Llama-3.2-1B full at batch 1 and 8
+    local name=$1; shift
+    timeout 60 env "$@" python3 -m fgchat.cli bench --no-progress --json "$OUT/bench_1b-$name.json" --preset llama-3.2-1b \
+      --random-weights --batch-sizes 1,8 --repeats 2 --modes full 2>&1 | tee -a "$OUT/run.log" | tail -3
+  }
+  v1b default FGCHAT_X=0
+  v1b no-glu FGCHAT_GLU=0
+  v1b qkv-ours FGCHAT_PROJ_CONFIGS="qkv=32,256,4,4"
+  v1b down-ours FGCHAT_PROJ_CONFIGS="down=32,256,4,4"
+  v1b qkv-down-ours FGCHAT_PROJ_CONFIGS="qkv=32,256,4,4;down=32,256,4,4"
+  v1b glu-plain-tile FGCHAT_PROJ_CONFIGS="gate_up=64,256,4,3"
+  v1b no-prefill-graphs FGCHAT_PREFILL_GRAPHS=0
+  v1b default-again FGCHAT_X=0
+  for v in "default FGCHAT_X=0" "no-glu FGCHAT_GLU=0" "qkv-ours FGCHAT_PROJ_CONFIGS=qkv=64,256,4,3,1" \
+      "down-ours FGCHAT_PROJ_CONFIGS=down=64,256,4,3,1"; do
+    set -- $v
+    timeout 80 env "$2" python3 -m fgchat.cli bench --no-progress --json "$OUT/bench_8b-$1.json" --preset llama-3.1-8b \
+      --random-weights --batch-sizes 1 --repeats 2 --modes full 2>&1 | tee -a "$OUT/run.log" | tail -3
+  done
+  for v in "default FGCHAT_X=0" "no-glu FGCHAT_GLU=0"; do
+    set -- $v
+    timeout 60 env "$2" python3 -m fgchat.cli bench --no-progress --json "$OUT/bench_135m-$1.json" --preset smollm2-135m \
+      --random-weights --batch-sizes 1,8 --repeats 2 --modes full 2>&1 | tee -a "$OUT/run.log" | tail -3
+  done
+  SWEEP_MODELS=1b,8b SWEEP_TIMEOUT=220 bash "$0" sweep
 fi
 if [[ $what == gputests ]]; then
   timeout 280 python3 -m pytest -p no:cacheprovider -m gpu $GPU_TESTS -q --timeout 120 -W ignore 2>&1 \

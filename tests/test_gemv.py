@@ -100,6 +100,32 @@ def test_config_and_routing_depend_on_shape_only():
     assert pick_config(2048, 2048).block_k == 512
     assert pick_config(576, 576).block_k == 128  # K not a multiple of 512: masked 128-wide tiles
     assert wins_over_cublas(torch.empty(2048, 2048)) and not wins_over_cublas(torch.empty(2048, 8192))
+    assert pick_config(8192, 2048, glu=True) == ProjConfig(64, 256, 4, 3, swap=True)  # 1B gate/up
+    assert not pick_config(1536, 576, glu=True).swap  # SmolLM2's: the small-matrix rule
+
+
+def _stages(tuning, hidden=2048, inter=8192, q=3072):
+    from types import SimpleNamespace
+
+    from fgchat.engine.model.fused_step import FusedStages
+
+    meta = lambda *shape: torch.empty(*shape, device="meta")  # noqa: E731
+    layer = SimpleNamespace(wqkv=meta(q, hidden), bqkv=None, wo=meta(hidden, hidden),
+                            w_gate_up=meta(2 * inter, hidden), w_down=meta(hidden, inter))
+    return FusedStages(SimpleNamespace(w=SimpleNamespace(layers=[layer])), tuning, 132, pdl=True)
+
+
+def test_routes_of_llama_1b_projections():
+    from fgchat.engine.model.fused_step import Route
+    from fgchat.engine.tuning import Tuning
+
+    st = _stages(Tuning())
+    assert st.gate_up == Route(True, glu=True) and st.o == Route(True, split=4)
+    assert st.qkv == Route(False) and st.down == Route(False)  # above the size rule: cuBLAS
+    st = _stages(Tuning(glu=False, proj_configs="qkv=32,256,4,4;down=32,256,4,4;gate_up=64,128,4,4"))
+    tile = ProjConfig(32, 256, 4, 4)
+    assert st.gate_up == Route(True, config=ProjConfig(64, 128, 4, 4))  # not glu: the size rule is not asked
+    assert st.qkv == Route(True, config=tile) and st.down == Route(True, split=2, config=tile)
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2"])

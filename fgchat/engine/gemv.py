@@ -160,9 +160,13 @@ class ProjConfig:
 def pick_config(n: int, k: int, glu: bool = False) -> ProjConfig:
     """Shape-only (eager and captured launches match). Narrow column tiles keep >= 1 program per
     SM for N >= 2048; wide K tiles keep 16 KiB of weights per stage in flight; vocabulary-sized N
-    takes wide column tiles (LM head: 119 us vs cuBLAS 127 on the H200 sweep)."""
+    takes wide column tiles (LM head: 119 us vs cuBLAS 127 on the H200 sweep); a large gate/up
+    (two weight tiles per step of K) takes 64 rows per half with the weights as the MMA's M."""
     if n >= 32768:
         return ProjConfig(block_n=64, block_k=128, num_warps=4, num_stages=4)
+    if glu and n * k >= 2048 * 2048 and k % 256 == 0:
+        # gate/up of 1B / 8B (sweep_proj.py, H100: 23.2 / 79.9 us vs cuBLAS + SiLU 26.6 / 86.9)
+        return ProjConfig(block_n=64, block_k=256, num_warps=4, num_stages=3, swap=True)
     return ProjConfig(block_k=512 if k % 512 == 0 else 128)
 
 

@@ -16,7 +16,8 @@ Environment (read by `Tuning.from_env`, once per engine):
   FGCHAT_GLU=0                gate/up on its own, then SiLU-and-multiply as a second kernel
   FGCHAT_PROJ_CONFIGS=<spec>  our projection kernel's tiles per role instead of the shape rule,
                               e.g. "gate_up=64,128,4,4;qkv=32,256,4,4,1" (gemv.ProjConfig.parse);
-                              roles qkv, o, gate_up, down, head
+                              roles qkv, o, gate_up, down, head; a role listed runs on our kernel
+                              whatever its size (o / down split K as without the override)
   FGCHAT_ROPE_IN_ATTENTION=0  RoPE + K/V write as its own kernel
   FGCHAT_FUSED_COMBINE=1      the last attention split merges the others
   FGCHAT_PDL=0                no programmatic dependent launch between the Triton kernels

@@ -66,11 +66,14 @@ class FusedStages:
             return Route(False)
         if role == "gate_up" and t.glu:
             return Route(True, glu=True, config=cfg)
+        # a role given a tile (FGCHAT_PROJ_CONFIGS) runs on our kernel whatever its size
+        mine = cfg is not None
         # Narrow norm-fed outputs: more programs in flight, partial sums left to the norm (H200:
         # 1B o 5.0 -> 4.1 us); larger ones (1B down) stay on cuBLAS by gemv_max_split.
-        if feeds_norm and t.split_k and w.shape[0] <= t.split_max_n and gemv.wins_over_cublas(w, t.gemv_max_split):
+        if feeds_norm and t.split_k and w.shape[0] <= t.split_max_n and (
+                mine or gemv.wins_over_cublas(w, t.gemv_max_split)):
             return Route(True, gemv.pick_split(w.shape[0], w.shape[1], sm_count, cfg), config=cfg)
-        return Route(gemv.wins_over_cublas(w, t.gemv_max_elements), config=cfg)
+        return Route(mine or gemv.wins_over_cublas(w, t.gemv_max_elements), config=cfg)
 
     def after(self, predecessor_ours: bool) -> bool:
         """PDL for a launch following a kernel that is ours (True) or a library kernel."""
