@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One H200 call: GPU tests and the model benchmarks. Results land in $OUT.
-# Usage (device tool, carry .whl): FGCHAT_COMMIT=<sha> bash scripts/gpu_run.sh [tests|bench|more|tui|peers|all|probe|run3|run4|final3|pdl|split|verify|final4|gputests|final5|sweep|s5]
+# Usage (device tool, carry .whl): FGCHAT_COMMIT=<sha> bash scripts/gpu_run.sh [tests|bench|more|tui|peers|all|probe|run3|run4|final3|pdl|split|verify|final4|gputests|final5|sweep|s5|s5b]
 # final4 is the run behind the README table (docs/bench/h200-s4-06c8fff); gputests runs every GPU test;
 # final5 = gputests + final4. Older sections produced the other folders of docs/bench and the notes.
 set -u -o pipefail
@@ -196,6 +196,25 @@ if [[ $what == s5 ]]; then  # session 5: GPU tests, then gate/up+SiLU and tile v
       --random-weights --batch-sizes 1,8 --repeats 2 --modes full 2>&1 | tee -a "$OUT/run.log" | tail -3
   done
   SWEEP_MODELS=1b,8b SWEEP_TIMEOUT=220 bash "$0" sweep
+fi
+if [[ $what == s5b ]]; then  # session 5: prefill-graph pool and tile routes end to end
+  v() {  # preset tag name batch-sizes env...
+    local preset=$1 tag=$2 name=$3 bs=$4; shift 4
+    timeout 80 env "$@" python3 -m fgchat.cli bench --no-progress --json "$OUT/bench_$tag-$name.json" --preset "$preset" \
+      --random-weights --batch-sizes "$bs" --repeats 2 --modes full 2>&1 | tee -a "$OUT/run.log" | tail -2
+  }
+  v llama-3.2-1b 1b default 1,8 FGCHAT_X=0
+  v llama-3.2-1b 1b no-prefill-graphs 1,8 FGCHAT_PREFILL_GRAPHS=0
+  v llama-3.2-1b 1b prefill-own-pool 1,8 FGCHAT_PREFILL_OWN_POOL=1
+  v llama-3.2-1b 1b qkv-ours 1,8 FGCHAT_PROJ_CONFIGS="qkv=32,256,4,4"
+  v llama-3.2-1b 1b default-again 1,8 FGCHAT_X=0
+  v llama-3.1-8b 8b default 1 FGCHAT_X=0
+  v llama-3.1-8b 8b no-glu 1 FGCHAT_GLU=0
+  v llama-3.1-8b 8b qkv-ours 1 FGCHAT_PROJ_CONFIGS="qkv=64,256,4,3,1"
+  v llama-3.1-8b 8b down-ours 1 FGCHAT_PROJ_CONFIGS="down=64,256,4,3,1"
+  v llama-3.1-8b 8b o-ours 1 FGCHAT_SPLIT_MAX_N=4096 FGCHAT_PROJ_CONFIGS="o=64,256,4,3,1"
+  v llama-3.1-8b 8b all-ours 1 FGCHAT_SPLIT_MAX_N=4096 \
+    FGCHAT_PROJ_CONFIGS="qkv=64,256,4,3,1;o=64,256,4,3,1;down=64,256,4,3,1"
 fi
 if [[ $what == gputests ]]; then
   timeout 280 python3 -m pytest -p no:cacheprovider -m gpu $GPU_TESTS -q --timeout 120 -W ignore 2>&1 \

@@ -161,8 +161,9 @@ class Engine:
         if self.decoder.fused and self.tuning.prefill_graphs:
             from fgchat.engine.prefill_graphs import PrefillGraphs
 
-            self.prefill_graphs = PrefillGraphs(self.decoder, self.cache.k, self.cache.v,
-                                                self.runner.pool, self.runner.stream)
+            pool = torch.cuda.graph_pool_handle() if self.tuning.prefill_own_pool else self.runner.pool
+            self.prefill_graphs = PrefillGraphs(self.decoder, self.cache.k, self.cache.v, pool,
+                                                self.runner.stream)
         if not self.config.lazy_capture:
             try:
                 self.kernel_warmup_s = self.runner.warm_kernels(range(1, NUM_SLOTS + 1))

@@ -23,6 +23,7 @@ Environment (read by `Tuning.from_env`, once per engine):
   FGCHAT_PDL=0                no programmatic dependent launch between the Triton kernels
   FGCHAT_PDL_AFTER_LIBRARY=0  PDL only for a Triton kernel that follows one of our kernels
   FGCHAT_PREFILL_GRAPHS=0     full mode prefills eagerly instead of replaying a prefill graph
+  FGCHAT_PREFILL_OWN_POOL=1   prefill graphs get their own memory pool (not the decode graphs')
 """
 
 from __future__ import annotations
@@ -70,6 +71,7 @@ class Tuning:
     pdl: bool = True
     pdl_after_library: bool = True
     prefill_graphs: bool = True
+    prefill_own_pool: bool = False
 
     @classmethod
     def from_env(cls) -> Tuning:
@@ -90,6 +92,7 @@ class Tuning:
             pdl=_flag("FGCHAT_PDL", d.pdl),
             pdl_after_library=_flag("FGCHAT_PDL_AFTER_LIBRARY", d.pdl_after_library),
             prefill_graphs=_flag("FGCHAT_PREFILL_GRAPHS", d.prefill_graphs),
+            prefill_own_pool=_flag("FGCHAT_PREFILL_OWN_POOL", d.prefill_own_pool),
         )
 
     def proj_config_texts(self) -> dict[str, str]:
