@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One H200 call: GPU tests and the model benchmarks. Results land in $OUT.
-# Usage (device tool, carry .whl): FGCHAT_COMMIT=<sha> bash scripts/gpu_run.sh [tests|bench|more|tui|peers|all|probe|run3|run4|final3|pdl|split|verify|final4|gputests|final5|sweep|s5|s5b]
+# Usage (device tool, carry .whl): FGCHAT_COMMIT=<sha> bash scripts/gpu_run.sh [tests|bench|more|tui|peers|all|probe|run3|run4|final3|pdl|split|verify|final4|gputests|final5|sweep|s5|s5b|final6]
 # final4 is the run behind the README table (docs/bench/h200-s4-06c8fff); gputests runs every GPU test;
 # final5 = gputests + final4. Older sections produced the other folders of docs/bench and the notes.
 set -u -o pipefail
@@ -215,6 +215,21 @@ if [[ $what == s5b ]]; then  # session 5: prefill-graph pool and tile routes end
   v llama-3.1-8b 8b o-ours 1 FGCHAT_SPLIT_MAX_N=4096 FGCHAT_PROJ_CONFIGS="o=64,256,4,3,1"
   v llama-3.1-8b 8b all-ours 1 FGCHAT_SPLIT_MAX_N=4096 \
     FGCHAT_PROJ_CONFIGS="qkv=64,256,4,3,1;o=64,256,4,3,1;down=64,256,4,3,1"
+fi
+if [[ $what == final6 ]]; then  # session 5: GPU tests, then the README run and its variants
+  bash "$0" gputests
+  export BENCH_TIMEOUT=100
+  bench llama-3.2-1b --preset llama-3.2-1b --random-weights --batch-sizes 1,8 --repeats 3
+  bench smollm2-135m --preset smollm2-135m --random-weights --batch-sizes 1,8 --repeats 3
+  bench llama-3.1-8b --preset llama-3.1-8b --random-weights --batch-sizes 1,8 --repeats 3 --modes eager,full
+  for v in "1b FGCHAT_GLU=0" "1b FGCHAT_PREFILL_GRAPHS=0" "8b FGCHAT_GEMV_BIG=0" "8b FGCHAT_GLU=0"; do
+    set -- $v
+    preset=llama-3.2-1b bs=1,8; [[ $1 == 8b ]] && preset=llama-3.1-8b bs=1
+    timeout 80 env "$2" python3 -m fgchat.cli bench --no-progress --json "$OUT/bench_$1-${2,,}.json" --preset $preset \
+      --random-weights --batch-sizes $bs --repeats 3 --modes full 2>&1 | tee -a "$OUT/run.log" | tail -2
+  done
+  BENCH_TIMEOUT=230 bench llama-3.2-1b-peers --preset llama-3.2-1b --random-weights --batch-sizes 1,8 \
+    --repeats 3 --modes full --peers hf --peer-timeout 170
 fi
 if [[ $what == gputests ]]; then
   timeout 280 python3 -m pytest -p no:cacheprovider -m gpu $GPU_TESTS -q --timeout 120 -W ignore 2>&1 \

@@ -128,6 +128,18 @@ def test_routes_of_llama_1b_projections():
     assert st.qkv == Route(True, config=tile) and st.down == Route(True, split=2, config=tile)
 
 
+def test_routes_of_llama_8b_projections():
+    from fgchat.engine.model.fused_step import Route
+    from fgchat.engine.tuning import Tuning
+
+    st = _stages(Tuning(), hidden=4096, inter=14336, q=6144)
+    assert st.qkv == Route(True) and st.gate_up == Route(True, glu=True)
+    assert st.o == Route(True, split=8) and st.down == Route(True, split=2)
+    assert pick_config(6144, 4096) == ProjConfig(64, 256, 4, 3, swap=True)
+    st = _stages(Tuning(gemv_big=False), hidden=4096, inter=14336, q=6144)
+    assert st.qkv == st.o == st.down == Route(False)
+
+
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
 def test_fused_decoder_step_matches_unfused(tiny_model_dirs, family):
     from fgchat.engine.core import Engine, EngineConfig

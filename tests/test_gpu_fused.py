@@ -84,7 +84,8 @@ def test_rope_kv_write(hq, hkv, d):
 
 
 # (M rows, N, K): attention output / MLP down of Llama-3.2-1B, SmolLM2-135M, Qwen2.5-1.5B
-PROJ_SHAPES = [(1, 2048, 2048), (8, 2048, 2048), (1, 576, 576), (3, 576, 1536), (8, 1536, 1536)]
+PROJ_SHAPES = [(1, 2048, 2048), (8, 2048, 2048), (1, 576, 576), (3, 576, 1536), (8, 1536, 1536),
+               (1, 6144, 4096), (8, 4096, 4096)]  # the last two: Llama-3.1-8B qkv / o (big() tile)
 
 
 @pytest.mark.parametrize("m,n,k", PROJ_SHAPES)
@@ -128,3 +129,17 @@ def test_glu_projection_bf16(m, i, k, cfg):
     assert ((got.float() - ref).abs() <= ref.abs() * 2**-6 + 2e-3).all()
     one = project_glu(x[:1].contiguous(), w, cfg)
     assert torch.equal(one[0], got[0])
+
+
+@pytest.mark.parametrize("m,n,k", [(1, 4096, 14336), (8, 4096, 4096)])
+def test_big_split_partials_sum_to_the_projection(m, n, k):
+    from fgchat.engine.gemv import pick_split, project_partials
+
+    split = pick_split(n, k, torch.cuda.get_device_properties(0).multi_processor_count)
+    assert split > 1
+    g = torch.Generator(device="cuda").manual_seed(n + k + m)
+    x = torch.randn(m, k, device="cuda", generator=g).bfloat16()
+    w = (torch.randn(n, k, device="cuda", generator=g) * 0.02).bfloat16()
+    parts = project_partials(x, w, split, pdl=True)
+    y, ref = parts.sum(0), F.linear(x.float(), w.float())
+    assert ((y - ref).abs() <= ref.abs() * 2**-7 + 1e-3).all()

@@ -10,8 +10,9 @@ Environment (read by `Tuning.from_env`, once per engine):
   FGCHAT_GEMV=0               cuBLAS for every projection
   FGCHAT_GEMV_MAX=<elements>  largest weight our projection kernel serves (default 2048*2048)
   FGCHAT_SPLIT_K=0            o and down never split K
-  FGCHAT_SPLIT_MAX_N=<n>      o / down with at most n outputs run split-K on our kernel (2048)
+  FGCHAT_SPLIT_MAX_N=<n>      o / down with at most n outputs run split-K on our kernel (4096)
   FGCHAT_GEMV_MAX_SPLIT=<n>   ... and at most n weight elements (default 2048*2048: 1B o, not down)
+  FGCHAT_GEMV_BIG=0           cuBLAS for projections with both sides >= 4096 (8B qkv, o, down)
   FGCHAT_LM_HEAD_GEMV=0       cuBLAS for the LM head
   FGCHAT_GLU=0                gate/up on its own, then SiLU-and-multiply as a second kernel
   FGCHAT_PROJ_CONFIGS=<spec>  our projection kernel's tiles per role instead of the shape rule,
@@ -57,7 +58,9 @@ class Tuning:
     gemv: bool = True
     gemv_max_elements: int = DEFAULT_GEMV_MAX
     split_k: bool = True
-    split_max_n: int = 2048
+    split_max_n: int = 4096
+    # H200, one run: Llama-3.1-8B 4.461 ms (cuBLAS) -> 4.239 with qkv, o, down on our kernel
+    gemv_big: bool = True
     # H200, one run: 1B down on cuBLAS 1.009 / 1.090 ms vs split on ours 1.017 / 1.110 (b1 / b8)
     gemv_max_split: int = DEFAULT_GEMV_MAX
     lm_head_gemv: bool = True
@@ -83,6 +86,7 @@ class Tuning:
             gemv_max_elements=_int("FGCHAT_GEMV_MAX", d.gemv_max_elements),
             split_k=_flag("FGCHAT_SPLIT_K", d.split_k),
             split_max_n=_int("FGCHAT_SPLIT_MAX_N", d.split_max_n),
+            gemv_big=_flag("FGCHAT_GEMV_BIG", d.gemv_big),
             gemv_max_split=_int("FGCHAT_GEMV_MAX_SPLIT", d.gemv_max_split),
             lm_head_gemv=_flag("FGCHAT_LM_HEAD_GEMV", d.lm_head_gemv),
             glu=_flag("FGCHAT_GLU", d.glu),

@@ -71,9 +71,9 @@ class FusedStages:
         # Narrow norm-fed outputs: more programs in flight, partial sums left to the norm (H200:
         # 1B o 5.0 -> 4.1 us); larger ones (1B down) stay on cuBLAS by gemv_max_split.
         if feeds_norm and t.split_k and w.shape[0] <= t.split_max_n and (
-                mine or gemv.wins_over_cublas(w, t.gemv_max_split)):
+                mine or gemv.wins_over_cublas(w, t.gemv_max_split, t.gemv_big)):
             return Route(True, gemv.pick_split(w.shape[0], w.shape[1], sm_count, cfg), config=cfg)
-        return Route(mine or gemv.wins_over_cublas(w, t.gemv_max_elements), config=cfg)
+        return Route(mine or gemv.wins_over_cublas(w, t.gemv_max_elements, t.gemv_big), config=cfg)
 
     def after(self, predecessor_ours: bool) -> bool:
         """PDL for a launch following a kernel that is ours (True) or a library kernel."""
