@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One H200 call: GPU tests and the model benchmarks. Results land in $OUT.
-# Usage (device tool, carry .whl): FGCHAT_COMMIT=<sha> bash scripts/gpu_run.sh [tests|bench|more|tui|peers|all|probe|run3|run4|final3|pdl|split|verify|final4|gputests|final5|sweep|s5|s5b|final6]
+# Usage (device tool, carry .whl): FGCHAT_COMMIT=<sha> bash scripts/gpu_run.sh [tests|bench|more|tui|peers|all|probe|run3|run4|final3|pdl|split|verify|final4|gputests|final5|sweep|s5|s5b|final6|s5c]
 # final4 is the run behind the README table (docs/bench/h200-s4-06c8fff); gputests runs every GPU test;
 # final5 = gputests + final4. Older sections produced the other folders of docs/bench and the notes.
 set -u -o pipefail
@@ -230,6 +230,13 @@ if [[ $what == final6 ]]; then  # session 5: GPU tests, then the README run and 
   done
   BENCH_TIMEOUT=230 bench llama-3.2-1b-peers --preset llama-3.2-1b --random-weights --batch-sizes 1,8 \
     --repeats 3 --modes full --peers hf --peer-timeout 170
+fi
+if [[ $what == s5c ]]; then  # session 5: why decode is faster without prefill graphs
+  for v in default:FGCHAT_X=0 off:FGCHAT_PREFILL_GRAPHS=0 no-replay:FGCHAT_PREFILL_REPLAY=0 \
+      first:FGCHAT_PREFILL_FIRST=1 default-again:FGCHAT_X=0 off-again:FGCHAT_PREFILL_GRAPHS=0; do
+    timeout 60 env "${v#*:}" python3 -m fgchat.cli bench --no-progress --json "$OUT/bench_1b-${v%%:*}.json" \
+      --preset llama-3.2-1b --random-weights --batch-sizes 1,8 --repeats 2 --modes full 2>&1 | tee -a "$OUT/run.log" | tail -2
+  done
 fi
 if [[ $what == gputests ]]; then
   timeout 280 python3 -m pytest -p no:cacheprovider -m gpu $GPU_TESTS -q --timeout 120 -W ignore 2>&1 \

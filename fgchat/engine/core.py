@@ -169,6 +169,8 @@ class Engine:
                 self.kernel_warmup_s = self.runner.warm_kernels(range(1, NUM_SLOTS + 1))
             except RuntimeError as exc:  # the captures below meet the same failure and disable modes
                 self.notes.append(f"kernel warm-up failed: {str(exc).splitlines()[0][:160]}")
+            if self.prefill_graphs is not None and self.tuning.prefill_first:
+                self._capture_prefill()
             for mode in ("piecewise", "full"):
                 self._capture_mode(mode)
 
@@ -388,7 +390,8 @@ class Engine:
         lazy); other modes, and prompts longer than the last bucket, prefill eagerly. Both run
         the same kernels at the same padded length."""
         graphs = self.prefill_graphs
-        if self.mode == "full" and graphs is not None and graphs.covers(ids.shape[0]):
+        if (self.mode == "full" and graphs is not None and graphs.covers(ids.shape[0])
+                and self.tuning.prefill_replay):
             try:
                 return graphs.run(ids, slot)
             except torch.OutOfMemoryError:

@@ -25,6 +25,8 @@ Environment (read by `Tuning.from_env`, once per engine):
   FGCHAT_PDL_AFTER_LIBRARY=0  PDL only for a Triton kernel that follows one of our kernels
   FGCHAT_PREFILL_GRAPHS=0     full mode prefills eagerly instead of replaying a prefill graph
   FGCHAT_PREFILL_OWN_POOL=1   prefill graphs get their own memory pool (not the decode graphs')
+  FGCHAT_PREFILL_FIRST=1      prefill graphs are captured before the decode graphs
+  FGCHAT_PREFILL_REPLAY=0     prefill graphs are captured but prefill runs eagerly (experiment)
 """
 
 from __future__ import annotations
@@ -75,6 +77,8 @@ class Tuning:
     pdl_after_library: bool = True
     prefill_graphs: bool = True
     prefill_own_pool: bool = False
+    prefill_first: bool = False
+    prefill_replay: bool = True
 
     @classmethod
     def from_env(cls) -> Tuning:
@@ -97,6 +101,8 @@ class Tuning:
             pdl_after_library=_flag("FGCHAT_PDL_AFTER_LIBRARY", d.pdl_after_library),
             prefill_graphs=_flag("FGCHAT_PREFILL_GRAPHS", d.prefill_graphs),
             prefill_own_pool=_flag("FGCHAT_PREFILL_OWN_POOL", d.prefill_own_pool),
+            prefill_first=_flag("FGCHAT_PREFILL_FIRST", d.prefill_first),
+            prefill_replay=_flag("FGCHAT_PREFILL_REPLAY", d.prefill_replay),
         )
 
     def proj_config_texts(self) -> dict[str, str]:
