@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One H200 call: GPU tests and the model benchmarks. Results land in $OUT.
-# Usage (device tool, carry .whl): FGCHAT_COMMIT=<sha> bash scripts/gpu_run.sh [tests|bench|more|tui|peers|all|probe|run3|run4|final3|pdl|split|verify|final4|gputests|final5|sweep|s5|s5b|final6|s5c]
+# Usage (device tool, carry .whl): FGCHAT_COMMIT=<sha> bash scripts/gpu_run.sh [tests|bench|more|tui|peers|all|probe|run3|run4|final3|pdl|split|verify|final4|gputests|final5|sweep|s5|s5b|final6|s5c|s5d]
 # final4 is the run behind the README table (docs/bench/h200-s4-06c8fff); gputests runs every GPU test;
 # final5 = gputests + final4. Older sections produced the other folders of docs/bench and the notes.
 set -u -o pipefail
@@ -236,6 +236,16 @@ if [[ $what == s5c ]]; then  # session 5: why decode is faster without prefill g
       first:FGCHAT_PREFILL_FIRST=1 default-again:FGCHAT_X=0 off-again:FGCHAT_PREFILL_GRAPHS=0; do
     timeout 60 env "${v#*:}" python3 -m fgchat.cli bench --no-progress --json "$OUT/bench_1b-${v%%:*}.json" \
       --preset llama-3.2-1b --random-weights --batch-sizes 1,8 --repeats 2 --modes full 2>&1 | tee -a "$OUT/run.log" | tail -2
+  done
+fi
+if [[ $what == s5d ]]; then  # session 5: prefill graphs captured first (the new default), tests and side by side
+  timeout 150 python3 -m pytest -p no:cacheprovider -m gpu tests/test_gpu_prefill_graphs.py tests/test_gpu_graphs.py \
+    -q --timeout 120 -W ignore 2>&1 | tee -a "$OUT/run.log" | tail -4
+  for m in llama-3.2-1b smollm2-135m llama-3.1-8b; do
+    for v in first:FGCHAT_X=0 after:FGCHAT_PREFILL_FIRST=0; do
+      timeout 60 env "${v#*:}" python3 -m fgchat.cli bench --no-progress --json "$OUT/bench_$m-${v%%:*}.json" \
+        --preset $m --random-weights --batch-sizes 1 --repeats 2 --modes full 2>&1 | tee -a "$OUT/run.log" | tail -1
+    done
   done
 fi
 if [[ $what == gputests ]]; then
