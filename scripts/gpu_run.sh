@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One H200 call: GPU tests and the model benchmarks. Results land in $OUT.
 # Usage (device tool, carry .whl): FGCHAT_COMMIT=<sha> bash scripts/gpu_run.sh [tests|bench|more|tui|peers|all|probe|run3|run4|final3|pdl|split|verify|final4|gputests|final5|sweep|s5|s5b|final6|s5c|s5d]
-# final4 is the run behind the README table (docs/bench/h200-s4-06c8fff); gputests runs every GPU test;
-# final5 = gputests + final4. Older sections produced the other folders of docs/bench and the notes.
+# final6 is the run behind the README table (docs/bench/h200-s5-5f1d1c4): GPU tests, then the benchmarks;
+# gputests runs every GPU test; s5d measures the prefill capture order; sweep the projection tiles.
+# Older sections produced the other folders of docs/bench and the notes.
 set -u -o pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/fgchat-out}; mkdir -p "$OUT"
