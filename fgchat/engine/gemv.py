@@ -164,12 +164,10 @@ def pick_config(n: int, k: int, glu: bool = False) -> ProjConfig:
     (two weight tiles per step of K) takes 64 rows per half with the weights as the MMA's M."""
     if n >= 32768:
         return ProjConfig(block_n=64, block_k=128, num_warps=4, num_stages=4)
-    if big(n, k):
-        # 8B-class qkv / o / down (sweep_proj.py, H100: qkv 19.0 us vs cuBLAS 20.9, o split 12.7
-        # vs 16.3, down split 39.9 vs 44.6)
-        return ProjConfig(block_n=64, block_k=256, num_warps=4, num_stages=3, swap=True)
-    if glu and n * k >= 2048 * 2048 and k % 256 == 0:
-        # gate/up of 1B / 8B (sweep_proj.py, H100: 23.2 / 79.9 us vs cuBLAS + SiLU 26.6 / 86.9)
+    # One tile for 8B-class qkv / o / down (big) and 1B / 8B gate/up (sweep_proj.py, H100: qkv
+    # 19.0 us vs cuBLAS 20.9, o split 12.7 vs 16.3, down split 39.9 vs 44.6; gate/up 23.2 / 79.9
+    # vs cuBLAS + SiLU 26.6 / 86.9)
+    if big(n, k) or (glu and n * k >= 2048 * 2048 and k % 256 == 0):
         return ProjConfig(block_n=64, block_k=256, num_warps=4, num_stages=3, swap=True)
     return ProjConfig(block_k=512 if k % 512 == 0 else 128)
 

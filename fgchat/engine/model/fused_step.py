@@ -43,6 +43,10 @@ class Route:
     glu: bool = False
     config: gemv.ProjConfig | None = None
 
+    def serves(self, rows: int) -> bool:
+        """Our kernel runs this projection for `rows` activation rows (else cuBLAS does)."""
+        return self.ours and rows <= gemv.MAX_ROWS
+
 
 class FusedStages:
     def __init__(self, dec: Decoder, tuning: Tuning, sm_count: int, pdl: bool) -> None:
@@ -87,7 +91,7 @@ class FusedStages:
 
     def _project(self, x: torch.Tensor, w: torch.Tensor, route: Route, predecessor_ours: bool
                  ) -> torch.Tensor:
-        if not route.ours or x.shape[0] > gemv.MAX_ROWS:
+        if not route.serves(x.shape[0]):
             return F.linear(x, w)
         pdl = self.after(predecessor_ours)
         if route.split > 1:
@@ -115,11 +119,11 @@ class FusedStages:
         c, lw = self.dec.cfg, self.dec.w.layers[i]
         o = self._project(attn_out.view(attn_out.shape[0], -1), lw.wo, self.o, self.attention_ours)
         st.h, x = fk.add_rms_norm(st.h, o, lw.mlp_norm, c.rms_eps, self.after(self.o.ours))
-        if self.gate_up.glu and x.shape[0] <= gemv.MAX_ROWS:
+        if self.gate_up.glu and self.gate_up.serves(x.shape[0]):
             act = gemv.project_glu(x, lw.w_gate_up, self.gate_up.config, pdl=self.after(True))
         else:
             gu = self._project(x, lw.w_gate_up, self.gate_up, True)
-            act = fk.silu_mul(gu, self.after(self.gate_up.ours and x.shape[0] <= gemv.MAX_ROWS))
+            act = fk.silu_mul(gu, self.after(self.gate_up.serves(x.shape[0])))
         st.delta = self._project(act, lw.w_down, self.down, True)
 
     def head(self, st: StepState, greedy: bool) -> None:
