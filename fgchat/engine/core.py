@@ -204,6 +204,8 @@ class Engine:
 
     def _disable(self, mode: str, reason: str) -> None:
         self.unavailable[mode] = reason
+        if mode == "full":  # prefill graphs serve full mode only (and may be captured before it)
+            self.prefill_graphs = None
         if self.runner is not None:
             self.runner.drop_mode(mode)
             torch.cuda.empty_cache()
