@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One H200 call: GPU tests and the model benchmarks. Results land in $OUT.
-# Usage (device tool, carry .whl): FGCHAT_COMMIT=<sha> bash scripts/gpu_run.sh [tests|bench|more|tui|peers|all|probe|run3|run4|final3|pdl|split|verify|final4|gputests|final5|sweep|s5|s5b|final6|s5c|s5d]
+# Usage (device tool, carry .whl): FGCHAT_COMMIT=<sha> bash scripts/gpu_run.sh [tests|bench|more|tui|peers|all|probe|run3|run4|final3|pdl|split|verify|final4|gputests|final5|sweep|s5|s5b|final6|s5c|s5d|s6a]
 # final6 is the run behind the README table (docs/bench/h200-s5-5f1d1c4): GPU tests, then the benchmarks;
 # gputests runs every GPU test; s5d measures the prefill capture order; sweep the projection tiles.
 # Older sections produced the other folders of docs/bench and the notes.
@@ -138,7 +138,7 @@ if [[ $what == split ]]; then
   FGCHAT_PDL=0 bench 8b-no-pdl --preset llama-3.1-8b --random-weights --batch-sizes 1 --repeats 2 --modes full
   timeout 80 python3 scripts/bench_proj.py --pdl 2>&1 | tee -a "$OUT/run.log"
 fi
-GPU_TESTS="tests/test_gpu_pdl.py tests/test_gpu_prefill_graphs.py tests/test_attention.py tests/test_launch.py
+GPU_TESTS="tests/test_gpu_l2_prefetch.py tests/test_gpu_pdl.py tests/test_gpu_prefill_graphs.py tests/test_attention.py tests/test_launch.py
   tests/test_gpu_fused.py tests/test_gpu_graphs.py tests/test_gpu_prefill.py"
 if [[ $what == verify ]]; then
   export BENCH_TIMEOUT=80
@@ -248,6 +248,26 @@ if [[ $what == s5d ]]; then  # session 5: prefill graphs captured first (the new
         --preset $m --random-weights --batch-sizes 1 --repeats 2 --modes full 2>&1 | tee -a "$OUT/run.log" | tail -1
     done
   done
+fi
+if [[ $what == s6a ]]; then  # session 6: L2 weight prefetch beside attention (full graphs only)
+  timeout 150 python3 -m pytest -p no:cacheprovider -m gpu tests/test_gpu_l2_prefetch.py tests/test_gpu_graphs.py \
+    -q --timeout 120 -W ignore 2>&1 | tee -a "$OUT/run.log" | tail -4
+  v() {  # preset tag name batch-sizes modes env...
+    local preset=$1 tag=$2 name=$3 bs=$4 modes=$5; shift 5
+    timeout 80 env "$@" python3 -m fgchat.cli bench --no-progress --json "$OUT/bench_$tag-$name.json" --preset "$preset" \
+      --random-weights --batch-sizes "$bs" --repeats 3 --modes "$modes" 2>&1 | tee -a "$OUT/run.log" | tail -2
+  }
+  v llama-3.2-1b 1b pf16 1,8 piecewise,full FGCHAT_L2_PREFETCH_MB=16
+  v llama-3.2-1b 1b pf0 1,8 piecewise,full FGCHAT_L2_PREFETCH_MB=0
+  v llama-3.2-1b 1b pf8 1,8 full FGCHAT_L2_PREFETCH_MB=8
+  v llama-3.2-1b 1b pf32 1,8 full FGCHAT_L2_PREFETCH_MB=32
+  v llama-3.2-1b 1b pf16-again 1,8 full FGCHAT_L2_PREFETCH_MB=16
+  v llama-3.2-1b 1b pf0-again 1,8 full FGCHAT_L2_PREFETCH_MB=0
+  v smollm2-135m 135m pf16 1 full FGCHAT_L2_PREFETCH_MB=16
+  v smollm2-135m 135m pf0 1 full FGCHAT_L2_PREFETCH_MB=0
+  v llama-3.1-8b 8b pf16 1 full FGCHAT_L2_PREFETCH_MB=16
+  v llama-3.1-8b 8b pf0 1 full FGCHAT_L2_PREFETCH_MB=0
+  v llama-3.1-8b 8b pf48 1 full FGCHAT_L2_PREFETCH_MB=48
 fi
 if [[ $what == gputests ]]; then
   timeout 280 python3 -m pytest -p no:cacheprovider -m gpu $GPU_TESTS -q --timeout 120 -W ignore 2>&1 \

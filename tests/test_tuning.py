@@ -45,3 +45,11 @@ def test_malformed_projection_config_is_one_user_error():
     for bad, match in (("lm=64,128,4,4", "ROLE"), ("gate_up=64,128", "bn,bk"), ("gate_up", "ROLE")):
         with pytest.raises(FgchatError, match=match):
             _configs(Tuning(proj_configs=bad))
+
+
+def test_l2_prefetch_budget_from_environment(monkeypatch):
+    monkeypatch.setenv("FGCHAT_L2_PREFETCH_MB", "0")
+    t = Tuning.from_env()
+    assert t.l2_prefetch_mb == 0 and t.changed() == {"l2_prefetch_mb": 0}
+    monkeypatch.setenv("FGCHAT_L2_PREFETCH_MB", "32")
+    assert Tuning.from_env().l2_prefetch_mb == 32

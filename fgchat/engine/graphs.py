@@ -7,6 +7,9 @@ Invariants:
 - Tensors a graph hands to the outside (piecewise: each segment's q and residual; both: tokens,
   logits) stay referenced here for the graph's lifetime, so the pool never reuses them.
 - Nothing inside a captured region syncs with the host or branches on tensor values.
+- A full graph may fork a side branch at each attention call (Decoder.side_work); the branch
+  depends on everything launched before that call and joins the main stream at the step's end,
+  so it runs beside attention and never outlives the replay.
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ class GraphRunner:
         self.graphs: dict[Key, FullGraph | PiecewiseGraph] = {}
         self.reports: list[CaptureReport] = []
         self.stream = torch.cuda.Stream()
+        self.side = torch.cuda.Stream()
 
     def has(self, key: Key) -> bool:
         return key in self.graphs
@@ -86,8 +90,11 @@ class GraphRunner:
 
     def _warmup(self, b: int, do_sample: bool) -> None:
         """Run the step eagerly on the side stream: compiles kernels, creates cuBLAS handles."""
+        work = self.program.dec.side_work()
         with torch.cuda.stream(self.stream):
             self.program.run_eager(b, do_sample)
+            if work is not None:  # loads the side work's kernels before any capture
+                work(0)
         self.stream.synchronize()
 
     @torch.inference_mode()
@@ -103,7 +110,10 @@ class GraphRunner:
             g = torch.cuda.CUDAGraph()
             st = StepState()
             with torch.cuda.graph(g, pool=self.pool, stream=self.stream):
-                run_pieces(st, pieces, attends)
+                forked = self._beside(attends)
+                run_pieces(st, pieces, forked)
+                if forked is not attends:
+                    self.stream.wait_stream(self.side)
             result: FullGraph | PiecewiseGraph = FullGraph(g, StepOutputs(st.tokens, st.logits))
         elif mode == "piecewise":
             # only the pieces are captured; attends[j] runs eagerly between replays
@@ -126,6 +136,23 @@ class GraphRunner:
         self.graphs[(mode, b, do_sample)] = result
         self.reports.append(CaptureReport(mode, b, seconds, pool_mib))  # type: ignore[arg-type]
         return result
+
+    def _beside(self, attends: list[Callable[[StepState], None]]) -> list[Callable[[StepState], None]]:
+        """attends with the decoder's side work forked off just before each call."""
+        work = self.program.dec.side_work()
+        if work is None:
+            return attends
+
+        def fork(i: int, attend: Callable[[StepState], None]) -> Callable[[StepState], None]:
+            def run(st: StepState) -> None:
+                self.side.wait_stream(self.stream)
+                with torch.cuda.stream(self.side):
+                    work(i)
+                attend(st)
+
+            return run
+
+        return [fork(i, a) for i, a in enumerate(attends)]
 
     def drop_mode(self, mode: str) -> None:
         for key in [k for k in self.graphs if k[0] == mode]:

@@ -27,6 +27,8 @@ Environment (read by `Tuning.from_env`, once per engine):
   FGCHAT_PREFILL_OWN_POOL=1   prefill graphs get their own memory pool (not the decode graphs')
   FGCHAT_PREFILL_FIRST=0      prefill graphs are captured after the decode graphs (3% slower decode)
   FGCHAT_PREFILL_REPLAY=0     prefill graphs are captured but prefill runs eagerly (experiment)
+  FGCHAT_L2_PREFETCH_MB=<mb>  full graphs: weights requested into L2 beside each attention call,
+                              o projection first, then gate/up (engine.l2_prefetch); 0 = none
 """
 
 from __future__ import annotations
@@ -81,6 +83,7 @@ class Tuning:
     # 1.170 captured before (1.172 without prefill graphs); the pool does not matter
     prefill_first: bool = True
     prefill_replay: bool = True
+    l2_prefetch_mb: int = 16
 
     @classmethod
     def from_env(cls) -> Tuning:
@@ -105,6 +108,7 @@ class Tuning:
             prefill_own_pool=_flag("FGCHAT_PREFILL_OWN_POOL", d.prefill_own_pool),
             prefill_first=_flag("FGCHAT_PREFILL_FIRST", d.prefill_first),
             prefill_replay=_flag("FGCHAT_PREFILL_REPLAY", d.prefill_replay),
+            l2_prefetch_mb=_int("FGCHAT_L2_PREFETCH_MB", d.l2_prefetch_mb),
         )
 
     def proj_config_texts(self) -> dict[str, str]:

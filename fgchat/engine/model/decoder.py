@@ -192,6 +192,13 @@ class Decoder:
             return False
         return self._fused.bind_attention(rope_in_attention, attention_is_triton)
 
+    def side_work(self) -> Callable[[int], None] | None:
+        """Work a whole-step graph may run beside attention call i, on a side branch that joins
+        at the end of the step (an L2 weight prefetch: it changes no result). None: nothing."""
+        if self._fused is None or self._fused.prefetch is None:
+            return None
+        return self._fused.beside_attention
+
     def embed(self, st: StepState, input_ids: torch.Tensor) -> None:
         st.h = F.embedding(input_ids, self.w.embed)
         st.delta = None

@@ -14,6 +14,8 @@ graphs launch identical kernels (modes stay bit-identical):
   with our waiting programs).
   Either way each kernel waits for its predecessor before touching its data, so PDL never
   changes results; it only lets a kernel start (and load weights) while the previous drains.
+- whole-step graphs may run `beside_attention(i)` on a side branch: an L2 prefetch of the weights
+  that follow attention (engine.l2_prefetch); it reads nothing a kernel writes and writes nothing.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import torch.nn.functional as F
 
 from fgchat.engine import fused as fk
 from fgchat.engine import gemv
+from fgchat.engine import l2_prefetch
 from fgchat.engine.errors import FgchatError
 from fgchat.engine.tuning import Tuning
 
@@ -63,6 +66,11 @@ class FusedStages:
         self.head_config = self.configs.get("head")
         self.attention_ours = False
         self.rope_in_attention = False
+        budget = tuning.l2_prefetch_mb * 2**20
+        dev = lw.wo.device
+        self.prefetch: list[list[l2_prefetch.Range]] | None = None
+        if budget > 0 and l2_prefetch.supported(dev):
+            self.prefetch = [l2_prefetch.plan([w.wo, w.w_gate_up], budget) for w in dec.w.layers]
 
     def _route(self, role: str, w: torch.Tensor, bias_free: bool, feeds_norm: bool, sm_count: int) -> Route:
         t, cfg = self.t, self.configs.get(role)
@@ -97,6 +105,11 @@ class FusedStages:
         if route.split > 1:
             return gemv.project_partials(x, w, route.split, route.config, pdl=pdl)
         return gemv.project(x, w, route.config, pdl=pdl)
+
+    def beside_attention(self, i: int) -> None:
+        """Request layer i's o and (part of) gate/up weights into L2; see Decoder.side_work."""
+        if self.prefetch is not None:
+            l2_prefetch.issue(self.prefetch[i])
 
     # ---- stages (see Decoder for their contracts) ----
     def before_attention(self, i: int, st: StepState, positions: torch.Tensor, slot_ids: torch.Tensor,

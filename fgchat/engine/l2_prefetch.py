@@ -1,0 +1,81 @@
+"""Weight prefetch into the L2 cache beside the attention call of a whole-step CUDA graph.
+
+Decode attention at small batch is latency-bound: while it runs, HBM is mostly idle. In a full
+graph the step forks a side branch at each attention call that asks the L2 cache to fetch the
+weights read next (the o projection, then the start of gate/up), so those kernels read part of
+their bytes from L2 instead of HBM. Piecewise graphs cannot do this: each piece must join its
+branches before it ends, which is before the eager attention starts.
+
+Invariants:
+- a prefetch never writes memory and never changes a result; it is a hint the hardware may drop;
+- only whole chunks of CHUNK bytes at 16-byte-aligned addresses are requested (the bulk prefetch
+  instruction's contract), so a range's tail shorter than a chunk is left out;
+- sm_90+ only (`cp.async.bulk.prefetch.L2`); elsewhere `supported` is False and nothing runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+CHUNK = 4096  # bytes per bulk prefetch: one 1B weight row, and a multiple of 16
+BLOCK = 32  # chunks per program: one warp, one chunk per thread, spread over many SMs
+
+
+@dataclass(frozen=True)
+class Range:
+    addr: int  # device address, 16-byte aligned
+    chunks: int  # CHUNK-byte chunks from addr
+
+
+def plan(tensors: list[torch.Tensor], budget_bytes: int) -> list[Range]:
+    """Ranges covering `tensors` in order, from each one's start, up to `budget_bytes` in all."""
+    out: list[Range] = []
+    left = budget_bytes // CHUNK
+    for t in tensors:
+        if left <= 0:
+            break
+        if not t.is_contiguous() or t.data_ptr() % 16:
+            continue
+        n = min(t.numel() * t.element_size() // CHUNK, left)
+        if n > 0:
+            out.append(Range(t.data_ptr(), n))
+            left -= n
+    return out
+
+
+@triton.jit
+def _prefetch_kernel(a_addr, a_chunks, b_addr, b_chunks, CHUNK_BYTES: tl.constexpr, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    in_a = i < a_chunks
+    addr = tl.where(in_a, a_addr + i.to(tl.int64) * CHUNK_BYTES,
+                    b_addr + (i - a_chunks).to(tl.int64) * CHUNK_BYTES)
+    live = (i < a_chunks + b_chunks).to(tl.int32)
+    size = tl.full([BLOCK], CHUNK_BYTES, tl.int32)
+    tl.inline_asm_elementwise(
+        "{ .reg .pred p; setp.ne.s32 p, $3, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
+        "=r,l,r,r", [addr, size, live], dtype=tl.int32, is_pure=False, pack=1)
+
+
+def issue(ranges: list[Range]) -> None:
+    """Launch one kernel requesting every range (at most two) on the current stream."""
+    if not ranges:
+        return
+    if len(ranges) > 2:
+        raise ValueError("at most two ranges per prefetch launch")
+    a = ranges[0]
+    b = ranges[1] if len(ranges) > 1 else Range(a.addr, 0)
+    total = a.chunks + b.chunks
+    _prefetch_kernel[(triton.cdiv(total, BLOCK),)](a.addr, a.chunks, b.addr, b.chunks,
+                                                   CHUNK_BYTES=CHUNK, BLOCK=BLOCK, num_warps=1)
+
+
+def supported(device: torch.device) -> bool:
+    """The bulk L2 prefetch needs an NVIDIA GPU of compute capability 9.0 or newer."""
+    if device.type != "cuda" or torch.version.hip is not None:
+        return False
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return torch.cuda.get_device_capability(index) >= (9, 0)

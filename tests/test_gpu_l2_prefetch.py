@@ -1,0 +1,91 @@
+"""L2 weight prefetch beside attention in full graphs (sm_90+; skipped without CUDA).
+
+Run on the H200: pytest -m gpu tests/test_gpu_l2_prefetch.py
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fgchat.engine.tuning import Tuning
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+
+def _needs_sm90():
+    from fgchat.engine import l2_prefetch
+
+    if not l2_prefetch.supported(torch.device("cuda")):
+        pytest.skip("bulk L2 prefetch needs sm_90+")
+
+
+def test_prefetch_runs_eagerly_and_in_a_graph_and_writes_nothing():
+    _needs_sm90()
+    from fgchat.engine import l2_prefetch as lp
+
+    a = torch.randn(4096, 2048, device="cuda").bfloat16()  # 16 MiB
+    b = torch.randn(1000, 3000, device="cuda").bfloat16()  # not a whole number of chunks
+    before = (a.clone(), b.clone())
+    ranges = lp.plan([a, b], 20 * 2**20)
+    assert [r.chunks for r in ranges] == [4096, 5 * 2**20 // lp.CHUNK]
+    lp.issue(ranges)
+    torch.cuda.synchronize()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=s):
+        lp.issue(ranges)
+    for _ in range(3):
+        g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(a, before[0]) and torch.equal(b, before[1])
+
+
+def _kernel_names(fn) -> list[str]:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return [e.name for e in prof.events() if e.device_type.name == "CUDA"]
+
+
+def test_full_graph_prefetches_beside_each_attention_with_the_same_bits(tmp_path):
+    _needs_sm90()
+    import tiny_models
+
+    from fgchat.engine.core import Engine, EngineConfig
+    from fgchat.engine.events import SamplingParams
+
+    model = tiny_models.build_model(tmp_path / "m", "llama", hidden=512, layers=3, heads=8, kv_heads=2,
+                                    head_dim=64, intermediate=1024, max_pos=4096, seed=7)
+
+    def engine(mb: int) -> Engine:
+        return Engine(EngineConfig(model=str(model), device="cuda", dtype="bfloat16", max_context=2048,
+                                   mode="full", tuning=Tuning(l2_prefetch_mb=mb)))
+
+    on, off = engine(64), engine(0)
+    assert on.decoder.side_work() is not None and off.decoder.side_work() is None
+    assert on.info().available_modes == {"eager": "", "piecewise": "", "full": ""}, on.info().notes
+    names = _kernel_names(on.runner.get(("full", 2, False)).replay)
+    if not names:
+        pytest.skip("the profiler records no kernels of graph replays here")
+    assert sum("_prefetch_kernel" in n for n in names) == on.cfg.num_layers, names
+    assert not any("_prefetch_kernel" in n for n in _kernel_names(off.runner.get(("full", 2, False)).replay))
+
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(3, on.cfg.vocab_size, (11 + 41 * i,), generator=g).tolist() for i in range(4)]
+    params = [SamplingParams(max_tokens=20, ignore_eos=True, temperature=0.8 * (i % 2), seed=i) for i in range(4)]
+    runs = []
+    for eng, mode in ((off, "eager"), (off, "full"), (on, "full"), (on, "piecewise")):
+        eng.set_mode(mode)
+        eng.keep_logits, eng.step_logits = True, []
+        for p, sp in zip(prompts, params):
+            eng.submit(p, sp)
+        while eng.has_work():
+            eng.step()
+        runs.append([t.clone() for t in eng.step_logits])
+    assert len(runs[0]) > 0
+    for r in runs[1:]:
+        assert len(r) == len(runs[0]) and all(torch.equal(a, b) for a, b in zip(r, runs[0]))
