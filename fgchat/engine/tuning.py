@@ -27,8 +27,8 @@ Environment (read by `Tuning.from_env`, once per engine):
   FGCHAT_PREFILL_OWN_POOL=1   prefill graphs get their own memory pool (not the decode graphs')
   FGCHAT_PREFILL_FIRST=0      prefill graphs are captured after the decode graphs (3% slower decode)
   FGCHAT_PREFILL_REPLAY=0     prefill graphs are captured but prefill runs eagerly (experiment)
-  FGCHAT_L2_PREFETCH_MB=<mb>  full graphs: weights requested into L2 beside each attention call,
-                              o projection first, then gate/up (engine.l2_prefetch); 0 = none
+  FGCHAT_L2_PREFETCH_MB=<mb>  full graphs: weights requested into L2 beside each attention call:
+                              o, gate/up, down while each fits whole (engine.l2_prefetch); 0 = none
 """
 
 from __future__ import annotations

@@ -70,7 +70,8 @@ class FusedStages:
         dev = lw.wo.device
         self.prefetch: list[list[l2_prefetch.Range]] | None = None
         if budget > 0 and l2_prefetch.supported(dev):
-            self.prefetch = [l2_prefetch.plan([w.wo, w.w_gate_up], budget) for w in dec.w.layers]
+            plans = [l2_prefetch.plan([w.wo, w.w_gate_up, w.w_down], budget) for w in dec.w.layers]
+            self.prefetch = plans if any(plans) else None
 
     def _route(self, role: str, w: torch.Tensor, bias_free: bool, feeds_norm: bool, sm_count: int) -> Route:
         t, cfg = self.t, self.configs.get(role)
@@ -107,7 +108,7 @@ class FusedStages:
         return gemv.project(x, w, route.config, pdl=pdl)
 
     def beside_attention(self, i: int) -> None:
-        """Request layer i's o and (part of) gate/up weights into L2; see Decoder.side_work."""
+        """Request layer i's o (then gate/up, down) weights into L2; see Decoder.side_work."""
         if self.prefetch is not None:
             l2_prefetch.issue(self.prefetch[i])
 
