@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One H200 call: GPU tests and the model benchmarks. Results land in $OUT.
-# Usage (device tool, carry .whl): FGCHAT_COMMIT=<sha> bash scripts/gpu_run.sh [tests|bench|more|tui|peers|all|probe|run3|run4|final3|pdl|split|verify|final4|gputests|final5|sweep|s5|s5b|final6|s5c|s5d|s6a|s6b]
+# Usage (device tool, carry .whl): FGCHAT_COMMIT=<sha> bash scripts/gpu_run.sh [tests|bench|more|tui|peers|all|probe|run3|run4|final3|pdl|split|verify|final4|gputests|final5|sweep|s5|s5b|final6|s5c|s5d|s6a|s6b|s6c]
 # final6 is the run behind the README table (docs/bench/h200-s5-5f1d1c4): GPU tests, then the benchmarks;
 # gputests runs every GPU test; s5d measures the prefill capture order; sweep the projection tiles.
 # Older sections produced the other folders of docs/bench and the notes.
@@ -285,6 +285,20 @@ if [[ $what == s6b ]]; then  # session 6: kernel timelines; whole-tensor L2 pref
   v llama-3.2-1b 1b pf16 1,8 full FGCHAT_L2_PREFETCH_MB=16
   v llama-3.2-1b 1b pf0 1,8 full FGCHAT_L2_PREFETCH_MB=0
   v llama-3.2-1b 1b qkv-ours 1,8 piecewise,full FGCHAT_L2_PREFETCH_MB=0 FGCHAT_PROJ_CONFIGS="qkv=32,256,4,4"
+fi
+if [[ $what == s6c ]]; then  # session 6: the attention boundary in full graphs (combine, o prefetch)
+  timeout 60 python3 scripts/timeline_step.py llama-3.2-1b full 1 2>&1 | tee -a "$OUT/run.log"
+  FGCHAT_FUSED_COMBINE=1 timeout 60 python3 scripts/timeline_step.py llama-3.2-1b full 1 2>&1 | tee -a "$OUT/run.log"
+  v() {  # preset tag name batch-sizes modes env...
+    local preset=$1 tag=$2 name=$3 bs=$4 modes=$5; shift 5
+    timeout 80 env "$@" python3 -m fgchat.cli bench --no-progress --json "$OUT/bench_$tag-$name.json" --preset "$preset" \
+      --random-weights --batch-sizes "$bs" --repeats 3 --modes "$modes" 2>&1 | tee -a "$OUT/run.log" | tail -2
+  }
+  v llama-3.2-1b 1b default 1,8 piecewise,full FGCHAT_X=0
+  v llama-3.2-1b 1b fused-combine 1,8 piecewise,full FGCHAT_FUSED_COMBINE=1
+  v llama-3.2-1b 1b pf0 1,8 full FGCHAT_L2_PREFETCH_MB=0
+  v llama-3.1-8b 8b default 1 full FGCHAT_X=0
+  v llama-3.1-8b 8b pf40 1 full FGCHAT_L2_PREFETCH_MB=40
 fi
 if [[ $what == gputests ]]; then
   timeout 280 python3 -m pytest -p no:cacheprovider -m gpu $GPU_TESTS -q --timeout 120 -W ignore 2>&1 \
