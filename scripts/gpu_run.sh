@@ -288,6 +288,7 @@ if [[ $what == s6b ]]; then  # session 6: kernel timelines; whole-tensor L2 pref
 fi
 if [[ $what == s6c ]]; then  # session 6: the attention boundary in full graphs (combine, o prefetch)
   timeout 60 python3 scripts/timeline_step.py llama-3.2-1b full 1 2>&1 | tee -a "$OUT/run.log"
+  FGCHAT_PDL_AFTER_ATTENTION=0 timeout 60 python3 scripts/timeline_step.py llama-3.2-1b full 1 2>&1 | tee -a "$OUT/run.log"
   FGCHAT_FUSED_COMBINE=1 timeout 60 python3 scripts/timeline_step.py llama-3.2-1b full 1 2>&1 | tee -a "$OUT/run.log"
   v() {  # preset tag name batch-sizes modes env...
     local preset=$1 tag=$2 name=$3 bs=$4 modes=$5; shift 5
@@ -297,6 +298,9 @@ if [[ $what == s6c ]]; then  # session 6: the attention boundary in full graphs 
   v llama-3.2-1b 1b default 1,8 piecewise,full FGCHAT_X=0
   v llama-3.2-1b 1b fused-combine 1,8 piecewise,full FGCHAT_FUSED_COMBINE=1
   v llama-3.2-1b 1b pf0 1,8 full FGCHAT_L2_PREFETCH_MB=0
+  v llama-3.2-1b 1b o-waits 1,8 full FGCHAT_PDL_AFTER_ATTENTION=0
+  v llama-3.2-1b 1b o-waits-pf0 1,8 full FGCHAT_PDL_AFTER_ATTENTION=0 FGCHAT_L2_PREFETCH_MB=0
+  v llama-3.2-1b 1b default-again 1,8 full FGCHAT_X=0
   v llama-3.1-8b 8b default 1 full FGCHAT_X=0
   v llama-3.1-8b 8b pf40 1 full FGCHAT_L2_PREFETCH_MB=40
 fi

@@ -23,6 +23,7 @@ Environment (read by `Tuning.from_env`, once per engine):
   FGCHAT_FUSED_COMBINE=1      the last attention split merges the others
   FGCHAT_PDL=0                no programmatic dependent launch between the Triton kernels
   FGCHAT_PDL_AFTER_LIBRARY=0  PDL only for a Triton kernel that follows one of our kernels
+  FGCHAT_PDL_AFTER_ATTENTION=0  the o projection waits for attention to end before it launches
   FGCHAT_PREFILL_GRAPHS=0     full mode prefills eagerly instead of replaying a prefill graph
   FGCHAT_PREFILL_OWN_POOL=1   prefill graphs get their own memory pool (not the decode graphs')
   FGCHAT_PREFILL_FIRST=0      prefill graphs are captured after the decode graphs (3% slower decode)
@@ -77,6 +78,7 @@ class Tuning:
     # weights) while the previous kernel drains; it waits for that kernel before reading its output.
     pdl: bool = True
     pdl_after_library: bool = True
+    pdl_after_attention: bool = True
     prefill_graphs: bool = True
     prefill_own_pool: bool = False
     # H100, one run: 1B full decode 1.203 ms with prefill graphs captured after the decode graphs,
@@ -104,6 +106,7 @@ class Tuning:
             fused_combine=_flag("FGCHAT_FUSED_COMBINE", d.fused_combine),
             pdl=_flag("FGCHAT_PDL", d.pdl),
             pdl_after_library=_flag("FGCHAT_PDL_AFTER_LIBRARY", d.pdl_after_library),
+            pdl_after_attention=_flag("FGCHAT_PDL_AFTER_ATTENTION", d.pdl_after_attention),
             prefill_graphs=_flag("FGCHAT_PREFILL_GRAPHS", d.prefill_graphs),
             prefill_own_pool=_flag("FGCHAT_PREFILL_OWN_POOL", d.prefill_own_pool),
             prefill_first=_flag("FGCHAT_PREFILL_FIRST", d.prefill_first),

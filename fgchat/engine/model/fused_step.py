@@ -98,11 +98,11 @@ class FusedStages:
         self.attention_ours = attention_ours
         return self.after(self.qkv.ours or not rope_in_attention)
 
-    def _project(self, x: torch.Tensor, w: torch.Tensor, route: Route, predecessor_ours: bool
-                 ) -> torch.Tensor:
+    def _project(self, x: torch.Tensor, w: torch.Tensor, route: Route, predecessor_ours: bool,
+                 pdl_allowed: bool = True) -> torch.Tensor:
         if not route.serves(x.shape[0]):
             return F.linear(x, w)
-        pdl = self.after(predecessor_ours)
+        pdl = pdl_allowed and self.after(predecessor_ours)
         if route.split > 1:
             return gemv.project_partials(x, w, route.split, route.config, pdl=pdl)
         return gemv.project(x, w, route.config, pdl=pdl)
@@ -131,7 +131,8 @@ class FusedStages:
 
     def after_attention(self, i: int, st: StepState, attn_out: torch.Tensor) -> None:
         c, lw = self.dec.cfg, self.dec.w.layers[i]
-        o = self._project(attn_out.view(attn_out.shape[0], -1), lw.wo, self.o, self.attention_ours)
+        o = self._project(attn_out.view(attn_out.shape[0], -1), lw.wo, self.o, self.attention_ours,
+                          self.t.pdl_after_attention)
         st.h, x = fk.add_rms_norm(st.h, o, lw.mlp_norm, c.rms_eps, self.after(self.o.ours))
         if self.gate_up.glu and self.gate_up.serves(x.shape[0]):
             act = gemv.project_glu(x, lw.w_gate_up, self.gate_up.config, pdl=self.after(True))
