@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One H200 call: GPU tests and the model benchmarks. Results land in $OUT.
-# Usage (device tool, carry .whl): FGCHAT_COMMIT=<sha> bash scripts/gpu_run.sh [tests|bench|more|tui|peers|all|probe|run3|run4|final3|pdl|split|verify|final4|gputests|final5|sweep|s5|s5b|final6|s5c|s5d|s6a|s6b|s6c]
+# Usage (device tool, carry .whl): FGCHAT_COMMIT=<sha> bash scripts/gpu_run.sh [tests|bench|more|tui|peers|all|probe|run3|run4|final3|pdl|split|verify|final4|gputests|final5|sweep|s5|s5b|final6|s5c|s5d|s6a|s6b|s6c|final7|final7p]
 # final6 is the run behind the README table (docs/bench/h200-s5-5f1d1c4): GPU tests, then the benchmarks;
 # gputests runs every GPU test; s5d measures the prefill capture order; sweep the projection tiles.
 # Older sections produced the other folders of docs/bench and the notes.
@@ -303,6 +303,24 @@ if [[ $what == s6c ]]; then  # session 6: the attention boundary in full graphs 
   v llama-3.2-1b 1b default-again 1,8 full FGCHAT_X=0
   v llama-3.1-8b 8b default 1 full FGCHAT_X=0
   v llama-3.1-8b 8b pf40 1 full FGCHAT_L2_PREFETCH_MB=40
+fi
+if [[ $what == final7 ]]; then  # session 6: GPU tests, then the README run and its variants (peers: final7p)
+  bash "$0" gputests
+  export BENCH_TIMEOUT=100
+  bench llama-3.2-1b --preset llama-3.2-1b --random-weights --batch-sizes 1,8 --repeats 3
+  bench smollm2-135m --preset smollm2-135m --random-weights --batch-sizes 1,8 --repeats 3
+  bench llama-3.1-8b --preset llama-3.1-8b --random-weights --batch-sizes 1,8 --repeats 3 --modes eager,full
+  bench qwen2.5-1.5b --preset qwen2.5-1.5b --random-weights --batch-sizes 1,8 --repeats 3 --modes full
+  for v in "1b FGCHAT_L2_PREFETCH_MB=0" "1b FGCHAT_PREFILL_FIRST=0" "135m FGCHAT_L2_PREFETCH_MB=0"; do
+    set -- $v
+    preset=llama-3.2-1b; [[ $1 == 135m ]] && preset=smollm2-135m
+    timeout 80 env "$2" python3 -m fgchat.cli bench --no-progress --json "$OUT/bench_$1-${2,,}.json" --preset $preset \
+      --random-weights --batch-sizes 1,8 --repeats 3 --modes full 2>&1 | tee -a "$OUT/run.log" | tail -2
+  done
+fi
+if [[ $what == final7p ]]; then
+  BENCH_TIMEOUT=260 bench llama-3.2-1b-peers --preset llama-3.2-1b --random-weights --batch-sizes 1,8 \
+    --repeats 3 --modes full --peers hf --peer-timeout 190
 fi
 if [[ $what == gputests ]]; then
   timeout 280 python3 -m pytest -p no:cacheprovider -m gpu $GPU_TESTS -q --timeout 120 -W ignore 2>&1 \
