@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One H200 call: GPU tests and the model benchmarks. Results land in $OUT.
-# Usage (device tool, carry .whl): FGCHAT_COMMIT=<sha> bash scripts/gpu_run.sh [tests|bench|more|tui|peers|all|probe|run3|run4|final3|pdl|split|verify|final4|gputests|final5|sweep|s5|s5b|final6|s5c|s5d|s6a|s6b|s6c|final7|final7p]
+# Usage (device tool, carry .whl): FGCHAT_COMMIT=<sha> bash scripts/gpu_run.sh [tests|bench|more|tui|peers|all|probe|run3|run4|final3|pdl|split|verify|final4|gputests|final5|sweep|s5|s5b|final6|s5c|s5d|s6a|s6b|s6c|final7|final7p|s6d]
 # final6 is the run behind the README table (docs/bench/h200-s5-5f1d1c4): GPU tests, then the benchmarks;
 # gputests runs every GPU test; s5d measures the prefill capture order; sweep the projection tiles.
 # Older sections produced the other folders of docs/bench and the notes.
@@ -321,6 +321,14 @@ fi
 if [[ $what == final7p ]]; then
   BENCH_TIMEOUT=260 bench llama-3.2-1b-peers --preset llama-3.2-1b --random-weights --batch-sizes 1,8 \
     --repeats 3 --modes full --peers hf --peer-timeout 190
+fi
+if [[ $what == s6d ]]; then  # session 6: host launch time per step; prefill pool measured after emptying the cache
+  timeout 200 python3 -m pytest -p no:cacheprovider -m gpu tests/test_gpu_prefill_graphs.py tests/test_gpu_l2_prefetch.py \
+    tests/test_gpu_graphs.py -q --timeout 120 -W ignore 2>&1 | tee -a "$OUT/run.log" | tail -4
+  export BENCH_TIMEOUT=100
+  bench llama-3.2-1b --preset llama-3.2-1b --random-weights --batch-sizes 1,8 --repeats 3
+  bench llama-3.2-1b-again --preset llama-3.2-1b --random-weights --batch-sizes 1,8 --repeats 3 --modes piecewise,full
+  bench smollm2-135m --preset smollm2-135m --random-weights --batch-sizes 1,8 --repeats 3
 fi
 if [[ $what == gputests ]]; then
   timeout 280 python3 -m pytest -p no:cacheprovider -m gpu $GPU_TESTS -q --timeout 120 -W ignore 2>&1 \

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -130,8 +131,9 @@ def test_bench_report_separates_prefill_graphs():
 
     run = {"runner": "fgchat-full", "mode": "full", "batch_size": 1, "requests": 1, "output_tokens_per_s": 900.0,
            "host_overhead_ms": 0.02, "decode_modes": ["full"]}
-    for key in ("ttft_ms", "tpot_ms", "itl_ms", "gpu_step_ms"):
+    for key in ("ttft_ms", "tpot_ms", "itl_ms", "gpu_step_ms", "launch_ms"):
         run[key] = {"mean": 1.0, "median": 1.0, "p90": 1.0, "p99": 1.0}
+    run["launch_ms"]["mean"] = 0.375
     caps = [{"mode": "full", "batch_size": 1, "seconds": 0.02, "pool_mib": 2.0, "kind": "decode"},
             {"mode": "full", "batch_size": 32, "seconds": 0.1, "pool_mib": 8.0, "kind": "prefill"},
             {"mode": "full", "batch_size": 512, "seconds": 0.3, "pool_mib": 30.0, "kind": "prefill"}]
@@ -141,6 +143,7 @@ def test_bench_report_separates_prefill_graphs():
     print_report({"meta": meta, "runs": [run], "captures": caps, "skipped": []}, out)
     text = out.getvalue()
     assert "graph capture total: 0.42 s, pools 40.0 MiB" in text
+    assert re.search(r"Host launch per step \(ms\): +0\.375\n", text)
     assert "prefill graphs (2 token buckets up to 512): 0.40 s, 38.0 MiB" in text
     assert "kernel warm-up before capture (Triton JIT on a cold cache): 1.25 s" in text
     block = text.split("fgchat-full | batch 1")[1]

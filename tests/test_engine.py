@@ -183,6 +183,9 @@ def test_modes_unavailable_on_cpu(tiny_llama):
     eng.submit([5, 6, 7], SamplingParams(max_tokens=3, ignore_eos=True))
     toks = [e for e in eng.run_until_done() if isinstance(e, TokenEvent)]
     assert {e.mode for e in toks} == {"eager"} and all(e.gpu_step_ms is None for e in toks)
+    # the host's time to enqueue each decode step is measured on CPU too; prefill has none
+    assert [e.launch_ms is None for e in toks] == [True, False, False]
+    assert all(e.launch_ms > 0 for e in toks[1:])
 
 
 def test_stops_on_eos(tiny_llama):

@@ -44,6 +44,7 @@ def ev(
     gpu: float | None = None,
     prompt: int = 16,
     first: bool | None = None,
+    launch: float | None = None,
 ) -> TokenEvent:
     is_first = idx == 0 if first is None else first
     return TokenEvent(
@@ -58,6 +59,7 @@ def ev(
         gpu_step_ms=gpu,
         is_first_token=is_first,
         position=prompt + idx,
+        launch_ms=launch,
     )
 
 
@@ -191,8 +193,8 @@ def test_summary_mode_filter_batch_throughput_and_host_overhead():
     add_request(log, 2, [8.0, 8.0], ttft=30.0, mode="eager", gpu=2.0)  # pure eager
     # mixed request: counts for ITL per mode, but its TPOT only counts unfiltered
     log.add_token(ev(3, 0, 0.0, None, mode="eager"), "c1")
-    log.add_token(ev(3, 1, 2.0, 2.0, mode="full", gpu=1.5), "c1")
-    log.add_token(ev(3, 2, 10.0, 8.0, mode="eager", gpu=2.0), "c1")
+    log.add_token(ev(3, 1, 2.0, 2.0, mode="full", gpu=1.5, launch=0.25), "c1")
+    log.add_token(ev(3, 2, 10.0, 8.0, mode="eager", gpu=2.0, launch=6.5), "c1")
     log.add_request(summary(3, 3, 0.0, 10.0), "c1")
 
     full = latency_summary(log, mode="full")
@@ -202,11 +204,13 @@ def test_summary_mode_filter_batch_throughput_and_host_overhead():
     assert full["gpu_step_ms_mean"] == pytest.approx(1.5)
     assert full["host_overhead_ms_mean"] == pytest.approx(0.5)
     assert full["gpu_fraction"] == pytest.approx(0.75)
+    assert full["launch_ms_mean"] == pytest.approx(0.25)  # only tokens that carry a launch time
 
     eager = latency_summary(log, mode="eager")
     assert eager["itl_count"] == 3 and eager["itl_ms_mean"] == pytest.approx(8.0)
     assert eager["ttft_count"] == 3
     assert eager["host_overhead_ms_mean"] == pytest.approx(6.0)
+    assert eager["launch_ms_mean"] == pytest.approx(6.5)
 
     everything = latency_summary(log)
     assert everything["tpot_count"] == 3 and everything["itl_count"] == 7
@@ -219,7 +223,7 @@ def test_summary_mode_filter_batch_throughput_and_host_overhead():
     s = latency_summary(b, batch_size=2)
     assert s["tokens_per_s"] == pytest.approx(100.0)
     assert s["throughput_tokens_per_s"] == pytest.approx(200.0)
-    assert s["tpot_count"] == 2 and s["gpu_step_ms_mean"] is None
+    assert s["tpot_count"] == 2 and s["gpu_step_ms_mean"] is None and s["launch_ms_mean"] is None
     assert latency_summary(b, batch_size=1)["tokens"] == 0
 
 
@@ -312,13 +316,13 @@ def test_tokens_csv_round_trip(tmp_path: Path):
         rows = list(reader)
     assert reader.fieldnames == [
         "request_id", "chat_id", "token_index", "mode", "batch_size", "t_ms", "itl_ms",
-        "gpu_step_ms", "is_first_token", "prompt_tokens", "position",
+        "gpu_step_ms", "is_first_token", "prompt_tokens", "position", "launch_ms",
     ]
     assert len(rows) == len(log)
     assert rows[0] == {
         "request_id": "1", "chat_id": "c1", "token_index": "0", "mode": "eager",
         "batch_size": "2", "t_ms": "12.500", "itl_ms": "", "gpu_step_ms": "1.750",
-        "is_first_token": "1", "prompt_tokens": "16", "position": "16",
+        "is_first_token": "1", "prompt_tokens": "16", "position": "16", "launch_ms": "",
     }
     assert rows[2]["t_ms"] == "17.250" and rows[2]["itl_ms"] == "2.500"
     assert rows[2]["is_first_token"] == "0"
@@ -326,6 +330,21 @@ def test_tokens_csv_round_trip(tmp_path: Path):
     assert read_tokens_csv(path) == log.tokens()  # values chosen exact at 3 decimals
     assert not [p for p in tmp_path.iterdir() if p.name != "tokens.csv"]  # no temp left
 
+
+
+def test_tokens_csv_keeps_launch_times_and_reads_files_written_before_that_column(tmp_path: Path):
+    log = LatencyLog(start_ns=START_NS)
+    log.add_token(ev(1, 0, 10.0), "c")
+    log.add_token(ev(1, 1, 11.5, 1.5, gpu=1.25, launch=0.375), "c")
+    path = tmp_path / "tokens.csv"
+    write_tokens_csv(path, log.tokens())
+    back = read_tokens_csv(path)
+    assert [r.launch_ms for r in back] == [None, 0.375] and back == log.tokens()
+    old = tmp_path / "old.csv"
+    lines = path.read_text().splitlines()
+    old.write_text("\n".join(line.rsplit(",", 1)[0] for line in lines) + "\n")  # drop the last column
+    assert [r.launch_ms for r in read_tokens_csv(old)] == [None, None]
+    assert [r.gpu_step_ms for r in read_tokens_csv(old)] == [None, 1.25]
 
 def test_requests_csv_round_trip(tmp_path: Path):
     log = _filled_log()

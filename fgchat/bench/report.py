@@ -31,6 +31,8 @@ def _block(run: dict[str, Any], captures: list[dict[str, Any]]) -> str:
     lines.append(" Step ".center(w, "-"))
     lines.append(f"{'GPU time per step (ms):':<36}{_f(run['gpu_step_ms']['mean'], 3):>14}")
     lines.append(f"{'Host overhead per step (ms):':<36}{_f(run.get('host_overhead_ms'), 3):>14}")
+    launch = (run.get("launch_ms") or {}).get("mean")
+    lines.append(f"{'Host launch per step (ms):':<36}{_f(launch, 3):>14}")
     caps = [c for c in captures if c["mode"] == run["mode"] and c["batch_size"] == run["batch_size"]
             and c.get("kind", "decode") == "decode"]
     if caps:

@@ -63,7 +63,7 @@ def measure_engine(engine: Engine, mode: str, batch: int, spec: BenchSpec) -> di
     engine.set_mode(mode)
     prompts = prompts_for(batch, spec.prompt_len, engine.cfg.vocab_size)
     sp = SamplingParams(max_tokens=spec.output_len, ignore_eos=True)
-    ttft, tpot, itl, gpu, steps_wall = [], [], [], [], []
+    ttft, tpot, itl, gpu, launch, steps_wall = [], [], [], [], [], []
     decode_modes: set[str] = set()
     tok_s = []
     for rep in range(spec.warmup + spec.repeats):
@@ -82,13 +82,15 @@ def measure_engine(engine: Engine, mode: str, batch: int, spec: BenchSpec) -> di
         lead = min(s.request_id for s in done)
         gpu += [e.gpu_step_ms for e in toks if e.request_id == lead and not e.is_first_token
                 and e.gpu_step_ms is not None]
+        launch += [e.launch_ms for e in toks if e.request_id == lead and not e.is_first_token
+                   and e.launch_ms is not None]
         decode_modes |= {e.mode for e in toks if not e.is_first_token}
         tok_s.append(sum(s.output_tokens for s in done) / wall)
         steps_wall.append(wall)
     out = {
         "runner": f"fgchat-{mode}", "mode": mode, "batch_size": batch,
         "ttft_ms": stats(ttft), "tpot_ms": stats(tpot), "itl_ms": stats(itl),
-        "gpu_step_ms": stats(gpu), "output_tokens_per_s": float(np.mean(tok_s)),
+        "gpu_step_ms": stats(gpu), "launch_ms": stats(launch), "output_tokens_per_s": float(np.mean(tok_s)),
         "decode_modes": sorted(decode_modes), "requests": len(ttft),
     }
     g, i = out["gpu_step_ms"]["mean"], out["itl_ms"]["mean"]

@@ -46,6 +46,7 @@ class _InFlight:
     events: tuple | None  # (start, end, tokens copied) on CUDA
     host_tokens: torch.Tensor | None  # pinned [B], filled by the async copy
     logits: torch.Tensor
+    launch_ms: float  # host time to enqueue the step
 
 
 class Engine:
@@ -437,11 +438,13 @@ class Engine:
             self._flip ^= 1
             events = self._event_sets[self._flip]
             events[0].record()
+        t0 = time.perf_counter()
         if mode == "eager":
             out: StepOutputs = self.program.run_eager(b, do_sample)
         else:
             out = self._replay(mode, b, do_sample)
             mode = self.mode  # _replay falls back to eager when capture runs out of memory
+        launch_ms = (time.perf_counter() - t0) * 1e3
         graph = None if mode == "eager" else f"{mode}/b{b}"
         host_tokens = None
         if cuda:
@@ -452,7 +455,7 @@ class Engine:
         # a graph's logits buffer is rewritten by the step launched behind this one
         logits = out.logits.clone() if self.keep_logits else out.logits
         self.step_graphs.append(graph)
-        return _InFlight(seqs, out, mode, graph, events, host_tokens, logits)
+        return _InFlight(seqs, out, mode, graph, events, host_tokens, logits, launch_ms)
 
     def _collect(self, inf: _InFlight) -> None:
         """Wait for an enqueued step and emit its tokens to the lanes still running."""
@@ -469,7 +472,7 @@ class Engine:
         b = len(inf.seqs)
         for seq, tok in zip(inf.seqs, tokens):
             if any(seq is r for r in running):  # finished or cancelled lanes drop their token
-                self._emit(seq, tok, inf.mode, b, gpu_ms, inf.graph)
+                self._emit(seq, tok, inf.mode, b, gpu_ms, inf.graph, inf.launch_ms)
 
     def _drain(self) -> None:
         inf, self._inflight = self._inflight, None
@@ -491,7 +494,8 @@ class Engine:
         return self.runner.get(key).replay()
 
     def _emit(
-        self, seq: Sequence, token: int, mode: str, b: int, gpu_ms: float | None, graph: str | None
+        self, seq: Sequence, token: int, mode: str, b: int, gpu_ms: float | None, graph: str | None,
+        launch_ms: float | None = None,
     ) -> None:
         now = _now()
         first = not seq.output_ids
@@ -508,7 +512,7 @@ class Engine:
                 request_id=seq.request_id, token_index=len(seq.output_ids) - 1, token_id=token,
                 text=text, mode=mode, batch_size=b, t_ns=now, itl_ms=itl, gpu_step_ms=gpu_ms,
                 is_first_token=first, position=len(seq.prompt_ids) + len(seq.output_ids) - 1,
-                graph=graph,
+                graph=graph, launch_ms=launch_ms,
             )
         )
         if token in seq.stop_ids:

@@ -51,6 +51,9 @@ class TokenEvent:
     is_first_token: bool
     position: int  # position of this token in the sequence (prompt_tokens + token_index)
     graph: str | None = None  # which graph ran, e.g. "full/b4"; None when eager
+    # host time to enqueue the step (its kernels, or its graphs and eager attention calls);
+    # a step is host-bound when this reaches gpu_step_ms. None for prefill's first token
+    launch_ms: float | None = None
 
 
 @dataclass

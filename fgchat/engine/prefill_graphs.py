@@ -56,6 +56,7 @@ class PrefillGraphs:
         current input buffers, then the capture. The warm-up writes rows [0, bucket) of the slot
         in self.slot, which is the slot about to be prefilled (or slot 0 before any request)."""
         torch.cuda.synchronize()
+        torch.cuda.empty_cache()  # graph capture empties the cache too; measure only pool growth
         before = torch.cuda.memory_reserved()
         t0 = time.perf_counter()
         ids = self.ids[:bucket]

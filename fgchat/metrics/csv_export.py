@@ -136,11 +136,16 @@ def _opt_int(s: str) -> int | None:
     return None if s == "" else int(s)
 
 
+# columns added after the first release: files written without them still read (as empty cells)
+ADDED_COLUMNS = frozenset({"launch_ms"})
+
+
 def _read_rows(path: PathLike, columns: Sequence[str]) -> list[dict[str, str]]:
     try:
         with open(os.path.expanduser(os.fspath(path)), encoding="utf-8", newline="") as f:
             reader = csv.DictReader(f)
-            if tuple(reader.fieldnames or ()) != tuple(columns):
+            names = tuple(reader.fieldnames or ())
+            if names != tuple(columns) and names != tuple(c for c in columns if c not in ADDED_COLUMNS):
                 raise FgchatError(f"{os.fspath(path)}: unexpected CSV header {reader.fieldnames}")
             return list(reader)
     except OSError as e:
@@ -164,6 +169,7 @@ def read_tokens_csv(path: PathLike) -> list[TokenRecord]:
                 is_first_token=r["is_first_token"].strip().lower() in ("1", "true"),
                 prompt_tokens=int(r["prompt_tokens"]),
                 position=int(r["position"]),
+                launch_ms=_opt_float(r.get("launch_ms", "")),
             )
             for r in rows
         ]

@@ -31,6 +31,7 @@ TOKEN_COLUMNS: tuple[str, ...] = (
     "is_first_token",
     "prompt_tokens",
     "position",
+    "launch_ms",
 )
 
 REQUEST_COLUMNS: tuple[str, ...] = (
@@ -62,6 +63,7 @@ class TokenRecord:
     is_first_token: bool
     prompt_tokens: int
     position: int  # prompt_tokens + token_index
+    launch_ms: float | None = None  # host time to enqueue the step; None for the first token
 
 
 @dataclass(frozen=True)
@@ -142,6 +144,7 @@ class LatencyLog:
             is_first_token=bool(event.is_first_token),
             prompt_tokens=int(prompt_tokens),
             position=event.position,
+            launch_ms=None if event.launch_ms is None else float(event.launch_ms),
         )
         with self._lock:
             self._tokens.append(record)

@@ -95,7 +95,9 @@ def summarize_records(
         (a step of batch b yields b tokens, so each token owns 1/b of its step's time),
       gpu_step_ms_mean: mean GPU time of the steps behind non-first tokens,
       host_overhead_ms_mean: mean of (itl_ms - gpu_step_ms) over non-first tokens having both,
-      gpu_fraction: gpu_step_ms_mean / itl_ms_mean over those same tokens.
+      gpu_fraction: gpu_step_ms_mean / itl_ms_mean over those same tokens,
+      launch_ms_mean: mean host time to enqueue the steps behind non-first tokens (a mode is
+        host-bound when it reaches gpu_step_ms_mean).
 
     Filters:
       mode: tokens produced in that mode. ITL/GPU/host use those tokens. TTFT counts requests
@@ -134,6 +136,8 @@ def summarize_records(
     owned_ms = float(sum(t.itl_ms / max(t.batch_size, 1) for t in decode if math.isfinite(t.itl_ms)))
     out["throughput_tokens_per_s"] = len(itl) * 1000.0 / owned_ms if owned_ms > 0 else None
     out["gpu_step_ms_mean"] = float(gpu.mean()) if gpu.size else None
+    launch = clean(t.launch_ms for t in decode if t.launch_ms is not None)
+    out["launch_ms_mean"] = float(launch.mean()) if launch.size else None
     if both:
         pairs = np.asarray(both, dtype=np.float64)
         out["host_overhead_ms_mean"] = float((pairs[:, 0] - pairs[:, 1]).mean())

@@ -184,9 +184,16 @@ class LatencyPanel(VerticalScroll):
             why = "(no GPU timing on CPU)" if width >= 42 else "(no GPU timing)"
             return Content.assemble(("GPU/step – host – ", ""), (why, "$text-muted"))
         pct = f" ({frac * 100:.0f}% GPU)" if frac is not None else ""
+        launch = s.get("launch_ms_mean")
+        # host-bound: enqueueing a step takes as long as the GPU runs it
+        launch_part = [] if launch is None or width < 64 else [
+            ("  launch ", "$text-muted"),
+            (f"{fmt_ms(launch)} ms", "bold $error" if launch >= 0.9 * gpu else "$text"),
+        ]
         return Content.assemble(
             ("GPU/step ", "$text-muted"), (f"{fmt_ms(gpu)} ms", "bold $success"),
             ("  host ", "$text-muted"), (f"{fmt_ms(host)} ms", "bold $warning"), (pct, "$text-muted"),
+            *launch_part,
         )
 
     def _spark(self, recent: list[float], panel_width: int = 40) -> Content:
