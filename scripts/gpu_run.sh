@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One H200 call: GPU tests and the model benchmarks. Results land in $OUT.
 # Usage (device tool, carry .whl): FGCHAT_COMMIT=<sha> bash scripts/gpu_run.sh [tests|bench|more|tui|peers|all|probe|run3|run4|final3|pdl|split|verify|final4|gputests|final5|sweep|s5|s5b|final6|s5c|s5d|s6a|s6b|s6c|final7|final7p|s6d]
-# final6 is the run behind the README table (docs/bench/h200-s5-5f1d1c4): GPU tests, then the benchmarks;
-# gputests runs every GPU test; s5d measures the prefill capture order; sweep the projection tiles.
+# The README's H200 section: s6d (modes side by side, docs/bench/h200-s6-03ff59c) and final7 + final7p
+# (GPU tests, larger models, variants, peers: docs/bench/h200-s6-2bc054f); gputests runs every GPU test;
+# s6a-s6c measured the L2 prefetch and the attention boundary (timeline_step.py); sweep the projection tiles.
 # Older sections produced the other folders of docs/bench and the notes.
 set -u -o pipefail
 export PYTHONUNBUFFERED=1
