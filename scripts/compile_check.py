@@ -56,11 +56,6 @@ def main() -> None:
         build(gemv._argmax_finish_kernel, {"pmax_ptr": "*fp32", "pidx_ptr": "*i32", "out_ptr": "*i64", "P": "i32",
                                            "stride_p": "i32"}, dict(BLOCK_P=2048, USE_PDL=pdl), num_warps=4,
               launch_pdl=pdl)
-        for early in (True, False):  # 1B o: split 4; W_EARLY=False loads no weight before the wait
-            build(gemv._proj_kernel, proj,
-                  dict(N=2048, K=2048, EVEN_K=True, EVEN_N=True, BLOCK_M=16, BLOCK_N=16, BLOCK_K=512,
-                       DOT_PRECISION="tf32", USE_PDL=pdl, SPLIT_K=4, W_EARLY=early), num_warps=4,
-                  num_stages=4, launch_pdl=pdl)
         build(gemv._proj_kernel, proj,
               dict(N=2048, K=8192, EVEN_K=True, EVEN_N=True, BLOCK_M=16, BLOCK_N=16, BLOCK_K=512,
                    DOT_PRECISION="tf32", USE_PDL=pdl, SPLIT_K=4), num_warps=4, num_stages=4, launch_pdl=pdl)

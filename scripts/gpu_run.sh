@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One H200 call: GPU tests and the model benchmarks. Results land in $OUT.
-# Usage (device tool, carry .whl): FGCHAT_COMMIT=<sha> bash scripts/gpu_run.sh [tests|bench|more|tui|peers|all|probe|run3|run4|final3|pdl|split|verify|final4|gputests|final5|sweep|s5|s5b|final6|s5c|s5d|s6a|s6b|s6c|final7|final7p|s6d|s6e]
+# Usage (device tool, carry .whl): FGCHAT_COMMIT=<sha> bash scripts/gpu_run.sh [tests|bench|more|tui|peers|all|probe|run3|run4|final3|pdl|split|verify|final4|gputests|final5|sweep|s5|s5b|final6|s5c|s5d|s6a|s6b|s6c|final7|final7p|s6d]
 # The README's H200 section: s6d (modes side by side, docs/bench/h200-s6-03ff59c) and final7 + final7p
 # (GPU tests, larger models, variants, peers: docs/bench/h200-s6-2bc054f); gputests runs every GPU test;
 # s6a-s6c measured the L2 prefetch and the attention boundary (timeline_step.py); sweep the projection tiles.
@@ -330,21 +330,6 @@ if [[ $what == s6d ]]; then  # session 6: host launch time per step; prefill poo
   bench llama-3.2-1b --preset llama-3.2-1b --random-weights --batch-sizes 1,8 --repeats 3
   bench llama-3.2-1b-again --preset llama-3.2-1b --random-weights --batch-sizes 1,8 --repeats 3 --modes piecewise,full
   bench smollm2-135m --preset smollm2-135m --random-weights --batch-sizes 1,8 --repeats 3
-fi
-if [[ $what == s6e ]]; then  # session 6: a prefetched o projection loads its weights after the PDL wait
-  timeout 150 python3 -m pytest -p no:cacheprovider -m gpu tests/test_gpu_pdl.py tests/test_gpu_l2_prefetch.py \
-    tests/test_gpu_graphs.py -q --timeout 120 -W ignore 2>&1 | tee -a "$OUT/run.log" | tail -4
-  v() {  # preset tag name batch-sizes modes env...
-    local preset=$1 tag=$2 name=$3 bs=$4 modes=$5; shift 5
-    timeout 80 env "$@" python3 -m fgchat.cli bench --no-progress --json "$OUT/bench_$tag-$name.json" --preset "$preset" \
-      --random-weights --batch-sizes "$bs" --repeats 3 --modes "$modes" 2>&1 | tee -a "$OUT/run.log" | tail -2
-  }
-  v llama-3.2-1b 1b default 1,8 piecewise,full FGCHAT_X=0
-  v llama-3.2-1b 1b o-before-wait 1,8 full FGCHAT_O_AFTER_WAIT=0
-  v llama-3.2-1b 1b default-again 1,8 piecewise,full FGCHAT_X=0
-  v smollm2-135m 135m default 1,8 full FGCHAT_X=0
-  v smollm2-135m 135m o-before-wait 1,8 full FGCHAT_O_AFTER_WAIT=0
-  timeout 60 python3 scripts/timeline_step.py llama-3.2-1b full 1 2>&1 | tee -a "$OUT/run.log" | tail -12
 fi
 if [[ $what == gputests ]]; then
   timeout 280 python3 -m pytest -p no:cacheprovider -m gpu $GPU_TESTS -q --timeout 120 -W ignore 2>&1 \

@@ -17,11 +17,9 @@ H = 2048
 LAYERS = 12
 
 
-def _chain(h: torch.Tensor, norms: list[torch.Tensor], ws: list[torch.Tensor], pdl: bool,
-           late: bool = False) -> torch.Tensor:
+def _chain(h: torch.Tensor, norms: list[torch.Tensor], ws: list[torch.Tensor], pdl: bool) -> torch.Tensor:
     """norm -> projection -> silu-mul -> projection, LAYERS times: every kernel reads its
-    predecessor's output, so a launch that ran ahead of its wait would read stale memory.
-    late: the split-K projections load their first weight tile after the PDL wait."""
+    predecessor's output, so a launch that ran ahead of its wait would read stale memory."""
     from fgchat.engine.fused import add_rms_norm, silu_mul
     from fgchat.engine.gemv import project, project_partials
 
@@ -31,8 +29,7 @@ def _chain(h: torch.Tensor, norms: list[torch.Tensor], ws: list[torch.Tensor], p
         gu = project(x, ws[2 * i], pdl=pdl)
         act = silu_mul(gu, pdl)
         # odd layers: split-K partial sums, added by the next norm
-        delta = (project_partials(act, ws[2 * i + 1], 2, pdl=pdl, w_after_wait=late) if i % 2
-                 else project(act, ws[2 * i + 1], pdl=pdl))
+        delta = project_partials(act, ws[2 * i + 1], 2, pdl=pdl) if i % 2 else project(act, ws[2 * i + 1], pdl=pdl)
     return add_rms_norm(h, delta, norms[0], 1e-5, pdl)[1]
 
 
@@ -46,8 +43,8 @@ def _weights(rows: int):
     return norms, ws
 
 
-@pytest.mark.parametrize("rows,late", [(1, False), (8, False), (1, True)])
-def test_pdl_chain_in_a_graph_matches_plain_launches(rows, late):
+@pytest.mark.parametrize("rows", [1, 8])
+def test_pdl_chain_in_a_graph_matches_plain_launches(rows):
     from fgchat.engine.pdl import supported
 
     assert supported(torch.device("cuda")), "the H200 supports programmatic dependent launch"
@@ -56,11 +53,11 @@ def test_pdl_chain_in_a_graph_matches_plain_launches(rows, late):
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
-        _chain(inp, norms, ws, True, late)  # compile outside capture
+        _chain(inp, norms, ws, True)  # compile outside capture
     torch.cuda.current_stream().wait_stream(s)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = _chain(inp, norms, ws, True, late)
+        out = _chain(inp, norms, ws, True)
     g = torch.Generator(device="cuda").manual_seed(11)
     for rep in range(20):
         # new inputs every replay: a kernel that read before its predecessor finished would see
@@ -69,7 +66,7 @@ def test_pdl_chain_in_a_graph_matches_plain_launches(rows, late):
         graph.replay()
         want = _chain(inp.clone(), norms, ws, False)
         assert torch.equal(out, want), rep
-        assert torch.equal(_chain(inp.clone(), norms, ws, True, late), want), rep  # eager PDL launches
+        assert torch.equal(_chain(inp.clone(), norms, ws, True), want), rep  # eager PDL launches
 
 
 @pytest.mark.parametrize("n,k", [(2048, 2048), (2048, 8192), (4096, 14336), (576, 1536)])

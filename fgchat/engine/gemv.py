@@ -38,24 +38,6 @@ def _tile_product(x, w, SWAP: tl.constexpr, DOT_PRECISION: tl.constexpr):
 
 
 @triton.jit
-def _first_w_tile(w_rows, u_rows, offs_k0, n_mask, K_PART: tl.constexpr, EVEN_K: tl.constexpr,
-                  EVEN_N: tl.constexpr, GLU: tl.constexpr):
-    """The weight tile at K offset 0 (and its up rows with GLU; else the same tile twice)."""
-    if EVEN_K and EVEN_N:
-        w = tl.load(w_rows + offs_k0[None, :])
-        wu = w
-        if GLU:
-            wu = tl.load(u_rows + offs_k0[None, :])
-    else:
-        w0_mask = n_mask[:, None] & (offs_k0[None, :] < K_PART)
-        w = tl.load(w_rows + offs_k0[None, :], mask=w0_mask, other=0.0)
-        wu = w
-        if GLU:
-            wu = tl.load(u_rows + offs_k0[None, :], mask=w0_mask, other=0.0)
-    return w, wu
-
-
-@triton.jit
 def _proj_kernel(
     x_ptr, w_ptr, y_ptr, M, stride_y, stride_split,
     pmax_ptr, pidx_ptr, stride_p,  # ARGMAX outputs (None without)
@@ -64,7 +46,7 @@ def _proj_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     DOT_PRECISION: tl.constexpr, USE_PDL: tl.constexpr = False,
     SPLIT_K: tl.constexpr = 1, ARGMAX: tl.constexpr = False,
-    GLU: tl.constexpr = False, SWAP: tl.constexpr = False, W_EARLY: tl.constexpr = True,
+    GLU: tl.constexpr = False, SWAP: tl.constexpr = False,
 ):
     """Program (pid, ks) owns columns [pid*BLOCK_N, +BLOCK_N) over K slice ks of SPLIT_K. With
     SPLIT_K > 1 it stores its float32 partial sum in slab ks of y [SPLIT_K, M, N] (the consumer
@@ -72,9 +54,7 @@ def _proj_kernel(
     (SPLIT_K == 1): also the maximum of each row's stored values over the program's columns and
     its first column, at [row, pid] of pmax / pidx (finished by _argmax_finish_kernel).
     GLU (SPLIT_K == 1): w is [2N, K], rows gate | up; y = silu(x.gate) * (x.up), each product
-    rounded to x's dtype first, the activation as fused.silu_mul computes it.
-    W_EARLY: the first weight tile is loaded before the PDL wait (else after it, when the weights
-    were prefetched into L2 and early loads would only compete with the predecessor's reads)."""
+    rounded to x's dtype first, the activation as fused.silu_mul computes it."""
     pid = tl.program_id(0)
     K_PART: tl.constexpr = K // SPLIT_K
     k_base = tl.program_id(1) * K_PART
@@ -86,14 +66,19 @@ def _proj_kernel(
     w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * K + k_base
     u_rows = w_rows + N * K  # GLU: the up row of each gate row
     x_rows = x_ptr + offs_m[:, None] * K + k_base
-    # The first weight tile may be loaded before waiting on the previous kernel (weights are never
+    # The first weight tile is loaded before waiting on the previous kernel (weights are never
     # written by a kernel); the K loop below starts at the second tile, so the sum's order is the
-    # same with and without PDL, early or late: tile 0, tile 1, ...
-    if W_EARLY:
-        w, wu = _first_w_tile(w_rows, u_rows, offs_k0, n_mask, K_PART, EVEN_K, EVEN_N, GLU)
+    # same with and without PDL: tile 0, tile 1, ...
+    if EVEN_K and EVEN_N:
+        w = tl.load(w_rows + offs_k0[None, :])
+        if GLU:
+            wu = tl.load(u_rows + offs_k0[None, :])
+    else:
+        w0_mask = n_mask[:, None] & (offs_k0[None, :] < K_PART)
+        w = tl.load(w_rows + offs_k0[None, :], mask=w0_mask, other=0.0)
+        if GLU:
+            wu = tl.load(u_rows + offs_k0[None, :], mask=w0_mask, other=0.0)
     pdl_enter(USE_PDL)
-    if not W_EARLY:
-        w, wu = _first_w_tile(w_rows, u_rows, offs_k0, n_mask, K_PART, EVEN_K, EVEN_N, GLU)
     x = tl.load(x_rows + offs_k0[None, :], mask=m_mask[:, None] & (offs_k0[None, :] < K_PART), other=0.0)
     acc = _tile_product(x, w, SWAP, DOT_PRECISION)
     if GLU:
@@ -250,13 +235,12 @@ def project_glu(x: torch.Tensor, w_gate_up: torch.Tensor, config: ProjConfig | N
 
 
 def project_partials(x: torch.Tensor, w: torch.Tensor, split: int, config: ProjConfig | None = None,
-                     pdl: bool = False, w_after_wait: bool = False) -> torch.Tensor:
+                     pdl: bool = False) -> torch.Tensor:
     """Split-K x @ w^T: float32 partial sums [split, M, N], slab s over K slice s. Their sum in
-    slab order, rounded to x's dtype, is the projection (fused.add_rms_norm takes them as delta).
-    w_after_wait: no weight load before the PDL wait (same bits)."""
+    slab order, rounded to x's dtype, is the projection (fused.add_rms_norm takes them as delta)."""
     if split < 2:
         raise ValueError("project_partials needs split >= 2 (use project)")
-    return _launch(x, w, config, torch.float32, pdl, split, w_after_wait=w_after_wait)
+    return _launch(x, w, config, torch.float32, pdl, split)
 
 
 @dataclass(frozen=True)
@@ -270,8 +254,7 @@ class _Plan:
 
 @functools.lru_cache(maxsize=1024)
 def _plan(m: int, n: int, k: int, x_dtype: torch.dtype, w_dtype: torch.dtype, out_dtype: torch.dtype,
-          split: int, argmax: bool, pdl: bool, config: ProjConfig | None, glu: bool = False,
-          w_after_wait: bool = False) -> _Plan:
+          split: int, argmax: bool, pdl: bool, config: ProjConfig | None, glu: bool = False) -> _Plan:
     """Grid, output shape and launch options of one call signature (validated once)."""
     if m > MAX_ROWS:
         raise ValueError(f"project handles at most {MAX_ROWS} rows, got {m}")
@@ -282,8 +265,7 @@ def _plan(m: int, n: int, k: int, x_dtype: torch.dtype, w_dtype: torch.dtype, ou
         N=n, K=k, EVEN_K=(k // split) % cfg.block_k == 0, EVEN_N=n % cfg.block_n == 0,
         BLOCK_M=MAX_ROWS, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         DOT_PRECISION="ieee" if w_dtype == torch.float32 else "tf32", USE_PDL=pdl,
-        SPLIT_K=split, ARGMAX=argmax, GLU=glu, SWAP=cfg.swap, W_EARLY=not w_after_wait,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=pdl,
+        SPLIT_K=split, ARGMAX=argmax, GLU=glu, SWAP=cfg.swap, num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=pdl,
     )
     shape = (split, m, n) if split > 1 else (m, n)
     return _Plan((cdiv(n, cfg.block_n), split), shape, n, m * n if split > 1 else 0, kw)
@@ -291,13 +273,13 @@ def _plan(m: int, n: int, k: int, x_dtype: torch.dtype, w_dtype: torch.dtype, ou
 
 def _launch(x: torch.Tensor, w: torch.Tensor, config: ProjConfig | None, out_dtype: torch.dtype | None,
             pdl: bool, split: int, argmax: tuple[torch.Tensor, torch.Tensor] | None = None,
-            glu: bool = False, w_after_wait: bool = False) -> torch.Tensor:
+            glu: bool = False) -> torch.Tensor:
     m, k = x.shape
     n = w.shape[0] // 2 if glu else w.shape[0]
     if w.shape[1] != k or not (x.is_contiguous() and w.is_contiguous()):
         raise ValueError("project needs contiguous x [M, K] and w [N, K]")
     out_dtype = out_dtype or x.dtype
-    plan = _plan(m, n, k, x.dtype, w.dtype, out_dtype, split, argmax is not None, pdl, config, glu, w_after_wait)
+    plan = _plan(m, n, k, x.dtype, w.dtype, out_dtype, split, argmax is not None, pdl, config, glu)
     y = torch.empty(plan.shape, dtype=out_dtype, device=x.device)
     pmax, pidx = argmax if argmax is not None else (None, None)
     # non-constexpr arguments positionally: the fast launcher keys them cheaply

@@ -30,7 +30,6 @@ Environment (read by `Tuning.from_env`, once per engine):
   FGCHAT_PREFILL_REPLAY=0     prefill graphs are captured but prefill runs eagerly (experiment)
   FGCHAT_L2_PREFETCH_MB=<mb>  full graphs: weights requested into L2 beside each attention call:
                               o, gate/up, down while each fits whole (engine.l2_prefetch); 0 = none
-  FGCHAT_O_AFTER_WAIT=0       a prefetched o projection still loads weights before its PDL wait
 """
 
 from __future__ import annotations
@@ -87,9 +86,6 @@ class Tuning:
     prefill_first: bool = True
     prefill_replay: bool = True
     l2_prefetch_mb: int = 16
-    # with its weights prefetched, the o projection loads them after its PDL wait, so its early
-    # launch no longer competes with the attention combine's reads
-    o_after_wait: bool = True
 
     @classmethod
     def from_env(cls) -> Tuning:
@@ -116,7 +112,6 @@ class Tuning:
             prefill_first=_flag("FGCHAT_PREFILL_FIRST", d.prefill_first),
             prefill_replay=_flag("FGCHAT_PREFILL_REPLAY", d.prefill_replay),
             l2_prefetch_mb=_int("FGCHAT_L2_PREFETCH_MB", d.l2_prefetch_mb),
-            o_after_wait=_flag("FGCHAT_O_AFTER_WAIT", d.o_after_wait),
         )
 
     def proj_config_texts(self) -> dict[str, str]:

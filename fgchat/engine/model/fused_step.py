@@ -72,8 +72,6 @@ class FusedStages:
         if budget > 0 and l2_prefetch.supported(dev):
             plans = [l2_prefetch.plan([w.wo, w.w_gate_up, w.w_down], budget) for w in dec.w.layers]
             self.prefetch = plans if any(plans) else None
-        # the o weights come first in every plan, so a non-empty plan holds them (same in every layer)
-        self.o_after_wait = tuning.o_after_wait and self.prefetch is not None and all(self.prefetch)
 
     def _route(self, role: str, w: torch.Tensor, bias_free: bool, feeds_norm: bool, sm_count: int) -> Route:
         t, cfg = self.t, self.configs.get(role)
@@ -101,13 +99,12 @@ class FusedStages:
         return self.after(self.qkv.ours or not rope_in_attention)
 
     def _project(self, x: torch.Tensor, w: torch.Tensor, route: Route, predecessor_ours: bool,
-                 pdl_allowed: bool = True, w_after_wait: bool = False) -> torch.Tensor:
+                 pdl_allowed: bool = True) -> torch.Tensor:
         if not route.serves(x.shape[0]):
             return F.linear(x, w)
         pdl = pdl_allowed and self.after(predecessor_ours)
         if route.split > 1:
-            return gemv.project_partials(x, w, route.split, route.config, pdl=pdl,
-                                         w_after_wait=w_after_wait and pdl)
+            return gemv.project_partials(x, w, route.split, route.config, pdl=pdl)
         return gemv.project(x, w, route.config, pdl=pdl)
 
     def beside_attention(self, i: int) -> None:
@@ -135,7 +132,7 @@ class FusedStages:
     def after_attention(self, i: int, st: StepState, attn_out: torch.Tensor) -> None:
         c, lw = self.dec.cfg, self.dec.w.layers[i]
         o = self._project(attn_out.view(attn_out.shape[0], -1), lw.wo, self.o, self.attention_ours,
-                          self.t.pdl_after_attention, self.o_after_wait)
+                          self.t.pdl_after_attention)
         st.h, x = fk.add_rms_norm(st.h, o, lw.mlp_norm, c.rms_eps, self.after(self.o.ours))
         if self.gate_up.glu and self.gate_up.serves(x.shape[0]):
             act = gemv.project_glu(x, lw.w_gate_up, self.gate_up.config, pdl=self.after(True))
