@@ -3,8 +3,8 @@
 Decode attention at small batch is latency-bound: while it runs, HBM is mostly idle. In a full
 graph the step forks a side branch at each attention call that asks the L2 cache to fetch the
 weights read next (the o projection, then gate/up and down while each fits the budget whole), so
-those kernels read them from L2 instead of HBM. Piecewise graphs cannot do this: each piece must join its
-branches before it ends, which is before the eager attention starts.
+those kernels read them from L2 instead of HBM. Piecewise graphs cannot do this: each piece must
+join its branches before it ends, which is before the eager attention starts.
 
 Invariants:
 - a prefetch never writes memory and never changes a result; it is a hint the hardware may drop;
@@ -34,8 +34,8 @@ class Range:
 def plan(tensors: list[torch.Tensor], budget_bytes: int) -> list[Range]:
     """Ranges covering `tensors` in order, each one whole, while they fit in `budget_bytes`.
 
-    The first tensor that does not fit ends the plan: a part of a large weight read late in its
-    kernel is evicted before use (H200: 1B with 16-32 MiB of gate/up requested was slower).
+    The first tensor that does not fit ends the plan: the part of a large weight that its kernel
+    reads late is evicted before use (H200, 1B: budgets that took part of gate/up were slower).
     """
     out: list[Range] = []
     left = budget_bytes
