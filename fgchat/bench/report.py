@@ -50,7 +50,8 @@ def summary_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
         tpot = r["tpot_ms"]["mean"]
         row = {"runner": r["runner"], "batch_size": r["batch_size"], "ttft_ms_median": r["ttft_ms"]["median"],
                "tpot_ms_mean": tpot, "itl_ms_p99": r["itl_ms"]["p99"],
-               "output_tokens_per_s": r["output_tokens_per_s"], "gpu_step_ms_mean": r["gpu_step_ms"]["mean"]}
+               "output_tokens_per_s": r["output_tokens_per_s"], "gpu_step_ms_mean": r["gpu_step_ms"]["mean"],
+               "launch_ms_mean": (r.get("launch_ms") or {}).get("mean")}
         for ref in ("fgchat-eager", "fgchat-piecewise", "hf-eager", "hf-compile"):
             other = by.get((ref, r["batch_size"]))
             ot = other["tpot_ms"]["mean"] if other else None
@@ -83,7 +84,7 @@ def print_report(result: dict[str, Any], out: TextIO) -> None:
 
     t = Table(title="summary (speedup = other runner's TPOT / this runner's TPOT)")
     cols = ["runner", "batch", "TTFT p50 ms", "TPOT ms", "ITL p99 ms", "tok/s", "GPU ms/step",
-            "vs eager", "vs piecewise", "vs hf-eager", "vs hf-compile"]
+            "launch ms/step", "vs eager", "vs piecewise", "vs hf-eager", "vs hf-compile"]
     for c in cols:
         t.add_column(c, justify="right")
     for r in summary_rows(result):
@@ -91,9 +92,9 @@ def print_report(result: dict[str, Any], out: TextIO) -> None:
             return "" if v is None else f"{v:.2f}x"
         t.add_row(r["runner"], str(r["batch_size"]), _f(r["ttft_ms_median"]), _f(r["tpot_ms_mean"], 3),
                   _f(r["itl_ms_p99"], 3), _f(r["output_tokens_per_s"], 0), _f(r["gpu_step_ms_mean"], 3),
-                  x(r["speedup_vs_fgchat-eager"]), x(r["speedup_vs_fgchat-piecewise"]),
+                  _f(r["launch_ms_mean"], 3), x(r["speedup_vs_fgchat-eager"]), x(r["speedup_vs_fgchat-piecewise"]),
                   x(r["speedup_vs_hf-eager"]), x(r["speedup_vs_hf-compile"]))
-    Console(file=out, width=160).print(t)
+    Console(file=out, width=176).print(t)
 
 
 def write_json(result: dict[str, Any], path: Path) -> None:
