@@ -147,6 +147,12 @@ def test_bench_report_separates_prefill_graphs():
     text = out.getvalue()
     assert "graph capture total: 0.42 s, pools 40.0 MiB" in text
     assert re.search(r"Host launch per step \(ms\): +0\.375\n", text)
+    assert "host-bound" not in text  # 0.375 ms to launch a 1.0 ms step
+    run["launch_ms"]["mean"] = 0.8
+    out = io.StringIO()
+    print_report({"meta": meta, "runs": [run], "captures": caps, "skipped": []}, out)
+    assert ("host-bound: fgchat-full batch 1 takes 0.800 ms to launch a step the GPU runs in 1.000 ms"
+            in out.getvalue())
     assert "prefill graphs (2 token buckets up to 512): 0.40 s, 38.0 MiB" in text
     assert "kernel warm-up before capture (Triton JIT on a cold cache): 1.25 s" in text
     block = text.split("fgchat-full | batch 1")[1]

@@ -476,3 +476,11 @@ def test_appender_ends_a_cut_short_last_row(tmp_path: Path):
     lines = path.read_text().splitlines()
     assert lines[1] == "1,c1,0,eag" and lines[2].startswith("1,c1,0,eager,2,12.500,")
     assert math.isclose(float(lines[2].split(",")[5]), 12.5)
+
+
+def test_host_bound_needs_both_times_and_compares_launch_with_gpu():
+    from fgchat.metrics import HOST_BOUND_FRACTION, host_bound
+
+    assert host_bound(HOST_BOUND_FRACTION * 2.0, 2.0) and host_bound(3.6, 3.7)
+    assert not host_bound(0.007, 0.95) and not host_bound(0.7, 1.0)
+    assert not host_bound(None, 1.0) and not host_bound(1.0, None) and not host_bound(1.0, 0.0)

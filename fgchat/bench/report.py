@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from fgchat.metrics.csv_export import atomic_write_text
+from fgchat.metrics.stats import host_bound
 
 
 def _f(v: float | None, nd: int = 2) -> str:
@@ -95,6 +96,11 @@ def print_report(result: dict[str, Any], out: TextIO) -> None:
                   _f(r["launch_ms_mean"], 3), x(r["speedup_vs_fgchat-eager"]), x(r["speedup_vs_fgchat-piecewise"]),
                   x(r["speedup_vs_hf-eager"]), x(r["speedup_vs_hf-compile"]))
     Console(file=out, width=176).print(t)
+    for r in summary_rows(result):
+        if host_bound(r["launch_ms_mean"], r["gpu_step_ms_mean"]):
+            out.write(f"host-bound: {r['runner']} batch {r['batch_size']} takes {r['launch_ms_mean']:.3f} ms "
+                      f"to launch a step the GPU runs in {r['gpu_step_ms_mean']:.3f} ms; its TPOT follows "
+                      f"the host CPU\n")
 
 
 def write_json(result: dict[str, Any], path: Path) -> None:

@@ -19,7 +19,9 @@ from fgchat.metrics.records import (
     TokenRecord,
 )
 from fgchat.metrics.stats import (
+    HOST_BOUND_FRACTION,
     Stats,
+    host_bound,
     itl_by_mode,
     latency_summary,
     request_tpot_ms,
@@ -28,6 +30,7 @@ from fgchat.metrics.stats import (
 )
 
 __all__ = [
+    "HOST_BOUND_FRACTION",
     "REQUEST_COLUMNS",
     "TOKEN_COLUMNS",
     "CsvAppender",
@@ -36,6 +39,7 @@ __all__ = [
     "Stats",
     "TokenRecord",
     "histogram",
+    "host_bound",
     "itl_by_mode",
     "latency_summary",
     "read_requests_csv",

@@ -20,6 +20,14 @@ import numpy as np
 from fgchat.metrics.records import LatencyLog, RequestRecord, TokenRecord
 
 STAT_NAMES: tuple[str, ...] = ("mean", "p50", "p90", "p99")
+# A step whose host launch time reaches this fraction of its GPU time is treated as host-bound:
+# its latency then follows the host CPU (H200, 1B piecewise at 0.77 measured 1.02-1.76 ms).
+HOST_BOUND_FRACTION = 0.75
+
+
+def host_bound(launch_ms: float | None, gpu_ms: float | None) -> bool:
+    """Enqueueing a step takes nearly as long as the GPU runs it (False when either is unknown)."""
+    return launch_ms is not None and gpu_ms is not None and gpu_ms > 0 and launch_ms >= HOST_BOUND_FRACTION * gpu_ms
 
 
 @dataclass(frozen=True)

@@ -18,8 +18,8 @@ A switch applies at the next decode step; replies in flight continue. Without a 
 only *eager* runs: asking for another mode is answered with a fallback to eager and the reason.
 
 The latency panel's GPU line compares the GPU time of a step with the host's time to launch it
-(*launch*, shown on wide panels): when launching takes about as long as the GPU runs, the mode is
-host-bound (shown in red) and its latency follows the CPU, not the GPU.
+(*launch*, shown on wide panels): when launching takes three quarters of the GPU time or more,
+the mode is host-bound (shown in red) and its latency follows the CPU, not the GPU.
 
 ## Batch size
 Each reply in flight is one sequence of the engine's batch (1..8). Generate in several chat

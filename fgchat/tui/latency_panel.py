@@ -17,7 +17,7 @@ from textual.content import Content
 from textual.widgets import Static
 
 from fgchat.engine.events import MODES, CaptureReport, EngineInfo
-from fgchat.metrics import sparkline
+from fgchat.metrics import host_bound, sparkline
 from fgchat.tui.histogram import MODE_STYLES, ModeHistograms, fmt_ms
 
 MODE_KEYS = {"eager": "F1", "piecewise": "F2", "full": "F3"}
@@ -185,10 +185,9 @@ class LatencyPanel(VerticalScroll):
             return Content.assemble(("GPU/step – host – ", ""), (why, "$text-muted"))
         pct = f" ({frac * 100:.0f}% GPU)" if frac is not None else ""
         launch = s.get("launch_ms_mean")
-        # host-bound: enqueueing a step takes as long as the GPU runs it
         launch_part = [] if launch is None or width < 64 else [
             ("  launch ", "$text-muted"),
-            (f"{fmt_ms(launch)} ms", "bold $error" if launch >= 0.9 * gpu else "$text"),
+            (f"{fmt_ms(launch)} ms", "bold $error" if host_bound(launch, gpu) else "$text"),
         ]
         return Content.assemble(
             ("GPU/step ", "$text-muted"), (f"{fmt_ms(gpu)} ms", "bold $success"),
