@@ -23,7 +23,7 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
                    "(default: the embedded SmolLM2-135M-Instruct)")
     p.add_argument("--mode", default=None,
                    help="eager | piecewise | full (default: full on CUDA, eager on CPU)")
-    p.add_argument("--attention", default="auto", help="auto | triton | flash-attn | torch")
+    p.add_argument("--attention", default="auto", help="auto | triton | flash-attn | torch | sdpa")
     p.add_argument("--max-context", type=int, default=None, help="tokens per sequence slot")
     p.add_argument("--device", default=None, help="auto | cpu | cuda[:N]")
     p.add_argument("--dtype", default=None, help="bfloat16 | float16 | float32 (default: bf16 on CUDA, fp32 on CPU)")

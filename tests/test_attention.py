@@ -11,6 +11,7 @@ import torch
 
 from fgchat.engine.attention import BACKEND_NAMES, get_backend
 from fgchat.engine.attention.base import plan_num_splits
+from fgchat.engine.attention.cpu_sdpa import SdpaDecodeAttention
 from fgchat.engine.attention.torch_ref import TorchDecodeAttention
 from fgchat.engine.errors import FgchatError
 
@@ -142,22 +143,58 @@ def test_torch_backend_rejects_bad_shapes() -> None:
         TorchDecodeAttention()(**inputs, out=torch.empty_like(inputs["q"]), scale=0.125)
 
 
+# ----------------------------------------------------------------------------- CPU: sdpa backend
+
+
+@pytest.mark.parametrize("group", [1, 3, 4])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_sdpa_backend_matches_naive_loop_with_poisoned_caches(group: int, head_dim: int) -> None:
+    # NaN everywhere a lane must not read: past its length, in other slots, past the hint
+    gen = torch.Generator().manual_seed(2000 * group + head_dim)
+    backend = SdpaDecodeAttention()
+    for seq_lens in ([1], [97], [1, 50, 97], [13, 1, 64, 97, 2, 96, 40, 7]):
+        inputs = make_inputs(len(seq_lens), 2, group, head_dim, 97, seq_lens, torch.float32, "cpu", gen)
+        scale = 1.0 / math.sqrt(head_dim)
+        want = naive_attention(inputs, scale)
+        for hint in (None, max(seq_lens)):
+            out = torch.empty_like(inputs["q"])
+            backend(**inputs, out=out, scale=scale, max_len_hint=hint)
+            assert_close_finite(out, want, torch.float32)
+
+
+def test_sdpa_backend_idle_lanes_give_zeros_and_cuda_is_refused() -> None:
+    gen = torch.Generator().manual_seed(12)
+    backend = SdpaDecodeAttention()
+    inputs = make_inputs(3, 2, 2, 64, 32, [0, 10, 4], torch.float32, "cpu", gen)
+    out = torch.full_like(inputs["q"], 5.0)
+    backend(**inputs, out=out, scale=0.125, max_len_hint=10)
+    assert torch.isfinite(out).all() and (out[0] == 0).all()
+    assert_close_finite(out[1:], naive_attention(inputs, 0.125)[1:], torch.float32)
+    one = make_inputs(1, 2, 2, 64, 32, [0], torch.float32, "cpu", gen)
+    out = torch.full_like(one["q"], 5.0)
+    backend(**one, out=out, scale=0.125, max_len_hint=1)
+    assert (out == 0).all()
+    with pytest.raises(FgchatError) as info:
+        get_backend("sdpa", torch.device("cuda"))
+    assert "\n" not in str(info.value) and "CPU" in str(info.value)
+
+
 # ----------------------------------------------------------------------------- CPU: selection
 
 
 def test_backend_names() -> None:
-    assert BACKEND_NAMES == ("auto", "triton", "flash-attn", "torch")
+    assert BACKEND_NAMES == ("auto", "triton", "flash-attn", "torch", "sdpa")
 
 
 def test_get_backend_torch_and_auto_on_cpu() -> None:
     assert get_backend("torch", torch.device("cpu")).name == "torch"
-    assert get_backend("auto", torch.device("cpu")).name == "torch"
+    assert get_backend("auto", torch.device("cpu")).name == "sdpa"
 
 
 def test_get_backend_unknown_name() -> None:
     with pytest.raises(FgchatError) as info:
         get_backend("x", torch.device("cpu"))
-    assert str(info.value) == "unknown attention backend 'x' (choose auto, triton, flash-attn, torch)"
+    assert str(info.value) == "unknown attention backend 'x' (choose auto, triton, flash-attn, torch, sdpa)"
 
 
 def test_get_backend_triton_on_cpu_is_a_clear_error() -> None:

@@ -1,8 +1,8 @@
 """Decode-attention backends behind one interface (see base.DecodeAttention).
 
-`get_backend(name, device)` with name in auto | triton | flash-attn | torch. `auto` picks triton
-on CUDA when Triton imports, else torch. Backend modules are imported lazily, so a CPU-only
-install never needs triton or flash-attn.
+`get_backend(name, device)` with name in auto | triton | flash-attn | torch | sdpa. `auto` picks
+triton on CUDA when Triton imports (else torch), and sdpa on CPU. Backend modules are imported
+lazily, so a CPU-only install never needs triton or flash-attn.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from fgchat.engine.attention.base import DecodeAttention
 from fgchat.engine.errors import FgchatError
 from fgchat.engine.tuning import Tuning
 
-BACKEND_NAMES: tuple[str, ...] = ("auto", "triton", "flash-attn", "torch")
+BACKEND_NAMES: tuple[str, ...] = ("auto", "triton", "flash-attn", "torch", "sdpa")
 
 __all__ = ["BACKEND_NAMES", "DecodeAttention", "get_backend", "triton_available"]
 
@@ -35,11 +35,17 @@ def get_backend(name: str, device: torch.device, tuning: Tuning | None = None) -
                 return get_backend("triton", device, tuning)
             except FgchatError:  # triton present but unusable (e.g. a broken install): use torch
                 pass
-        name = "torch"
+        name = "sdpa" if device.type == "cpu" else "torch"
     if name == "torch":
         from fgchat.engine.attention.torch_ref import TorchDecodeAttention
 
         return TorchDecodeAttention()
+    if name == "sdpa":
+        if device.type != "cpu":
+            raise FgchatError(f"the sdpa attention backend serves CPU steps, not {device.type} (use --attention torch)")
+        from fgchat.engine.attention.cpu_sdpa import SdpaDecodeAttention
+
+        return SdpaDecodeAttention()
     if name == "triton":
         if device.type != "cuda":
             raise FgchatError(f"the triton attention backend needs a CUDA device, not {device.type} (use --attention torch)")

@@ -1,0 +1,64 @@
+"""Decode attention for eager CPU steps: torch's scaled_dot_product_attention over the cache
+window that holds every lane's tokens.
+
+CPU steps are never captured in a graph, so this backend may use the host-side length bound
+(max_len_hint) and the host's view of the slots. Lengths enter as a boolean mask; a lane with
+no positions (seq_len == 0) yields zeros, as in the reference backend (torch_ref), which the
+tests compare this one with.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from fgchat.engine.attention.base import check_decode_shapes
+
+
+class SdpaDecodeAttention:
+    name = "sdpa"
+
+    def __call__(
+        self,
+        q: Tensor,
+        k_cache: Tensor,
+        v_cache: Tensor,
+        slot_ids: Tensor,
+        seq_lens: Tensor,
+        out: Tensor,
+        scale: float,
+        max_len_hint: int | None = None,
+    ) -> None:
+        batch, num_q_heads, num_kv_heads, head_dim, max_context = check_decode_shapes(
+            q, k_cache, v_cache, slot_ids, seq_lens, out
+        )
+        if q.device.type != "cpu":
+            raise ValueError("the sdpa decode backend serves CPU steps only")
+        gqa = num_q_heads != num_kv_heads
+        if batch == 1:
+            # the lane's own positions, as views of its slot: no copy and nothing to mask
+            n = min(int(seq_lens[0]), max_context)
+            if n <= 0:
+                out.zero_()
+                return
+            slot = int(slot_ids[0])
+            k = k_cache[slot, :n].transpose(0, 1)[None]  # [1, Hkv, n, D]
+            v = v_cache[slot, :n].transpose(0, 1)[None]
+            result = F.scaled_dot_product_attention(q.unsqueeze(2), k, v, scale=scale, enable_gqa=gqa)
+            out.copy_(result.view(batch, num_q_heads, head_dim))
+            return
+        window = max_context if max_len_hint is None else max(1, min(int(max_len_hint), max_context))
+        idx = slot_ids.long()
+        lens = seq_lens.long()
+        valid = torch.arange(window, device=q.device)[None, :] < lens[:, None]  # [B, W]
+        # copies of the lanes' windows; positions past a lane's length may hold anything (the CPU
+        # cache is not zeroed), so they are zeroed before they can reach a product
+        k = k_cache[:, :window].index_select(0, idx).masked_fill_(~valid[:, :, None, None], 0.0)
+        v = v_cache[:, :window].index_select(0, idx).masked_fill_(~valid[:, :, None, None], 0.0)
+        result = F.scaled_dot_product_attention(
+            q.unsqueeze(2), k.transpose(1, 2), v.transpose(1, 2),
+            attn_mask=valid[:, None, None, :], scale=scale, enable_gqa=gqa,
+        ).view(batch, num_q_heads, head_dim)
+        # a lane without positions has an all-False mask (NaN row): it attends to nothing
+        out.copy_(torch.where((lens > 0)[:, None, None], result, torch.zeros((), dtype=result.dtype)))
