@@ -91,6 +91,27 @@ def test_batch_of_eight_matches_alone(tiny_llama):
     assert 8 in sizes
 
 
+def test_cpu_admission_prefills_the_round_in_one_pass(tiny_llama, monkeypatch):
+    from fgchat.engine.model import prefill as prefill_mod
+
+    calls = []
+    real = prefill_mod.prefill_many
+
+    def spy(dec, prompts, k, v):
+        calls.append(len(prompts))
+        return real(dec, prompts, k, v)
+
+    monkeypatch.setattr(prefill_mod, "prefill_many", spy)
+    eng = make_engine(tiny_llama)
+    prompts = [prompt_of(4 + 9 * i, 50 + i, eng.cfg.vocab_size) for i in range(3)]
+    rids = [eng.submit(p, SamplingParams(max_tokens=5, ignore_eos=True)) for p in prompts]
+    done = finished(eng.run_until_done())
+    assert calls == [3] and all(len(done[r].token_ids) == 5 for r in rids)
+    eng.submit(prompts[0], SamplingParams(max_tokens=2, ignore_eos=True))  # alone: the one-prompt path
+    eng.run_until_done()
+    assert calls == [3]
+
+
 def test_queue_beyond_eight_and_leave_early(tiny_llama):
     eng = make_engine(tiny_llama)
     rids = [eng.submit(prompt_of(5, i, eng.cfg.vocab_size),

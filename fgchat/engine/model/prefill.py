@@ -2,7 +2,7 @@
 
 Two paths, chosen by `dec.fused`:
 - unfused (CPU, or fused=False): plain torch ops, the reference the CPU tests compare with
-  transformers;
+  transformers; `prefill_many` runs several prompts in one pass (the engine's CPU admission);
 - fused (CUDA with Triton): the decode stages' Triton kernels over all T rows — add_rms_norm
   (which also adds the previous sublayer's output into the residual), rope_kv_write (RoPE of q
   and k, and the K/V cache write) and silu_mul — so a layer is ~10 launches instead of ~40.
@@ -131,6 +131,53 @@ def bucket_for(t: int, max_context: int) -> int:
         if t <= b <= max_context:
             return b
     return t
+
+
+def prefill_many(
+    dec: Decoder,
+    prompts: list[tuple[torch.Tensor, int]],
+    k_caches: list[torch.Tensor],
+    v_caches: list[torch.Tensor],
+) -> list[torch.Tensor]:
+    """Unfused path, several prompts at once: [(ids [T_i], slot_i)] -> last logits [V] of each.
+
+    Per-token work (norms, projections, MLP, head) runs once over all prompts' rows stacked, so
+    the matrix products are larger; attention and the cache writes run per prompt on its rows.
+    The same computation as `prefill` for each prompt, up to the rounding of the larger products.
+    """
+    if dec.fused:
+        raise ValueError("prefill_many serves the unfused path")
+    c, w = dec.cfg, dec.w
+    lens = [int(ids.shape[0]) for ids, _ in prompts]
+    starts = [sum(lens[:j]) for j in range(len(lens))]
+    ids = torch.cat([p[0] for p in prompts])
+    cos = torch.cat([dec.cos[:t] for t in lens])
+    sin = torch.cat([dec.sin[:t] for t in lens])
+    n = ids.shape[0]
+    h = F.embedding(ids, w.embed)
+    for i, lw in enumerate(w.layers):
+        x = rms_norm(h, lw.attn_norm, c.rms_eps)
+        qkv = F.linear(x, lw.wqkv, lw.bqkv)
+        q = apply_rope(qkv[:, : c.q_size].view(n, c.num_heads, c.head_dim), cos, sin)
+        k = apply_rope(qkv[:, c.q_size : c.q_size + c.kv_size].view(n, c.num_kv_heads, c.head_dim), cos, sin)
+        v = qkv[:, c.q_size + c.kv_size :].view(n, c.num_kv_heads, c.head_dim)
+        a = torch.empty(n, c.num_heads, c.head_dim, dtype=q.dtype, device=q.device)
+        for (_, slot), s0, t in zip(prompts, starts, lens):
+            rows = slice(s0, s0 + t)
+            k_caches[i][slot, :t] = k[rows]
+            v_caches[i][slot, :t] = v[rows]
+            a[rows] = F.scaled_dot_product_attention(
+                q[rows].transpose(0, 1)[None], k[rows].transpose(0, 1)[None], v[rows].transpose(0, 1)[None],
+                is_causal=True, scale=dec.scale, enable_gqa=c.num_heads != c.num_kv_heads,
+            )[0].transpose(0, 1)
+        h = h + F.linear(a.reshape(n, c.q_size), lw.wo)
+        x = rms_norm(h, lw.mlp_norm, c.rms_eps)
+        g, u = F.linear(x, lw.w_gate_up).chunk(2, dim=-1)
+        h = h + F.linear(F.silu(g) * u, lw.w_down)
+    last = torch.tensor([s0 + t - 1 for s0, t in zip(starts, lens)], device=h.device)
+    x = rms_norm(h[last], w.final_norm, c.rms_eps)
+    logits = F.linear(x, w.lm_head).float()
+    return list(logits.unbind(0))
 
 
 def _prefill_fused(
