@@ -48,35 +48,68 @@ def prefill(
     """Positions 0..T-1 of cache slot `slot`; returns last logits [V] or all [T, V] (float32)."""
     if dec.fused:
         return _prefill_fused(dec, ids, slot, k_caches, v_caches, all_logits)
+    h, _ = _unfused_rows(dec, [(ids, slot)], k_caches, v_caches)
+    x = rms_norm(h if all_logits else h[-1:], dec.w.final_norm, dec.cfg.rms_eps)
+    logits = F.linear(x, dec.w.lm_head).float()
+    return logits if all_logits else logits[0]
+
+
+def prefill_many(
+    dec: Decoder,
+    prompts: list[tuple[torch.Tensor, int]],
+    k_caches: list[torch.Tensor],
+    v_caches: list[torch.Tensor],
+) -> list[torch.Tensor]:
+    """Unfused path, several prompts at once: [(ids [T_i], slot_i)] -> last logits [V] of each.
+
+    Per-token work (norms, projections, MLP, head) runs once over all prompts' rows stacked, so
+    the matrix products are larger; attention and the cache writes run per prompt on its rows.
+    The same computation as `prefill` for each prompt, up to the rounding of the larger products.
+    """
+    if dec.fused:
+        raise ValueError("prefill_many serves the unfused path")
+    h, last = _unfused_rows(dec, prompts, k_caches, v_caches)
+    x = rms_norm(h[last], dec.w.final_norm, dec.cfg.rms_eps)
+    return list(F.linear(x, dec.w.lm_head).float().unbind(0))
+
+
+def _unfused_rows(
+    dec: Decoder,
+    prompts: list[tuple[torch.Tensor, int]],
+    k_caches: list[torch.Tensor],
+    v_caches: list[torch.Tensor],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The decoder layers over the prompts' rows stacked, each prompt at positions 0..T_i-1 of
+    its slot: final hidden states [sum T_i, H] and the row index of each prompt's last token."""
     c, w = dec.cfg, dec.w
-    t = ids.shape[0]
-    pos = torch.arange(t, device=dec.device)
-    cos, sin = dec.cos[:t], dec.sin[:t]
+    lens = [int(ids.shape[0]) for ids, _ in prompts]
+    starts = [sum(lens[:j]) for j in range(len(lens))]
+    ids = torch.cat([p[0] for p in prompts])
+    cos = torch.cat([dec.cos[:t] for t in lens])
+    sin = torch.cat([dec.sin[:t] for t in lens])
+    n = ids.shape[0]
     h = F.embedding(ids, w.embed)
     for i, lw in enumerate(w.layers):
         x = rms_norm(h, lw.attn_norm, c.rms_eps)
         qkv = F.linear(x, lw.wqkv, lw.bqkv)
-        q = apply_rope(qkv[:, : c.q_size].view(t, c.num_heads, c.head_dim), cos, sin)
-        k = qkv[:, c.q_size : c.q_size + c.kv_size].view(t, c.num_kv_heads, c.head_dim)
-        k = apply_rope(k, cos, sin)
-        v = qkv[:, c.q_size + c.kv_size :].view(t, c.num_kv_heads, c.head_dim)
-        k_caches[i][slot, pos] = k
-        v_caches[i][slot, pos] = v
-        a = F.scaled_dot_product_attention(
-            q.transpose(0, 1)[None],
-            k.transpose(0, 1)[None],
-            v.transpose(0, 1)[None],
-            is_causal=True,
-            scale=dec.scale,
-            enable_gqa=c.num_heads != c.num_kv_heads,
-        )[0].transpose(0, 1)
-        h = h + F.linear(a.reshape(t, c.q_size), lw.wo)
+        q = apply_rope(qkv[:, : c.q_size].view(n, c.num_heads, c.head_dim), cos, sin)
+        k = apply_rope(qkv[:, c.q_size : c.q_size + c.kv_size].view(n, c.num_kv_heads, c.head_dim), cos, sin)
+        v = qkv[:, c.q_size + c.kv_size :].view(n, c.num_kv_heads, c.head_dim)
+        a = torch.empty(n, c.num_heads, c.head_dim, dtype=q.dtype, device=q.device)
+        for (_, slot), s0, t in zip(prompts, starts, lens):
+            rows = slice(s0, s0 + t)
+            k_caches[i][slot, :t] = k[rows]
+            v_caches[i][slot, :t] = v[rows]
+            a[rows] = F.scaled_dot_product_attention(
+                q[rows].transpose(0, 1)[None], k[rows].transpose(0, 1)[None], v[rows].transpose(0, 1)[None],
+                is_causal=True, scale=dec.scale, enable_gqa=c.num_heads != c.num_kv_heads,
+            )[0].transpose(0, 1)
+        h = h + F.linear(a.reshape(n, c.q_size), lw.wo)
         x = rms_norm(h, lw.mlp_norm, c.rms_eps)
         g, u = F.linear(x, lw.w_gate_up).chunk(2, dim=-1)
         h = h + F.linear(F.silu(g) * u, lw.w_down)
-    x = rms_norm(h if all_logits else h[-1:], w.final_norm, c.rms_eps)
-    logits = F.linear(x, w.lm_head).float()
-    return logits if all_logits else logits[0]
+    last = torch.tensor([s0 + t - 1 for s0, t in zip(starts, lens)], device=h.device)
+    return h, last
 
 
 def heads_first(x: torch.Tensor) -> torch.Tensor:
@@ -131,53 +164,6 @@ def bucket_for(t: int, max_context: int) -> int:
         if t <= b <= max_context:
             return b
     return t
-
-
-def prefill_many(
-    dec: Decoder,
-    prompts: list[tuple[torch.Tensor, int]],
-    k_caches: list[torch.Tensor],
-    v_caches: list[torch.Tensor],
-) -> list[torch.Tensor]:
-    """Unfused path, several prompts at once: [(ids [T_i], slot_i)] -> last logits [V] of each.
-
-    Per-token work (norms, projections, MLP, head) runs once over all prompts' rows stacked, so
-    the matrix products are larger; attention and the cache writes run per prompt on its rows.
-    The same computation as `prefill` for each prompt, up to the rounding of the larger products.
-    """
-    if dec.fused:
-        raise ValueError("prefill_many serves the unfused path")
-    c, w = dec.cfg, dec.w
-    lens = [int(ids.shape[0]) for ids, _ in prompts]
-    starts = [sum(lens[:j]) for j in range(len(lens))]
-    ids = torch.cat([p[0] for p in prompts])
-    cos = torch.cat([dec.cos[:t] for t in lens])
-    sin = torch.cat([dec.sin[:t] for t in lens])
-    n = ids.shape[0]
-    h = F.embedding(ids, w.embed)
-    for i, lw in enumerate(w.layers):
-        x = rms_norm(h, lw.attn_norm, c.rms_eps)
-        qkv = F.linear(x, lw.wqkv, lw.bqkv)
-        q = apply_rope(qkv[:, : c.q_size].view(n, c.num_heads, c.head_dim), cos, sin)
-        k = apply_rope(qkv[:, c.q_size : c.q_size + c.kv_size].view(n, c.num_kv_heads, c.head_dim), cos, sin)
-        v = qkv[:, c.q_size + c.kv_size :].view(n, c.num_kv_heads, c.head_dim)
-        a = torch.empty(n, c.num_heads, c.head_dim, dtype=q.dtype, device=q.device)
-        for (_, slot), s0, t in zip(prompts, starts, lens):
-            rows = slice(s0, s0 + t)
-            k_caches[i][slot, :t] = k[rows]
-            v_caches[i][slot, :t] = v[rows]
-            a[rows] = F.scaled_dot_product_attention(
-                q[rows].transpose(0, 1)[None], k[rows].transpose(0, 1)[None], v[rows].transpose(0, 1)[None],
-                is_causal=True, scale=dec.scale, enable_gqa=c.num_heads != c.num_kv_heads,
-            )[0].transpose(0, 1)
-        h = h + F.linear(a.reshape(n, c.q_size), lw.wo)
-        x = rms_norm(h, lw.mlp_norm, c.rms_eps)
-        g, u = F.linear(x, lw.w_gate_up).chunk(2, dim=-1)
-        h = h + F.linear(F.silu(g) * u, lw.w_down)
-    last = torch.tensor([s0 + t - 1 for s0, t in zip(starts, lens)], device=h.device)
-    x = rms_norm(h[last], w.final_norm, c.rms_eps)
-    logits = F.linear(x, w.lm_head).float()
-    return list(logits.unbind(0))
 
 
 def _prefill_fused(
