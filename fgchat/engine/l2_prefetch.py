@@ -21,6 +21,8 @@ import torch
 import triton
 import triton.language as tl
 
+from fgchat.engine.pdl import sm90_or_newer
+
 CHUNK = 4096  # bytes per bulk prefetch: one 1B weight row, and a multiple of 16
 BLOCK = 32  # chunks per program: one warp, one chunk per thread, spread over many SMs
 
@@ -74,7 +76,4 @@ def issue(ranges: list[Range]) -> None:
 
 def supported(device: torch.device) -> bool:
     """The bulk L2 prefetch needs an NVIDIA GPU of compute capability 9.0 or newer."""
-    if device.type != "cuda" or torch.version.hip is not None:
-        return False
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    return torch.cuda.get_device_capability(index) >= (9, 0)
+    return sm90_or_newer(device)

@@ -28,9 +28,14 @@ def pdl_enter(USE_PDL: tl.constexpr):
 
 def supported(device) -> bool:
     """PDL needs an NVIDIA GPU of compute capability 9.0 or newer and Triton's GDC ops."""
+    return gdc_wait is not None and sm90_or_newer(device)
+
+
+def sm90_or_newer(device) -> bool:
+    """An NVIDIA GPU of compute capability 9.0 or newer (Hopper's launch and copy features)."""
     import torch
 
-    if gdc_wait is None or device.type != "cuda" or torch.version.hip is not None:
+    if device.type != "cuda" or torch.version.hip is not None:
         return False
     index = device.index if device.index is not None else torch.cuda.current_device()
     return torch.cuda.get_device_capability(index) >= (9, 0)
