@@ -88,7 +88,8 @@ def print_report(result: dict[str, Any], out: TextIO) -> None:
             "launch ms/step", "vs eager", "vs piecewise", "vs hf-eager", "vs hf-compile"]
     for c in cols:
         t.add_column(c, justify="right")
-    for r in summary_rows(result):
+    rows = summary_rows(result)
+    for r in rows:
         def x(v):
             return "" if v is None else f"{v:.2f}x"
         t.add_row(r["runner"], str(r["batch_size"]), _f(r["ttft_ms_median"]), _f(r["tpot_ms_mean"], 3),
@@ -96,7 +97,7 @@ def print_report(result: dict[str, Any], out: TextIO) -> None:
                   _f(r["launch_ms_mean"], 3), x(r["speedup_vs_fgchat-eager"]), x(r["speedup_vs_fgchat-piecewise"]),
                   x(r["speedup_vs_hf-eager"]), x(r["speedup_vs_hf-compile"]))
     Console(file=out, width=176).print(t)
-    for r in summary_rows(result):
+    for r in rows:
         if host_bound(r["launch_ms_mean"], r["gpu_step_ms_mean"]):
             out.write(f"host-bound: {r['runner']} batch {r['batch_size']} takes {r['launch_ms_mean']:.3f} ms "
                       f"to launch a step the GPU runs in {r['gpu_step_ms_mean']:.3f} ms; its TPOT follows "

@@ -80,10 +80,9 @@ def measure_engine(engine: Engine, mode: str, batch: int, spec: BenchSpec) -> di
         tpot += [s.tpot_ms for s in done if s.tpot_ms is not None]
         itl += [e.itl_ms for e in toks if not e.is_first_token]
         lead = min(s.request_id for s in done)
-        gpu += [e.gpu_step_ms for e in toks if e.request_id == lead and not e.is_first_token
-                and e.gpu_step_ms is not None]
-        launch += [e.launch_ms for e in toks if e.request_id == lead and not e.is_first_token
-                   and e.launch_ms is not None]
+        lead_steps = [e for e in toks if e.request_id == lead and not e.is_first_token]
+        gpu += [e.gpu_step_ms for e in lead_steps if e.gpu_step_ms is not None]
+        launch += [e.launch_ms for e in lead_steps if e.launch_ms is not None]
         decode_modes |= {e.mode for e in toks if not e.is_first_token}
         tok_s.append(sum(s.output_tokens for s in done) / wall)
         steps_wall.append(wall)

@@ -144,7 +144,7 @@ def summarize_records(
     owned_ms = float(sum(t.itl_ms / max(t.batch_size, 1) for t in decode if math.isfinite(t.itl_ms)))
     out["throughput_tokens_per_s"] = len(itl) * 1000.0 / owned_ms if owned_ms > 0 else None
     out["gpu_step_ms_mean"] = float(gpu.mean()) if gpu.size else None
-    launch = clean(t.launch_ms for t in decode if t.launch_ms is not None)
+    launch = clean(t.launch_ms for t in decode)
     out["launch_ms_mean"] = float(launch.mean()) if launch.size else None
     if both:
         pairs = np.asarray(both, dtype=np.float64)
