@@ -37,6 +37,12 @@ class DecodeAttention(Protocol):
     ) -> None: ...
 
 
+def cache_window(max_context: int, max_len_hint: int | None) -> int:
+    """Cache positions an eager step needs to look at: the whole cache without a hint, else the
+    hint clamped to [1, max_context] (positions past a lane's length are masked either way)."""
+    return max_context if max_len_hint is None else max(1, min(int(max_len_hint), max_context))
+
+
 def check_decode_shapes(
     q: Tensor, k_cache: Tensor, v_cache: Tensor, slot_ids: Tensor, seq_lens: Tensor, out: Tensor
 ) -> tuple[int, int, int, int, int]:

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from fgchat.engine.attention.base import check_decode_shapes
+from fgchat.engine.attention.base import cache_window, check_decode_shapes
 
 
 class SdpaDecodeAttention:
@@ -48,7 +48,7 @@ class SdpaDecodeAttention:
             result = F.scaled_dot_product_attention(q.unsqueeze(2), k, v, scale=scale, enable_gqa=gqa)
             out.copy_(result.view(batch, num_q_heads, head_dim))
             return
-        window = max_context if max_len_hint is None else max(1, min(int(max_len_hint), max_context))
+        window = cache_window(max_context, max_len_hint)
         idx = slot_ids.long()
         lens = seq_lens.long()
         valid = torch.arange(window, device=q.device)[None, :] < lens[:, None]  # [B, W]

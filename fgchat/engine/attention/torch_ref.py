@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from fgchat.engine.attention.base import check_decode_shapes
+from fgchat.engine.attention.base import cache_window, check_decode_shapes
 
 
 class TorchDecodeAttention:
@@ -33,7 +33,7 @@ class TorchDecodeAttention:
         group = num_q_heads // num_kv_heads
         # The hint only shortens the window we look at (eager CPU decode with a large T stays
         # cheap); positions beyond it are masked anyway, so a correct hint never changes the result.
-        window = max_context if max_len_hint is None else max(1, min(int(max_len_hint), max_context))
+        window = cache_window(max_context, max_len_hint)
 
         idx = slot_ids.long()
         k = k_cache[:, :window].index_select(0, idx).float()  # [B, W, Hkv, D]
