@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One H200 call: GPU tests and the model benchmarks. Results land in $OUT.
-# Usage (device tool, carry .whl): FGCHAT_COMMIT=<sha> bash scripts/gpu_run.sh [tests|bench|more|tui|peers|all|probe|run3|run4|final3|pdl|split|verify|final4|gputests|final5|sweep|s5|s5b|final6|s5c|s5d|s6a|s6b|s6c|final7|final7p|s6d|s6f]
+# Usage (device tool, carry .whl): FGCHAT_COMMIT=<sha> bash scripts/gpu_run.sh [tests|bench|more|tui|peers|all|probe|run3|run4|final3|pdl|split|verify|final4|gputests|final5|sweep|s5|s5b|final6|s5c|s5d|s6a|s6b|s6c|final7|final7p|s6d|s6f|s7a]
 # The README's H200 section: s6d (modes side by side, docs/bench/h200-s6-03ff59c) and final7 + final7p
 # (GPU tests, larger models, variants, peers: docs/bench/h200-s6-2bc054f); gputests runs every GPU test;
 # s6a-s6c measured the L2 prefetch and the attention boundary (timeline_step.py); sweep the projection tiles.
@@ -342,4 +342,27 @@ fi
 if [[ $what == peers || $what == all ]]; then
   BENCH_TIMEOUT=240 bench llama-3.2-1b-peers --preset llama-3.2-1b --random-weights --batch-sizes 1,8 \
     --repeats 2 --modes full --peers hf
+fi
+if [[ $what == s7a ]]; then  # session 7: GPU tests at HEAD; attention K/V preload; qkv tiles on the H200
+  bash "$0" gputests
+  FGCHAT_ATTN_PRELOAD=1 timeout 200 python3 -m pytest -p no:cacheprovider -m gpu tests/test_gpu_graphs.py \
+    tests/test_gpu_pdl.py -q --timeout 120 -W ignore 2>&1 | tee -a "$OUT/run.log" | tail -4
+  export BENCH_TIMEOUT=100
+  one() { bench "$@" --preset llama-3.2-1b --random-weights --batch-sizes 1,8 --repeats 3 --modes full; }
+  bench llama-3.2-1b --preset llama-3.2-1b --random-weights --batch-sizes 1,8 --repeats 3
+  FGCHAT_ATTN_PRELOAD=1 bench 1b-preload --preset llama-3.2-1b --random-weights --batch-sizes 1,8 --repeats 3 \
+    --modes piecewise,full
+  timeout 150 python3 scripts/sweep_proj.py --models 1b --roles qkv --json "$OUT/sweep_qkv.json" 2>&1 | tee -a "$OUT/run.log"
+  QKV=$(python3 -c "import json; print(json.load(open('$OUT/sweep_qkv.json'))['1b/qkv/plain']['1']['tile'])")
+  echo "qkv tile: $QKV" | tee -a "$OUT/run.log"
+  FGCHAT_ATTN_PRELOAD=1 FGCHAT_PROJ_CONFIGS="qkv=$QKV" one 1b-preload-qkv
+  FGCHAT_PROJ_CONFIGS="qkv=$QKV" one 1b-qkv
+  one 1b-default-again
+  FGCHAT_ATTN_PRELOAD=1 one 1b-preload-again
+  for p in 0 1; do
+    FGCHAT_ATTN_PRELOAD=$p BENCH_TIMEOUT=60 bench 135m-preload$p --preset smollm2-135m --random-weights --batch-sizes 1 \
+      --repeats 3 --modes full
+  done
+  timeout 90 python3 scripts/timeline_step.py llama-3.2-1b full 1 2>&1 | tee -a "$OUT/run.log" | head -30
+  FGCHAT_ATTN_PRELOAD=1 timeout 90 python3 scripts/timeline_step.py llama-3.2-1b full 1 2>&1 | tee -a "$OUT/run.log" | head -30
 fi

@@ -4,7 +4,7 @@ Every variant runs 50 times inside one CUDA graph, launched the way the step lau
 on); gate/up is timed as the whole job (cuBLAS F.linear + fused.silu_mul vs project_glu), down
 also split along K into partial sums (the norm adds them). Prints us per call and TB/s of weight
 bytes, and writes the best tile per (model, role) to the JSON path given (FGCHAT_PROJ_CONFIGS
-text). Usage: python scripts/sweep_proj.py [--json best.json] [--models 1b,8b]
+text). Usage: python scripts/sweep_proj.py [--json best.json] [--models 1b,8b] [--roles qkv]
 """
 
 from __future__ import annotations
@@ -32,6 +32,9 @@ SHAPES = {
 # bn, bk, warps, stages, swap
 TILES = ["16,512,4,4", "32,256,4,4", "64,128,4,4", "64,256,4,3", "64,128,4,4,1", "64,256,4,3,1",
          "128,64,4,4,1", "64,64,4,6,1"]
+# narrower outputs (qkv): more programs per SM, deeper pipelines
+EXTRA_TILES = ["32,256,4,3", "32,128,4,6", "16,256,4,6", "32,512,4,2", "64,128,4,6,1", "32,256,8,4",
+               "16,128,4,8", "32,128,4,4,1"]
 
 
 def cases(role: str, n: int, k: int, m: int):
@@ -61,11 +64,16 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", default=None)
     ap.add_argument("--models", default="1b,8b,135m")
+    ap.add_argument("--roles", default="", help="comma-separated roles (default all); adds EXTRA_TILES")
     args = ap.parse_args()
+    roles = set(filter(None, args.roles.split(",")))
+    tiles = TILES + EXTRA_TILES if roles else TILES
     best: dict[str, dict] = {}
     print(f"{'model':5} {'role':8} {'variant':7} {'M':>2} {'cublas':>7} {'rule':>7} {'best':>7} {'TB/s':>5}  tile")
     for model in args.models.split(","):
         for role, n, k in SHAPES[model]:
+            if roles and role not in roles:
+                continue
             for m in (1, 8):
                 for label, nbytes, ref, ours in cases(role, n, k, m):
                     t_ref = graph_time_us(ref) if ref else float("nan")
@@ -75,7 +83,7 @@ def main() -> None:
                     except Exception:  # noqa: BLE001 - the rule's tile may not fit a split
                         t_rule = float("nan")
                     res = []
-                    for text in TILES:
+                    for text in tiles:
                         try:
                             res.append((graph_time_us(ours(ProjConfig.parse(text))), text))
                         except Exception as exc:  # noqa: BLE001 - a tile that does not compile or fit

@@ -63,6 +63,13 @@ def report(eng: Engine, mode: str, batch: int) -> None:
         print(f"{mode}: no kernels recorded")
         return
     spans = [s[-1][2] - s[0][1] for s in sts]
+    starts = [s[0][1] for s in sts]
+    period = (starts[-1] - starts[0]) / max(1, len(starts) - 1)
+    mid = sts[len(sts) // 2]
+    heads = [i for i, k in enumerate(mid) if "argmax" in k[0]]
+    tail = mid[heads[-1] + 1:] if heads else []
+    print(f"\n{mode} batch {batch}: step start to step start {period:.1f} us; kernels after the LM head: "
+          + ", ".join(f"{short(n)} {t1 - t0:.1f}" for n, t0, t1 in tail))
     dur: dict[str, list[float]] = defaultdict(list)
     gap: dict[str, list[float]] = defaultdict(list)
     for s in sts:

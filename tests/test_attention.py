@@ -419,13 +419,14 @@ def test_fused_combine_matches_separate_kernel_and_rearms() -> None:
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("hq,hkv,d", [(32, 8, 64), (9, 3, 64), (12, 2, 128), (8, 8, 128)])
-@pytest.mark.parametrize("fuse_combine", [True, False])
-def test_rope_in_attention_same_bits_as_separate_rope(hq, hkv, d, fuse_combine) -> None:
-    """decode_with_rope == fused.rope_kv_write then attention: same output and cache bits."""
+@pytest.mark.parametrize("fuse_combine,preload", [(True, False), (False, False), (False, True), (True, True)])
+def test_rope_in_attention_same_bits_as_separate_rope(hq, hkv, d, fuse_combine, preload) -> None:
+    """decode_with_rope == fused.rope_kv_write then attention: same output and cache bits, also
+    when each split loads its first K/V tile before the current token's K/V exists (preload)."""
     from fgchat.engine.attention.triton_decode import TritonDecodeAttention
     from fgchat.engine.fused import rope_kv_write
 
-    attn = TritonDecodeAttention(torch.device("cuda"), fuse_combine=fuse_combine)
+    attn = TritonDecodeAttention(torch.device("cuda"), fuse_combine=fuse_combine, preload=preload)
     t, b = 2048, 8
     inv = 1.0 / (10000 ** (torch.arange(0, d, 2, device="cuda").float() / d))
     fr = torch.arange(t, device="cuda").float()[:, None] * inv[None]

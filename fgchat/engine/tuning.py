@@ -21,6 +21,7 @@ Environment (read by `Tuning.from_env`, once per engine):
                               whatever its size (o / down split K as without the override)
   FGCHAT_ROPE_IN_ATTENTION=0  RoPE + K/V write as its own kernel
   FGCHAT_FUSED_COMBINE=1      the last attention split merges the others
+  FGCHAT_ATTN_PRELOAD=1       each attention split loads its first K/V tile before its PDL wait
   FGCHAT_PDL=0                no programmatic dependent launch between the Triton kernels
   FGCHAT_PDL_AFTER_LIBRARY=0  PDL only for a Triton kernel that follows one of our kernels
   FGCHAT_PDL_AFTER_ATTENTION=0  the o projection waits for attention to end before it launches
@@ -74,6 +75,7 @@ class Tuning:
     proj_configs: str = ""
     rope_in_attention: bool = True
     fused_combine: bool = False
+    attention_preload: bool = False
     # Programmatic dependent launch (sm_90+): each Triton kernel of the step may start (and load
     # weights) while the previous kernel drains; it waits for that kernel before reading its output.
     pdl: bool = True
@@ -108,6 +110,7 @@ class Tuning:
             proj_configs=os.environ.get("FGCHAT_PROJ_CONFIGS", d.proj_configs).strip(),
             rope_in_attention=_flag("FGCHAT_ROPE_IN_ATTENTION", d.rope_in_attention),
             fused_combine=_flag("FGCHAT_FUSED_COMBINE", d.fused_combine),
+            attention_preload=_flag("FGCHAT_ATTN_PRELOAD", d.attention_preload),
             pdl=_flag("FGCHAT_PDL", d.pdl),
             pdl_after_library=_flag("FGCHAT_PDL_AFTER_LIBRARY", d.pdl_after_library),
             pdl_after_attention=_flag("FGCHAT_PDL_AFTER_ATTENTION", d.pdl_after_attention),

@@ -54,7 +54,8 @@ def get_backend(name: str, device: torch.device, tuning: Tuning | None = None) -
         except ImportError as exc:
             raise FgchatError(f"triton is not importable ({exc}); use --attention torch") from exc
         t = tuning or Tuning()
-        return TritonDecodeAttention(device, fuse_combine=t.fused_combine, pdl=t.pdl)
+        return TritonDecodeAttention(device, fuse_combine=t.fused_combine, pdl=t.pdl,
+                                     preload=t.attention_preload)
     from fgchat.engine.attention.flash import FlashAttnDecode
 
     return FlashAttnDecode(device)

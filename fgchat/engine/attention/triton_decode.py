@@ -39,6 +39,20 @@ LOG2_E = 1.4426950408889634  # log2(e): exp(x) == exp2(x * LOG2_E)
 
 
 @triton.jit
+def _attend(q, k, v, n_mask, m_i, l_i, acc, qk_scale, DOT_PRECISION: tl.constexpr):
+    """One K/V tile of the online softmax; masked positions take no weight. A tile holds at least
+    one valid position, so every row max is finite and alpha / p never see inf - inf."""
+    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+    s = tl.where(n_mask[None, :], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+    return m_new, l_i, acc
+
+
+@triton.jit
 def _split_kernel(
     q_ptr, k_ptr, v_ptr, slot_ptr, len_ptr, part_ptr, lse_ptr,
     qk_scale,  # softmax scale * log2(e): the kernel works in base 2
@@ -58,8 +72,10 @@ def _split_kernel(
     BLOCK_S: tl.constexpr = 2,
     ROPE: tl.constexpr = False,
     USE_PDL: tl.constexpr = False,
+    PRELOAD: tl.constexpr = False,
 ):
-    pdl_enter(USE_PDL)
+    if not PRELOAD:
+        pdl_enter(USE_PDL)
     lane = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -80,6 +96,16 @@ def _split_kernel(
 
     k_base = k_ptr + slot * stride_ks + kv_head * stride_kh
     v_base = v_ptr + slot * stride_vs + kv_head * stride_vh
+    if PRELOAD:
+        # Before the PDL wait: the slot, the length and the split's first K/V tile were written at
+        # least two launches earlier (the step's inputs, earlier steps), which are complete once
+        # this kernel runs (engine.pdl); only the current position's row is not, and it is replaced
+        # below by the K/V this program computes. Only with ROPE (no separate cache-write kernel).
+        pos0 = start + offs_n
+        mask0 = pos0 < end
+        k0 = tl.load(k_base + pos0[:, None] * stride_kt + offs_d[None, :], mask=mask0[:, None], other=0.0)
+        v0 = tl.load(v_base + pos0[:, None] * stride_vt + offs_d[None, :], mask=mask0[:, None], other=0.0)
+        pdl_enter(USE_PDL)
     if ROPE:
         # RoPE of q (and of k for the cache write) at the current position seq_len - 1, with the
         # rounding points of fused.rope_kv_write: x * cos + rotate_half(x) * sin, where
@@ -120,20 +146,20 @@ def _split_kernel(
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)  # running max (base-2 logits)
     l_i = tl.zeros([BLOCK_G], tl.float32)  # running sum of exp2(logit - m_i)
     acc = tl.zeros([BLOCK_G, HEAD_DIM], tl.float32)
-    for n0 in range(start, end, BLOCK_N):
+    first = start
+    if PRELOAD:
+        first = start + BLOCK_N
+        if start < end:
+            cur_row = (pos0 == seq_len - 1)[:, None]
+            k0 = tl.where(cur_row, k_new[None, :], k0)
+            v0 = tl.where(cur_row, v_new[None, :], v0)
+            m_i, l_i, acc = _attend(q, k0, v0, mask0, m_i, l_i, acc, qk_scale, DOT_PRECISION)
+    for n0 in range(first, end, BLOCK_N):
         pos = n0 + offs_n
         n_mask = pos < end  # masked K/V are loaded as 0, so garbage beyond seq_len is never read
         k = tl.load(k_base + pos[:, None] * stride_kt + offs_d[None, :], mask=n_mask[:, None], other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
-        s = tl.where(n_mask[None, :], s, float("-inf"))
-        # pos n0 < end is always valid, so every row max is finite and alpha/p never see inf - inf.
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(v_base + pos[:, None] * stride_vt + offs_d[None, :], mask=n_mask[:, None], other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-        m_i = m_new
+        m_i, l_i, acc = _attend(q, k, v, n_mask, m_i, l_i, acc, qk_scale, DOT_PRECISION)
 
     has_work = l_i > 0.0  # l_i >= 1 for any split that saw a position, 0 otherwise
     l_safe = tl.where(has_work, l_i, 1.0)
@@ -235,17 +261,19 @@ class TritonDecodeAttention:
     name = "triton"
 
     def __init__(self, device: torch.device, config: KernelConfig | None = None,
-                 fuse_combine: bool = False, pdl: bool = False) -> None:
+                 fuse_combine: bool = False, pdl: bool = False, preload: bool = False) -> None:
         """config=None uses DEFAULT_CONFIGS[head_dim]; a given config applies to every head dim.
         fuse_combine: the last split merges the others instead of a separate combine kernel (the
         separate kernel measured faster on the H200). pdl: programmatic dependent launch where
-        the device supports it (see engine.pdl)."""
+        the device supports it (see engine.pdl). preload: with RoPE in the kernel, each split loads its
+        first K/V tile before its PDL wait (the wait then covers only the qkv projection's output)."""
         if device.type != "cuda" or not torch.cuda.is_available():
             raise FgchatError("the triton attention backend needs a CUDA device (use --attention torch)")
         index = device.index if device.index is not None else torch.cuda.current_device()
         self.sm_count = _sm_count(index)
         self._config = config
         self.fuse_combine = fuse_combine
+        self.preload = preload
         self.pdl = pdl and pdl_supported(device)
         # PDL for the split kernel: the caller lowers it when a library kernel precedes attention
         self.pdl_entry = self.pdl
@@ -361,6 +389,7 @@ class TritonDecodeAttention:
             BLOCK_S=block_s, ROPE=cos is not None, BLOCK_N=cfg.block_n,
             DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", USE_PDL=self.pdl_entry,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=self.pdl_entry,
+            PRELOAD=self.preload and cos is not None,
         )
         combine = None
         if not self.fuse_combine:
