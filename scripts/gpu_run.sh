@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One H200 call: GPU tests and the model benchmarks. Results land in $OUT.
-# Usage (device tool, carry .whl): FGCHAT_COMMIT=<sha> bash scripts/gpu_run.sh [tests|bench|more|tui|peers|all|probe|run3|run4|final3|pdl|split|verify|final4|gputests|final5|sweep|s5|s5b|final6|s5c|s5d|s6a|s6b|s6c|final7|final7p|s6d|s6f|s7a]
+# Usage (device tool, carry .whl): FGCHAT_COMMIT=<sha> bash scripts/gpu_run.sh [tests|bench|more|tui|peers|all|probe|run3|run4|final3|pdl|split|verify|final4|gputests|final5|sweep|s5|s5b|final6|s5c|s5d|s6a|s6b|s6c|final7|final7p|s6d|s6f|s7a|s7b]
 # The README's H200 section: s6d (modes side by side, docs/bench/h200-s6-03ff59c) and final7 + final7p
 # (GPU tests, larger models, variants, peers: docs/bench/h200-s6-2bc054f); gputests runs every GPU test;
 # s6a-s6c measured the L2 prefetch and the attention boundary (timeline_step.py); sweep the projection tiles.
@@ -365,4 +365,17 @@ if [[ $what == s7a ]]; then  # session 7: GPU tests at HEAD; attention K/V prelo
   done
   timeout 90 python3 scripts/timeline_step.py llama-3.2-1b full 1 2>&1 | tee -a "$OUT/run.log" | head -30
   FGCHAT_ATTN_PRELOAD=1 timeout 90 python3 scripts/timeline_step.py llama-3.2-1b full 1 2>&1 | tee -a "$OUT/run.log" | head -30
+fi
+if [[ $what == s7b ]]; then  # session 7: GPU tests; preload + qkv on ours + device advance by default, vs without
+  bash "$0" gputests
+  export BENCH_TIMEOUT=100
+  b1() { local name=$1; shift; bench "$name" --preset llama-3.2-1b --random-weights --batch-sizes 1,8 --repeats 3 "$@"; }
+  b1 llama-3.2-1b
+  FGCHAT_ATTN_PRELOAD=0 FGCHAT_QKV_GEMV=0 FGCHAT_DEVICE_ADVANCE=0 b1 1b-s6-defaults --modes full
+  FGCHAT_DEVICE_ADVANCE=0 b1 1b-no-advance --modes full
+  b1 1b-again --modes piecewise,full
+  bench smollm2-135m --preset smollm2-135m --random-weights --batch-sizes 1,8 --repeats 3
+  bench llama-3.1-8b --preset llama-3.1-8b --random-weights --batch-sizes 1,8 --repeats 2 --modes eager,full
+  FGCHAT_ATTN_PRELOAD=0 bench 8b-no-preload --preset llama-3.1-8b --random-weights --batch-sizes 1 --repeats 2 --modes full
+  timeout 90 python3 scripts/timeline_step.py llama-3.2-1b full 1 2>&1 | tee -a "$OUT/run.log" | head -30
 fi

@@ -38,7 +38,7 @@ def _inputs(m: int, n: int, k: int, seed: int):
 @pytest.mark.parametrize(
     "m,n,k,cfg",
     [(1, 48, 96, ProjConfig(16, 64)), (5, 40, 100, ProjConfig(16, 64)), (8, 64, 256, None),
-     (16, 17, 33, ProjConfig(16, 64)), (2, 32, 1024, None)],
+     (16, 17, 33, ProjConfig(16, 64)), (2, 32, 1024, None), (3, 72, 384, ProjConfig(32, 128, 4, 6))],
 )
 def test_projection_matches_torch(m, n, k, cfg):
     x, w = _inputs(m, n, k, m * n + k)
@@ -121,7 +121,9 @@ def test_routes_of_llama_1b_projections():
 
     st = _stages(Tuning())
     assert st.gate_up == Route(True, glu=True) and st.o == Route(True, split=4)
-    assert st.qkv == Route(False) and st.down == Route(False)  # above the size rule: cuBLAS
+    assert st.qkv == Route(True) and st.down == Route(False)  # qkv: ours at every size; down: cuBLAS
+    assert pick_config(3072, 2048) == ProjConfig(32, 128, 4, 6)  # 1B qkv: the mid-size tile
+    assert _stages(Tuning(qkv_gemv=False)).qkv == Route(False)  # above the size rule: cuBLAS
     st = _stages(Tuning(glu=False, proj_configs="qkv=32,256,4,4;down=32,256,4,4;gate_up=64,128,4,4"))
     tile = ProjConfig(32, 256, 4, 4)
     assert st.gate_up == Route(True, config=ProjConfig(64, 128, 4, 4))  # not glu: the size rule is not asked
@@ -136,7 +138,7 @@ def test_routes_of_llama_8b_projections():
     assert st.qkv == Route(True) and st.gate_up == Route(True, glu=True)
     assert st.o == Route(True, split=8) and st.down == Route(True, split=2)
     assert pick_config(6144, 4096) == ProjConfig(64, 256, 4, 3, swap=True)
-    st = _stages(Tuning(gemv_big=False), hidden=4096, inter=14336, q=6144)
+    st = _stages(Tuning(gemv_big=False, qkv_gemv=False), hidden=4096, inter=14336, q=6144)
     assert st.qkv == st.o == st.down == Route(False)
 
 

@@ -44,6 +44,25 @@ def test_silu_mul(rows, inter):
     close_to_torch(silu_mul(gu), F.silu(g) * u)
 
 
+@pytest.mark.parametrize("b", [1, 5, 8])
+def test_advance_feeds_next_step_and_pinned_host_buffer(b):
+    """The next step's ids are the tokens, positions move by one, the host's pinned buffer holds
+    the tokens once an event behind the launch completes; lanes past b are untouched."""
+    from fgchat.engine.fused import advance
+
+    tokens = torch.randint(0, 128_000, (b,), device="cuda")
+    rows = torch.randint(0, 4096, (2, 16), device="cuda")
+    before = rows.clone()
+    host = torch.full((16,), -1, dtype=torch.int64, pin_memory=True)
+    advance(tokens, rows[0, :b], rows[1, :b], host[:b])
+    done = torch.cuda.Event()
+    done.record()
+    done.synchronize()
+    assert torch.equal(host[:b], tokens.cpu()) and (host[b:] == -1).all()
+    assert torch.equal(rows[0, :b], tokens) and torch.equal(rows[1, :b], before[1, :b] + 1)
+    assert torch.equal(rows[:, b:], before[:, b:])
+
+
 @pytest.mark.parametrize("hq,hkv,d", [(32, 8, 64), (9, 3, 64), (12, 2, 128), (8, 8, 128)])
 def test_rope_kv_write(hq, hkv, d):
     from fgchat.engine.fused import rope_kv_write

@@ -72,8 +72,14 @@ class Engine(GraphModes):
         )
         self.notes.append(f"max context {self.max_context} tokens ({why})")
         self.cache = KVCache(self.cfg, self.max_context, self.device, self.dtype)
-        self.decoder = Decoder(self.cfg, loaded.weights, self.max_context, self._use_fused(),
-                               self.tuning)
+        fused = self._use_fused()
+        self.decoder = Decoder(self.cfg, loaded.weights, self.max_context, fused, self.tuning)
+        # a step's tokens feed the next step and reach the host through one kernel (fused.advance)
+        self._advance_on_device = fused and self.tuning.device_advance
+        if self._advance_on_device:
+            from fgchat.engine.fused import advance
+
+            self._advance = advance
         self.bufs = StepBuffers(self.device, self.cfg.num_heads, self.cfg.head_dim, self.dtype)
         self.attention, self.attention_name = self._pick_attention(config.attention)
         entry_pdl = self.decoder.bind_attention(
@@ -352,9 +358,10 @@ class Engine(GraphModes):
             )
             self.program.max_len_hint = max(pos) + 1
         else:
-            di = self.bufs.dev_i
-            di[ROW_IDS, :b].copy_(prev.out.tokens)
-            di[ROW_POS, :b].add_(1)
+            if not self._advance_on_device:  # else prev's advance kernel did this
+                di = self.bufs.dev_i
+                di[ROW_IDS, :b].copy_(prev.out.tokens)
+                di[ROW_POS, :b].add_(1)
             self.program.max_len_hint = (self.program.max_len_hint or 0) + 1
         do_sample = any(s.params.temperature > 0 for s in seqs)
         mode = self.mode
@@ -376,7 +383,11 @@ class Engine(GraphModes):
         if cuda:
             events[1].record()
             host_tokens = self._host_tokens[self._flip][:b]
-            host_tokens.copy_(out.tokens, non_blocking=True)
+            if self._advance_on_device:
+                di = self.bufs.dev_i
+                self._advance(out.tokens, di[ROW_IDS, :b], di[ROW_POS, :b], host_tokens)
+            else:
+                host_tokens.copy_(out.tokens, non_blocking=True)
             events[2].record()
         # a graph's logits buffer is rewritten by the step launched behind this one
         logits = out.logits.clone() if self.keep_logits else out.logits

@@ -174,3 +174,21 @@ def step_inputs(ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
     fast(_step_inputs_kernel)[(b,)](ids, positions, slots, embed, h, seq_lens, slots32, hidden=hidden,
                                     BLOCK=min(4096, next_pow2(hidden)), num_warps=4)
     return h
+
+
+@triton.jit
+def _advance_kernel(tok_ptr, ids_ptr, pos_ptr, host_ptr, B, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    m = offs < B
+    tok = tl.load(tok_ptr + offs, mask=m)
+    tl.store(ids_ptr + offs, tok, mask=m)
+    tl.store(pos_ptr + offs, tl.load(pos_ptr + offs, mask=m) + 1, mask=m)
+    tl.store(host_ptr + offs, tok, mask=m)
+
+
+def advance(tokens: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor, host_out: torch.Tensor) -> None:
+    """After a decode step, in one launch: the next step's inputs (ids = tokens, positions + 1, in
+    place) and the tokens written into `host_out`, pinned host memory the GPU writes directly (the
+    host reads it after an event recorded behind this launch). All int64 [B]."""
+    b = tokens.shape[0]
+    fast(_advance_kernel)[(1,)](tokens, ids, positions, host_out, b, BLOCK=max(16, next_pow2(b)), num_warps=1)

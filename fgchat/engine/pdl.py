@@ -1,11 +1,13 @@
 """Programmatic dependent launch (PDL) between the decode step's Triton kernels (sm_90+).
 
 A kernel launched with `launch_pdl=True` may start while the kernel before it in the stream is
-still running. Invariant for every such kernel: each program calls `pdl_enter` before it reads
-anything an earlier kernel wrote and before it writes anything; before that call it may read
-only memory no kernel writes (weights, RoPE tables). `pdl_enter` waits for the previous kernel to
-complete and flush, so the order of the whole chain is the stream order, captured graphs included.
-It then lets the next kernel launch early.
+still running. Invariant for every such kernel: each program calls `pdl_enter` before it writes
+anything and before it reads what the kernel just before it wrote; before that call it may read
+memory no kernel writes (weights, RoPE tables) and memory last written two or more launches
+earlier. `pdl_enter` waits for the previous kernel to complete and flush, then lets the next kernel
+launch, so a kernel starts only after its predecessor's programs have all passed their wait: every
+launch before the predecessor is complete and visible by then. The order of the whole chain is the
+stream order, captured graphs included.
 """
 
 from __future__ import annotations

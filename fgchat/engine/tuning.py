@@ -7,6 +7,7 @@ process builds an EngineConfig (which holds a Tuning) without loading torch.
 Environment (read by `Tuning.from_env`, once per engine):
   FGCHAT_FUSED=0              torch ops instead of the fused Triton kernels
   FGCHAT_PIPELINE=0           read step n's tokens before launching step n+1
+  FGCHAT_DEVICE_ADVANCE=0     step n+1's inputs and the host's copy of step n's tokens by torch copies
   FGCHAT_GEMV=0               cuBLAS for every projection
   FGCHAT_GEMV_MAX=<elements>  largest weight our projection kernel serves (default 2048*2048)
   FGCHAT_SPLIT_K=0            o and down never split K
@@ -21,7 +22,8 @@ Environment (read by `Tuning.from_env`, once per engine):
                               whatever its size (o / down split K as without the override)
   FGCHAT_ROPE_IN_ATTENTION=0  RoPE + K/V write as its own kernel
   FGCHAT_FUSED_COMBINE=1      the last attention split merges the others
-  FGCHAT_ATTN_PRELOAD=1       each attention split loads its first K/V tile before its PDL wait
+  FGCHAT_ATTN_PRELOAD=0       each attention split loads its first K/V tile after its PDL wait
+  FGCHAT_QKV_GEMV=0           the qkv projection on our kernel only where it is small or big (else cuBLAS)
   FGCHAT_PDL=0                no programmatic dependent launch between the Triton kernels
   FGCHAT_PDL_AFTER_LIBRARY=0  PDL only for a Triton kernel that follows one of our kernels
   FGCHAT_PDL_AFTER_ATTENTION=0  the o projection waits for attention to end before it launches
@@ -61,6 +63,7 @@ def _int(name: str, default: int) -> int:
 class Tuning:
     fused: bool = True  # Triton kernels where CUDA + Triton exist
     pipeline: bool = True  # on CUDA only
+    device_advance: bool = True  # fused.advance after each CUDA step
     gemv: bool = True
     gemv_max_elements: int = DEFAULT_GEMV_MAX
     split_k: bool = True
@@ -75,7 +78,10 @@ class Tuning:
     proj_configs: str = ""
     rope_in_attention: bool = True
     fused_combine: bool = False
-    attention_preload: bool = False
+    # H200, one call (be7ca3f, 1B full batch 1): 0.962 ms default, 0.957 qkv on our kernel, 0.960
+    # preload after cuBLAS's qkv, 0.929 both; SmolLM2 (qkv already ours) 0.536 -> 0.509 with preload
+    attention_preload: bool = True
+    qkv_gemv: bool = True
     # Programmatic dependent launch (sm_90+): each Triton kernel of the step may start (and load
     # weights) while the previous kernel drains; it waits for that kernel before reading its output.
     pdl: bool = True
@@ -99,6 +105,7 @@ class Tuning:
         return cls(
             fused=_flag("FGCHAT_FUSED", d.fused),
             pipeline=_flag("FGCHAT_PIPELINE", d.pipeline),
+            device_advance=_flag("FGCHAT_DEVICE_ADVANCE", d.device_advance),
             gemv=_flag("FGCHAT_GEMV", d.gemv),
             gemv_max_elements=_int("FGCHAT_GEMV_MAX", d.gemv_max_elements),
             split_k=_flag("FGCHAT_SPLIT_K", d.split_k),
@@ -111,6 +118,7 @@ class Tuning:
             rope_in_attention=_flag("FGCHAT_ROPE_IN_ATTENTION", d.rope_in_attention),
             fused_combine=_flag("FGCHAT_FUSED_COMBINE", d.fused_combine),
             attention_preload=_flag("FGCHAT_ATTN_PRELOAD", d.attention_preload),
+            qkv_gemv=_flag("FGCHAT_QKV_GEMV", d.qkv_gemv),
             pdl=_flag("FGCHAT_PDL", d.pdl),
             pdl_after_library=_flag("FGCHAT_PDL_AFTER_LIBRARY", d.pdl_after_library),
             pdl_after_attention=_flag("FGCHAT_PDL_AFTER_ATTENTION", d.pdl_after_attention),

@@ -96,13 +96,15 @@ def _split_kernel(
 
     k_base = k_ptr + slot * stride_ks + kv_head * stride_kh
     v_base = v_ptr + slot * stride_vs + kv_head * stride_vh
+    # The split's first K/V tile is attended outside the loop, loaded here (PRELOAD) or after the
+    # current token's K/V is written; the same code either way, so both give the same bits.
+    pos0 = start + offs_n
+    mask0 = pos0 < end  # masked K/V are loaded as 0, so garbage beyond seq_len is never read
     if PRELOAD:
-        # Before the PDL wait: the slot, the length and the split's first K/V tile were written at
-        # least two launches earlier (the step's inputs, earlier steps), which are complete once
-        # this kernel runs (engine.pdl); only the current position's row is not, and it is replaced
-        # below by the K/V this program computes. Only with ROPE (no separate cache-write kernel).
-        pos0 = start + offs_n
-        mask0 = pos0 < end
+        # Before the PDL wait: the slot, the length and the cache rows were written at least two
+        # launches earlier (the step's inputs, earlier steps), complete once this kernel runs
+        # (engine.pdl); the current position's row is not, and is replaced below by the K/V this
+        # program computes. Only with ROPE (no separate cache-write kernel).
         k0 = tl.load(k_base + pos0[:, None] * stride_kt + offs_d[None, :], mask=mask0[:, None], other=0.0)
         v0 = tl.load(v_base + pos0[:, None] * stride_vt + offs_d[None, :], mask=mask0[:, None], other=0.0)
         pdl_enter(USE_PDL)
@@ -143,20 +145,21 @@ def _split_kernel(
             other=0.0,
         )
 
+    if not PRELOAD:
+        k0 = tl.load(k_base + pos0[:, None] * stride_kt + offs_d[None, :], mask=mask0[:, None], other=0.0)
+        v0 = tl.load(v_base + pos0[:, None] * stride_vt + offs_d[None, :], mask=mask0[:, None], other=0.0)
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)  # running max (base-2 logits)
     l_i = tl.zeros([BLOCK_G], tl.float32)  # running sum of exp2(logit - m_i)
     acc = tl.zeros([BLOCK_G, HEAD_DIM], tl.float32)
-    first = start
-    if PRELOAD:
-        first = start + BLOCK_N
-        if start < end:
+    if start < end:
+        if PRELOAD:
             cur_row = (pos0 == seq_len - 1)[:, None]
             k0 = tl.where(cur_row, k_new[None, :], k0)
             v0 = tl.where(cur_row, v_new[None, :], v0)
-            m_i, l_i, acc = _attend(q, k0, v0, mask0, m_i, l_i, acc, qk_scale, DOT_PRECISION)
-    for n0 in range(first, end, BLOCK_N):
+        m_i, l_i, acc = _attend(q, k0, v0, mask0, m_i, l_i, acc, qk_scale, DOT_PRECISION)
+    for n0 in range(start + BLOCK_N, end, BLOCK_N):
         pos = n0 + offs_n
-        n_mask = pos < end  # masked K/V are loaded as 0, so garbage beyond seq_len is never read
+        n_mask = pos < end
         k = tl.load(k_base + pos[:, None] * stride_kt + offs_d[None, :], mask=n_mask[:, None], other=0.0)
         v = tl.load(v_base + pos[:, None] * stride_vt + offs_d[None, :], mask=n_mask[:, None], other=0.0)
         m_i, l_i, acc = _attend(q, k, v, n_mask, m_i, l_i, acc, qk_scale, DOT_PRECISION)
