@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One H200 call: GPU tests and the model benchmarks. Results land in $OUT.
-# Usage (device tool, carry .whl): FGCHAT_COMMIT=<sha> bash scripts/gpu_run.sh [tests|bench|more|tui|peers|all|probe|run3|run4|final3|pdl|split|verify|final4|gputests|final5|sweep|s5|s5b|final6|s5c|s5d|s6a|s6b|s6c|final7|final7p|s6d|s6f|s7a|s7b]
+# Usage (device tool, carry .whl): FGCHAT_COMMIT=<sha> bash scripts/gpu_run.sh [tests|bench|more|tui|peers|all|probe|run3|run4|final3|pdl|split|verify|final4|gputests|final5|sweep|s5|s5b|final6|s5c|s5d|s6a|s6b|s6c|final7|final7p|s6d|s6f|s7a|s7b|s7c]
 # The README's H200 section: s6d (modes side by side, docs/bench/h200-s6-03ff59c) and final7 + final7p
 # (GPU tests, larger models, variants, peers: docs/bench/h200-s6-2bc054f); gputests runs every GPU test;
 # s6a-s6c measured the L2 prefetch and the attention boundary (timeline_step.py); sweep the projection tiles.
@@ -378,4 +378,19 @@ if [[ $what == s7b ]]; then  # session 7: GPU tests; preload + qkv on ours + dev
   bench llama-3.1-8b --preset llama-3.1-8b --random-weights --batch-sizes 1,8 --repeats 2 --modes eager,full
   FGCHAT_ATTN_PRELOAD=0 bench 8b-no-preload --preset llama-3.1-8b --random-weights --batch-sizes 1 --repeats 2 --modes full
   timeout 90 python3 scripts/timeline_step.py llama-3.2-1b full 1 2>&1 | tee -a "$OUT/run.log" | head -30
+fi
+if [[ $what == s7c ]]; then  # session 7: GPU tests; down and gate/up tiles on the H200, then the best in the step
+  bash "$0" gputests
+  export BENCH_TIMEOUT=100
+  b1() { local name=$1; shift; bench "$name" --preset llama-3.2-1b --random-weights --batch-sizes 1,8 --repeats 3 "$@"; }
+  b1 llama-3.2-1b
+  timeout 220 python3 scripts/sweep_proj.py --models 1b --roles down,gate_up --json "$OUT/sweep_mlp.json" 2>&1 \
+    | tee -a "$OUT/run.log"
+  DOWN=$(python3 -c "import json; print(json.load(open('$OUT/sweep_mlp.json'))['1b/down/split2']['1']['tile'])")
+  GU=$(python3 -c "import json; print(json.load(open('$OUT/sweep_mlp.json'))['1b/gate_up/glu']['1']['tile'])")
+  echo "down tile: $DOWN  gate_up tile: $GU" | tee -a "$OUT/run.log"
+  FGCHAT_PROJ_CONFIGS="down=$DOWN" b1 1b-down --modes full
+  FGCHAT_PROJ_CONFIGS="gate_up=$GU" b1 1b-gate-up --modes full
+  FGCHAT_PROJ_CONFIGS="down=$DOWN;gate_up=$GU" b1 1b-both --modes full
+  b1 1b-again --modes piecewise,full
 fi

@@ -104,7 +104,7 @@ def _split_kernel(
         # Before the PDL wait: the slot, the length and the cache rows were written at least two
         # launches earlier (the step's inputs, earlier steps), complete once this kernel runs
         # (engine.pdl); the current position's row is not, and is replaced below by the K/V this
-        # program computes. Only with ROPE (no separate cache-write kernel).
+        # program computes (ROPE) or loads after the wait (written by the cache-write kernel).
         k0 = tl.load(k_base + pos0[:, None] * stride_kt + offs_d[None, :], mask=mask0[:, None], other=0.0)
         v0 = tl.load(v_base + pos0[:, None] * stride_vt + offs_d[None, :], mask=mask0[:, None], other=0.0)
         pdl_enter(USE_PDL)
@@ -154,8 +154,15 @@ def _split_kernel(
     if start < end:
         if PRELOAD:
             cur_row = (pos0 == seq_len - 1)[:, None]
-            k0 = tl.where(cur_row, k_new[None, :], k0)
-            v0 = tl.where(cur_row, v_new[None, :], v0)
+            if ROPE:
+                k_cur = k_new
+                v_cur = v_new
+            else:
+                last = tl.maximum(seq_len - 1, 0)
+                k_cur = tl.load(k_base + last * stride_kt + offs_d)
+                v_cur = tl.load(v_base + last * stride_vt + offs_d)
+            k0 = tl.where(cur_row, k_cur[None, :], k0)
+            v0 = tl.where(cur_row, v_cur[None, :], v0)
         m_i, l_i, acc = _attend(q, k0, v0, mask0, m_i, l_i, acc, qk_scale, DOT_PRECISION)
     for n0 in range(start + BLOCK_N, end, BLOCK_N):
         pos = n0 + offs_n
@@ -268,8 +275,8 @@ class TritonDecodeAttention:
         """config=None uses DEFAULT_CONFIGS[head_dim]; a given config applies to every head dim.
         fuse_combine: the last split merges the others instead of a separate combine kernel (the
         separate kernel measured faster on the H200). pdl: programmatic dependent launch where
-        the device supports it (see engine.pdl). preload: with RoPE in the kernel, each split loads its
-        first K/V tile before its PDL wait (the wait then covers only the qkv projection's output)."""
+        the device supports it (see engine.pdl). preload: each split loads its first K/V tile before its
+        PDL wait (the wait then covers only the previous kernel's output: q and the current row)."""
         if device.type != "cuda" or not torch.cuda.is_available():
             raise FgchatError("the triton attention backend needs a CUDA device (use --attention torch)")
         index = device.index if device.index is not None else torch.cuda.current_device()
@@ -392,7 +399,7 @@ class TritonDecodeAttention:
             BLOCK_S=block_s, ROPE=cos is not None, BLOCK_N=cfg.block_n,
             DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", USE_PDL=self.pdl_entry,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=self.pdl_entry,
-            PRELOAD=self.preload and cos is not None,
+            PRELOAD=self.preload,
         )
         combine = None
         if not self.fuse_combine:
