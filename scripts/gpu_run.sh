@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One H200 call: GPU tests and the model benchmarks. Results land in $OUT.
-# Usage (device tool, carry .whl): FGCHAT_COMMIT=<sha> bash scripts/gpu_run.sh [tests|bench|more|tui|peers|all|probe|run3|run4|final3|pdl|split|verify|final4|gputests|final5|sweep|s5|s5b|final6|s5c|s5d|s6a|s6b|s6c|final7|final7p|s6d|s6f|s7a|s7b|s7c]
-# The README's H200 section: s6d (modes side by side, docs/bench/h200-s6-03ff59c) and final7 + final7p
-# (GPU tests, larger models, variants, peers: docs/bench/h200-s6-2bc054f); gputests runs every GPU test;
+# Usage (device tool, carry .whl): FGCHAT_COMMIT=<sha> bash scripts/gpu_run.sh [tests|bench|more|tui|peers|all|probe|run3|run4|final3|pdl|split|verify|final4|gputests|final5|sweep|s5|s5b|final6|s5c|s5d|s6a|s6b|s6c|final7|final7p|s6d|s6f|s7a|s7b|s7d|s7e]
+# The README's H200 section: s7d (GPU tests, modes side by side, larger models, variants) and s7e (peers,
+# then a tile sweep of the MLP projections); gputests runs every GPU test;
 # s6a-s6c measured the L2 prefetch and the attention boundary (timeline_step.py); sweep the projection tiles.
 # Older sections produced the other folders of docs/bench and the notes.
 set -u -o pipefail
@@ -379,18 +379,29 @@ if [[ $what == s7b ]]; then  # session 7: GPU tests; preload + qkv on ours + dev
   FGCHAT_ATTN_PRELOAD=0 bench 8b-no-preload --preset llama-3.1-8b --random-weights --batch-sizes 1 --repeats 2 --modes full
   timeout 90 python3 scripts/timeline_step.py llama-3.2-1b full 1 2>&1 | tee -a "$OUT/run.log" | head -30
 fi
-if [[ $what == s7c ]]; then  # session 7: GPU tests; down and gate/up tiles on the H200, then the best in the step
+if [[ $what == s7d ]]; then  # session 7 README run: GPU tests, modes side by side, larger models, variants
   bash "$0" gputests
   export BENCH_TIMEOUT=100
-  b1() { local name=$1; shift; bench "$name" --preset llama-3.2-1b --random-weights --batch-sizes 1,8 --repeats 3 "$@"; }
-  b1 llama-3.2-1b
-  timeout 220 python3 scripts/sweep_proj.py --models 1b --roles down,gate_up --json "$OUT/sweep_mlp.json" 2>&1 \
+  bench llama-3.2-1b --preset llama-3.2-1b --random-weights --batch-sizes 1,8 --repeats 3
+  bench llama-3.2-1b-again --preset llama-3.2-1b --random-weights --batch-sizes 1,8 --repeats 3 --modes piecewise,full
+  bench smollm2-135m --preset smollm2-135m --random-weights --batch-sizes 1,8 --repeats 3
+  bench llama-3.1-8b --preset llama-3.1-8b --random-weights --batch-sizes 1,8 --repeats 2 --modes eager,full
+  bench qwen2.5-1.5b --preset qwen2.5-1.5b --random-weights --batch-sizes 1,8 --repeats 3 --modes full
+  for v in FGCHAT_ATTN_PRELOAD=0 FGCHAT_QKV_GEMV=0 FGCHAT_DEVICE_ADVANCE=0 FGCHAT_L2_PREFETCH_MB=0; do
+    timeout 80 env "$v" python3 -m fgchat.cli bench --no-progress --json "$OUT/bench_1b-${v,,}.json" \
+      --preset llama-3.2-1b --random-weights --batch-sizes 1,8 --repeats 3 --modes full 2>&1 | tee -a "$OUT/run.log" | tail -2
+  done
+fi
+if [[ $what == s7e ]]; then  # session 7: peers in one process, then down and gate/up tiles (sweep, then in the step)
+  BENCH_TIMEOUT=260 bench llama-3.2-1b-peers --preset llama-3.2-1b --random-weights --batch-sizes 1,8 \
+    --repeats 3 --modes full --peers hf --peer-timeout 190
+  timeout 150 python3 scripts/sweep_proj.py --models 1b --roles down,gate_up --json "$OUT/sweep_mlp.json" 2>&1 \
     | tee -a "$OUT/run.log"
   DOWN=$(python3 -c "import json; print(json.load(open('$OUT/sweep_mlp.json'))['1b/down/split2']['1']['tile'])")
   GU=$(python3 -c "import json; print(json.load(open('$OUT/sweep_mlp.json'))['1b/gate_up/glu']['1']['tile'])")
   echo "down tile: $DOWN  gate_up tile: $GU" | tee -a "$OUT/run.log"
-  FGCHAT_PROJ_CONFIGS="down=$DOWN" b1 1b-down --modes full
-  FGCHAT_PROJ_CONFIGS="gate_up=$GU" b1 1b-gate-up --modes full
-  FGCHAT_PROJ_CONFIGS="down=$DOWN;gate_up=$GU" b1 1b-both --modes full
-  b1 1b-again --modes piecewise,full
+  b1() { local name=$1; shift; BENCH_TIMEOUT=60 bench "$name" --preset llama-3.2-1b --random-weights --batch-sizes 1,8 --repeats 3 --modes full; }
+  b1 1b-default
+  FGCHAT_PROJ_CONFIGS="down=$DOWN" b1 1b-down
+  FGCHAT_PROJ_CONFIGS="gate_up=$GU" b1 1b-gate-up
 fi
