@@ -104,7 +104,7 @@ def test_config_and_routing_depend_on_shape_only():
     assert not pick_config(1536, 576, glu=True).swap  # SmolLM2's: the small-matrix rule
 
 
-def _stages(tuning, hidden=2048, inter=8192, q=3072):
+def _stages(tuning, hidden=2048, inter=8192, q=3072, pdl=True):
     from types import SimpleNamespace
 
     from fgchat.engine.model.fused_step import FusedStages
@@ -112,7 +112,7 @@ def _stages(tuning, hidden=2048, inter=8192, q=3072):
     meta = lambda *shape: torch.empty(*shape, device="meta")  # noqa: E731
     layer = SimpleNamespace(wqkv=meta(q, hidden), bqkv=None, wo=meta(hidden, hidden),
                             w_gate_up=meta(2 * inter, hidden), w_down=meta(hidden, inter))
-    return FusedStages(SimpleNamespace(w=SimpleNamespace(layers=[layer])), tuning, 132, pdl=True)
+    return FusedStages(SimpleNamespace(w=SimpleNamespace(layers=[layer])), tuning, 132, pdl=pdl)
 
 
 def test_routes_of_llama_1b_projections():
@@ -123,7 +123,8 @@ def test_routes_of_llama_1b_projections():
     assert st.gate_up == Route(True, glu=True) and st.o == Route(True, split=4)
     assert st.qkv == Route(True) and st.down == Route(False)  # qkv: ours at every size; down: cuBLAS
     assert pick_config(3072, 2048) == ProjConfig(32, 128, 4, 6)  # 1B qkv: the mid-size tile
-    assert _stages(Tuning(qkv_gemv=False)).qkv == Route(False)  # above the size rule: cuBLAS
+    # above the size rule: cuBLAS when switched off, or without PDL (nothing launches early)
+    assert _stages(Tuning(qkv_gemv=False)).qkv == Route(False) == _stages(Tuning(), pdl=False).qkv
     st = _stages(Tuning(glu=False, proj_configs="qkv=32,256,4,4;down=32,256,4,4;gate_up=64,128,4,4"))
     tile = ProjConfig(32, 256, 4, 4)
     assert st.gate_up == Route(True, config=ProjConfig(64, 128, 4, 4))  # not glu: the size rule is not asked

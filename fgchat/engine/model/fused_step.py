@@ -79,9 +79,9 @@ class FusedStages:
             return Route(False)
         if role == "gate_up" and t.glu:
             return Route(True, glu=True, config=cfg)
-        # qkv on our kernel at every size: its programs let the attention kernel launch early
-        # (PDL) and load its K/V meanwhile, which a library kernel does not
-        if role == "qkv" and t.qkv_gemv:
+        # qkv on our kernel at every size where PDL chains the step: its programs let the attention
+        # kernel launch early and load its K/V meanwhile, which a library kernel does not
+        if role == "qkv" and t.qkv_gemv and self.pdl:
             return Route(True, config=cfg)
         # a role given a tile (FGCHAT_PROJ_CONFIGS) runs on our kernel whatever its size
         mine = cfg is not None
