@@ -125,6 +125,7 @@ def test_bench_smoke_json(tmp_path):
     meta = data["meta"]
     assert meta["pdl"] is False and meta["kernel_warmup_s"] is None  # CPU: no PDL, no graphs
     assert isinstance(meta["tuning_changed"], dict)
+    assert isinstance(meta["host_cpu"], str) and meta["host_cpu"]
 
 
 def test_bench_report_separates_prefill_graphs():

@@ -64,7 +64,10 @@ def summary_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
 def print_report(result: dict[str, Any], out: TextIO) -> None:
     m = result["meta"]
     out.write(f"fgchat bench | {m['model']} | {m['device']} | {m['dtype']} | attention {m['attention']} | "
-              f"prompt {m['prompt_len']} | output {m['output_len']} | commit {m['commit']}\n\n")
+              f"prompt {m['prompt_len']} | output {m['output_len']} | commit {m['commit']}\n")
+    if m.get("host_cpu"):
+        out.write(f"host CPU (eager and piecewise launch times follow it): {m['host_cpu']}\n")
+    out.write("\n")
     for run in result["runs"]:
         out.write(_block(run, result["captures"]) + "\n\n")
     if result["captures"]:

@@ -47,6 +47,18 @@ def prompts_for(batch: int, prompt_len: int, vocab: int) -> list[list[int]]:
     return torch.randint(10, vocab, (batch, prompt_len), generator=g).tolist()
 
 
+def _cpu_name() -> str:
+    """The host CPU's model name: eager and piecewise are launch-bound, so their times follow it."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def _git_commit() -> str:
     import os
 
@@ -119,7 +131,7 @@ def run_all(spec: BenchSpec) -> dict[str, Any]:
             "pdl": engine.decoder.pdl,
             "tuning_changed": engine.tuning.changed(),
             "kernel_warmup_s": info.kernel_warmup_s,
-            "torch": torch.__version__, "python": platform.python_version(),
+            "torch": torch.__version__, "python": platform.python_version(), "host_cpu": _cpu_name(),
             "prompt_len": spec.prompt_len, "output_len": spec.output_len,
             "warmup": spec.warmup, "repeats": spec.repeats, "time": time.strftime("%Y-%m-%d %H:%M:%S"),
         },

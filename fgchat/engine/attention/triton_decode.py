@@ -103,8 +103,8 @@ def _split_kernel(
     if PRELOAD:
         # Before the PDL wait: the slot, the length and the cache rows were written at least two
         # launches earlier (the step's inputs, earlier steps), complete once this kernel runs
-        # (engine.pdl); the current position's row is not, and is replaced below by the K/V this
-        # program computes (ROPE) or loads after the wait (written by the cache-write kernel).
+        # (engine.pdl); the current position's row is not, and is replaced below by a load after
+        # its write (by this program with ROPE, by the cache-write kernel otherwise).
         k0 = tl.load(k_base + pos0[:, None] * stride_kt + offs_d[None, :], mask=mask0[:, None], other=0.0)
         v0 = tl.load(v_base + pos0[:, None] * stride_vt + offs_d[None, :], mask=mask0[:, None], other=0.0)
         pdl_enter(USE_PDL)
@@ -153,14 +153,12 @@ def _split_kernel(
     acc = tl.zeros([BLOCK_G, HEAD_DIM], tl.float32)
     if start < end:
         if PRELOAD:
+            # The current row is read back from the cache after its write is visible (the barrier
+            # above with ROPE, the wait otherwise): both call paths run the same code from here.
             cur_row = (pos0 == seq_len - 1)[:, None]
-            if ROPE:
-                k_cur = k_new
-                v_cur = v_new
-            else:
-                last = tl.maximum(seq_len - 1, 0)
-                k_cur = tl.load(k_base + last * stride_kt + offs_d)
-                v_cur = tl.load(v_base + last * stride_vt + offs_d)
+            last = tl.maximum(seq_len - 1, 0)
+            k_cur = tl.load(k_base + last * stride_kt + offs_d)
+            v_cur = tl.load(v_base + last * stride_vt + offs_d)
             k0 = tl.where(cur_row, k_cur[None, :], k0)
             v0 = tl.where(cur_row, v_cur[None, :], v0)
         m_i, l_i, acc = _attend(q, k0, v0, mask0, m_i, l_i, acc, qk_scale, DOT_PRECISION)
