@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One H200 call: GPU tests and the model benchmarks. Results land in $OUT.
-# Usage (device tool, carry .whl): FGCHAT_COMMIT=<sha> bash scripts/gpu_run.sh [tests|bench|more|tui|peers|all|probe|run3|run4|final3|pdl|split|verify|final4|gputests|final5|sweep|s5|s5b|final6|s5c|s5d|s6a|s6b|s6c|final7|final7p|s6d|s6f|s7a|s7b|s7d|s7e]
-# The README's H200 section: s7d (GPU tests, modes side by side, larger models, variants) and s7e (peers,
-# then a tile sweep of the MLP projections); gputests runs every GPU test;
+# Usage (device tool, carry .whl): FGCHAT_COMMIT=<sha> bash scripts/gpu_run.sh [tests|bench|more|tui|peers|all|probe|run3|run4|final3|pdl|split|verify|final4|gputests|final5|sweep|s5|s5b|final6|s5c|s5d|s6a|s6b|s6c|final7|final7p|s6d|s6f|s7a|s7b|s7d|s7e|s8]
+# The README's H200 section: s8 (GPU tests, modes side by side, larger models, peers, the preload
+# variant, a host profile of eager); s7d/s7e are the session-7 equivalents (s7e adds an MLP tile sweep); gputests runs every GPU test;
 # s6a-s6c measured the L2 prefetch and the attention boundary (timeline_step.py); sweep the projection tiles.
 # Older sections produced the other folders of docs/bench and the notes.
 set -u -o pipefail
@@ -404,4 +404,18 @@ if [[ $what == s7e ]]; then  # session 7: peers in one process, then down and ga
   b1 1b-default
   FGCHAT_PROJ_CONFIGS="down=$DOWN" b1 1b-down
   FGCHAT_PROJ_CONFIGS="gate_up=$GU" b1 1b-gate-up
+fi
+if [[ $what == s8 ]]; then  # session 8 README run, one call
+  bash "$0" gputests
+  export BENCH_TIMEOUT=100
+  bench llama-3.2-1b --preset llama-3.2-1b --random-weights --batch-sizes 1,8 --repeats 3
+  bench llama-3.2-1b-again --preset llama-3.2-1b --random-weights --batch-sizes 1,8 --repeats 3 --modes piecewise,full
+  bench smollm2-135m --preset smollm2-135m --random-weights --batch-sizes 1,8 --repeats 3
+  bench llama-3.1-8b --preset llama-3.1-8b --random-weights --batch-sizes 1,8 --repeats 2 --modes eager,full
+  bench qwen2.5-1.5b --preset qwen2.5-1.5b --random-weights --batch-sizes 1,8 --repeats 3 --modes full
+  BENCH_TIMEOUT=150 bench llama-3.2-1b-peers --preset llama-3.2-1b --random-weights --batch-sizes 1,8 \
+    --repeats 3 --modes full --peers hf --peer-timeout 120
+  FGCHAT_ATTN_PRELOAD=0 BENCH_TIMEOUT=60 bench 1b-fgchat_attn_preload=0 --preset llama-3.2-1b --random-weights \
+    --batch-sizes 1,8 --repeats 3 --modes full
+  timeout 60 python3 scripts/profile_host.py llama-3.2-1b > "$OUT/profile_host.txt" 2>&1
 fi

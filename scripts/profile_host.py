@@ -40,7 +40,8 @@ def main() -> None:
     torch.cuda.synchronize()
     prof.disable()
     stats = pstats.Stats(prof)
-    stats.sort_stats("tottime").print_stats(22)
+    stats.sort_stats("tottime").print_stats(30)
+    stats.sort_stats("cumulative").print_stats(30)
 
 
 if __name__ == "__main__":

@@ -155,10 +155,12 @@ def _split_kernel(
         if PRELOAD:
             # The current row is read back from the cache after its write is visible (the barrier
             # above with ROPE, the wait otherwise): both call paths run the same code from here.
-            cur_row = (pos0 == seq_len - 1)[:, None]
-            last = tl.maximum(seq_len - 1, 0)
-            k_cur = tl.load(k_base + last * stride_kt + offs_d)
-            v_cur = tl.load(v_base + last * stride_vt + offs_d)
+            # Only the split whose first tile holds it issues the load.
+            last = seq_len - 1
+            cur_row = (pos0 == last)[:, None]
+            here = (start <= last) & (last < start + BLOCK_N) & (offs_d < HEAD_DIM)
+            k_cur = tl.load(k_base + last * stride_kt + offs_d, mask=here, other=0.0)
+            v_cur = tl.load(v_base + last * stride_vt + offs_d, mask=here, other=0.0)
             k0 = tl.where(cur_row, k_cur[None, :], k0)
             v0 = tl.where(cur_row, v_cur[None, :], v0)
         m_i, l_i, acc = _attend(q, k0, v0, mask0, m_i, l_i, acc, qk_scale, DOT_PRECISION)
