@@ -379,14 +379,17 @@ if [[ $what == s7b ]]; then  # session 7: GPU tests; preload + qkv on ours + dev
   FGCHAT_ATTN_PRELOAD=0 bench 8b-no-preload --preset llama-3.1-8b --random-weights --batch-sizes 1 --repeats 2 --modes full
   timeout 90 python3 scripts/timeline_step.py llama-3.2-1b full 1 2>&1 | tee -a "$OUT/run.log" | head -30
 fi
-if [[ $what == s7d ]]; then  # session 7 README run: GPU tests, modes side by side, larger models, variants
-  bash "$0" gputests
-  export BENCH_TIMEOUT=100
+readme_presets() {  # the README's H200 table: 1B in every mode (twice), the other presets
   bench llama-3.2-1b --preset llama-3.2-1b --random-weights --batch-sizes 1,8 --repeats 3
   bench llama-3.2-1b-again --preset llama-3.2-1b --random-weights --batch-sizes 1,8 --repeats 3 --modes piecewise,full
   bench smollm2-135m --preset smollm2-135m --random-weights --batch-sizes 1,8 --repeats 3
   bench llama-3.1-8b --preset llama-3.1-8b --random-weights --batch-sizes 1,8 --repeats 2 --modes eager,full
   bench qwen2.5-1.5b --preset qwen2.5-1.5b --random-weights --batch-sizes 1,8 --repeats 3 --modes full
+}
+if [[ $what == s7d ]]; then  # session 7 README run: GPU tests, modes side by side, larger models, variants
+  bash "$0" gputests
+  export BENCH_TIMEOUT=100
+  readme_presets
   for v in FGCHAT_ATTN_PRELOAD=0 FGCHAT_QKV_GEMV=0 FGCHAT_DEVICE_ADVANCE=0 FGCHAT_L2_PREFETCH_MB=0; do
     timeout 80 env "$v" python3 -m fgchat.cli bench --no-progress --json "$OUT/bench_1b-${v,,}.json" \
       --preset llama-3.2-1b --random-weights --batch-sizes 1,8 --repeats 3 --modes full 2>&1 | tee -a "$OUT/run.log" | tail -2
@@ -408,11 +411,7 @@ fi
 if [[ $what == s8 ]]; then  # session 8 README run, one call
   bash "$0" gputests
   export BENCH_TIMEOUT=100
-  bench llama-3.2-1b --preset llama-3.2-1b --random-weights --batch-sizes 1,8 --repeats 3
-  bench llama-3.2-1b-again --preset llama-3.2-1b --random-weights --batch-sizes 1,8 --repeats 3 --modes piecewise,full
-  bench smollm2-135m --preset smollm2-135m --random-weights --batch-sizes 1,8 --repeats 3
-  bench llama-3.1-8b --preset llama-3.1-8b --random-weights --batch-sizes 1,8 --repeats 2 --modes eager,full
-  bench qwen2.5-1.5b --preset qwen2.5-1.5b --random-weights --batch-sizes 1,8 --repeats 3 --modes full
+  readme_presets
   BENCH_TIMEOUT=150 bench llama-3.2-1b-peers --preset llama-3.2-1b --random-weights --batch-sizes 1,8 \
     --repeats 3 --modes full --peers hf --peer-timeout 120
   FGCHAT_ATTN_PRELOAD=0 BENCH_TIMEOUT=60 bench 1b-fgchat_attn_preload=0 --preset llama-3.2-1b --random-weights \
