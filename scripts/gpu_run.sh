@@ -408,12 +408,12 @@ if [[ $what == s7e ]]; then  # session 7: peers in one process, then down and ga
   FGCHAT_PROJ_CONFIGS="down=$DOWN" b1 1b-down
   FGCHAT_PROJ_CONFIGS="gate_up=$GU" b1 1b-gate-up
 fi
-if [[ $what == s8 ]]; then  # session 8 README run, one call
+if [[ $what == s8 ]]; then  # session 8 README run, one call, most needed first
   bash "$0" gputests
   export BENCH_TIMEOUT=100
-  readme_presets
   BENCH_TIMEOUT=150 bench llama-3.2-1b-peers --preset llama-3.2-1b --random-weights --batch-sizes 1,8 \
     --repeats 3 --modes full --peers hf --peer-timeout 120
+  readme_presets
   FGCHAT_ATTN_PRELOAD=0 BENCH_TIMEOUT=60 bench 1b-fgchat_attn_preload=0 --preset llama-3.2-1b --random-weights \
     --batch-sizes 1,8 --repeats 3 --modes full
   timeout 60 python3 scripts/profile_host.py llama-3.2-1b > "$OUT/profile_host.txt" 2>&1
