@@ -414,7 +414,7 @@ if [[ $what == s8 ]]; then  # session 8 README run, one call, most needed first
   BENCH_TIMEOUT=150 bench llama-3.2-1b-peers --preset llama-3.2-1b --random-weights --batch-sizes 1,8 \
     --repeats 3 --modes full --peers hf --peer-timeout 120
   readme_presets
-  FGCHAT_ATTN_PRELOAD=0 BENCH_TIMEOUT=60 bench 1b-fgchat_attn_preload=0 --preset llama-3.2-1b --random-weights \
+  FGCHAT_ATTN_PRELOAD=0 BENCH_TIMEOUT=60 bench 1b-no-preload --preset llama-3.2-1b --random-weights \
     --batch-sizes 1,8 --repeats 3 --modes full
   timeout 60 python3 scripts/profile_host.py llama-3.2-1b > "$OUT/profile_host.txt" 2>&1
 fi
