@@ -82,9 +82,10 @@ def main() -> None:
         for n in ("part_ptr", "lse_ptr"):
             split_sig[n] = "*fp32"
         split_sig.update(slot_ptr="*i32", len_ptr="*i32", cnt_ptr="*i32", qk_scale="fp32")
-        for preload, rope in ((False, True), (True, True), (True, False)):
+        for preload, rope, from_cache in ((False, True, True), (True, True, True), (True, False, True),
+                                          (True, True, False)):
             consts = dict(HEAD_DIM=64, BLOCK_G=16, BLOCK_N=64, DOT_PRECISION="tf32", FUSE_COMBINE=False, BLOCK_S=32,
-                          ROPE=rope, USE_PDL=pdl, PRELOAD=preload)
+                          ROPE=rope, USE_PDL=pdl, PRELOAD=preload, CUR_FROM_CACHE=from_cache)
             sig = {n: t for n, t in split_sig.items() if n not in consts}
             build(td._split_kernel, sig, consts, num_warps=4, num_stages=3, launch_pdl=pdl)
         comb_sig = {n: "i32" for n in td._combine_kernel.arg_names}

@@ -225,3 +225,20 @@ def test_rope_in_attention_engine_same_tokens(gqa_model, monkeypatch):
     for mode in MODES:
         got, _, _ = run(fused, mode, prompts, sp)
         assert got == want, mode
+
+
+def test_current_row_from_registers_modes_identical(gqa_model, monkeypatch):
+    """FGCHAT_ATTN_CUR_FROM_CACHE=0 (the current K/V row from registers inside the attention):
+    every mode of the engine still gives the eager mode's greedy tokens, at batch 1 and 8."""
+    monkeypatch.setenv("FGCHAT_ATTN_CUR_FROM_CACHE", "0")
+    eng = Engine(EngineConfig(model=str(gqa_model), device="cuda", dtype="bfloat16",
+                              max_context=4096, mode="full"))
+    assert eng.decoder.rope_in_attention and not eng.tuning.attention_cur_from_cache
+    v = eng.cfg.vocab_size
+    sp = SamplingParams(max_tokens=48, ignore_eos=True)
+    for batch in (1, 8):
+        prompts = [prompt_of(9 + 41 * i, 500 + batch + i, v) for i in range(batch)]
+        want, _, _ = run(eng, "eager", prompts, sp)
+        for mode in ("piecewise", "full"):
+            got, _, _ = run(eng, mode, prompts, sp)
+            assert got == want, (mode, batch)

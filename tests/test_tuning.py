@@ -53,3 +53,11 @@ def test_l2_prefetch_budget_from_environment(monkeypatch):
     assert t.l2_prefetch_mb == 0 and t.changed() == {"l2_prefetch_mb": 0}
     monkeypatch.setenv("FGCHAT_L2_PREFETCH_MB", "32")
     assert Tuning.from_env().l2_prefetch_mb == 32
+
+
+def test_attention_current_row_switch(monkeypatch):
+    monkeypatch.delenv("FGCHAT_ATTN_CUR_FROM_CACHE", raising=False)
+    assert Tuning.from_env().attention_cur_from_cache
+    monkeypatch.setenv("FGCHAT_ATTN_CUR_FROM_CACHE", "0")
+    t = Tuning.from_env()
+    assert not t.attention_cur_from_cache and t.changed() == {"attention_cur_from_cache": False}

@@ -23,6 +23,7 @@ Environment (read by `Tuning.from_env`, once per engine):
   FGCHAT_ROPE_IN_ATTENTION=0  RoPE + K/V write as its own kernel
   FGCHAT_FUSED_COMBINE=1      the last attention split merges the others
   FGCHAT_ATTN_PRELOAD=0       each attention split loads its first K/V tile after its PDL wait
+  FGCHAT_ATTN_CUR_FROM_CACHE=0  with the preload, the current K/V row from registers (not re-read)
   FGCHAT_QKV_GEMV=0           the qkv projection on our kernel only where it is small or big (else cuBLAS)
   FGCHAT_PDL=0                no programmatic dependent launch between the Triton kernels
   FGCHAT_PDL_AFTER_LIBRARY=0  PDL only for a Triton kernel that follows one of our kernels
@@ -81,6 +82,9 @@ class Tuning:
     # H200, one call (be7ca3f, 1B full batch 1): 0.962 ms default, 0.957 qkv on our kernel, 0.960
     # preload after cuBLAS's qkv, 0.929 both; SmolLM2 (qkv already ours) 0.536 -> 0.509 with preload
     attention_preload: bool = True
+    # H200 (2836063 vs 28de800): re-reading the current row costs ~13 us per 1B step; it keeps the
+    # RoPE-in-attention and separate cache-write paths bit-identical at head dim 64
+    attention_cur_from_cache: bool = True
     qkv_gemv: bool = True
     # Programmatic dependent launch (sm_90+): each Triton kernel of the step may start (and load
     # weights) while the previous kernel drains; it waits for that kernel before reading its output.
@@ -118,6 +122,7 @@ class Tuning:
             rope_in_attention=_flag("FGCHAT_ROPE_IN_ATTENTION", d.rope_in_attention),
             fused_combine=_flag("FGCHAT_FUSED_COMBINE", d.fused_combine),
             attention_preload=_flag("FGCHAT_ATTN_PRELOAD", d.attention_preload),
+            attention_cur_from_cache=_flag("FGCHAT_ATTN_CUR_FROM_CACHE", d.attention_cur_from_cache),
             qkv_gemv=_flag("FGCHAT_QKV_GEMV", d.qkv_gemv),
             pdl=_flag("FGCHAT_PDL", d.pdl),
             pdl_after_library=_flag("FGCHAT_PDL_AFTER_LIBRARY", d.pdl_after_library),

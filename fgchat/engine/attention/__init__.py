@@ -55,7 +55,7 @@ def get_backend(name: str, device: torch.device, tuning: Tuning | None = None) -
             raise FgchatError(f"triton is not importable ({exc}); use --attention torch") from exc
         t = tuning or Tuning()
         return TritonDecodeAttention(device, fuse_combine=t.fused_combine, pdl=t.pdl,
-                                     preload=t.attention_preload)
+                                     preload=t.attention_preload, cur_from_cache=t.attention_cur_from_cache)
     from fgchat.engine.attention.flash import FlashAttnDecode
 
     return FlashAttnDecode(device)

@@ -73,6 +73,7 @@ def _split_kernel(
     ROPE: tl.constexpr = False,
     USE_PDL: tl.constexpr = False,
     PRELOAD: tl.constexpr = False,
+    CUR_FROM_CACHE: tl.constexpr = True,
 ):
     if not PRELOAD:
         pdl_enter(USE_PDL)
@@ -153,14 +154,20 @@ def _split_kernel(
     acc = tl.zeros([BLOCK_G, HEAD_DIM], tl.float32)
     if start < end:
         if PRELOAD:
-            # The current row is read back from the cache after its write is visible (the barrier
-            # above with ROPE, the wait otherwise): both call paths run the same code from here.
-            # Only the split whose first tile holds it issues the load.
+            # CUR_FROM_CACHE: the current row is read back from the cache after its write is
+            # visible (the barrier above with ROPE, the wait otherwise), so both call paths run the
+            # same code from here and give the same bits. Otherwise (ROPE only) it comes from the
+            # registers this program wrote it from: one L2 round trip less, and at head dim 64 not
+            # the separate path's rounding (every mode of one engine still runs the same kernel).
             last = seq_len - 1
             cur_row = (pos0 == last)[:, None]
-            here = (start <= last) & (last < start + BLOCK_N) & (offs_d < HEAD_DIM)
-            k_cur = tl.load(k_base + last * stride_kt + offs_d, mask=here, other=0.0)
-            v_cur = tl.load(v_base + last * stride_vt + offs_d, mask=here, other=0.0)
+            if ROPE and not CUR_FROM_CACHE:
+                k_cur = k_new
+                v_cur = v_new
+            else:
+                here = (start <= last) & (last < start + BLOCK_N) & (offs_d < HEAD_DIM)
+                k_cur = tl.load(k_base + last * stride_kt + offs_d, mask=here, other=0.0)
+                v_cur = tl.load(v_base + last * stride_vt + offs_d, mask=here, other=0.0)
             k0 = tl.where(cur_row, k_cur[None, :], k0)
             v0 = tl.where(cur_row, v_cur[None, :], v0)
         m_i, l_i, acc = _attend(q, k0, v0, mask0, m_i, l_i, acc, qk_scale, DOT_PRECISION)
@@ -271,12 +278,15 @@ class TritonDecodeAttention:
     name = "triton"
 
     def __init__(self, device: torch.device, config: KernelConfig | None = None,
-                 fuse_combine: bool = False, pdl: bool = False, preload: bool = False) -> None:
+                 fuse_combine: bool = False, pdl: bool = False, preload: bool = False,
+                 cur_from_cache: bool = True) -> None:
         """config=None uses DEFAULT_CONFIGS[head_dim]; a given config applies to every head dim.
         fuse_combine: the last split merges the others instead of a separate combine kernel (the
         separate kernel measured faster on the H200). pdl: programmatic dependent launch where
         the device supports it (see engine.pdl). preload: each split loads its first K/V tile before its
-        PDL wait (the wait then covers only the previous kernel's output: q and the current row)."""
+        PDL wait (the wait then covers only the previous kernel's output: q and the current row).
+        cur_from_cache=False: with preload and RoPE inside the kernel, the current row comes from
+        registers, not re-read from the cache (faster; rounds unlike the separate path at D=64)."""
         if device.type != "cuda" or not torch.cuda.is_available():
             raise FgchatError("the triton attention backend needs a CUDA device (use --attention torch)")
         index = device.index if device.index is not None else torch.cuda.current_device()
@@ -284,6 +294,7 @@ class TritonDecodeAttention:
         self._config = config
         self.fuse_combine = fuse_combine
         self.preload = preload
+        self.cur_from_cache = cur_from_cache
         self.pdl = pdl and pdl_supported(device)
         # PDL for the split kernel: the caller lowers it when a library kernel precedes attention
         self.pdl_entry = self.pdl
@@ -399,7 +410,7 @@ class TritonDecodeAttention:
             BLOCK_S=block_s, ROPE=cos is not None, BLOCK_N=cfg.block_n,
             DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", USE_PDL=self.pdl_entry,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=self.pdl_entry,
-            PRELOAD=self.preload,
+            PRELOAD=self.preload, CUR_FROM_CACHE=self.cur_from_cache,
         )
         combine = None
         if not self.fuse_combine:
