@@ -104,8 +104,8 @@ def _split_kernel(
     if PRELOAD:
         # Before the PDL wait: the slot, the length and the cache rows were written at least two
         # launches earlier (the step's inputs, earlier steps), complete once this kernel runs
-        # (engine.pdl); the current position's row is not, and is replaced below by a load after
-        # its write (by this program with ROPE, by the cache-write kernel otherwise).
+        # (engine.pdl); the current position's row is not, and is replaced below after its write
+        # (by this program with ROPE, by the cache-write kernel otherwise; see CUR_FROM_CACHE).
         k0 = tl.load(k_base + pos0[:, None] * stride_kt + offs_d[None, :], mask=mask0[:, None], other=0.0)
         v0 = tl.load(v_base + pos0[:, None] * stride_vt + offs_d[None, :], mask=mask0[:, None], other=0.0)
         pdl_enter(USE_PDL)
