@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One H200 call: GPU tests and the model benchmarks. Results land in $OUT.
-# Usage (device tool, carry .whl): FGCHAT_COMMIT=<sha> bash scripts/gpu_run.sh [tests|bench|more|tui|peers|all|probe|run3|run4|final3|pdl|split|verify|final4|gputests|final5|sweep|s5|s5b|final6|s5c|s5d|s6a|s6b|s6c|final7|final7p|s6d|s6f|s7a|s7b|s7d|s7e|s8|s9]
+# Usage (device tool, carry .whl): FGCHAT_COMMIT=<sha> bash scripts/gpu_run.sh [tests|bench|more|tui|peers|all|probe|run3|run4|final3|pdl|split|verify|final4|gputests|final5|sweep|s5|s5b|final6|s5c|s5d|s6a|s6b|s6c|final7|final7p|s6d|s6f|s7a|s7b|s7d|s7e|s8|s9|s10]
 # The README's H200 section: s8 (GPU tests, modes side by side, larger models, peers, the preload
 # variant, a host profile of eager); s7d/s7e are the session-7 equivalents (s7e adds an MLP tile sweep); gputests runs every GPU test;
 # s6a-s6c measured the L2 prefetch and the attention boundary (timeline_step.py); sweep the projection tiles.
@@ -418,14 +418,27 @@ if [[ $what == s8 ]]; then  # session 8 README run, one call, most needed first
     --batch-sizes 1,8 --repeats 3 --modes full
   timeout 60 python3 scripts/profile_host.py llama-3.2-1b > "$OUT/profile_host.txt" 2>&1
 fi
-if [[ $what == s9 ]]; then  # next: the current K/V row from registers (A/B, alternating processes), GPU tests
+if [[ $what == s9 ]]; then  # the current K/V row re-read from the cache or from registers (alternating processes)
   bash "$0" gputests
   export BENCH_TIMEOUT=90
   for i in 1 2; do
-    bench "1b-cache-$i" --preset llama-3.2-1b --random-weights --batch-sizes 1,8 --repeats 3 --modes piecewise,full
+    FGCHAT_ATTN_CUR_FROM_CACHE=1 bench "1b-cache-$i" --preset llama-3.2-1b --random-weights --batch-sizes 1,8 \
+      --repeats 3 --modes piecewise,full
     FGCHAT_ATTN_CUR_FROM_CACHE=0 bench "1b-regs-$i" --preset llama-3.2-1b --random-weights --batch-sizes 1,8 \
       --repeats 3 --modes piecewise,full
   done
+  FGCHAT_ATTN_CUR_FROM_CACHE=1 bench 135m-cache --preset smollm2-135m --random-weights --batch-sizes 1,8 --repeats 3 --modes full
   FGCHAT_ATTN_CUR_FROM_CACHE=0 bench 135m-regs --preset smollm2-135m --random-weights --batch-sizes 1,8 --repeats 3 --modes full
   FGCHAT_ATTN_CUR_FROM_CACHE=0 bench 8b-regs --preset llama-3.1-8b --random-weights --batch-sizes 1,8 --repeats 2 --modes full
+fi
+if [[ $what == s10 ]]; then  # session 9 README run (GPU tests ran in s9 at the same commit), most needed first
+  export BENCH_TIMEOUT=100
+  BENCH_TIMEOUT=150 bench llama-3.2-1b-peers --preset llama-3.2-1b --random-weights --batch-sizes 1,8 \
+    --repeats 3 --modes full --peers hf --peer-timeout 120
+  readme_presets
+  FGCHAT_ATTN_CUR_FROM_CACHE=1 BENCH_TIMEOUT=60 bench 1b-cur-from-cache --preset llama-3.2-1b --random-weights \
+    --batch-sizes 1,8 --repeats 3 --modes full
+  FGCHAT_ATTN_PRELOAD=0 BENCH_TIMEOUT=60 bench 1b-no-preload --preset llama-3.2-1b --random-weights \
+    --batch-sizes 1,8 --repeats 3 --modes full
+  timeout 60 python3 scripts/profile_host.py llama-3.2-1b > "$OUT/profile_host.txt" 2>&1
 fi

@@ -209,8 +209,10 @@ def test_pipelined_equals_plain_loop_with_joins_and_leaves(engine, gqa_model):
 
 
 def test_rope_in_attention_engine_same_tokens(gqa_model, monkeypatch):
-    """RoPE and the K/V write inside the attention kernel (the default): same greedy tokens as
-    an engine with the separate RoPE kernel, in every mode."""
+    """RoPE and the K/V write inside the attention kernel, re-reading the current row
+    (FGCHAT_ATTN_CUR_FROM_CACHE=1): same greedy tokens as an engine with the separate RoPE kernel,
+    in every mode."""
+    monkeypatch.setenv("FGCHAT_ATTN_CUR_FROM_CACHE", "1")
     fused = Engine(EngineConfig(model=str(gqa_model), device="cuda", dtype="bfloat16",
                                 max_context=4096, mode="full"))
     monkeypatch.setenv("FGCHAT_ROPE_IN_ATTENTION", "0")
@@ -228,8 +230,8 @@ def test_rope_in_attention_engine_same_tokens(gqa_model, monkeypatch):
 
 
 def test_current_row_from_registers_modes_identical(gqa_model, monkeypatch):
-    """FGCHAT_ATTN_CUR_FROM_CACHE=0 (the current K/V row from registers inside the attention):
-    every mode of the engine still gives the eager mode's greedy tokens, at batch 1 and 8."""
+    """FGCHAT_ATTN_CUR_FROM_CACHE=0 (the default: the current K/V row from registers inside the
+    attention): every mode of the engine still gives the eager mode's greedy tokens, at batch 1 and 8."""
     monkeypatch.setenv("FGCHAT_ATTN_CUR_FROM_CACHE", "0")
     eng = Engine(EngineConfig(model=str(gqa_model), device="cuda", dtype="bfloat16",
                               max_context=4096, mode="full"))

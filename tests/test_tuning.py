@@ -57,7 +57,7 @@ def test_l2_prefetch_budget_from_environment(monkeypatch):
 
 def test_attention_current_row_switch(monkeypatch):
     monkeypatch.delenv("FGCHAT_ATTN_CUR_FROM_CACHE", raising=False)
-    assert Tuning.from_env().attention_cur_from_cache
-    monkeypatch.setenv("FGCHAT_ATTN_CUR_FROM_CACHE", "0")
+    assert not Tuning.from_env().attention_cur_from_cache
+    monkeypatch.setenv("FGCHAT_ATTN_CUR_FROM_CACHE", "1")
     t = Tuning.from_env()
-    assert not t.attention_cur_from_cache and t.changed() == {"attention_cur_from_cache": False}
+    assert t.attention_cur_from_cache and t.changed() == {"attention_cur_from_cache": True}

@@ -23,7 +23,8 @@ Environment (read by `Tuning.from_env`, once per engine):
   FGCHAT_ROPE_IN_ATTENTION=0  RoPE + K/V write as its own kernel
   FGCHAT_FUSED_COMBINE=1      the last attention split merges the others
   FGCHAT_ATTN_PRELOAD=0       each attention split loads its first K/V tile after its PDL wait
-  FGCHAT_ATTN_CUR_FROM_CACHE=0  with the preload, the current K/V row from registers (not re-read)
+  FGCHAT_ATTN_CUR_FROM_CACHE=1  with the preload, re-read the current K/V row from the cache (bit-identical
+                              to FGCHAT_ROPE_IN_ATTENTION=0; not from registers)
   FGCHAT_QKV_GEMV=0           the qkv projection on our kernel only where it is small or big (else cuBLAS)
   FGCHAT_PDL=0                no programmatic dependent launch between the Triton kernels
   FGCHAT_PDL_AFTER_LIBRARY=0  PDL only for a Triton kernel that follows one of our kernels
@@ -82,9 +83,10 @@ class Tuning:
     # H200, one call (be7ca3f, 1B full batch 1): 0.962 ms default, 0.957 qkv on our kernel, 0.960
     # preload after cuBLAS's qkv, 0.929 both; SmolLM2 (qkv already ours) 0.536 -> 0.509 with preload
     attention_preload: bool = True
-    # H200 (2836063 vs 28de800): re-reading the current row costs ~13 us per 1B step; it keeps the
-    # RoPE-in-attention and separate cache-write paths bit-identical at head dim 64
-    attention_cur_from_cache: bool = True
+    # The current K/V row from registers (False) skips a re-read of ~13 us per 1B step (H200,
+    # 2836063 vs 28de800); re-reading it (True) makes RoPE-in-attention bit-identical to the
+    # separate cache-write kernel at head dim 64. Every mode of one engine runs the same path.
+    attention_cur_from_cache: bool = False
     qkv_gemv: bool = True
     # Programmatic dependent launch (sm_90+): each Triton kernel of the step may start (and load
     # weights) while the previous kernel drains; it waits for that kernel before reading its output.
