@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One H200 call: GPU tests and the model benchmarks. Results land in $OUT.
 # Usage (device tool, carry .whl): FGCHAT_COMMIT=<sha> bash scripts/gpu_run.sh [tests|bench|more|tui|peers|all|probe|run3|run4|final3|pdl|split|verify|final4|gputests|final5|sweep|s5|s5b|final6|s5c|s5d|s6a|s6b|s6c|final7|final7p|s6d|s6f|s7a|s7b|s7d|s7e|s8|s9|s10]
-# The README's H200 section: s8 (GPU tests, modes side by side, larger models, peers, the preload
-# variant, a host profile of eager); s7d/s7e are the session-7 equivalents (s7e adds an MLP tile sweep); gputests runs every GPU test;
+# The README's H200 section: s9 (GPU tests, the current-row A/B) then s10 (modes side by side,
+# larger models, peers, variants, a host profile of eager); s8 is session 8's; s7d/s7e are the session-7 equivalents (s7e adds an MLP tile sweep); gputests runs every GPU test;
 # s6a-s6c measured the L2 prefetch and the attention boundary (timeline_step.py); sweep the projection tiles.
 # Older sections produced the other folders of docs/bench and the notes.
 set -u -o pipefail
