@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One H200 call: GPU tests and the model benchmarks. Results land in $OUT.
-# Usage (device tool, carry .whl): FGCHAT_COMMIT=<sha> bash scripts/gpu_run.sh [tests|bench|more|tui|peers|all|probe|run3|run4|final3|pdl|split|verify|final4|gputests|final5|sweep|s5|s5b|final6|s5c|s5d|s6a|s6b|s6c|final7|final7p|s6d|s6f|s7a|s7b|s7d|s7e|s8|s9|s10]
+# Usage (device tool, carry .whl): FGCHAT_COMMIT=<sha> bash scripts/gpu_run.sh [tests|bench|more|tui|peers|all|probe|run3|run4|final3|pdl|split|verify|final4|gputests|final5|sweep|s5|s5b|final6|s5c|s5d|s6a|s6b|s6c|final7|final7p|s6d|s6f|s7a|s7b|s7d|s7e|s8|s9|s10|s11|s12]
 # The README's H200 section: s9 (GPU tests, the current-row A/B) then s10 (modes side by side,
 # larger models, peers, variants, a host profile of eager); s8 is session 8's; s7d/s7e are the session-7 equivalents (s7e adds an MLP tile sweep); gputests runs every GPU test;
 # s6a-s6c measured the L2 prefetch and the attention boundary (timeline_step.py); sweep the projection tiles.
@@ -441,4 +441,27 @@ if [[ $what == s10 ]]; then  # session 9 README run (GPU tests ran in s9 at the 
   FGCHAT_ATTN_PRELOAD=0 BENCH_TIMEOUT=60 bench 1b-no-preload --preset llama-3.2-1b --random-weights \
     --batch-sizes 1,8 --repeats 3 --modes full
   timeout 60 python3 scripts/profile_host.py llama-3.2-1b > "$OUT/profile_host.txt" 2>&1
+fi
+if [[ $what == s11 ]]; then  # piecewise attention launches bound once vs per call (alternating processes), GPU tests
+  bash "$0" gputests
+  export BENCH_TIMEOUT=90
+  for i in 1 2; do
+    bench "1b-bound-$i" --preset llama-3.2-1b --random-weights --batch-sizes 1,8 --repeats 3 --modes piecewise,full
+    FGCHAT_BOUND_ATTENTION=0 bench "1b-unbound-$i" --preset llama-3.2-1b --random-weights --batch-sizes 1,8 \
+      --repeats 3 --modes piecewise,full
+  done
+  bench 135m-bound --preset smollm2-135m --random-weights --batch-sizes 1,8 --repeats 3 --modes piecewise
+  FGCHAT_BOUND_ATTENTION=0 bench 135m-unbound --preset smollm2-135m --random-weights --batch-sizes 1,8 --repeats 3 --modes piecewise
+fi
+if [[ $what == s12 ]]; then  # the README run after s11 (same commit); one archive, since a call returns 8 files
+  export BENCH_TIMEOUT=100
+  BENCH_TIMEOUT=150 bench llama-3.2-1b-peers --preset llama-3.2-1b --random-weights --batch-sizes 1,8 \
+    --repeats 3 --modes full --peers hf --peer-timeout 120
+  readme_presets
+  FGCHAT_ATTN_CUR_FROM_CACHE=1 BENCH_TIMEOUT=60 bench 1b-cur-from-cache --preset llama-3.2-1b --random-weights \
+    --batch-sizes 1,8 --repeats 3 --modes full
+  FGCHAT_ATTN_PRELOAD=0 BENCH_TIMEOUT=60 bench 1b-no-preload --preset llama-3.2-1b --random-weights \
+    --batch-sizes 1,8 --repeats 3 --modes full
+  timeout 60 python3 scripts/profile_host.py llama-3.2-1b > "$OUT/profile_host.txt" 2>&1
+  (cd "$OUT" && tar czf s12.tgz bench_*.json run.log profile_host.txt && rm -f bench_*.json profile_host.txt)
 fi

@@ -474,3 +474,49 @@ def test_current_row_from_registers_close_to_separate_rope(hq, hkv, d) -> None:
     want, got, same_cache = _separate_then_fused_rope(hq, hkv, d, sep, regs, seed=hq + d)
     assert same_cache
     torch.testing.assert_close(got.float(), want.float(), rtol=1.6e-2, atol=1e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("rope", [True, False])
+@pytest.mark.parametrize("fuse_combine,preload", [(False, True), (True, False)])
+def test_bound_launch_same_bits_as_call(rope, fuse_combine, preload) -> None:
+    """bind / bind_with_rope: launches prepared once give the bits of the per-call path, step
+    after step, while lengths, slots and inputs change in place (piecewise replay's use)."""
+    from fgchat.engine.attention.triton_decode import TritonDecodeAttention
+
+    hq, hkv, d, t, b = 16, 4, 64, 2048, 6
+    attn = TritonDecodeAttention(torch.device("cuda"), fuse_combine=fuse_combine, preload=preload,
+                                 pdl=True, cur_from_cache=False)
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    inv = 1.0 / (10000 ** (torch.arange(0, d, 2, device="cuda").float() / d))
+    emb = torch.arange(t, device="cuda").float()[:, None] * inv[None]
+    emb = torch.cat([emb, emb], -1)
+    cos, sin = emb.cos().bfloat16(), emb.sin().bfloat16()
+    kc = torch.randn(8, t, hkv, d, device="cuda", generator=gen).bfloat16()
+    vc = torch.randn(8, t, hkv, d, device="cuda", generator=gen).bfloat16()
+    kc2, vc2 = kc.clone(), vc.clone()
+    qkv = torch.randn(b, (hq + 2 * hkv) * d, device="cuda", generator=gen).bfloat16()
+    q = torch.randn(b, hq, d, device="cuda", generator=gen).bfloat16()
+    seq_lens = torch.tensor([1, 2, 64, 65, 700, 1500], device="cuda", dtype=torch.int32)
+    slots = torch.tensor([3, 0, 7, 1, 2, 6], device="cuda", dtype=torch.int32)
+    want, got = torch.zeros(b, hq, d, device="cuda").bfloat16(), torch.zeros(b, hq, d, device="cuda").bfloat16()
+    scale = d ** -0.5
+    if rope:
+        bound = attn.bind_with_rope(qkv, cos, sin, kc2, vc2, slots, seq_lens, got, scale)
+    else:
+        bound = attn.bind(q, kc2, vc2, slots, seq_lens, got, scale)
+    for step in range(4):
+        if rope:
+            attn.decode_with_rope(qkv, cos, sin, kc, vc, slots, seq_lens, want, scale)
+        else:
+            attn(q, kc, vc, slots, seq_lens, want, scale)
+        bound()
+        torch.cuda.synchronize()
+        assert torch.equal(got, want), step
+        assert torch.equal(kc2, kc) and torch.equal(vc2, vc), step
+        seq_lens.add_(1 + 97 * step)
+        slots.copy_(slots.roll(1))
+        qkv.copy_(torch.randn(qkv.shape, device="cuda", generator=gen))
+        q.copy_(torch.randn(q.shape, device="cuda", generator=gen))
+    assert attn._scratch, "the bound launches own their scratch"

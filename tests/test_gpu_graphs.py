@@ -244,3 +244,22 @@ def test_current_row_from_registers_modes_identical(gqa_model, monkeypatch):
         for mode in ("piecewise", "full"):
             got, _, _ = run(eng, mode, prompts, sp)
             assert got == want, (mode, batch)
+
+
+def test_piecewise_bound_attention_same_tokens(gqa_model, monkeypatch):
+    """Piecewise replay with the attention launches bound once per batch size and layer (the
+    default) gives the tokens of the per-call path (FGCHAT_BOUND_ATTENTION=0) and of eager."""
+    monkeypatch.setenv("FGCHAT_BOUND_ATTENTION", "0")
+    plain = Engine(EngineConfig(model=str(gqa_model), device="cuda", dtype="bfloat16",
+                                max_context=4096, mode="piecewise"))
+    monkeypatch.delenv("FGCHAT_BOUND_ATTENTION")
+    bound = Engine(EngineConfig(model=str(gqa_model), device="cuda", dtype="bfloat16",
+                                max_context=4096, mode="piecewise"))
+    v = bound.cfg.vocab_size
+    sp = SamplingParams(max_tokens=40, ignore_eos=True)
+    for batch in (1, 5):
+        prompts = [prompt_of(11 + 37 * i, 900 + batch + i, v) for i in range(batch)]
+        want, _, _ = run(plain, "piecewise", prompts, sp)
+        assert run(bound, "piecewise", prompts, sp)[0] == want, batch
+        assert run(bound, "eager", prompts, sp)[0] == want, batch
+    assert bound.attention._scratch and not plain.attention._scratch

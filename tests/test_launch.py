@@ -203,6 +203,42 @@ def test_hit_calls_launcher_with_triton_convention(fake_plain):
 
 
 @needs_jit
+def test_bind_fixes_arguments_and_reads_stream_per_call(fake_plain, monkeypatch):
+    la, compiled, plain_calls = fake_plain
+    x, y = torch.zeros(16), torch.zeros(16)
+    args = (x, y, 16, 0.5, True, None)
+    early = la.bind((3, 2), *args, BLOCK=16, num_warps=4)  # no launch with this key yet
+    assert early() is compiled and len(plain_calls) == 1 and la.misses == 1
+    assert early() is compiled and la.fast_launches == 1  # through the keyed path, now a hit
+    bound = la.bind((3, 2), *args, BLOCK=16, num_warps=4)
+    assert bound is not early
+    assert bound() is compiled and la.fast_launches == 2 and len(plain_calls) == 1
+    assert compiled.calls[-1] == (3, 2, 1, 1234, 0xF00, (4, 1, 0), None, None, None, *args, 16, 3)
+    monkeypatch.setattr(launch, "_get_raw_stream", lambda dev: 99)
+    bound()
+    assert compiled.calls[-1][3] == 99 and la.fast_launches == 3
+    # a launch hook, or another current device, sends the bound call through the plain path
+    hook = lambda metadata: None  # noqa: E731
+    knobs.runtime.launch_enter_hook.add(hook)
+    try:
+        bound()
+    finally:
+        knobs.runtime.launch_enter_hook.remove(hook)
+    assert len(plain_calls) == 2 and la.fast_launches == 3
+    with monkeypatch.context() as m:
+        m.setattr(launch, "_get_device", lambda: 1)
+        bound()
+    assert len(plain_calls) == 3 and la.fast_launches == 3
+    bound()
+    assert la.fast_launches == 4
+    # arguments the fast path does not model: every call takes the keyed (here plain) path
+    odd = la.bind((1,), x, y, 16, 0.5, True, (1, 2), BLOCK=16)
+    odd()
+    odd()
+    assert len(plain_calls) == 5 and la.fast_launches == 4
+
+
+@needs_jit
 def test_fallbacks_to_plain(fake_plain, monkeypatch):
     la, compiled, plain_calls = fake_plain
     x, y = torch.zeros(16), torch.zeros(16)

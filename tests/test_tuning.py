@@ -61,3 +61,11 @@ def test_attention_current_row_switch(monkeypatch):
     monkeypatch.setenv("FGCHAT_ATTN_CUR_FROM_CACHE", "1")
     t = Tuning.from_env()
     assert t.attention_cur_from_cache and t.changed() == {"attention_cur_from_cache": True}
+
+
+def test_bound_attention_switch(monkeypatch):
+    monkeypatch.delenv("FGCHAT_BOUND_ATTENTION", raising=False)
+    assert Tuning.from_env().bound_attention
+    monkeypatch.setenv("FGCHAT_BOUND_ATTENTION", "0")
+    t = Tuning.from_env()
+    assert not t.bound_attention and t.changed() == {"bound_attention": False}

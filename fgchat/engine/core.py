@@ -88,7 +88,8 @@ class Engine(GraphModes):
         )
         if hasattr(self.attention, "pdl_entry"):
             self.attention.pdl_entry = entry_pdl and self.attention.pdl
-        self.program = StepProgram(self.decoder, self.cache, self.bufs, self.attention)
+        self.program = StepProgram(self.decoder, self.cache, self.bufs, self.attention,
+                                   bind_attention=self.tuning.bound_attention)
         self.scheduler = Scheduler()
         self.unavailable: dict[str, str] = {"eager": ""}
         self.runner = None

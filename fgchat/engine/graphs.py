@@ -127,6 +127,7 @@ class GraphRunner:
                 snap = StepState()
                 snap.__dict__.update(st.__dict__)
                 states.append(snap)
+            attends = self.program.bound_attends(b, states, attends)
             result = PiecewiseGraph(graphs, states, attends, StepOutputs(st.tokens, st.logits))
         else:
             raise ValueError(f"no graphs for mode {mode}")

@@ -50,6 +50,9 @@ Invariants
   launches after capture go to whatever stream is current then. The fast path does no host sync
   and no allocation of its own (the compiled launcher still allocates Triton scratch, if any,
   exactly as on the plain path).
+- `FastLauncher.bind(grid, *args, **kwargs)` is the one exception: it fixes the grid and the
+  arguments once and returns a zero-argument launch. Its caller owns keeping those tensors alive
+  and in place; the stream, the device and the plain-path conditions are still checked per call.
 """
 
 from __future__ import annotations
@@ -261,17 +264,56 @@ class FastLauncher:
         """`fn[grid](*args, **kwargs)`; returns the CompiledKernel like the plain path."""
         return self._launch(grid, *args, **kwargs)
 
-    def _launch(self, grid: Any, *args: Any, **kwargs: Any) -> Any:
-        if not self._supported or type(grid) is not tuple or not 1 <= len(grid) <= 3:
-            return self._plain(grid, args, kwargs)
+    def _needs_plain(self) -> bool:
+        """True while something the fast path does not model is active (hooks, interpreter, ...)."""
         fn = self.fn
         rt = _knobs.runtime
         hook, exit_hook = rt.launch_enter_hook, rt.launch_exit_hook
-        if ((hook is not None and (type(hook) is not _HookChain or hook.calls))
-                or (exit_hook is not None and (type(exit_hook) is not _HookChain or exit_hook.calls))
-                or ((_ENV_DATA is None or _ENV_DATA.get(_INTERPRET_KEY) is not None
-                     or "interpret" in rt.__dict__) and rt.interpret)
-                or fn.pre_run_hooks or (fn.used_global_vals and _globals_changed(fn))):
+        return bool((hook is not None and (type(hook) is not _HookChain or hook.calls))
+                    or (exit_hook is not None and (type(exit_hook) is not _HookChain or exit_hook.calls))
+                    or ((_ENV_DATA is None or _ENV_DATA.get(_INTERPRET_KEY) is not None
+                         or "interpret" in rt.__dict__) and rt.interpret)
+                    or fn.pre_run_hooks or (fn.used_global_vals and _globals_changed(fn)))
+
+    def bind(self, grid: Any, *args: Any, **kwargs: Any) -> Callable[[], Any]:
+        """A zero-argument launch of `fn[grid](*args, **kwargs)` with the key looked up once.
+
+        Unlike `launcher[grid](...)`, the arguments are fixed here: the caller keeps every tensor
+        passed alive and in place for as long as it calls the result. The stream is still read on
+        each call, and every call re-checks what `_needs_plain` covers. Where the fast path does
+        not apply, or no launch with this key has happened yet, the result takes the `[grid]`
+        path on every call (same kernels, same results).
+        """
+        def generic() -> Any:
+            return self._launch(grid, *args, **kwargs)
+
+        if not self._supported or type(grid) is not tuple or not 1 <= len(grid) <= 3:
+            return generic
+        try:
+            dev = _get_device()  # type: ignore[misc]
+            entry = self._cache.get(self.cache_key(args, kwargs, dev))
+        except (_Unsupported, TypeError):
+            return generic
+        if entry is None or entry is _PLAIN:
+            return generic
+        run, function, packed, tail, compiled = entry
+        n = len(grid)
+        g0, g1, g2 = grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1
+        rest = (function, packed, None, None, None, *args, *tail)
+
+        def bound() -> Any:
+            if self._needs_plain() or _get_device() != dev:  # type: ignore[misc]
+                return self._plain(grid, args, kwargs)
+            self.fast_launches += 1
+            run(g0, g1, g2, _get_raw_stream(dev), *rest)  # type: ignore[misc]
+            return compiled
+
+        return bound
+
+    def _launch(self, grid: Any, *args: Any, **kwargs: Any) -> Any:
+        if not self._supported or type(grid) is not tuple or not 1 <= len(grid) <= 3:
+            return self._plain(grid, args, kwargs)
+        if self._needs_plain():
             return self._plain(grid, args, kwargs)
         try:
             dev = _get_device()  # type: ignore[misc]

@@ -85,11 +85,13 @@ Piece = Callable[[StepState], None]
 class StepProgram:
     """Builds the pieces of a decode step for a batch size over shared buffers and cache."""
 
-    def __init__(self, decoder: Decoder, cache: KVCache, bufs: StepBuffers, attention) -> None:
+    def __init__(self, decoder: Decoder, cache: KVCache, bufs: StepBuffers, attention,
+                 bind_attention: bool = True) -> None:
         self.dec = decoder
         self.cache = cache
         self.bufs = bufs
         self.attention = attention
+        self.bind_attention = bind_attention
         # host-side bound of seq_lens for eager CPU steps (lets the torch backend slice the cache)
         self.max_len_hint: int | None = None
 
@@ -152,6 +154,30 @@ class StepProgram:
             from fgchat.engine import fused as fused_ops
         pieces = [first] + [middle(i) for i in range(1, n_layers)] + [last]
         return pieces, [attend(i) for i in range(n_layers)]
+
+    def bound_attends(self, b: int, states: list[StepState],
+                      attends: list[Callable[[StepState], None]]) -> list[Callable[[StepState], None]]:
+        """attends[i] with its arguments fixed to states[i] (for piecewise replay, whose pieces
+        write q / qkv to the same tensors every step), launched without per-call planning where
+        the backend offers `bind` / `bind_with_rope`; otherwise `attends` unchanged.
+
+        Same kernels with the same arguments as attends[i](states[i]), so the same bits.
+        """
+        dec, cache, i32 = self.dec, self.cache, self.bufs.dev_i32
+        name = "bind_with_rope" if dec.rope_in_attention else "bind"
+        bind = getattr(self.attention, name, None)
+        if not self.bind_attention or bind is None or self.bufs.device.type != "cuda":
+            return attends
+        seq_lens, slots32, attn_out = i32[0, :b], i32[1, :b], self.bufs.attn_out[:b]
+        out: list[Callable[[StepState], None]] = []
+        for i, st in enumerate(states[: len(attends)]):
+            if dec.rope_in_attention:
+                call = bind(st.qkv, dec.cos, dec.sin, cache.k[i], cache.v[i], slots32, seq_lens,
+                            attn_out, dec.scale)
+            else:
+                call = bind(st.q, cache.k[i], cache.v[i], slots32, seq_lens, attn_out, dec.scale)
+            out.append(lambda _st, call=call: call())
+        return out
 
     def run_eager(self, b: int, do_sample: bool) -> StepOutputs:
         st = StepState()

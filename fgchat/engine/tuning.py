@@ -33,6 +33,8 @@ Environment (read by `Tuning.from_env`, once per engine):
   FGCHAT_PREFILL_OWN_POOL=1   prefill graphs get their own memory pool (not the decode graphs')
   FGCHAT_PREFILL_FIRST=0      prefill graphs are captured after the decode graphs (3% slower decode)
   FGCHAT_PREFILL_REPLAY=0     prefill graphs are captured but prefill runs eagerly (experiment)
+  FGCHAT_BOUND_ATTENTION=0    piecewise replay launches each attention through its full Python path
+                              (not a launch prepared once per batch size and layer)
   FGCHAT_L2_PREFETCH_MB=<mb>  full graphs: weights requested into L2 beside each attention call:
                               o, gate/up, down while each fits whole (engine.l2_prefetch); 0 = none
 """
@@ -104,6 +106,7 @@ class Tuning:
     # H200, one call (2bc054f): SmolLM2 0.570 -> 0.538 ms, 1B 0.966 -> 0.960 (batch 8: 1.027 ->
     # 1.033); 8B's 33.5 MB o weight does not fit, so it gets none
     l2_prefetch_mb: int = 16
+    bound_attention: bool = True
 
     @classmethod
     def from_env(cls) -> Tuning:
@@ -134,6 +137,7 @@ class Tuning:
             prefill_first=_flag("FGCHAT_PREFILL_FIRST", d.prefill_first),
             prefill_replay=_flag("FGCHAT_PREFILL_REPLAY", d.prefill_replay),
             l2_prefetch_mb=_int("FGCHAT_L2_PREFETCH_MB", d.l2_prefetch_mb),
+            bound_attention=_flag("FGCHAT_BOUND_ATTENTION", d.bound_attention),
         )
 
     def proj_config_texts(self) -> dict[str, str]:

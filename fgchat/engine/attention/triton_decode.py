@@ -21,6 +21,7 @@ Graph-safety invariants:
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -300,6 +301,7 @@ class TritonDecodeAttention:
         self.pdl_entry = self.pdl
         self._cnt: Tensor | None = None
         self._plans: dict[tuple, _Plan] = {}
+        self._scratch: dict[int, tuple[Tensor, Tensor]] = {}  # id of a plan in _plans -> part, lse
 
     def _counters(self, batch: int, num_kv_heads: int, device: torch.device) -> Tensor:
         """Arrival counters, zero between launches (each merge resets its own). Allocated once,
@@ -336,6 +338,18 @@ class TritonDecodeAttention:
         scale: float,
         max_len_hint: int | None = None,  # ignored on purpose: the launch must not depend on lengths
     ) -> None:
+        plan = self._plain_plan(q, k_cache, v_cache, slot_ids, seq_lens, out, scale)
+        self._run(plan, q, None, None, k_cache, v_cache, slot_ids, seq_lens, out)
+
+    def bind(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, slot_ids: Tensor, seq_lens: Tensor,
+             out: Tensor, scale: float) -> Callable[[], None]:
+        """`self(q, ...)` as a zero-argument call with the launches prepared once (see `_bound`);
+        every tensor passed must stay alive and in place while the result is used."""
+        plan = self._plain_plan(q, k_cache, v_cache, slot_ids, seq_lens, out, scale)
+        return self._bound(plan, q, None, None, k_cache, v_cache, slot_ids, seq_lens, out)
+
+    def _plain_plan(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, slot_ids: Tensor, seq_lens: Tensor,
+                    out: Tensor, scale: float) -> _Plan:
         key = self._key(q, q.stride(), None, k_cache, v_cache, slot_ids, seq_lens, out, scale)
         plan = self._plans.get(key)
         if plan is None:
@@ -343,7 +357,7 @@ class TritonDecodeAttention:
             if q.stride(-1) != 1:
                 raise ValueError("q must be contiguous in its last dimension")
             plan = self._plan(key, q, q.stride(0), q.stride(1), None, k_cache, v_cache, out, scale)
-        self._run(plan, q, None, None, k_cache, v_cache, slot_ids, seq_lens, out)
+        return plan
 
     def decode_with_rope(
         self,
@@ -360,6 +374,18 @@ class TritonDecodeAttention:
         """RoPE + KV-cache write + attention in one call: qkv [B, (Hq + 2 Hkv) * D] rows q | k | v
         of the current token at position seq_lens - 1; cos/sin [T, D] tables in qkv's dtype.
         Same bits as fused.rope_kv_write followed by __call__."""
+        plan = self._rope_plan(qkv, cos, sin, k_cache, v_cache, slot_ids, seq_lens, out, scale)
+        self._run(plan, qkv, cos, sin, k_cache, v_cache, slot_ids, seq_lens, out)
+
+    def bind_with_rope(self, qkv: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: Tensor,
+                       slot_ids: Tensor, seq_lens: Tensor, out: Tensor, scale: float) -> Callable[[], None]:
+        """`decode_with_rope(qkv, ...)` as a zero-argument call with the launches prepared once
+        (see `_bound`); every tensor passed must stay alive and in place while it is used."""
+        plan = self._rope_plan(qkv, cos, sin, k_cache, v_cache, slot_ids, seq_lens, out, scale)
+        return self._bound(plan, qkv, cos, sin, k_cache, v_cache, slot_ids, seq_lens, out)
+
+    def _rope_plan(self, qkv: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: Tensor,
+                   slot_ids: Tensor, seq_lens: Tensor, out: Tensor, scale: float) -> _Plan:
         key = self._key(qkv, qkv.stride(), cos, k_cache, v_cache, slot_ids, seq_lens, out, scale)
         plan = self._plans.get(key)
         if plan is None:
@@ -372,7 +398,7 @@ class TritonDecodeAttention:
             q_view = qkv[:, : num_q_heads * head_dim].view(batch, num_q_heads, head_dim)
             check_decode_shapes(q_view, k_cache, v_cache, slot_ids, seq_lens, out)
             plan = self._plan(key, qkv, qkv.stride(0), head_dim, cos, k_cache, v_cache, out, scale)
-        self._run(plan, qkv, cos, sin, k_cache, v_cache, slot_ids, seq_lens, out)
+        return plan
 
     def _key(self, q: Tensor, q_strides: tuple, cos: Tensor | None, k_cache: Tensor, v_cache: Tensor,
              slot_ids: Tensor, seq_lens: Tensor, out: Tensor, scale: float) -> tuple:
@@ -431,12 +457,50 @@ class TritonDecodeAttention:
         part = torch.empty(plan.part_shape, dtype=torch.float32, device=q.device)
         lse = torch.empty(plan.lse_shape, dtype=torch.float32, device=q.device)
         cnt = self._counters(plan.lanes, 1, q.device) if self.fuse_combine else lse
-        fast(_split_kernel)[plan.split_grid](
-            q, k_cache, v_cache, slot_ids, seq_lens, part, lse, *plan.split_mid, cnt, out, *plan.out_strides,
-            cos if cos is not None else lse, sin if sin is not None else lse, **plan.split_kw)
+        fast(_split_kernel)[plan.split_grid](*self._split_args(plan, q, cos, sin, k_cache, v_cache, slot_ids,
+                                                               seq_lens, out, part, lse, cnt), **plan.split_kw)
         if plan.combine is not None:
             grid, scalars, kw = plan.combine
             fast(_combine_kernel)[grid](part, lse, out, *scalars, **kw)
+
+    @staticmethod
+    def _split_args(plan: _Plan, q: Tensor, cos: Tensor | None, sin: Tensor | None, k_cache: Tensor,
+                    v_cache: Tensor, slot_ids: Tensor, seq_lens: Tensor, out: Tensor, part: Tensor,
+                    lse: Tensor, cnt: Tensor) -> tuple:
+        return (q, k_cache, v_cache, slot_ids, seq_lens, part, lse, *plan.split_mid, cnt, out, *plan.out_strides,
+                cos if cos is not None else lse, sin if sin is not None else lse)
+
+    def _bound(self, plan: _Plan, q: Tensor, cos: Tensor | None, sin: Tensor | None, k_cache: Tensor,
+               v_cache: Tensor, slot_ids: Tensor, seq_lens: Tensor, out: Tensor) -> Callable[[], None]:
+        """The launches of `_run` with their arguments fixed (FastLauncher.bind), for eager calls
+        outside graph capture that repeat on the same tensors (piecewise replay).
+
+        Scratch: one part/lse pair per plan, kept here and shared by every bound call of that
+        plan (all layers of one batch size), as the caching allocator already shares one block
+        between the layers of an eager step: the calls run in stream order, and a split kernel
+        writes its scratch only after its PDL wait, when every earlier kernel has ended.
+        """
+        if q.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("bound attention launches are for eager calls, not graph capture")
+        scratch = self._scratch.get(id(plan))
+        if scratch is None:
+            scratch = (torch.empty(plan.part_shape, dtype=torch.float32, device=q.device),
+                       torch.empty(plan.lse_shape, dtype=torch.float32, device=q.device))
+            self._scratch[id(plan)] = scratch
+        part, lse = scratch
+        cnt = self._counters(plan.lanes, 1, q.device) if self.fuse_combine else lse
+        split = fast(_split_kernel).bind(plan.split_grid, *self._split_args(
+            plan, q, cos, sin, k_cache, v_cache, slot_ids, seq_lens, out, part, lse, cnt), **plan.split_kw)
+        if plan.combine is None:
+            return split
+        grid, scalars, kw = plan.combine
+        combine = fast(_combine_kernel).bind(grid, part, lse, out, *scalars, **kw)
+
+        def both() -> None:
+            split()
+            combine()
+
+        return both
 
 
 @dataclass(frozen=True)
