@@ -431,7 +431,7 @@ if [[ $what == s9 ]]; then  # the current K/V row re-read from the cache or from
   FGCHAT_ATTN_CUR_FROM_CACHE=0 bench 135m-regs --preset smollm2-135m --random-weights --batch-sizes 1,8 --repeats 3 --modes full
   FGCHAT_ATTN_CUR_FROM_CACHE=0 bench 8b-regs --preset llama-3.1-8b --random-weights --batch-sizes 1,8 --repeats 2 --modes full
 fi
-if [[ $what == s10 ]]; then  # session 9 README run (GPU tests ran in s9 at the same commit), most needed first
+if [[ $what == s10 ]]; then  # the README run (GPU tests run in the call before it: s9, s11), most needed first
   export BENCH_TIMEOUT=100
   BENCH_TIMEOUT=150 bench llama-3.2-1b-peers --preset llama-3.2-1b --random-weights --batch-sizes 1,8 \
     --repeats 3 --modes full --peers hf --peer-timeout 120
@@ -454,14 +454,6 @@ if [[ $what == s11 ]]; then  # piecewise attention launches bound once vs per ca
   FGCHAT_BOUND_ATTENTION=0 bench 135m-unbound --preset smollm2-135m --random-weights --batch-sizes 1,8 --repeats 3 --modes piecewise
 fi
 if [[ $what == s12 ]]; then  # the README run after s11 (same commit); one archive, since a call returns 8 files
-  export BENCH_TIMEOUT=100
-  BENCH_TIMEOUT=150 bench llama-3.2-1b-peers --preset llama-3.2-1b --random-weights --batch-sizes 1,8 \
-    --repeats 3 --modes full --peers hf --peer-timeout 120
-  readme_presets
-  FGCHAT_ATTN_CUR_FROM_CACHE=1 BENCH_TIMEOUT=60 bench 1b-cur-from-cache --preset llama-3.2-1b --random-weights \
-    --batch-sizes 1,8 --repeats 3 --modes full
-  FGCHAT_ATTN_PRELOAD=0 BENCH_TIMEOUT=60 bench 1b-no-preload --preset llama-3.2-1b --random-weights \
-    --batch-sizes 1,8 --repeats 3 --modes full
-  timeout 60 python3 scripts/profile_host.py llama-3.2-1b > "$OUT/profile_host.txt" 2>&1
+  bash "$0" s10
   (cd "$OUT" && tar czf s12.tgz bench_*.json run.log profile_host.txt && rm -f bench_*.json profile_host.txt)
 fi

@@ -7,6 +7,7 @@ plain launches, fast path taken on the second call, CUDA-graph capture + replay,
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 
 import pytest
@@ -162,6 +163,17 @@ class FakeCompiled:
         self.calls.append(args)
 
 
+@contextlib.contextmanager
+def launch_hook(name: str):
+    """A no-op hook registered in triton.knobs.runtime.<name> for the duration."""
+    hook = lambda metadata: None  # noqa: E731
+    getattr(knobs.runtime, name).add(hook)
+    try:
+        yield
+    finally:
+        getattr(knobs.runtime, name).remove(hook)
+
+
 @pytest.fixture
 def fake_plain(monkeypatch):
     """A JITFunction whose plain path returns a FakeCompiled; the CUDA lookups faked too."""
@@ -218,12 +230,8 @@ def test_bind_fixes_arguments_and_reads_stream_per_call(fake_plain, monkeypatch)
     bound()
     assert compiled.calls[-1][3] == 99 and la.fast_launches == 3
     # a launch hook, or another current device, sends the bound call through the plain path
-    hook = lambda metadata: None  # noqa: E731
-    knobs.runtime.launch_enter_hook.add(hook)
-    try:
+    with launch_hook("launch_enter_hook"):
         bound()
-    finally:
-        knobs.runtime.launch_enter_hook.remove(hook)
     assert len(plain_calls) == 2 and la.fast_launches == 3
     with monkeypatch.context() as m:
         m.setattr(launch, "_get_device", lambda: 1)
@@ -258,17 +266,10 @@ def test_fallbacks_to_plain(fake_plain, monkeypatch):
     expect_plain((1,), x, y, 16, 0.5, True, (1, 2))  # tuple argument
     expect_plain((1,), x, y, 16, 0.5, True, None, y_ptr=None)  # bad keyword: plain raises normally
 
+    for name in ("launch_enter_hook", "launch_exit_hook"):
+        with launch_hook(name):
+            expect_plain()
     hook = lambda metadata: None  # noqa: E731
-    knobs.runtime.launch_enter_hook.add(hook)
-    try:
-        expect_plain()
-    finally:
-        knobs.runtime.launch_enter_hook.remove(hook)
-    knobs.runtime.launch_exit_hook.add(hook)
-    try:
-        expect_plain()
-    finally:
-        knobs.runtime.launch_exit_hook.remove(hook)
     with monkeypatch.context() as m:
         m.setattr(knobs.runtime, "launch_enter_hook", hook)  # a bare callable, old style
         expect_plain()
