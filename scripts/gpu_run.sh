@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One H200 call: GPU tests and the model benchmarks. Results land in $OUT.
-# Usage (device tool, carry .whl): FGCHAT_COMMIT=<sha> bash scripts/gpu_run.sh [tests|bench|more|tui|peers|all|probe|run3|run4|final3|pdl|split|verify|final4|gputests|final5|sweep|s5|s5b|final6|s5c|s5d|s6a|s6b|s6c|final7|final7p|s6d|s6f|s7a|s7b|s7d|s7e|s8|s9|s10|s11|s12]
+# Usage (device tool, carry .whl): FGCHAT_COMMIT=<sha> bash scripts/gpu_run.sh [tests|bench|more|tui|peers|all|probe|run3|run4|final3|pdl|split|verify|final4|gputests|final5|sweep|s5|s5b|final6|s5c|s5d|s6a|s6b|s6c|final7|final7p|s6d|s6f|s7a|s7b|s7d|s7e|s8|s9|s10|s11|s12|s13]
 # The README's H200 section: s9 (GPU tests, the current-row A/B) then s10 (modes side by side,
 # larger models, peers, variants, a host profile of eager); s8 is session 8's; s7d/s7e are the session-7 equivalents (s7e adds an MLP tile sweep); gputests runs every GPU test;
 # s6a-s6c measured the L2 prefetch and the attention boundary (timeline_step.py); sweep the projection tiles.
@@ -456,4 +456,13 @@ fi
 if [[ $what == s12 ]]; then  # the README run after s11 (same commit); one archive, since a call returns 8 files
   bash "$0" s10
   (cd "$OUT" && tar czf s12.tgz bench_*.json run.log profile_host.txt && rm -f bench_*.json profile_host.txt)
+fi
+if [[ $what == s13 ]]; then  # eager host diagnostics: host load, per-launch cost, first-block effect
+  { nproc; cat /proc/loadavg; grep -m3 -E "MHz|model name" /proc/cpuinfo; } > "$OUT/host.txt" 2>&1
+  timeout 60 python3 -c "from fgchat.engine import launch; print(launch.measure_launch_us(1, 2048)); print(launch.measure_launch_us(8, 4096))" \
+    >> "$OUT/host.txt" 2>&1
+  export BENCH_TIMEOUT=120
+  bench 1b-eager-order --preset llama-3.2-1b --random-weights --batch-sizes 1,8,1,8 --repeats 3 --modes eager
+  bench 135m-eager-order --preset smollm2-135m --random-weights --batch-sizes 8,1,8,1 --repeats 3 --modes eager,piecewise
+  { cat /proc/loadavg; grep -m1 MHz /proc/cpuinfo; } >> "$OUT/host.txt" 2>&1
 fi
