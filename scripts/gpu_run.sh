@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One H200 call: GPU tests and the model benchmarks. Results land in $OUT.
-# Usage (device tool, carry .whl): FGCHAT_COMMIT=<sha> bash scripts/gpu_run.sh [tests|bench|more|tui|peers|all|probe|run3|run4|final3|pdl|split|verify|final4|gputests|final5|sweep|s5|s5b|final6|s5c|s5d|s6a|s6b|s6c|final7|final7p|s6d|s6f|s7a|s7b|s7d|s7e|s8|s9|s10|s11|s12|s13]
+# Usage (device tool, carry .whl): FGCHAT_COMMIT=<sha> bash scripts/gpu_run.sh [tests|bench|more|tui|peers|all|probe|run3|run4|final3|pdl|split|verify|final4|gputests|final5|sweep|s5|s5b|final6|s5c|s5d|s6a|s6b|s6c|final7|final7p|s6d|s6f|s7a|s7b|s7d|s7e|s8|s9|s10|s11|s12|s13|s14]
 # The README's H200 section: s9 (GPU tests, the current-row A/B) then s10 (modes side by side,
 # larger models, peers, variants, a host profile of eager); s8 is session 8's; s7d/s7e are the session-7 equivalents (s7e adds an MLP tile sweep); gputests runs every GPU test;
 # s6a-s6c measured the L2 prefetch and the attention boundary (timeline_step.py); sweep the projection tiles.
@@ -465,4 +465,18 @@ if [[ $what == s13 ]]; then  # eager host diagnostics: host load, per-launch cos
   bench 1b-eager-order --preset llama-3.2-1b --random-weights --batch-sizes 1,8,1,8 --repeats 3 --modes eager
   bench 135m-eager-order --preset smollm2-135m --random-weights --batch-sizes 8,1,8,1 --repeats 3 --modes eager,piecewise
   { cat /proc/loadavg; grep -m1 MHz /proc/cpuinfo; } >> "$OUT/host.txt" 2>&1
+fi
+if [[ $what == s14 ]]; then  # eager launch lists: GPU tests of the step paths, then lists vs stages (alternating)
+  timeout 150 python3 -m pytest -p no:cacheprovider -m gpu tests/test_gpu_graphs.py tests/test_launch.py -q \
+    --timeout 120 -W ignore -x 2>&1 | tee -a "$OUT/run.log" | tail -8
+  export BENCH_TIMEOUT=60
+  for i in 1 2; do
+    bench "1b-list-$i" --preset llama-3.2-1b --random-weights --batch-sizes 1,8 --repeats 3 --modes eager
+    FGCHAT_EAGER_LAUNCH_LIST=0 bench "1b-stages-$i" --preset llama-3.2-1b --random-weights --batch-sizes 1,8 \
+      --repeats 3 --modes eager
+  done
+  bench 135m-list --preset smollm2-135m --random-weights --batch-sizes 1,8 --repeats 3 --modes eager
+  FGCHAT_EAGER_LAUNCH_LIST=0 bench 135m-stages --preset smollm2-135m --random-weights --batch-sizes 1,8 --repeats 3 --modes eager
+  timeout 100 python3 -m pytest -p no:cacheprovider -m gpu $GPU_TESTS -q --timeout 120 -W ignore \
+    --deselect tests/test_gpu_graphs.py 2>&1 | tee -a "$OUT/run.log" | tail -5
 fi

@@ -246,15 +246,19 @@ def test_current_row_from_registers_modes_identical(gqa_model, monkeypatch):
             assert got == want, (mode, batch)
 
 
+def engines_off_and_on(model, monkeypatch, var: str, mode: str) -> tuple[Engine, Engine]:
+    """Two engines on `model`: one with the switch `var` set to 0, one with its default."""
+    monkeypatch.setenv(var, "0")
+    off = Engine(EngineConfig(model=str(model), device="cuda", dtype="bfloat16", max_context=4096, mode=mode))
+    monkeypatch.delenv(var)
+    on = Engine(EngineConfig(model=str(model), device="cuda", dtype="bfloat16", max_context=4096, mode=mode))
+    return off, on
+
+
 def test_piecewise_bound_attention_same_tokens(gqa_model, monkeypatch):
     """Piecewise replay with the attention launches bound once per batch size and layer (the
     default) gives the tokens of the per-call path (FGCHAT_BOUND_ATTENTION=0) and of eager."""
-    monkeypatch.setenv("FGCHAT_BOUND_ATTENTION", "0")
-    plain = Engine(EngineConfig(model=str(gqa_model), device="cuda", dtype="bfloat16",
-                                max_context=4096, mode="piecewise"))
-    monkeypatch.delenv("FGCHAT_BOUND_ATTENTION")
-    bound = Engine(EngineConfig(model=str(gqa_model), device="cuda", dtype="bfloat16",
-                                max_context=4096, mode="piecewise"))
+    plain, bound = engines_off_and_on(gqa_model, monkeypatch, "FGCHAT_BOUND_ATTENTION", "piecewise")
     v = bound.cfg.vocab_size
     sp = SamplingParams(max_tokens=40, ignore_eos=True)
     for batch in (1, 5):
@@ -263,3 +267,19 @@ def test_piecewise_bound_attention_same_tokens(gqa_model, monkeypatch):
         assert run(bound, "piecewise", prompts, sp)[0] == want, batch
         assert run(bound, "eager", prompts, sp)[0] == want, batch
     assert bound.attention._scratch and not plain.attention._scratch
+
+
+def test_eager_launch_list_same_tokens(gqa_model, monkeypatch):
+    """Eager replaying the launch list recorded from its first greedy step at each batch size
+    (the default) gives the tokens of eager through the stages (FGCHAT_EAGER_LAUNCH_LIST=0) and
+    of the full graphs."""
+    plain, eng = engines_off_and_on(gqa_model, monkeypatch, "FGCHAT_EAGER_LAUNCH_LIST", "eager")
+    v = eng.cfg.vocab_size
+    sp = SamplingParams(max_tokens=40, ignore_eos=True)
+    for batch in (1, 3, 8):
+        prompts = [prompt_of(13 + 31 * i, 700 + batch + i, v) for i in range(batch)]
+        want, _, _ = run(plain, "eager", prompts, sp)
+        assert run(eng, "eager", prompts, sp)[0] == want, batch
+        assert run(eng, "full", prompts, sp)[0] == want, batch
+        assert eng.launch_lists.get(batch) is not None, eng.notes
+    assert not plain.launch_lists

@@ -55,17 +55,14 @@ def test_l2_prefetch_budget_from_environment(monkeypatch):
     assert Tuning.from_env().l2_prefetch_mb == 32
 
 
-def test_attention_current_row_switch(monkeypatch):
-    monkeypatch.delenv("FGCHAT_ATTN_CUR_FROM_CACHE", raising=False)
-    assert not Tuning.from_env().attention_cur_from_cache
-    monkeypatch.setenv("FGCHAT_ATTN_CUR_FROM_CACHE", "1")
+@pytest.mark.parametrize("var,field,default", [
+    ("FGCHAT_ATTN_CUR_FROM_CACHE", "attention_cur_from_cache", False),
+    ("FGCHAT_BOUND_ATTENTION", "bound_attention", True),
+    ("FGCHAT_EAGER_LAUNCH_LIST", "eager_launch_list", True),
+])
+def test_boolean_switch(monkeypatch, var, field, default):
+    monkeypatch.delenv(var, raising=False)
+    assert getattr(Tuning.from_env(), field) is default
+    monkeypatch.setenv(var, "0" if default else "1")
     t = Tuning.from_env()
-    assert t.attention_cur_from_cache and t.changed() == {"attention_cur_from_cache": True}
-
-
-def test_bound_attention_switch(monkeypatch):
-    monkeypatch.delenv("FGCHAT_BOUND_ATTENTION", raising=False)
-    assert Tuning.from_env().bound_attention
-    monkeypatch.setenv("FGCHAT_BOUND_ATTENTION", "0")
-    t = Tuning.from_env()
-    assert not t.bound_attention and t.changed() == {"bound_attention": False}
+    assert getattr(t, field) is (not default) and t.changed() == {field: not default}

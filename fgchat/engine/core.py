@@ -24,6 +24,8 @@ from fgchat.engine.events import (
 )
 from fgchat.engine.graph_modes import GraphModes
 from fgchat.engine.kv_cache import NUM_SLOTS, KVCache, choose_max_context
+from fgchat.engine.launch_list import LaunchList
+from fgchat.engine.launch_list import record as record_launches
 from fgchat.engine.loader import LoadedModel, load_model, load_random, pick_device, pick_dtype
 from fgchat.engine.model.decoder import Decoder
 from fgchat.engine.requests import Sequence
@@ -90,6 +92,9 @@ class Engine(GraphModes):
             self.attention.pdl_entry = entry_pdl and self.attention.pdl
         self.program = StepProgram(self.decoder, self.cache, self.bufs, self.attention,
                                    bind_attention=self.tuning.bound_attention)
+        self._launch_lists_on = (self.device.type == "cuda" and self.decoder.fused
+                                 and self.tuning.eager_launch_list)
+        self.launch_lists: dict[int, LaunchList[StepOutputs] | None] = {}  # batch size -> list
         self.scheduler = Scheduler()
         self.unavailable: dict[str, str] = {"eager": ""}
         self.runner = None
@@ -374,7 +379,7 @@ class Engine(GraphModes):
             events[0].record()
         t0 = time.perf_counter()
         if mode == "eager":
-            out: StepOutputs = self.program.run_eager(b, do_sample)
+            out: StepOutputs = self._eager_step(b, do_sample)
         else:
             out = self._replay(mode, b, do_sample)
             mode = self.mode  # _replay falls back to eager when capture runs out of memory
@@ -394,6 +399,20 @@ class Engine(GraphModes):
         logits = out.logits.clone() if self.keep_logits else out.logits
         self.step_graphs.append(graph)
         return _InFlight(seqs, out, mode, graph, events, host_tokens, logits, launch_ms)
+
+    def _eager_step(self, b: int, do_sample: bool) -> StepOutputs:
+        """One eager step. On CUDA with the fused stages, a greedy step at batch size b replays
+        the launch list recorded from the first such step (engine.launch_list)."""
+        if do_sample or not self._launch_lists_on:
+            return self.program.run_eager(b, do_sample)
+        if b in self.launch_lists:
+            lst = self.launch_lists[b]
+            return lst.replay() if lst is not None else self.program.run_eager(b, False)
+        out, lst, why = record_launches(lambda: self.program.run_eager(b, False))
+        self.launch_lists[b] = lst
+        if lst is None:
+            self.notes.append(f"eager batch {b} runs through the stages: {why}")
+        return out
 
     def _collect(self, inf: _InFlight) -> None:
         """Wait for an enqueued step and emit its tokens to the lanes still running."""

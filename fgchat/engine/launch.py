@@ -59,7 +59,8 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from functools import partial
 from typing import Any
 
@@ -311,6 +312,12 @@ class FastLauncher:
         return bound
 
     def _launch(self, grid: Any, *args: Any, **kwargs: Any) -> Any:
+        compiled = self._launch_now(grid, args, kwargs)
+        if _RECORDING is not None:
+            _RECORDING.append(self.bind(grid, *args, **kwargs))
+        return compiled
+
+    def _launch_now(self, grid: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
         if not self._supported or type(grid) is not tuple or not 1 <= len(grid) <= 3:
             return self._plain(grid, args, kwargs)
         if self._needs_plain():
@@ -363,6 +370,23 @@ class FastLauncher:
 
 
 _LAUNCHERS: dict[int, tuple[Any, FastLauncher]] = {}
+
+# While set (by `recording`), every FastLauncher launch also appends its bound form here.
+_RECORDING: list[Callable[[], Any]] | None = None
+
+
+@contextmanager
+def recording(calls: list[Callable[[], Any]]) -> Iterator[None]:
+    """Append `launcher.bind(...)` of every FastLauncher launch made inside to `calls` (after
+    the launch itself, which runs as usual). Not reentrant."""
+    global _RECORDING
+    if _RECORDING is not None:
+        raise RuntimeError("launch recording is already active")
+    _RECORDING = calls
+    try:
+        yield
+    finally:
+        _RECORDING = None
 
 
 def fast(fn: Any) -> FastLauncher:

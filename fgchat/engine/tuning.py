@@ -33,6 +33,8 @@ Environment (read by `Tuning.from_env`, once per engine):
   FGCHAT_PREFILL_OWN_POOL=1   prefill graphs get their own memory pool (not the decode graphs')
   FGCHAT_PREFILL_FIRST=0      prefill graphs are captured after the decode graphs (3% slower decode)
   FGCHAT_PREFILL_REPLAY=0     prefill graphs are captured but prefill runs eagerly (experiment)
+  FGCHAT_EAGER_LAUNCH_LIST=0  eager runs every step through the stages (not a launch list recorded
+                              from its first greedy step at each batch size; engine.launch_list)
   FGCHAT_BOUND_ATTENTION=0    piecewise replay launches each attention through its full Python path
                               (not a launch prepared once per batch size and layer)
   FGCHAT_L2_PREFETCH_MB=<mb>  full graphs: weights requested into L2 beside each attention call:
@@ -107,6 +109,7 @@ class Tuning:
     # 1.033); 8B's 33.5 MB o weight does not fit, so it gets none
     l2_prefetch_mb: int = 16
     bound_attention: bool = True
+    eager_launch_list: bool = True
 
     @classmethod
     def from_env(cls) -> Tuning:
@@ -138,6 +141,7 @@ class Tuning:
             prefill_replay=_flag("FGCHAT_PREFILL_REPLAY", d.prefill_replay),
             l2_prefetch_mb=_int("FGCHAT_L2_PREFETCH_MB", d.l2_prefetch_mb),
             bound_attention=_flag("FGCHAT_BOUND_ATTENTION", d.bound_attention),
+            eager_launch_list=_flag("FGCHAT_EAGER_LAUNCH_LIST", d.eager_launch_list),
         )
 
     def proj_config_texts(self) -> dict[str, str]:

@@ -1,0 +1,137 @@
+"""An eager decode step recorded once per batch size as a list of host launches, then replayed.
+
+Eager mode launches every kernel of the step from the host. Run through the stages, each launch
+also pays for the stage's Python, output allocation and the launcher's key over its arguments.
+Those depend only on shapes, as for the graphs: the step reads its inputs from fixed-address
+buffers (engine.step), the cache and the weights never move. So the first eager step at a batch
+size is run under a recorder, and later steps at that size replay what it launched, in the same
+order with the same arguments: same kernels, same bits, still one host launch per kernel.
+
+Invariants:
+- Everything the recorded step launched is in the list, or no list is made: Triton launches
+  through FastLauncher (counted against a launch hook that sees every Triton launch), torch ops
+  through a dispatch mode (in-place and `out=` ops replayed as called; other ops with one
+  tensor result re-run and copied into that result, so the same kernel produces the same bits;
+  views of an input and allocations skipped). Any other op (host syncs included) makes the step
+  unrecordable, and eager keeps running it through the stages.
+- The list holds every tensor its launches touch, so none is freed or reused while it exists:
+  the recorded step's outputs and intermediates keep their addresses, as a graph's pool does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import ExitStack
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, Generic, TypeVar
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+T = TypeVar("T")
+
+_ALLOCATIONS = {
+    torch.ops.aten.empty.memory_format, torch.ops.aten.empty_like.default,
+    torch.ops.aten.empty_strided.default, torch.ops.aten.new_empty.default,
+    torch.ops.aten.new_empty_strided.default,
+}
+
+
+@dataclass
+class LaunchList(Generic[T]):
+    """The recorded launches of one step and the result they write (the recorded step's own)."""
+
+    calls: list[Callable[[], Any]]
+    result: T
+
+    def replay(self) -> T:
+        for call in self.calls:
+            call()
+        return self.result
+
+
+def _tensors(obj: Any) -> list[torch.Tensor]:
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, (list, tuple)):
+        return [t for o in obj for t in _tensors(o)]
+    if isinstance(obj, dict):
+        return [t for o in obj.values() for t in _tensors(o)]
+    return []
+
+
+class _OpRecorder(TorchDispatchMode):
+    """Appends a replayable form of each torch op to `calls`; sets `failed` on the first op it
+    cannot replay exactly."""
+
+    def __init__(self, calls: list[Callable[[], Any]]) -> None:
+        super().__init__()
+        self.calls = calls
+        self.failed = ""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if not self.failed:
+            self._record(func, args, kwargs, out)
+        return out
+
+    def _record(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
+        if func in _ALLOCATIONS:
+            return
+        if func._schema.is_mutable:  # in-place and out= forms: the same call writes the same tensors
+            self.calls.append(partial(func, *args, **kwargs))
+            return
+        if func.is_view and isinstance(out, torch.Tensor):
+            inputs = {t.untyped_storage().data_ptr() for t in _tensors((args, kwargs))}
+            if out.untyped_storage().data_ptr() in inputs:
+                return  # a view: reads what its input holds at the time
+        if not isinstance(out, torch.Tensor):
+            self.failed = f"{func} does not return one tensor"
+            return
+        # the same op on the same inputs (same kernel, same bits), its result copied into the
+        # recorded one; an op's out= form may take another path (linear.out with a bias does)
+        self.calls.append(partial(_into, out, func, args, kwargs))
+
+
+def _into(out: torch.Tensor, func: Any, args: tuple, kwargs: dict) -> None:
+    out.copy_(func(*args, **kwargs))
+
+
+def record(step: Callable[[], T]) -> tuple[T, LaunchList[T] | None, str]:
+    """Run `step` once, recording its launches. Returns (its result, the launch list or None,
+    why there is none). The step's result is valid either way."""
+    calls: list[Callable[[], Any]] = []
+    ops = _OpRecorder(calls)
+    with ExitStack() as stack:
+        seen = _count_triton_launches(stack, calls)
+        stack.enter_context(ops)
+        result = step()
+    if ops.failed:
+        return result, None, ops.failed
+    recorded = sum(1 for c in calls if not isinstance(c, partial))
+    if recorded != (seen[0] if seen is not None else 0):
+        return result, None, f"{seen[0] if seen else 0} Triton launches, {recorded} through FastLauncher"
+    return result, LaunchList(calls, result), ""
+
+
+def _count_triton_launches(stack: ExitStack, calls: list[Callable[[], Any]]) -> list[int] | None:
+    """Inside `stack`: FastLauncher launches recorded into `calls`, and a counter of every Triton
+    launch (a launch hook; it also sends FastLauncher down Triton's own path, which calls hooks).
+    None where Triton is not installed (then nothing can launch a Triton kernel)."""
+    try:
+        from triton import knobs
+
+        from fgchat.engine import launch
+    except ImportError:
+        return None
+    seen = [0]
+
+    def count(*_: Any) -> None:
+        seen[0] += 1
+
+    knobs.runtime.launch_enter_hook.add(count)
+    stack.callback(knobs.runtime.launch_enter_hook.remove, count)
+    stack.enter_context(launch.recording(calls))
+    return seen
