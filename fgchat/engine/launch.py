@@ -378,7 +378,9 @@ _RECORDING: list[Callable[[], Any]] | None = None
 @contextmanager
 def recording(calls: list[Callable[[], Any]]) -> Iterator[None]:
     """Append `launcher.bind(...)` of every FastLauncher launch made inside to `calls` (after
-    the launch itself, which runs as usual). Not reentrant."""
+    the launch itself, which runs as usual). Process-wide: launches from any thread are taken,
+    so the caller must be the only one launching meanwhile (the engine's step loop is). Not
+    reentrant."""
     global _RECORDING
     if _RECORDING is not None:
         raise RuntimeError("launch recording is already active")
