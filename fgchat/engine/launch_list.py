@@ -111,8 +111,9 @@ def record(step: Callable[[], T]) -> tuple[T, LaunchList[T] | None, str]:
     if ops.failed:
         return result, None, ops.failed
     recorded = sum(1 for c in calls if not isinstance(c, partial))
-    if recorded != (seen[0] if seen is not None else 0):
-        return result, None, f"{seen[0] if seen else 0} Triton launches, {recorded} through FastLauncher"
+    launched = seen[0] if seen is not None else 0
+    if recorded != launched:
+        return result, None, f"{launched} Triton launches, {recorded} through FastLauncher"
     return result, LaunchList(calls, result), ""
 
 

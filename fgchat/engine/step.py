@@ -137,15 +137,13 @@ class StepProgram:
         def attend(i: int) -> Callable[[StepState], None]:
             if dec.rope_in_attention:
                 def run_rope(st: StepState) -> None:
-                    self.attention.decode_with_rope(st.qkv, dec.cos, dec.sin, cache.k[i], cache.v[i],
-                                                    slots32, seq_lens, attn_out, dec.scale)
+                    self.attention.decode_with_rope(*self._attention_args(i, st, seq_lens, slots32, attn_out))
 
                 return run_rope
 
             def run(st: StepState) -> None:
                 hint = self.max_len_hint if bufs.device.type == "cpu" else None
-                self.attention(st.q, cache.k[i], cache.v[i], slots32, seq_lens, attn_out,
-                               dec.scale, hint)
+                self.attention(*self._attention_args(i, st, seq_lens, slots32, attn_out), hint)
 
             return run
 
@@ -163,21 +161,26 @@ class StepProgram:
 
         Same kernels with the same arguments as attends[i](states[i]), so the same bits.
         """
-        dec, cache, i32 = self.dec, self.cache, self.bufs.dev_i32
-        name = "bind_with_rope" if dec.rope_in_attention else "bind"
+        name = "bind_with_rope" if self.dec.rope_in_attention else "bind"
         bind = getattr(self.attention, name, None)
         if not self.bind_attention or bind is None or self.bufs.device.type != "cuda":
             return attends
+        i32 = self.bufs.dev_i32
         seq_lens, slots32, attn_out = i32[0, :b], i32[1, :b], self.bufs.attn_out[:b]
         out: list[Callable[[StepState], None]] = []
         for i, st in enumerate(states[: len(attends)]):
-            if dec.rope_in_attention:
-                call = bind(st.qkv, dec.cos, dec.sin, cache.k[i], cache.v[i], slots32, seq_lens,
-                            attn_out, dec.scale)
-            else:
-                call = bind(st.q, cache.k[i], cache.v[i], slots32, seq_lens, attn_out, dec.scale)
+            call = bind(*self._attention_args(i, st, seq_lens, slots32, attn_out))
             out.append(lambda _st, call=call: call())
         return out
+
+    def _attention_args(self, i: int, st: StepState, seq_lens: torch.Tensor, slots32: torch.Tensor,
+                        attn_out: torch.Tensor) -> tuple:
+        """Layer i's attention arguments after the piece that left `st`: those of
+        `decode_with_rope` with RoPE inside attention, else those of `__call__` (no length hint)."""
+        dec, cache = self.dec, self.cache
+        if dec.rope_in_attention:
+            return (st.qkv, dec.cos, dec.sin, cache.k[i], cache.v[i], slots32, seq_lens, attn_out, dec.scale)
+        return (st.q, cache.k[i], cache.v[i], slots32, seq_lens, attn_out, dec.scale)
 
     def run_eager(self, b: int, do_sample: bool) -> StepOutputs:
         st = StepState()
