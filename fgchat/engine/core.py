@@ -20,6 +20,7 @@ from fgchat.engine.events import (
     RequestFinished,
     RequestSummary,
     SamplingParams,
+    StartupCheck,
     TokenEvent,
 )
 from fgchat.engine.graph_modes import GraphModes
@@ -74,33 +75,8 @@ class Engine(GraphModes):
         )
         self.notes.append(f"max context {self.max_context} tokens ({why})")
         self.cache = KVCache(self.cfg, self.max_context, self.device, self.dtype)
-        fused = self._use_fused()
-        self.decoder = Decoder(self.cfg, loaded.weights, self.max_context, fused, self.tuning)
-        # a step's tokens feed the next step and reach the host through one kernel (fused.advance)
-        self._advance_on_device = fused and self.tuning.device_advance
-        if self._advance_on_device:
-            from fgchat.engine.fused import advance
-
-            self._advance = advance
-        self.bufs = StepBuffers(self.device, self.cfg.num_heads, self.cfg.head_dim, self.dtype)
-        self.attention, self.attention_name = self._pick_attention(config.attention)
-        entry_pdl = self.decoder.bind_attention(
-            rope_in_attention=hasattr(self.attention, "decode_with_rope") and self.tuning.rope_in_attention,
-            attention_is_triton=self.attention_name == "triton",
-        )
-        if hasattr(self.attention, "pdl_entry"):
-            self.attention.pdl_entry = entry_pdl and self.attention.pdl
-        self.program = StepProgram(self.decoder, self.cache, self.bufs, self.attention,
-                                   bind_attention=self.tuning.bound_attention)
-        self._launch_lists_on = (self.device.type == "cuda" and self.decoder.fused
-                                 and self.tuning.eager_launch_list)
-        self.launch_lists: dict[int, LaunchList[StepOutputs] | None] = {}  # batch size -> list
         self.scheduler = Scheduler()
-        self.unavailable: dict[str, str] = {"eager": ""}
-        self.runner = None
-        self.prefill_graphs = None  # PrefillGraphs in full mode (fused decoders on CUDA)
-        self.kernel_warmup_s: float | None = None
-        self._init_graphs()
+        self._build(self._use_fused())
         cuda = self.device.type == "cuda"
         default = cuda and self.tuning.pipeline
         self._pipelined = default if config.pipeline is None else config.pipeline
@@ -130,8 +106,63 @@ class Engine(GraphModes):
             self.notes.append(f"{exc}; running {ev.mode}")
         if ev.reason:
             self.notes.append(ev.reason)
+        self.startup_check: StartupCheck | None = None
+        if self._wants_startup_check():
+            from fgchat.engine import startup_check
+
+            self.startup_check = startup_check.run(self)
+            if self.startup_check.message:
+                self.notes.append(self.startup_check.message)
 
     # ---- setup ----
+    def _build(self, fused: bool) -> None:
+        """The decode path: decoder (fused Triton stages or plain torch ops), step program,
+        attention backend, launch lists and graphs (captured here unless lazy)."""
+        self.decoder = Decoder(self.cfg, self.model.weights, self.max_context, fused, self.tuning)
+        # a step's tokens feed the next step and reach the host through one kernel (fused.advance)
+        self._advance_on_device = fused and self.tuning.device_advance
+        if self._advance_on_device:
+            from fgchat.engine.fused import advance
+
+            self._advance = advance
+        self.bufs = StepBuffers(self.device, self.cfg.num_heads, self.cfg.head_dim, self.dtype)
+        self.attention, self.attention_name = self._pick_attention(self.config.attention)
+        entry_pdl = self.decoder.bind_attention(
+            rope_in_attention=hasattr(self.attention, "decode_with_rope") and self.tuning.rope_in_attention,
+            attention_is_triton=self.attention_name == "triton",
+        )
+        if hasattr(self.attention, "pdl_entry"):
+            self.attention.pdl_entry = entry_pdl and self.attention.pdl
+        self.program = StepProgram(self.decoder, self.cache, self.bufs, self.attention,
+                                   bind_attention=self.tuning.bound_attention)
+        self._launch_lists_on = (self.device.type == "cuda" and self.decoder.fused
+                                 and self.tuning.eager_launch_list)
+        self.launch_lists: dict[int, LaunchList[StepOutputs] | None] = {}  # batch size -> list
+        self.unavailable: dict[str, str] = {"eager": ""}
+        self.runner = None
+        self.prefill_graphs = None  # PrefillGraphs in full mode (fused decoders on CUDA)
+        self.kernel_warmup_s: float | None = None
+        self._init_graphs()
+
+    def use_plain_path(self) -> None:
+        """Drop the fused path (its graphs and pools) and rebuild on plain torch ops; the mode
+        stays where it was when the new graphs allow it. The KV cache and weights are kept."""
+        mode = self.mode
+        if self.runner is not None:
+            for m in ("piecewise", "full"):
+                self.runner.drop_mode(m)
+        self.runner = None
+        self.prefill_graphs = None
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+        self._build(False)
+        self.mode = mode if not self.unavailable.get(mode) else "eager"
+
+    @property
+    def dtype_name(self) -> str:
+        return str(self.dtype).removeprefix("torch.")
+
     def _kv_budget(self) -> int:
         if self.device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(self.device)
@@ -141,6 +172,15 @@ class Engine(GraphModes):
         except (ValueError, OSError, AttributeError):
             avail = 8 * 2**30
         return int(avail * 0.25)
+
+    def _wants_startup_check(self) -> bool:
+        """On CUDA, and on CPU in a reduced dtype (float32 on CPU is the reference itself);
+        always under FGCHAT_FAULT=startup-check (tests)."""
+        from fgchat.engine.startup_check import FAULT_ENV
+
+        if os.environ.get(FAULT_ENV, "") == "startup-check":
+            return True
+        return self.config.self_check and (self.device.type == "cuda" or self.dtype != torch.float32)
 
     def _use_fused(self) -> bool:
         if self.device.type != "cuda":
@@ -179,6 +219,7 @@ class Engine(GraphModes):
             + (list(self.prefill_graphs.reports) if self.prefill_graphs else []),
             notes=list(self.notes),
             kernel_warmup_s=self.kernel_warmup_s,
+            startup_check=self.startup_check,
         )
 
     @property

@@ -95,6 +95,22 @@ class CaptureReport:
 
 
 @dataclass
+class StartupCheck:
+    """The start-up check of the production path against a float32 plain-torch reference, on
+    the loaded weights (engine.startup_check). `path` names what was checked; when it disagreed,
+    `fallback` names what runs instead and `message` is the one line shown to the user."""
+
+    passed: bool
+    path: str
+    top1_equal: bool
+    top5_overlap: int
+    max_rel_err: float
+    seconds: float
+    fallback: str | None = None
+    message: str = ""
+
+
+@dataclass
 class EngineInfo:
     model_name: str
     architecture: str
@@ -109,6 +125,7 @@ class EngineInfo:
     notes: list[str] = field(default_factory=list)
     # seconds of the eager warm-up step per batch size before capture (Triton JIT on a cold cache)
     kernel_warmup_s: float | None = None
+    startup_check: StartupCheck | None = None
 
 
 @dataclass
