@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 
 from fgchat.engine.errors import FgchatError, RequestError
-from fgchat.engine.events import EngineError, RequestFinished, RequestSummary, SamplingParams, TokenEvent
+from fgchat.engine.events import (
+    EngineError,
+    RequestFinished,
+    RequestSummary,
+    SamplingParams,
+    StartupCheck,
+    TokenEvent,
+)
 
 
 def build_prompt(engine, args: argparse.Namespace) -> list[int]:
@@ -21,6 +29,15 @@ def build_prompt(engine, args: argparse.Namespace) -> list[int]:
         messages.append({"role": "system", "content": args.system})
     messages.append({"role": "user", "content": args.prompt})
     return tok.apply_chat_template(messages, add_generation_prompt=True)
+
+
+def startup_check_text(sc: StartupCheck | None) -> str:
+    """The check's outcome in a few words for the capture line ("" when it did not run); a
+    failure is reported by its own note line."""
+    if sc is None:
+        return ""
+    verdict = "passed" if sc.passed else f"FAILED, running {sc.fallback or 'it anyway'}"
+    return f"startup check {verdict} in {sc.seconds:.2f} s (max rel err {sc.max_rel_err:.3f})"
 
 
 def _params(args: argparse.Namespace, i: int) -> SamplingParams:
@@ -52,12 +69,16 @@ def run_generate(args: argparse.Namespace, config) -> int:
     rids = [engine.submit(prompt, _params(args, i)) for i in range(args.n)]
     for note in engine.info().notes:
         print(f"fgchat: {note}", file=sys.stderr)
-    caps = engine.info().captures
+    info = engine.info()
+    caps = info.captures
+    check = startup_check_text(info.startup_check)
     if caps:
         secs, mib = sum(c.seconds for c in caps), sum(c.pool_mib for c in caps)
-        warm = engine.info().kernel_warmup_s or 0.0
+        warm = info.kernel_warmup_s or 0.0
         print(f"fgchat: kernels warmed in {warm:.2f} s; captured {len(caps)} graphs in {secs:.2f} s, "
-              f"pools {mib:.0f} MiB", file=sys.stderr)
+              f"pools {mib:.0f} MiB{'; ' + check if check else ''}", file=sys.stderr)
+    elif check:
+        print(f"fgchat: {check}", file=sys.stderr)
     stream = args.n == 1 and not args.json
     done: dict[int, RequestSummary] = {}
     batch_max = 0
@@ -99,6 +120,8 @@ def _report(args, engine, rids: list[int], done: dict[int, RequestSummary], batc
         ]
         head = dict(objs[0]) if objs else {}
         head.update(model=engine.model.name, mode=engine.mode, device=str(engine.device))
+        sc = engine.startup_check
+        head["startup_check"] = dataclasses.asdict(sc) if sc is not None else None
         if args.n > 1:
             head["completions"] = objs
         print(json.dumps(head))

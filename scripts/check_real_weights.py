@@ -1,89 +1,17 @@
-"""Greedy tokens of fgchat on real weights against transformers on the same GPU and dtype (CUDA).
-
-Eight fixed chat prompts; for bf16 and fp16: transformers' greedy `generate` and fgchat's engine
-in every mode (and with the plain path, fused kernels off), the first N tokens of each; plus the
-last prompt position's logits of each fgchat path against fgchat's CPU float32 logits. Prints a
-markdown table (the README's Correctness section) and writes everything as JSON.
+"""The README's Correctness table: fgchat on real weights against transformers and float32 (CUDA).
 
     python3 scripts/check_real_weights.py --model PATH.gguf [--tokens 16] [--json OUT.json]
+
+What it runs: fgchat.bench.real_weights (eight chat prompts, bf16 and fp16, every mode).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
-import subprocess
-import time
 
-import torch
-
-PROMPTS = [
-    "What is the capital of France?",
-    "Write a haiku about the sea.",
-    "Explain what a CUDA graph is in one sentence.",
-    "List three primary colors.",
-    "What is 12 times 7?",
-    "Translate 'good morning' into Spanish.",
-    "Who wrote Romeo and Juliet?",
-    "Give me one tip for staying focused while studying.",
-]
-DTYPES = ("bfloat16", "float16")
-MODES = ("eager", "piecewise", "full")
-
-
-def chat_ids(tokenizer, text: str) -> list[int]:
-    return list(tokenizer.apply_chat_template([{"role": "user", "content": text}]))
-
-
-def first_divergence(a: list[int], b: list[int]) -> int | None:
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
-
-
-def hf_tokens(path: str, dtype: torch.dtype, prompts: list[list[int]], n: int) -> list[list[int]]:
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to("cuda").eval()
-    eos = model.generation_config.eos_token_id
-    out = []
-    with torch.inference_mode():
-        for ids in prompts:
-            x = torch.tensor([ids], device="cuda")
-            y = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=n, do_sample=False,
-                               temperature=None, top_p=None, top_k=None, eos_token_id=eos,
-                               pad_token_id=eos if isinstance(eos, int) else (eos or [0])[0])
-            out.append(y[0, len(ids):].tolist())
-    del model
-    torch.cuda.empty_cache()
-    return out
-
-
-def fgchat_tokens(engine, prompts: list[list[int]], n: int, mode: str) -> list[list[int]]:
-    from fgchat.engine.events import SamplingParams, TokenEvent
-
-    engine.set_mode(mode)
-    out = []
-    for ids in prompts:
-        rid = engine.submit(ids, SamplingParams(max_tokens=n))
-        toks = [e.token_id for e in engine.run_until_done() if isinstance(e, TokenEvent) and e.request_id == rid]
-        out.append(toks)
-    return out
-
-
-def prefill_logits(engine, ids: list[int]) -> torch.Tensor:
-    t = torch.tensor(ids, device=engine.device)
-    with torch.inference_mode():
-        return engine.decoder.prefill(t, 0, engine.cache.k, engine.cache.v).float().cpu()
-
-
-def compare_logits(lg: torch.Tensor, ref: torch.Tensor) -> dict:
-    return {
-        "rel": float((lg - ref).norm() / ref.norm()),
-        "top1_equal": int(lg.argmax()) == int(ref.argmax()),
-        "top5_overlap": len(set(lg.topk(5).indices.tolist()) & set(ref.topk(5).indices.tolist())),
-    }
+from fgchat.bench.real_weights import print_table, run_all
 
 
 def main() -> None:
@@ -92,69 +20,12 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=16)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
-    from fgchat.engine.config import EngineConfig
-    from fgchat.engine.core import Engine
-    from fgchat.engine.kv_cache import KVCache
-    from fgchat.engine.loader import load_model
-    from fgchat.engine.model.decoder import Decoder
-    from fgchat.engine.model.resolve import resolve_model
-
-    path = str(resolve_model(args.model).path)
-    cpu = load_model(args.model, torch.device("cpu"), torch.float32)
-    prompts = [chat_ids(cpu.tokenizer, p) for p in PROMPTS]
-    ref_dec = Decoder(cpu.cfg, cpu.weights, 256)
-    ref_cache = KVCache(cpu.cfg, 256, torch.device("cpu"), torch.float32)
-    with torch.inference_mode():
-        ref_logits = [ref_dec.prefill(torch.tensor(ids), 0, ref_cache.k, ref_cache.v) for ids in prompts]
-    del cpu, ref_dec, ref_cache
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    result: dict = {"commit": commit, "gpu": torch.cuda.get_device_name(), "prompts": PROMPTS,
-                    "tokens": args.tokens, "runs": {}, "logits": {}, "check": {}}
-    for dt_name in DTYPES:
-        dt = getattr(torch, dt_name)
-        result["runs"][f"transformers {dt_name}"] = hf_tokens(path, dt, prompts, args.tokens)
-        for fused in (True, False):
-            t0 = time.perf_counter()
-            engine = Engine(EngineConfig(model=args.model, dtype=dt_name, fused=fused))
-            start_s = time.perf_counter() - t0
-            label = "" if fused else " plain"
-            info = engine.info()
-            result["check"][f"{dt_name}{label}"] = {"start_s": start_s, "notes": info.notes,
-                                                     "startup_check": getattr(info, "startup_check", None)}
-            for mode in (MODES if fused else ("full",)):
-                result["runs"][f"fgchat {mode}{label} {dt_name}"] = fgchat_tokens(engine, prompts, args.tokens, mode)
-            result["logits"][f"fgchat{label} {dt_name}"] = [
-                compare_logits(prefill_logits(engine, ids), ref) for ids, ref in zip(prompts, ref_logits)]
-            del engine
-            torch.cuda.empty_cache()
+    result = run_all(args.model, args.tokens)
     print_table(result)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(result, f, indent=1, default=str)
-
-
-def print_table(r: dict) -> None:
-    cols = [k for k in r["runs"] if not k.startswith("transformers")]
-    print(f"\ncommit {r['commit']}, {r['gpu']}, first {r['tokens']} greedy tokens; '=' equals transformers"
-          " (same dtype), else the first differing position")
-    print("| prompt | " + " | ".join(c.replace("fgchat ", "") for c in cols) + " |")
-    print("|---" * (len(cols) + 1) + "|")
-    totals = dict.fromkeys(cols, 0)
-    for i, p in enumerate(r["prompts"]):
-        cells = []
-        for c in cols:
-            dt = c.split()[-1]
-            d = first_divergence(r["runs"][c][i], r["runs"][f"transformers {dt}"][i])
-            cells.append("=" if d is None else f"@{d}")
-            totals[c] += d is None
-        print(f"| {p} | " + " | ".join(cells) + " |")
-    print("| **equal** | " + " | ".join(f"{totals[c]}/8" for c in cols) + " |")
-    print("\nlast prompt position's logits vs fgchat CPU float32 (max rel error, top-1 equal, min top-5 overlap):")
-    for k, rows in r["logits"].items():
-        print(f"  {k}: rel <= {max(x['rel'] for x in rows):.2e}, top-1 {sum(x['top1_equal'] for x in rows)}/8,"
-              f" top-5 >= {min(x['top5_overlap'] for x in rows)}")
-    for k, v in r["check"].items():
-        print(f"  start {k}: {v['start_s']:.1f} s, check {v['startup_check']}")
+            json.dump(result, f, indent=1,
+                      default=lambda o: dataclasses.asdict(o) if dataclasses.is_dataclass(o) else str(o))
 
 
 if __name__ == "__main__":

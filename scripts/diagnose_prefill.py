@@ -21,6 +21,7 @@ from fgchat.engine import gemv
 from fgchat.engine.kv_cache import KVCache
 from fgchat.engine.loader import DTYPES, load_model
 from fgchat.engine.model.decoder import Decoder, apply_rope, rms_norm
+from fgchat.engine.tuning import Tuning
 from fgchat.engine.model.prefill import bucket_for, causal_attention, prefill, sdpa_causal, heads_first
 
 
@@ -133,6 +134,7 @@ def main() -> None:
     ctx = 256
     d32 = Decoder(m32.cfg, m32.weights, ctx, fused=False)
     dfu = Decoder(m.cfg, m.weights, ctx, fused=True)
+    dfu_lo = Decoder(m.cfg, m.weights, ctx, fused=True, tuning=Tuning(residual_fp32=False))
     dpl = Decoder(m.cfg, m.weights, ctx, fused=False)
     cache32 = KVCache(m.cfg, ctx, dev, torch.float32)
     cache = KVCache(m.cfg, ctx, dev, dt)
@@ -142,6 +144,7 @@ def main() -> None:
             "fp32 plain": ref,
             "fused (padded)": prefill(dfu, ids, 0, cache.k, cache.v),
             "fused (unpadded)": prefill(dfu, ids, 0, cache.k, cache.v, all_logits=True)[-1],
+            "fused, residual in model dtype": prefill(dfu_lo, ids, 0, cache.k, cache.v),
             "plain": prefill(dpl, ids, 0, cache.k, cache.v),
         }
         try:
@@ -156,7 +159,7 @@ def main() -> None:
             print(f"transformers: {type(exc).__name__}: {exc}")
         print("last-position logits (top-3 id:value), relative error vs fp32:")
         for name, lg in rows.items():
-            print(f"  {name:18s} {top(lg)}  rel {rel(lg.float(), ref):.2e}")
+            print(f"  {name:32s} {top(lg)}  rel {rel(lg.float(), ref):.2e}")
         try:
             walks(d32, dpl, dfu, ids, m)
         except Exception:  # the logits above still stand

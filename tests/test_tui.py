@@ -513,3 +513,22 @@ def test_gpu_line_shows_the_host_launch_time_where_it_fits():
     assert "launch 0.30" in calm.plain and not any("error" in str(span.style) for span in calm.spans)
     assert "launch" not in LatencyPanel._gpu_host(s, 50).plain
     assert "launch" not in LatencyPanel._gpu_host(dict(s, launch_ms_mean=None), 80).plain
+
+
+async def test_failed_startup_check_is_shown(tiny_llama, data_dir, monkeypatch):
+    """A production path that disagrees with the float32 reference (forced by FGCHAT_FAULT in the
+    engine process): one warning naming the path, and the panel says what runs."""
+    monkeypatch.setenv("FGCHAT_FAULT", "startup-check")
+    app = make_app(tiny_llama)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_ready(pilot, app)
+        await wait_for(pilot, lambda: any("startup check failed" in t for _, t in app.notices), "warning")
+        warning = next(t for sev, t in app.notices if "startup check failed" in t)
+        assert "plain torch ops, eager, float32" in warning and "\n" not in warning
+        assert app.engine_info.startup_check is not None and not app.engine_info.startup_check.passed
+        await pilot.pause(0.3)
+        assert "FAILED vs float32" in panel(app).text_of("captures")
+        # the chat still works
+        await type_prompt(pilot, "hi")
+        await wait_for(pilot, lambda: app.current_chat.conversation.messages[-1:]
+                       and app.current_chat.conversation.messages[-1].role == "assistant", "reply")

@@ -24,6 +24,9 @@ def add_bench_parser(sub) -> None:
     b.add_argument("--model", default=None, help="model to load (default: embedded) unless --preset")
     b.add_argument("--preset", default=None, help="shape preset from assets/presets (with --random-weights)")
     b.add_argument("--random-weights", action="store_true", help="random weights of the preset's shape")
+    b.add_argument("--outliers", type=float, default=0.0, metavar="VALUE",
+                   help="with --random-weights: massive activation channels up to VALUE in the residual "
+                        "stream, as real models carry them (e.g. 2.5e4; default 0: none)")
     b.add_argument("--modes", default="eager,piecewise,full")
     b.add_argument("--batch-sizes", type=_int_list, default=[1, 2, 4, 8])
     b.add_argument("--prompt-len", type=int, default=512)
@@ -58,6 +61,10 @@ def run_bench(args: argparse.Namespace) -> int:
         raise FgchatError("--preset needs --random-weights (presets carry shapes, not weights)")
     if args.random_weights and not args.preset:
         raise FgchatError("--random-weights needs --preset NAME")
+    if args.outliers and not args.random_weights:
+        raise FgchatError("--outliers needs --random-weights")
+    if not 0.0 <= args.outliers <= 6e4:
+        raise FgchatError("--outliers must be between 0 and 60000 (float16's range)")
     if args.prompt_len < 1 or args.output_len < 2 or args.repeats < 1 or args.warmup < 0:
         raise FgchatError("--prompt-len >= 1, --output-len >= 2, --repeats >= 1, --warmup >= 0")
     if not args.peer_timeout > 0:
@@ -70,7 +77,7 @@ def run_bench(args: argparse.Namespace) -> int:
         prompt_len=args.prompt_len, output_len=args.output_len, warmup=args.warmup,
         repeats=args.repeats, peers=peers, attention=args.attention, device=args.device,
         dtype=args.dtype, max_context=args.max_context, progress=not args.no_progress,
-        peer_timeout=args.peer_timeout,
+        peer_timeout=args.peer_timeout, outliers=args.outliers,
     )
     result = run_all(spec)
     print_report(result, sys.stdout)

@@ -81,6 +81,11 @@ def print_report(result: dict[str, Any], out: TextIO) -> None:
     warm = result["meta"].get("kernel_warmup_s")
     if warm is not None:
         out.write(f"kernel warm-up before capture (Triton JIT on a cold cache): {warm:.2f} s\n")
+    sc = result["meta"].get("startup_check")
+    if sc:
+        verdict = "passed" if sc["passed"] else f"FAILED ({sc['message']})"
+        out.write(f"startup check vs float32 reference ({sc['path']}): {verdict}, max rel err "
+                  f"{sc['max_rel_err']:.3f}, top-5 overlap {sc['top5_overlap']}/5, {sc['seconds']:.2f} s\n")
     for s in result["skipped"]:
         out.write(f"skipped {s['runner']}: {s['reason']}\n")
     from rich.console import Console

@@ -33,6 +33,7 @@ class BenchSpec:
     dtype: str | None = None
     max_context: int | None = None
     progress: bool = True
+    outliers: float = 0.0  # random weights: massive activation channels (decoder.random_weights)
 
 
 def stats(values: list[float]) -> dict[str, float | None]:
@@ -116,6 +117,7 @@ def run_all(spec: BenchSpec) -> dict[str, Any]:
     engine = Engine(EngineConfig(
         model=spec.model, preset=spec.preset, device=spec.device, dtype=spec.dtype,
         max_context=spec.max_context or need, mode="eager", attention=spec.attention,
+        outliers=spec.outliers,
     ))
     if engine.max_context < need:
         from fgchat.engine.errors import FgchatError
@@ -131,6 +133,7 @@ def run_all(spec: BenchSpec) -> dict[str, Any]:
             "pdl": engine.decoder.pdl,
             "tuning_changed": engine.tuning.changed(),
             "kernel_warmup_s": info.kernel_warmup_s,
+            "startup_check": asdict(info.startup_check) if info.startup_check else None,
             "torch": torch.__version__, "python": platform.python_version(), "host_cpu": _cpu_name(),
             "prompt_len": spec.prompt_len, "output_len": spec.output_len,
             "warmup": spec.warmup, "repeats": spec.repeats, "time": time.strftime("%Y-%m-%d %H:%M:%S"),

@@ -62,7 +62,7 @@ class Engine(GraphModes):
         self.dtype = pick_dtype(config.dtype, self.device)
         if loaded is None:
             if config.preset:
-                loaded = load_random(config.preset, self.device, self.dtype, config.seed)
+                loaded = load_random(config.preset, self.device, self.dtype, config.seed, config.outliers)
             else:
                 loaded = load_model(config.model, self.device, self.dtype)
         self.model = loaded

@@ -21,7 +21,8 @@ def _add_rms_norm_kernel(x_ptr, d_ptr, w_ptr, h_out_ptr, y_ptr, n_cols, eps, str
                          HAS_DELTA: tl.constexpr, BLOCK: tl.constexpr, USE_PDL: tl.constexpr = False,
                          PARTS: tl.constexpr = 1):
     """PARTS > 1: the delta is PARTS float32 partial sums (slabs stride_part apart) of a split-K
-    projection, added in slab order and rounded to h's dtype as the projection would round."""
+    projection, added in slab order and rounded to y's (the model's) dtype as the projection
+    would round. h_out's dtype is the residual stream's (float32, or the model's)."""
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     m = cols < n_cols
@@ -35,7 +36,7 @@ def _add_rms_norm_kernel(x_ptr, d_ptr, w_ptr, h_out_ptr, y_ptr, n_cols, eps, str
             d = tl.load(d_ptr + row * n_cols + cols, mask=m, other=0.0)
             for p in tl.static_range(1, PARTS):
                 d += tl.load(d_ptr + p * stride_part + row * n_cols + cols, mask=m, other=0.0)
-            d = d.to(h_out_ptr.dtype.element_ty).to(tl.float32)
+            d = d.to(y_ptr.dtype.element_ty).to(tl.float32)
         x = (x.to(tl.float32) + d).to(h_out_ptr.dtype.element_ty)
         tl.store(h_out_ptr + row * n_cols + cols, x, mask=m)
     xf = x.to(tl.float32)
@@ -45,13 +46,16 @@ def _add_rms_norm_kernel(x_ptr, d_ptr, w_ptr, h_out_ptr, y_ptr, n_cols, eps, str
 
 
 def add_rms_norm(h: torch.Tensor, delta: torch.Tensor | None, w: torch.Tensor, eps: float,
-                 pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                 pdl: bool = False, residual_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Returns (h + delta, rms_norm(h + delta) * w); with delta None, (h, rms_norm(h) * w).
+    The sum is stored in `residual_dtype` (default h's; float32 keeps the residual stream's
+    massive activation channels exact to float32, where bf16 steps by 128 at 2.5e4); the
+    normalised output is in w's dtype (the model's). Statistics are float32 in any case.
     delta [S, rows, n] float32: partial sums of a split-K projection (gemv.project_partials).
     pdl: launch with programmatic dependent launch (see engine.pdl), as for every kernel here."""
     rows, n = h.shape
-    y = torch.empty_like(h)
-    h_out = torch.empty_like(h) if delta is not None else h
+    y = torch.empty((rows, n), dtype=w.dtype, device=h.device)
+    h_out = torch.empty((rows, n), dtype=residual_dtype or h.dtype, device=h.device) if delta is not None else h
     parts = delta.shape[0] if delta is not None and delta.dim() == 3 else 1
     if parts > 1 and (delta.shape[1:] != h.shape or delta.dtype != torch.float32 or not delta.is_contiguous()):
         raise ValueError("partial sums must be contiguous float32 [S, rows, n]")

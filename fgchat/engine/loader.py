@@ -56,9 +56,13 @@ def load_preset_config(name: str) -> dict:
     return json.loads(path.read_text())
 
 
-def load_random(preset: str, device: torch.device, dtype: torch.dtype, seed: int = 0) -> LoadedModel:
+def load_random(preset: str, device: torch.device, dtype: torch.dtype, seed: int = 0,
+                outliers: float = 0.0) -> LoadedModel:
+    """Random weights of a preset's shape; outliers > 0: with massive activation channels
+    (decoder.random_weights)."""
     cfg = parse_config(load_preset_config(preset))
-    return LoadedModel(f"{preset} (random weights)", cfg, random_weights(cfg, device, dtype, seed), None)
+    name = f"{preset} (random weights{f', outliers {outliers:g}' if outliers > 0 else ''})"
+    return LoadedModel(name, cfg, random_weights(cfg, device, dtype, seed, outliers), None)
 
 
 def load_model(arg: str | None, device: torch.device, dtype: torch.dtype) -> LoadedModel:

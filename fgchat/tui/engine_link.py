@@ -67,6 +67,10 @@ class EngineLinkMixin:
                 if self.engine_state == "starting":
                     self.engine_state = "ready"
                     self.sub_title = ev.model_name
+                    check = ev.startup_check
+                    if check is not None and not check.passed:
+                        self.notify(check.message, title="startup check failed", severity="warning",
+                                    timeout=30)
             elif isinstance(ev, EngineError):
                 endings.append(ev)
         for rid, parts in texts.items():

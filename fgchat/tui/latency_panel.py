@@ -214,7 +214,8 @@ class LatencyPanel(VerticalScroll):
             return Content("")
         reports: list[CaptureReport] = list(info.captures)
         if not reports:
-            return Content.assemble(("graphs ", "$text-muted"), ("none captured", "$text-muted"))
+            return Content.assemble(("graphs ", "$text-muted"), ("none captured", "$text-muted"),
+                                    *LatencyPanel._check_parts(info))
         parts: list[Any] = [("graphs", "$text-muted")]
         for mode in ("piecewise", "full"):
             mine = [r for r in reports if r.mode == mode and r.kind == "decode"]
@@ -228,7 +229,18 @@ class LatencyPanel(VerticalScroll):
             parts.append((f"\n prefill   {len(pre)} lengths {secs:.2f} s {mib:.0f} MiB", MODE_STYLES["full"]))
         if info.kernel_warmup_s is not None:
             parts.append((f"\n kernels  warmed in {info.kernel_warmup_s:.2f} s", "$text-muted"))
+        parts.extend(LatencyPanel._check_parts(info))
         return Content.assemble(*parts)
+
+    @staticmethod
+    def _check_parts(info: EngineInfo) -> list[Any]:
+        """The start-up check against float32: passed (muted) or failed and what runs instead."""
+        sc = info.startup_check
+        if sc is None:
+            return []
+        if sc.passed:
+            return [(f"\n check    vs float32 ok, err {sc.max_rel_err:.3f}, {sc.seconds:.2f} s", "$text-muted")]
+        return [(f"\n check    FAILED vs float32: running {sc.fallback or sc.path}", "$warning")]
 
     @staticmethod
     def _engine_info(view: PanelView) -> Content:

@@ -100,10 +100,20 @@ def weights_from_state_dict(
     return DecoderWeights(embed, layers, put(take("model.norm.weight")), lm_head)
 
 
+OUTLIER_CHANNELS = 4
+
+
 def random_weights(
-    cfg: ModelConfig, device: torch.device, dtype: torch.dtype, seed: int = 0
+    cfg: ModelConfig, device: torch.device, dtype: torch.dtype, seed: int = 0, outliers: float = 0.0
 ) -> DecoderWeights:
-    """Random weights of the config's shapes, generated on the device (for benchmarks)."""
+    """Random weights of the config's shapes, generated on the device (for benchmarks).
+
+    outliers > 0 gives the residual stream "massive activations" as real models carry them
+    (SmolLM2-135M: ~2.5e4 in one channel): OUTLIER_CHANNELS channels of every embedding row hold
+    values from outliers/6 up to outliers (alternating signs), the other channels are of unit
+    scale, the norms damp the outlier channels (weight 0.01, as trained models learn) and the
+    LM head is untied. Random weights of std 0.02 alone never produce such channels.
+    """
     g = torch.Generator(device=device).manual_seed(seed)
 
     def rnd(*shape: int, std: float = 0.02) -> torch.Tensor:
@@ -127,7 +137,25 @@ def random_weights(
     ]
     embed = rnd(cfg.vocab_size, h)
     lm_head = embed if cfg.tie_embeddings else rnd(cfg.vocab_size, h)
-    return DecoderWeights(embed, layers, ones(h), lm_head)
+    final_norm = ones(h)
+    if outliers > 0:
+        chans = outlier_channels(h)
+        vals = torch.linspace(outliers / 6, outliers, len(chans), device=device)
+        vals = vals * torch.tensor([(-1.0) ** i for i in range(len(chans))], device=device)
+        embed = (torch.randn(cfg.vocab_size, h, generator=g, device=device) + 0.0)
+        embed[:, chans] = vals
+        embed = embed.to(dtype)
+        lm_head = rnd(cfg.vocab_size, h)
+        for lw in layers:
+            lw.attn_norm[chans] = 0.01
+            lw.mlp_norm[chans] = 0.01
+        final_norm[chans] = 0.01
+    return DecoderWeights(embed, layers, final_norm, lm_head)
+
+
+def outlier_channels(hidden: int) -> list[int]:
+    """The residual channels random_weights(outliers=...) makes massive (spread over the row)."""
+    return [(hidden // OUTLIER_CHANNELS) * i + 7 for i in range(OUTLIER_CHANNELS)]
 
 
 AttentionFn = Callable[..., None]
@@ -170,6 +198,8 @@ class Decoder:
             self._fused = fused_step.FusedStages(self, t, sms, self.pdl)
         self.device = weights.embed.device
         self.dtype = weights.embed.dtype
+        # the fused path's residual stream (the plain path keeps the model's dtype, as HF does)
+        self.residual_dtype = torch.float32 if (fused and t.residual_fp32) else self.dtype
         self.max_context = max_context
         inv = torch.tensor(rope_inv_freq(cfg), dtype=torch.float32, device=self.device)
         pos = torch.arange(max_context, dtype=torch.float32, device=self.device)

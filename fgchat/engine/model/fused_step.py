@@ -121,7 +121,8 @@ class FusedStages:
                          k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
         c, lw = self.dec.cfg, self.dec.w.layers[i]
         # layer 0 follows the embedding (a torch kernel); later layers the previous down projection
-        st.h, x = fk.add_rms_norm(st.h, st.delta, lw.attn_norm, c.rms_eps, self.after(i > 0 and self.down.ours))
+        st.h, x = fk.add_rms_norm(st.h, st.delta, lw.attn_norm, c.rms_eps, self.after(i > 0 and self.down.ours),
+                                  self.dec.residual_dtype)
         st.delta = None
         if lw.bqkv is not None:
             qkv = F.linear(x, lw.wqkv, lw.bqkv)
@@ -137,7 +138,7 @@ class FusedStages:
         c, lw = self.dec.cfg, self.dec.w.layers[i]
         o = self._project(attn_out.view(attn_out.shape[0], -1), lw.wo, self.o, self.attention_ours,
                           self.t.pdl_after_attention)
-        st.h, x = fk.add_rms_norm(st.h, o, lw.mlp_norm, c.rms_eps, self.after(self.o.ours))
+        st.h, x = fk.add_rms_norm(st.h, o, lw.mlp_norm, c.rms_eps, self.after(self.o.ours), self.dec.residual_dtype)
         if self.gate_up.glu and self.gate_up.serves(x.shape[0]):
             act = gemv.project_glu(x, lw.w_gate_up, self.gate_up.config, pdl=self.after(True))
         else:
@@ -147,7 +148,8 @@ class FusedStages:
 
     def head(self, st: StepState, greedy: bool) -> None:
         dec = self.dec
-        st.h, x = fk.add_rms_norm(st.h, st.delta, dec.w.final_norm, dec.cfg.rms_eps, self.after(self.down.ours))
+        st.h, x = fk.add_rms_norm(st.h, st.delta, dec.w.final_norm, dec.cfg.rms_eps, self.after(self.down.ours),
+                                  dec.residual_dtype)
         st.delta = None
         if self.head_ours and x.shape[0] <= gemv.MAX_ROWS:
             if greedy:

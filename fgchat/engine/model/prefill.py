@@ -218,14 +218,14 @@ def prefill_rows(dec: Decoder, ids: torch.Tensor, slot_dev: torch.Tensor, k_cach
     delta: torch.Tensor | None = None
     v_at = c.q_size + c.kv_size
     for i, lw in enumerate(w.layers):
-        h, x = fk.add_rms_norm(h, delta, lw.attn_norm, c.rms_eps)
+        h, x = fk.add_rms_norm(h, delta, lw.attn_norm, c.rms_eps, residual_dtype=dec.residual_dtype)
         qkv = F.linear(x, lw.wqkv, lw.bqkv)
         k = torch.empty((t, c.num_kv_heads, c.head_dim), dtype=qkv.dtype, device=dev)
         q = fk.rope_kv_write(qkv, dec.cos, dec.sin, pos, slots, k_caches[i], v_caches[i],
                              c.num_heads, c.num_kv_heads, c.head_dim, k_out=k)
         v = qkv[:, v_at:].view(t, c.num_kv_heads, c.head_dim)  # a strided view: no copy
         a = sdpa_causal(heads_first(q), heads_first(k), heads_first(v), dec.scale)
-        h, x = fk.add_rms_norm(h, F.linear(a, lw.wo), lw.mlp_norm, c.rms_eps)
+        h, x = fk.add_rms_norm(h, F.linear(a, lw.wo), lw.mlp_norm, c.rms_eps, residual_dtype=dec.residual_dtype)
         delta = F.linear(fk.silu_mul(F.linear(x, lw.w_gate_up)), lw.w_down)
     return h, delta
 
@@ -233,5 +233,5 @@ def prefill_rows(dec: Decoder, ids: torch.Tensor, slot_dev: torch.Tensor, k_cach
 def final_logits(dec: Decoder, h: torch.Tensor, delta: torch.Tensor | None) -> torch.Tensor:
     from fgchat.engine import fused as fk
 
-    _, x = fk.add_rms_norm(h, delta, dec.w.final_norm, dec.cfg.rms_eps)
+    _, x = fk.add_rms_norm(h, delta, dec.w.final_norm, dec.cfg.rms_eps, residual_dtype=dec.residual_dtype)
     return F.linear(x, dec.w.lm_head).float()
