@@ -19,7 +19,7 @@ export PYTHONPATH="$PWD:/tmp/site" FGCHAT_CACHE_DIR=/tmp/fgchat-cache
 GGUF=$(bash scripts/gpu_weights.sh join) || { echo "no real weights: run scripts/gpu_weights.sh put first"; exit 1; }
 export FGCHAT_REAL_GGUF=$GGUF
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee -a "$OUT/run.log"
-git log -1 --format='commit %h %s' 2>/dev/null | tee -a "$OUT/run.log"
+echo "commit ${FGCHAT_COMMIT:-unknown} (FGCHAT_COMMIT: the device copy's git metadata may be stale)" | tee -a "$OUT/run.log"
 bench() {  # tree (new|old), name, args...
   local tree=$1 name=$2; shift 2
   local pp=$PYTHONPATH; [[ $tree == old ]] && pp="$PWD/.old:/tmp/site"

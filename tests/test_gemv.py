@@ -216,14 +216,14 @@ def test_split_depends_on_shape_and_sm_count_only():
 
 
 def test_lm_head_argmax_is_torch_argmax_with_ties():
-    from fgchat.engine.gemv import project_argmax
+    from fgchat.engine.gemv import project_argmax, project_logits
 
     x, w = _inputs(4, 200, 64, 3)
     w[150] = w[37]  # column 150 duplicates 37: equal logits, the first must win
     w[199] = w[37]
     x[2] = 0.0  # an all-zero row: every logit ties at 0, index 0 wins
     logits, tokens = project_argmax(x, w, ProjConfig(16, 64))
-    assert torch.equal(logits, project(x, w, ProjConfig(16, 64), out_dtype=torch.float32))
+    assert torch.equal(logits, project_logits(x, w, ProjConfig(16, 64)))
     assert torch.equal(tokens, torch.argmax(logits, dim=-1))
     assert tokens[2].item() == 0
 
@@ -237,3 +237,17 @@ def test_step_inputs_kernel():
     lens, slots32 = torch.zeros(3, dtype=torch.int32), torch.zeros(3, dtype=torch.int32)
     h = step_inputs(ids, pos, slots, embed, lens, slots32)
     assert torch.equal(h, embed[ids]) and lens.tolist() == [1, 8, 101] and slots32.tolist() == [2, 0, 5]
+
+
+def test_lm_head_logits_are_float32_sums_not_rounded():
+    """Half-precision inputs (fp16: the interpreter's dot does not take bf16): the logits keep the
+    float32 sums, within float32 rounding of the exact products, not half-precision values."""
+    from fgchat.engine.gemv import project_logits
+
+    x, w = _inputs(3, 300, 128, 11)
+    x, w = x.half(), w.half()
+    got = project_logits(x, w, ProjConfig(16, 64))
+    exact = x.double() @ w.double().T
+    assert got.dtype == torch.float32
+    assert ((got.double() - exact).abs() <= 1e-5 * exact.abs().max()).all()
+    assert not torch.equal(got, got.half().float())  # not fp16 values

@@ -8,7 +8,6 @@ scripts/check_real_weights.py (the README's Correctness table) and tests/test_gp
 
 from __future__ import annotations
 
-import subprocess
 import time
 
 import torch
@@ -99,7 +98,9 @@ def run_all(model: str, tokens: int = 16, dtypes: tuple[str, ...] = DTYPES) -> d
     with torch.inference_mode():
         ref_logits = [ref_dec.prefill(torch.tensor(ids), 0, ref_cache.k, ref_cache.v) for ids in prompts]
     del cpu, ref_dec, ref_cache
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    from fgchat.bench.runner import _git_commit
+
+    commit = _git_commit()
     result: dict = {"commit": commit, "gpu": torch.cuda.get_device_name(), "prompts": PROMPTS,
                     "tokens": tokens, "runs": {}, "logits": {}, "check": {}}
     for dt_name in dtypes:

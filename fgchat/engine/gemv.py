@@ -46,7 +46,7 @@ def _proj_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     DOT_PRECISION: tl.constexpr, USE_PDL: tl.constexpr = False,
     SPLIT_K: tl.constexpr = 1, ARGMAX: tl.constexpr = False,
-    GLU: tl.constexpr = False, SWAP: tl.constexpr = False,
+    GLU: tl.constexpr = False, SWAP: tl.constexpr = False, ROUND: tl.constexpr = True,
 ):
     """Program (pid, ks) owns columns [pid*BLOCK_N, +BLOCK_N) over K slice ks of SPLIT_K. With
     SPLIT_K > 1 it stores its float32 partial sum in slab ks of y [SPLIT_K, M, N] (the consumer
@@ -54,7 +54,8 @@ def _proj_kernel(
     (SPLIT_K == 1): also the maximum of each row's stored values over the program's columns and
     its first column, at [row, pid] of pmax / pidx (finished by _argmax_finish_kernel).
     GLU (SPLIT_K == 1): w is [2N, K], rows gate | up; y = silu(x.gate) * (x.up), each product
-    rounded to x's dtype first, the activation as fused.silu_mul computes it."""
+    rounded to x's dtype first, the activation as fused.silu_mul computes it.
+    ROUND False (float32 y): the float32 sum is stored as it is (LM head logits: no bf16 ties)."""
     pid = tl.program_id(0)
     K_PART: tl.constexpr = K // SPLIT_K
     k_base = tl.program_id(1) * K_PART
@@ -108,7 +109,10 @@ def _proj_kernel(
     out = y_ptr + offs_m[:, None] * stride_y + offs_n[None, :]
     if SPLIT_K == 1:
         # rounded to the input dtype first (as F.linear does), then stored in y's dtype (f32 logits)
-        y = acc.to(x_ptr.dtype.element_ty)
+        if ROUND:
+            y = acc.to(x_ptr.dtype.element_ty)
+        else:
+            y = acc
         if GLU:
             g = y.to(tl.float32)
             u = acc_u.to(x_ptr.dtype.element_ty).to(tl.float32)
@@ -211,16 +215,24 @@ def project(x: torch.Tensor, w: torch.Tensor, config: ProjConfig | None = None,
     return _launch(x, w, config, out_dtype, pdl, 1)
 
 
+def project_logits(x: torch.Tensor, w: torch.Tensor, config: ProjConfig | None = None,
+                   pdl: bool = False) -> torch.Tensor:
+    """LM head: x [M <= 16, K] @ w[N, K]^T as float32 sums, never rounded to x's dtype (bf16
+    logits near 25 step by 0.125, which turns near ties into exact ties that argmax breaks
+    towards the lower token id)."""
+    return _launch(x, w, config, torch.float32, pdl, 1, exact=True)
+
+
 def project_argmax(x: torch.Tensor, w: torch.Tensor, config: ProjConfig | None = None,
                    pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """LM head + greedy pick: float32 logits [M, N] as `project(..., out_dtype=float32)` and, per
-    row, the first index of its maximum (torch.argmax's choice) as int64 [M]. Two launches."""
+    """LM head + greedy pick: float32 logits [M, N] as `project_logits` and, per row, the first
+    index of its maximum (torch.argmax's choice) as int64 [M]. Two launches."""
     m, n = x.shape[0], w.shape[0]
-    plan = _plan(m, n, x.shape[1], x.dtype, w.dtype, torch.float32, 1, True, pdl, config)
+    plan = _plan(m, n, x.shape[1], x.dtype, w.dtype, torch.float32, 1, True, pdl, config, exact=True)
     programs = plan.grid[0]
     pmax = torch.empty((m, programs), dtype=torch.float32, device=x.device)
     pidx = torch.empty((m, programs), dtype=torch.int32, device=x.device)
-    logits = _launch(x, w, config, torch.float32, pdl, 1, argmax=(pmax, pidx))
+    logits = _launch(x, w, config, torch.float32, pdl, 1, argmax=(pmax, pidx), exact=True)
     tokens = torch.empty(m, dtype=torch.int64, device=x.device)
     fast(_argmax_finish_kernel)[(m,)](pmax, pidx, tokens, programs, programs,
                                       BLOCK_P=max(16, next_pow2(programs)), USE_PDL=pdl,
@@ -258,7 +270,8 @@ class _Plan:
 
 @functools.lru_cache(maxsize=1024)
 def _plan(m: int, n: int, k: int, x_dtype: torch.dtype, w_dtype: torch.dtype, out_dtype: torch.dtype,
-          split: int, argmax: bool, pdl: bool, config: ProjConfig | None, glu: bool = False) -> _Plan:
+          split: int, argmax: bool, pdl: bool, config: ProjConfig | None, glu: bool = False,
+          exact: bool = False) -> _Plan:
     """Grid, output shape and launch options of one call signature (validated once)."""
     if m > MAX_ROWS:
         raise ValueError(f"project handles at most {MAX_ROWS} rows, got {m}")
@@ -269,7 +282,8 @@ def _plan(m: int, n: int, k: int, x_dtype: torch.dtype, w_dtype: torch.dtype, ou
         N=n, K=k, EVEN_K=(k // split) % cfg.block_k == 0, EVEN_N=n % cfg.block_n == 0,
         BLOCK_M=MAX_ROWS, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         DOT_PRECISION="ieee" if w_dtype == torch.float32 else "tf32", USE_PDL=pdl,
-        SPLIT_K=split, ARGMAX=argmax, GLU=glu, SWAP=cfg.swap, num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=pdl,
+        SPLIT_K=split, ARGMAX=argmax, GLU=glu, SWAP=cfg.swap, ROUND=not exact,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=pdl,
     )
     shape = (split, m, n) if split > 1 else (m, n)
     return _Plan((cdiv(n, cfg.block_n), split), shape, n, m * n if split > 1 else 0, kw)
@@ -277,13 +291,15 @@ def _plan(m: int, n: int, k: int, x_dtype: torch.dtype, w_dtype: torch.dtype, ou
 
 def _launch(x: torch.Tensor, w: torch.Tensor, config: ProjConfig | None, out_dtype: torch.dtype | None,
             pdl: bool, split: int, argmax: tuple[torch.Tensor, torch.Tensor] | None = None,
-            glu: bool = False) -> torch.Tensor:
+            glu: bool = False, exact: bool = False) -> torch.Tensor:
     m, k = x.shape
     n = w.shape[0] // 2 if glu else w.shape[0]
     if w.shape[1] != k or not (x.is_contiguous() and w.is_contiguous()):
         raise ValueError("project needs contiguous x [M, K] and w [N, K]")
     out_dtype = out_dtype or x.dtype
-    plan = _plan(m, n, k, x.dtype, w.dtype, out_dtype, split, argmax is not None, pdl, config, glu)
+    if exact and out_dtype != torch.float32:
+        raise ValueError("unrounded sums need a float32 output")
+    plan = _plan(m, n, k, x.dtype, w.dtype, out_dtype, split, argmax is not None, pdl, config, glu, exact)
     y = torch.empty(plan.shape, dtype=out_dtype, device=x.device)
     pmax, pidx = argmax if argmax is not None else (None, None)
     # non-constexpr arguments positionally: the fast launcher keys them cheaply

@@ -47,6 +47,20 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     return w * xf.to(x.dtype)
 
 
+def head_logits(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """LM head as float32 logits [N, V] from float32 sums that are never rounded to x's dtype:
+    bf16 logits near 25 step by 0.125, which turns near ties into exact ties (argmax then picks
+    the lower token id). cuBLAS writes float32 directly where torch offers it (CUDA)."""
+    if x.dtype == torch.float32:
+        return F.linear(x, w)
+    if x.is_cuda:
+        try:
+            return torch.mm(x, w.t(), out_dtype=torch.float32)
+        except (RuntimeError, TypeError):  # an older torch: upcast instead
+            pass
+    return F.linear(x.float(), w.float())
+
+
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
@@ -277,7 +291,7 @@ class Decoder:
             self._fused.head(st, greedy)
             return
         x = rms_norm(st.h, self.w.final_norm, self.cfg.rms_eps)
-        st.logits = F.linear(x, self.w.lm_head).float()
+        st.logits = head_logits(x, self.w.lm_head)
 
     # ---- prefill (one sequence, eager) ----
     @torch.inference_mode()

@@ -30,6 +30,7 @@ from fgchat.engine import fused as fk
 from fgchat.engine import gemv
 from fgchat.engine import l2_prefetch
 from fgchat.engine.errors import FgchatError
+from fgchat.engine.model.decoder import head_logits
 from fgchat.engine.tuning import Tuning
 
 if TYPE_CHECKING:
@@ -156,10 +157,9 @@ class FusedStages:
                 st.logits, st.tokens = gemv.project_argmax(x, dec.w.lm_head, self.head_config,
                                                            pdl=self.after(True))
             else:
-                st.logits = gemv.project(x, dec.w.lm_head, self.head_config, out_dtype=torch.float32,
-                                         pdl=self.after(True))
+                st.logits = gemv.project_logits(x, dec.w.lm_head, self.head_config, pdl=self.after(True))
         else:
-            st.logits = F.linear(x, dec.w.lm_head).float()
+            st.logits = head_logits(x, dec.w.lm_head)
 
 
 def _configs(tuning: Tuning) -> dict[str, gemv.ProjConfig]:

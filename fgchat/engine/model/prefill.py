@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
-from fgchat.engine.model.decoder import apply_rope, rms_norm
+from fgchat.engine.model.decoder import apply_rope, head_logits, rms_norm
 
 if TYPE_CHECKING:
     from fgchat.engine.model.decoder import Decoder
@@ -50,7 +50,7 @@ def prefill(
         return _prefill_fused(dec, ids, slot, k_caches, v_caches, all_logits)
     h, _ = _unfused_rows(dec, [(ids, slot)], k_caches, v_caches)
     x = rms_norm(h if all_logits else h[-1:], dec.w.final_norm, dec.cfg.rms_eps)
-    logits = F.linear(x, dec.w.lm_head).float()
+    logits = head_logits(x, dec.w.lm_head)
     return logits if all_logits else logits[0]
 
 
@@ -70,7 +70,7 @@ def prefill_many(
         raise ValueError("prefill_many serves the unfused path")
     h, last = _unfused_rows(dec, prompts, k_caches, v_caches)
     x = rms_norm(h[last], dec.w.final_norm, dec.cfg.rms_eps)
-    return list(F.linear(x, dec.w.lm_head).float().unbind(0))
+    return list(head_logits(x, dec.w.lm_head).unbind(0))
 
 
 def _unfused_rows(
@@ -233,5 +233,9 @@ def prefill_rows(dec: Decoder, ids: torch.Tensor, slot_dev: torch.Tensor, k_cach
 def final_logits(dec: Decoder, h: torch.Tensor, delta: torch.Tensor | None) -> torch.Tensor:
     from fgchat.engine import fused as fk
 
+    from fgchat.engine import gemv
+
     _, x = fk.add_rms_norm(h, delta, dec.w.final_norm, dec.cfg.rms_eps, residual_dtype=dec.residual_dtype)
-    return F.linear(x, dec.w.lm_head).float()
+    if x.shape[0] <= gemv.MAX_ROWS and x.is_cuda:
+        return gemv.project_logits(x, dec.w.lm_head)  # graph-capturable, float32 sums
+    return head_logits(x, dec.w.lm_head)
