@@ -92,8 +92,8 @@ def production_logits(engine: Engine, ids: list[int], nxt: int) -> torch.Tensor:
     first = engine._prefill_logits(torch.tensor(ids, dtype=torch.int64, device=dev), 0).float().clone()
     engine.bufs.stage([nxt], [len(ids)], [0], [0.0], [1.0], [0], [0])
     engine.program.max_len_hint = len(ids) + 1
-    if engine.mode == "eager":
-        out = engine._eager_step(1, False)
+    if engine.mode == "eager":  # the kernels a recorded launch list replays, without recording one
+        out = engine.program.run_eager(1, False)
     else:
         out = engine._replay(engine.mode, 1, False)
     engine.program.max_len_hint = None
