@@ -89,27 +89,56 @@ def print_report(result: dict[str, Any], out: TextIO) -> None:
     for s in result["skipped"]:
         out.write(f"skipped {s['runner']}: {s['reason']}\n")
     from rich.console import Console
-    from rich.table import Table
 
-    t = Table(title="summary (speedup = other runner's TPOT / this runner's TPOT)")
-    cols = ["runner", "batch", "TTFT p50 ms", "TPOT ms", "ITL p99 ms", "tok/s", "GPU ms/step",
-            "launch ms/step", "vs eager", "vs piecewise", "vs hf-eager", "vs hf-compile"]
-    for c in cols:
-        t.add_column(c, justify="right")
     rows = summary_rows(result)
-    for r in rows:
-        def x(v):
-            return "" if v is None else f"{v:.2f}x"
-        t.add_row(r["runner"], str(r["batch_size"]), _f(r["ttft_ms_median"]), _f(r["tpot_ms_mean"], 3),
-                  _f(r["itl_ms_p99"], 3), _f(r["output_tokens_per_s"], 0), _f(r["gpu_step_ms_mean"], 3),
-                  _f(r["launch_ms_mean"], 3), x(r["speedup_vs_fgchat-eager"]), x(r["speedup_vs_fgchat-piecewise"]),
-                  x(r["speedup_vs_hf-eager"]), x(r["speedup_vs_hf-compile"]))
-    Console(file=out, width=176).print(t)
+    Console(file=out, width=_width(out)).print(summary_table(rows))
     for r in rows:
         if host_bound(r["launch_ms_mean"], r["gpu_step_ms_mean"]):
             out.write(f"host-bound: {r['runner']} batch {r['batch_size']} takes {r['launch_ms_mean']:.3f} ms "
                       f"to launch a step the GPU runs in {r['gpu_step_ms_mean']:.3f} ms; its TPOT follows "
                       f"the host CPU\n")
+
+
+SUMMARY_COLUMNS: list[tuple[str, str, int | None]] = [  # (header, summary key, decimals; None: ratio)
+    ("runner", "runner", -1), ("batch", "batch_size", -1), ("TTFT p50 ms", "ttft_ms_median", 2),
+    ("TPOT ms", "tpot_ms_mean", 3), ("ITL p99 ms", "itl_ms_p99", 3), ("tok/s", "output_tokens_per_s", 0),
+    ("GPU ms/step", "gpu_step_ms_mean", 3), ("launch ms/step", "launch_ms_mean", 3),
+    ("× eager", "speedup_vs_fgchat-eager", None), ("× piecewise", "speedup_vs_fgchat-piecewise", None),
+    ("× hf-eager", "speedup_vs_hf-eager", None), ("× hf-compile", "speedup_vs_hf-compile", None),
+]
+
+
+def summary_table(rows: list[dict[str, Any]]) -> Any:
+    """The summary as a rich Table, without columns that are empty in every row (no GPU timing on
+    CPU, peers not run). "× other" = the other runner's TPOT / this row's: above 1, this row is faster."""
+    from rich.table import Table
+
+    def cell(r: dict[str, Any], key: str, digits: int | None) -> str:
+        v = r.get(key)
+        if v is None:
+            return ""
+        if digits is None:
+            return f"{v:.2f}x"
+        return str(v) if digits < 0 else _f(v, digits)
+
+    cols = [c for c in SUMMARY_COLUMNS if any(r.get(c[1]) is not None for r in rows)]
+    t = Table(title="summary (× other = other's TPOT / this TPOT: > 1 means this row is faster)",
+              title_justify="left")
+    for header, _, _ in cols:
+        t.add_column(header, justify="right", overflow="fold")
+    for r in rows:
+        t.add_row(*(cell(r, key, d) for _, key, d in cols))
+    return t
+
+
+def _width(out: TextIO) -> int:
+    """The terminal's width when writing to one, else wide enough for every column (files, pipes)."""
+    import shutil
+
+    isatty = getattr(out, "isatty", None)
+    if isatty is not None and isatty():
+        return shutil.get_terminal_size((120, 24)).columns
+    return 160
 
 
 def write_json(result: dict[str, Any], path: Path) -> None:

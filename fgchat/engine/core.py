@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections import deque
 from dataclasses import dataclass
 
 import torch
@@ -33,6 +34,9 @@ from fgchat.engine.requests import Sequence
 from fgchat.engine.scheduler import Scheduler
 from fgchat.engine.step import ROW_IDS, ROW_POS, StepBuffers, StepOutputs, StepProgram
 from fgchat.engine.tuning import Tuning
+
+
+STEP_GRAPHS_KEPT = 4096
 
 
 def _now() -> int:
@@ -97,7 +101,8 @@ class Engine(GraphModes):
         self.mode: Mode = "eager"
         self._pending: list[EngineEvent] = []
         self._next_id = 1
-        self.step_graphs: list[str | None] = []  # which graph ran each decode step (for tests)
+        # which graph ran each recent decode step (tests and diagnostics; bounded)
+        self.step_graphs: deque[str | None] = deque(maxlen=STEP_GRAPHS_KEPT)
         best: Mode = "full" if not self.unavailable.get("full") else "eager"
         try:
             ev = self.set_mode(config.mode or best)
@@ -257,6 +262,8 @@ class Engine(GraphModes):
             )
         if any(not (0 <= t < self.cfg.vocab_size) for t in prompt_ids):
             raise RequestError("prompt contains token ids outside the vocabulary")
+        if request_id is not None and self.scheduler.find(request_id) is not None:
+            raise RequestError(f"request id {request_id} is already in use")
         rid = request_id if request_id is not None else self._next_id
         self._next_id = max(self._next_id, rid) + 1
         stops = frozenset() if params.ignore_eos else self.stop_ids
