@@ -1,52 +1,196 @@
 """Command line: the TUI by default; `generate` and `bench` subcommands.
 
-Every user error ends as one line on stderr and a non-zero exit, never a traceback.
+Every user error ends as one line on stderr (`fgchat: error: ...`) and exit status 2, never a
+traceback. Option values are checked while parsing (choices, ranges, device names, UTF-8 text,
+writable output files), so a bad value fails before any model is loaded.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import re
 import sys
+from pathlib import Path
 from typing import Sequence
 
 EXIT_USER_ERROR = 2
 EXIT_INTERRUPTED = 130
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a writer whose reader went away
+
+MODES = ("eager", "piecewise", "full")  # fgchat.engine.events.MODES, without importing the engine
+ATTENTION_BACKENDS = ("auto", "triton", "flash-attn", "torch", "sdpa")  # fgchat.engine.attention
+DTYPES = ("auto", "bfloat16", "bf16", "float16", "fp16", "float32", "fp32")  # fgchat.engine.loader
+DEVICE_RE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
+MIN_CONTEXT = 16
+
+
+def version() -> str:
+    """The installed distribution's version, else the package's __version__."""
+    try:
+        from importlib.metadata import PackageNotFoundError
+        from importlib.metadata import version as dist_version
+
+        return dist_version("fgchat")
+    except (ImportError, PackageNotFoundError, ValueError):
+        from fgchat import __version__
+
+        return __version__
+
+
+class _VersionAction(argparse.Action):
+    """--version: `fgchat <version>` on stdout, exit 0 (the version is looked up only when asked)."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings=option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        sys.stdout.write(f"fgchat {version()}\n")
+        parser.exit(0)
+
+
+class _HelpFormatter(argparse.HelpFormatter):
+    """Appends "(default: X)" to every option's help unless the help already states its default."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if (not action.option_strings or action.default is argparse.SUPPRESS or action.required
+                or "%(default)" in text or "default" in text):
+            return text
+        if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
+            return f"{text} (default: {'on' if action.default else 'off'})"
+        return f"{text} (default: %(default)s)"
 
 
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str) -> None:  # one line instead of usage + error
-        self.exit(EXIT_USER_ERROR, f"fgchat: error: {message} (see --help)\n")
+        from fgchat.stdio import one_line
+
+        self.exit(EXIT_USER_ERROR, f"fgchat: error: {one_line(message)} (see --help)\n")
 
 
+# ---------------------------------------------------------------------------- value types
+def utf8_text(text: str) -> str:
+    """Text that must be valid UTF-8: undecodable bytes from the shell arrive as lone surrogates."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        bad = text[e.start]
+        byte = f"byte 0x{ord(bad) - 0xDC00:02x}" if 0xDC80 <= ord(bad) <= 0xDCFF else f"character {bad!a}"
+        raise argparse.ArgumentTypeError(f"not valid UTF-8 ({byte} at position {e.start})") from None
+    return text
+
+
+def model_arg(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError(
+            "empty model name (give a model directory, a .gguf file or a Hugging Face repo id; "
+            "leave --model out for the embedded model)")
+    return text
+
+
+def device_arg(text: str) -> str:
+    if not DEVICE_RE.match(text.strip()):
+        raise argparse.ArgumentTypeError(f"invalid device {text!r} (choose from auto, cpu, cuda, cuda:N)")
+    return text.strip()
+
+
+def int_at_least(low: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
+        return value
+
+    parse.__name__ = "int"
+    return parse
+
+
+context_arg = int_at_least(MIN_CONTEXT)
+
+
+def check_writable(path: str, option: str, replace: bool = False) -> None:
+    """Fail now, not after a long run, when `path` cannot be written: the file is opened for append
+    (as --log-csv will) and removed again if this call created it. replace: the file will be written
+    atomically (a temporary file in the same directory, then renamed), so the directory must take a
+    new file too."""
+    from fgchat.engine.errors import FgchatError
+
+    p = Path(path).expanduser()
+    if not path.strip():
+        raise FgchatError(f"{option}: empty path")
+    if p.is_dir():
+        raise FgchatError(f"cannot write {option} {path}: is a directory")
+    if not p.parent.is_dir():
+        raise FgchatError(f"cannot write {option} {path}: directory {p.parent} does not exist")
+    existed = p.exists()
+    try:
+        with open(p, "a", encoding="utf-8"):
+            pass
+    except OSError as e:
+        raise FgchatError(f"cannot write {option} {path}: {e.strerror or e}") from None
+    if not existed:
+        try:
+            os.unlink(p)
+        except OSError:
+            pass
+    if replace:
+        import tempfile
+
+        try:
+            with tempfile.NamedTemporaryFile(dir=p.parent, prefix=f".{p.name}.", suffix=".check"):
+                pass
+        except OSError as e:
+            raise FgchatError(f"cannot write {option} {path}: directory {p.parent}: {e.strerror or e}") from None
+
+
+# ---------------------------------------------------------------------------- parser
 def _add_engine_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", help="HF repo id, local model directory or .gguf file "
+    p.add_argument("--model", type=model_arg, default=None,
+                   help="HF repo id, local model directory or .gguf file "
                    "(default: the embedded SmolLM2-135M-Instruct)")
-    p.add_argument("--mode", default=None,
-                   help="eager | piecewise | full (default: full on CUDA, eager on CPU)")
-    p.add_argument("--attention", default="auto", help="auto | triton | flash-attn | torch | sdpa")
-    p.add_argument("--max-context", type=int, default=None, help="tokens per sequence slot")
-    p.add_argument("--device", default=None, help="auto | cpu | cuda[:N]")
-    p.add_argument("--dtype", default=None, help="bfloat16 | float16 | float32 (default: bf16 on CUDA, fp32 on CPU)")
+    p.add_argument("--mode", default=None, choices=MODES,
+                   help="decode mode (default: full where CUDA graphs work, else eager)")
+    p.add_argument("--attention", default="auto", choices=ATTENTION_BACKENDS,
+                   help="decode-attention backend")
+    p.add_argument("--max-context", type=context_arg, default=None, metavar="TOKENS",
+                   help=f"tokens per sequence slot, >= {MIN_CONTEXT}; capped by the model and memory "
+                   "(default: the model's maximum, as far as memory allows)")
+    p.add_argument("--device", type=device_arg, default=None,
+                   help="auto | cpu | cuda | cuda:N (default: auto, CUDA when available)")
+    p.add_argument("--dtype", default=None, choices=DTYPES,
+                   help="weight and cache dtype (default: bfloat16 on CUDA, float32 on CPU)")
     p.add_argument("--lazy-capture", action="store_true", help="capture each batch size's graphs on first use")
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="fgchat", description="Terminal chat and latency console with live CUDA-graph modes.")
+    p.add_argument("--version", action=_VersionAction, help="print the version and exit")
     _add_engine_args(p)
-    p.add_argument("--log-csv", default=None, help="append one row per token to this CSV as it happens")
+    p.add_argument("--log-csv", default=None, metavar="PATH",
+                   help="append one row per token to this CSV as it happens (default: no log)")
     sub = p.add_subparsers(dest="command", parser_class=_Parser)
 
-    g = sub.add_parser("generate", help="headless generation: stream text to stdout, latency summary to stderr")
+    g = sub.add_parser("generate", help="headless generation: stream text to stdout, latency summary to stderr",
+                       description="Generate text headlessly: the text streams to stdout (terminal control "
+                       "sequences removed when stdout is a terminal), a latency summary goes to stderr.")
     _add_engine_args(g)
-    g.add_argument("--prompt", required=True)
-    g.add_argument("--system", default=None, help="system prompt (chat mode)")
+    g.add_argument("--prompt", required=True, type=utf8_text, help="the user message (required)")
+    g.add_argument("--system", default=None, type=utf8_text, help="system prompt, chat mode (default: none)")
     g.add_argument("--raw", action="store_true", help="feed the prompt without the chat template")
-    g.add_argument("--max-tokens", type=int, default=256)
-    g.add_argument("--temperature", type=float, default=0.0)
-    g.add_argument("--top-p", type=float, default=1.0)
-    g.add_argument("--top-k", type=int, default=0)
-    g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--n", type=int, default=1, help="completions generated together in one batch (1..8)")
+    g.add_argument("--max-tokens", type=int, default=256, help="tokens to generate at most, >= 1")
+    g.add_argument("--temperature", type=float, default=0.0, help="sampling temperature, 0..100 (0: greedy)")
+    g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass, in (0, 1]")
+    g.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens (0: off)")
+    g.add_argument("--seed", type=int, default=0, help="sampling seed, in [0, 2^63); completion i uses seed + i")
+    g.add_argument("--n", type=int, default=1, help="completions generated together in one batch, 1..8")
     g.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
 
     from fgchat.bench.cli import add_bench_parser
@@ -64,28 +208,40 @@ def _engine_config(args: argparse.Namespace):
     )
 
 
+def _run(args: argparse.Namespace) -> int:
+    if args.command == "generate":
+        from fgchat.generate import run_generate
+
+        return run_generate(args, _engine_config(args))
+    if args.command == "bench":
+        from fgchat.bench.cli import run_bench
+
+        return run_bench(args)
+    if args.log_csv is not None:
+        check_writable(args.log_csv, "--log-csv")
+    from fgchat.tui import run_tui
+
+    return run_tui(
+        model=args.model, mode=args.mode, attention=args.attention, max_context=args.max_context,
+        log_csv=args.log_csv, device=args.device, dtype=args.dtype, lazy_capture=args.lazy_capture,
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from fgchat.engine.errors import FgchatError
+    from fgchat.stdio import one_line, silence_stdout
 
     try:
-        if args.command == "generate":
-            from fgchat.generate import run_generate
-
-            return run_generate(args, _engine_config(args))
-        if args.command == "bench":
-            from fgchat.bench.cli import run_bench
-
-            return run_bench(args)
-        from fgchat.tui import run_tui
-
-        return run_tui(
-            model=args.model, mode=args.mode, attention=args.attention, max_context=args.max_context,
-            log_csv=args.log_csv, device=args.device, dtype=args.dtype, lazy_capture=args.lazy_capture,
-        )
+        rc = _run(args)
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's flush at exit
+        return rc
     except FgchatError as exc:
-        print(f"fgchat: error: {exc}", file=sys.stderr)
+        print(f"fgchat: error: {one_line(str(exc))}", file=sys.stderr)
         return EXIT_USER_ERROR
+    except BrokenPipeError:  # the reader of stdout went away (`| head`): stop quietly
+        silence_stdout()
+        return EXIT_BROKEN_PIPE
     except KeyboardInterrupt:
         print("fgchat: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED

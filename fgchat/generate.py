@@ -1,4 +1,9 @@
-"""`fgchat generate`: headless generation with a latency summary."""
+"""`fgchat generate`: headless generation with a latency summary.
+
+Model text goes to stdout: on a terminal without control or escape sequences (a model cannot
+drive the terminal), to a pipe or file exactly as generated. When the reader of a pipe goes away
+(`fgchat generate ... | head -c 20`) generation stops and the command exits quietly.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,7 @@ import json
 import sys
 
 from fgchat.engine.errors import FgchatError, RequestError
+from fgchat.stdio import TerminalSanitizer, is_tty, one_line, sanitize_terminal_text, silence_stdout
 from fgchat.engine.events import (
     EngineError,
     RequestFinished,
@@ -55,11 +61,49 @@ def summary_line(s: RequestSummary, mode: str, batch: int) -> str:
             f"{s.finish_reason} | mode {mode} | batch {batch}")
 
 
+EXIT_BROKEN_PIPE = 141
+
+
+class _Stdout:
+    """Model text to stdout: control sequences removed on a TTY; a closed pipe ends the output
+    (stdout is pointed at devnull) instead of raising."""
+
+    def __init__(self) -> None:
+        self.tty = is_tty(sys.stdout)
+        self.sanitizer = TerminalSanitizer() if self.tty else None
+        self.broken = False
+
+    def stream(self, text: str) -> None:
+        self.write(self.sanitizer.feed(text) if self.sanitizer else text)
+
+    def print(self, text: str, *, clean: bool = True) -> None:
+        self.write((sanitize_terminal_text(text) if self.tty and clean else text) + "\n")
+
+    def write(self, text: str) -> None:
+        if self.broken or not text:
+            return
+        try:
+            try:
+                sys.stdout.write(text)
+            except UnicodeEncodeError:  # e.g. PYTHONIOENCODING=ascii: replace what it cannot show
+                enc = getattr(sys.stdout, "encoding", None) or "ascii"
+                sys.stdout.write(text.encode(enc, "replace").decode(enc))
+            sys.stdout.flush()
+        except BrokenPipeError:
+            self.broken = True
+            silence_stdout()
+
+
 def run_generate(args: argparse.Namespace, config) -> int:
     if not 1 <= args.n <= 8:
         raise RequestError(f"--n must be between 1 and 8, got {args.n}")
     if not args.prompt.strip():
         raise RequestError("the prompt is empty")
+    for name, text in (("--prompt", args.prompt), ("--system", args.system)):
+        try:
+            (text or "").encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise RequestError(f"{name} is not valid UTF-8 (at position {e.start})") from None
     for i in range(args.n):
         _params(args, i).validate()
     from fgchat.engine.core import Engine
@@ -80,36 +124,46 @@ def run_generate(args: argparse.Namespace, config) -> int:
     elif check:
         print(f"fgchat: {check}", file=sys.stderr)
     stream = args.n == 1 and not args.json
+    out = _Stdout()
     done: dict[int, RequestSummary] = {}
     batch_max = 0
     try:
         while engine.has_work():
+            if out.broken:  # nobody reads the text any more: stop generating it
+                _cancel(engine, rids, done)
+                break
             for ev in engine.step():
                 if isinstance(ev, TokenEvent):
                     batch_max = max(batch_max, ev.batch_size)
                     if stream and ev.text:
-                        sys.stdout.write(ev.text)
-                        sys.stdout.flush()
+                        out.stream(ev.text)
                 elif isinstance(ev, RequestFinished):
                     done[ev.summary.request_id] = ev.summary
                 elif isinstance(ev, EngineError):
-                    print(f"fgchat: error: {ev.message}", file=sys.stderr)
+                    print(f"fgchat: error: {one_line(ev.message)}", file=sys.stderr)
     except KeyboardInterrupt:
-        for rid in rids:
-            engine.cancel(rid)
-        for ev in engine.step():
-            if isinstance(ev, RequestFinished):
-                done[ev.summary.request_id] = ev.summary
+        _cancel(engine, rids, done)
         raise
     finally:
         if stream:
-            sys.stdout.write("\n")
-            sys.stdout.flush()
-        _report(args, engine, rids, done, batch_max)
+            out.write("\n")
+        _report(args, engine, rids, done, batch_max, out)
+    if out.broken:
+        return EXIT_BROKEN_PIPE
     return 0 if all(s.finish_reason != "error" for s in done.values()) else 1
 
 
-def _report(args, engine, rids: list[int], done: dict[int, RequestSummary], batch: int) -> None:
+def _cancel(engine, rids: list[int], done: dict[int, RequestSummary]) -> None:
+    for rid in rids:
+        engine.cancel(rid)
+    for ev in engine.step():
+        if isinstance(ev, RequestFinished):
+            done[ev.summary.request_id] = ev.summary
+
+
+def _report(args, engine, rids: list[int], done: dict[int, RequestSummary], batch: int,
+            out: _Stdout | None = None) -> None:
+    out = out or _Stdout()
     sums = [done[r] for r in rids if r in done]
     if args.json:
         objs = [
@@ -124,9 +178,9 @@ def _report(args, engine, rids: list[int], done: dict[int, RequestSummary], batc
         head["startup_check"] = dataclasses.asdict(sc) if sc is not None else None
         if args.n > 1:
             head["completions"] = objs
-        print(json.dumps(head))
+        out.print(json.dumps(head), clean=False)  # JSON escapes every control character
     elif args.n > 1:
         for i, s in enumerate(sums):
-            print(f"--- completion {i + 1} ---\n{s.text}")
+            out.print(f"--- completion {i + 1} ---\n{s.text}")
     for s in sums:
         print(summary_line(s, engine.mode, batch), file=sys.stderr)

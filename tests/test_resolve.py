@@ -206,7 +206,8 @@ def test_unknown_repo_offline(offline_hub: Path) -> None:
     with pytest.raises(ModelLoadError) as e:
         resolve_model("fgchat-test/does-not-exist")
     assert _one_line(e) == (
-        "model 'fgchat-test/does-not-exist' is not in the local Hugging Face cache "
+        "model 'fgchat-test/does-not-exist' is not a local path (no such file or directory) "
+        "and not a reachable Hugging Face repo: not in the local Hugging Face cache "
         "and the hub cannot be reached (offline)"
     )
 
@@ -254,7 +255,7 @@ def _hub_errors() -> list[tuple[object, str]]:
         (E.LocalEntryNotFoundError("Cannot find\nmany lines"), "hub cannot be reached"),
         (ConnectionError("connection refused\nsecond line"), "hub cannot be reached .network error"),
         (TimeoutError("timed out"), "hub cannot be reached"),
-        (RuntimeError("weird\nmultiline"), "cannot download model 'o/m': RuntimeError: weird"),
+        (RuntimeError("weird\nmultiline"), "model 'o/m' is not a local path .* repo: RuntimeError: weird$"),
     ]
 
 

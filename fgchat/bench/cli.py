@@ -1,89 +1,188 @@
-"""Argument parsing and orchestration for `fgchat bench`."""
+"""Argument parsing and orchestration for `fgchat bench`.
+
+Every option value is checked before anything is loaded: choices and ranges while parsing, the
+combinations and the writability of --json / --csv at the start of run_bench.
+"""
 
 from __future__ import annotations
 
 import argparse
+import math
+import os
 import sys
 from pathlib import Path
 
 from fgchat.engine.errors import FgchatError
+
+BENCH_MODES = ("eager", "piecewise", "full")
+PEERS = ("hf", "hf-eager", "hf-compile")
+# fgchat.engine.loader.PRESETS_DIR, without importing torch
+PRESETS_DIR = Path(__file__).resolve().parent.parent.parent / "assets" / "presets"
+MAX_OUTLIERS = 6e4  # float16's range
+
+
+def preset_names() -> list[str]:
+    return sorted(p.stem for p in PRESETS_DIR.glob("*.json"))
 
 
 def _int_list(text: str) -> list[int]:
     try:
         vals = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got '{text}'") from None
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
     if not vals or any(not 1 <= v <= 8 for v in vals):
         raise argparse.ArgumentTypeError("batch sizes must be between 1 and 8")
     return vals
 
 
+def _choice_list(choices: tuple[str, ...], what: str, allow_empty: bool):
+    def parse(text: str) -> list[str]:
+        vals = [v.strip() for v in text.split(",") if v.strip()]
+        bad = [v for v in vals if v not in choices]
+        if bad:
+            raise argparse.ArgumentTypeError(
+                f"invalid choice: {', '.join(map(repr, bad))} (choose from {', '.join(choices)}, comma-separated)")
+        if not vals and not allow_empty:
+            raise argparse.ArgumentTypeError(f"give at least one {what} ({', '.join(choices)})")
+        return vals
+
+    parse.__name__ = f"{what} list"
+    return parse
+
+
+def _preset(text: str) -> str:
+    if text not in preset_names():
+        raise argparse.ArgumentTypeError(f"unknown preset {text!r} (choose from {', '.join(preset_names())})")
+    return text
+
+
+def _float_in(low: float, high: float, low_open: bool = False):
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid float value: {text!r}") from None
+        ok = (low < value if low_open else low <= value) and value <= high
+        if math.isnan(value) or not ok:
+            lo = f"> {low:g}" if low_open else f">= {low:g}"
+            hi = f" and <= {high:g}" if math.isfinite(high) else ""
+            raise argparse.ArgumentTypeError(f"must be {lo}{hi}, got {text}")
+        return value
+
+    parse.__name__ = "float"
+    return parse
+
+
 def add_bench_parser(sub) -> None:
-    b = sub.add_parser("bench", help="benchmark modes and batch sizes (TTFT, TPOT, ITL, GPU time)")
-    b.add_argument("--model", default=None, help="model to load (default: embedded) unless --preset")
-    b.add_argument("--preset", default=None, help="shape preset from assets/presets (with --random-weights)")
+    from fgchat.cli import ATTENTION_BACKENDS, DTYPES, context_arg, device_arg, int_at_least, model_arg
+
+    b = sub.add_parser("bench", help="benchmark modes and batch sizes (TTFT, TPOT, ITL, GPU time)",
+                       description="Benchmark decode modes and batch sizes on one model: TTFT, TPOT, ITL, "
+                       "GPU and launch time per step; optionally transformers peers side by side.")
+    b.add_argument("--model", type=model_arg, default=None,
+                   help="model to load, as for the chat (default: the embedded model, unless --preset)")
+    b.add_argument("--preset", type=_preset, default=None, metavar="NAME",
+                   help=f"shape preset from assets/presets, with --random-weights: {', '.join(preset_names())} "
+                   "(default: none)")
     b.add_argument("--random-weights", action="store_true", help="random weights of the preset's shape")
-    b.add_argument("--outliers", type=float, default=0.0, metavar="VALUE",
-                   help="with --random-weights: massive activation channels up to VALUE in the residual "
-                        "stream, as real models carry them (e.g. 2.5e4; default 0: none)")
-    b.add_argument("--modes", default="eager,piecewise,full")
-    b.add_argument("--batch-sizes", type=_int_list, default=[1, 2, 4, 8])
-    b.add_argument("--prompt-len", type=int, default=512)
-    b.add_argument("--output-len", type=int, default=128)
-    b.add_argument("--warmup", type=int, default=1)
-    b.add_argument("--repeats", type=int, default=3)
-    b.add_argument("--peers", default="", help="peers run side by side: hf (= hf-eager,hf-compile), hf-eager, hf-compile")
-    b.add_argument("--peer-timeout", type=float, default=420.0, metavar="SECONDS",
+    b.add_argument("--outliers", type=_float_in(0.0, MAX_OUTLIERS), default=0.0, metavar="VALUE",
+                   help="with --random-weights: massive activation channels up to VALUE (0..60000) in the "
+                        "residual stream, as real models carry them (e.g. 2.5e4; default 0: none)")
+    b.add_argument("--modes", type=_choice_list(BENCH_MODES, "mode", False), default="eager,piecewise,full",
+                   metavar="LIST", help=f"comma-separated decode modes to run, from {', '.join(BENCH_MODES)}")
+    b.add_argument("--batch-sizes", type=_int_list, default="1,2,4,8", metavar="LIST",
+                   help="comma-separated batch sizes, each 1..8")
+    b.add_argument("--prompt-len", type=int_at_least(1), default=512, metavar="TOKENS",
+                   help="prompt tokens per request, >= 1")
+    b.add_argument("--output-len", type=int_at_least(2), default=128, metavar="TOKENS",
+                   help="generated tokens per request, >= 2")
+    b.add_argument("--warmup", type=int_at_least(0), default=1, metavar="N",
+                   help="untimed warm-up runs per batch size, >= 0")
+    b.add_argument("--repeats", type=int_at_least(1), default=3, metavar="N",
+                   help="timed runs per batch size, >= 1")
+    b.add_argument("--peers", type=_choice_list(PEERS, "peer", True), default="", metavar="LIST",
+                   help="peers run side by side: hf (= hf-eager,hf-compile), hf-eager, hf-compile "
+                   "(default: none)")
+    b.add_argument("--peer-timeout", type=_float_in(0.0, math.inf, low_open=True), default=420.0,
+                   metavar="SECONDS",
                    help="time budget per peer, checked between generate calls; past it the rest of that peer "
-                        "is marked skipped and the run goes on (default 420)")
-    b.add_argument("--json", default=None, help="write full records as JSON here")
-    b.add_argument("--csv", default=None, help="write one row per (runner, batch size) here")
-    b.add_argument("--attention", default="auto")
-    b.add_argument("--device", default=None)
-    b.add_argument("--dtype", default=None)
-    b.add_argument("--max-context", type=int, default=None)
-    b.add_argument("--no-progress", action="store_true")
+                        "is marked skipped and the run goes on")
+    b.add_argument("--json", default=None, metavar="PATH",
+                   help="write full records as JSON here (checked for writability before the run; "
+                   "default: not written)")
+    b.add_argument("--csv", default=None, metavar="PATH",
+                   help="write one row per (runner, batch size) here (checked for writability before the "
+                   "run; default: not written)")
+    b.add_argument("--attention", default="auto", choices=ATTENTION_BACKENDS, help="decode-attention backend")
+    b.add_argument("--device", type=device_arg, default=None,
+                   help="auto | cpu | cuda | cuda:N (default: auto, CUDA when available)")
+    b.add_argument("--dtype", default=None, choices=DTYPES,
+                   help="weight and cache dtype (default: bfloat16 on CUDA, float32 on CPU)")
+    b.add_argument("--max-context", type=context_arg, default=None, metavar="TOKENS",
+                   help="tokens per sequence slot, >= prompt-len + output-len + 8 "
+                   "(default: just that much)")
+    b.add_argument("--no-progress", action="store_true",
+                   help="no progress bars (ours, transformers' and huggingface_hub's)")
 
 
-def run_bench(args: argparse.Namespace) -> int:
-    from fgchat.bench.report import print_report, write_csv, write_json
-    from fgchat.bench.runner import BenchSpec, run_all
+def silence_progress_bars() -> None:
+    """Turn off transformers' and huggingface_hub's tqdm bars (e.g. "Loading weights") for this
+    process. The environment variable covers later imports; modules already imported are told directly."""
+    os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+    if "huggingface_hub" in sys.modules:
+        from huggingface_hub.utils import disable_progress_bars
 
-    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    bad = [m for m in modes if m not in ("eager", "piecewise", "full")]
-    if bad:
-        raise FgchatError(f"unknown mode(s) {', '.join(bad)} (choose eager, piecewise, full)")
-    peers = [p.strip() for p in args.peers.split(",") if p.strip()]
-    if any(p not in ("hf", "hf-eager", "hf-compile") for p in peers):
-        raise FgchatError(f"unknown peer(s) {args.peers} (known: hf, hf-eager, hf-compile)")
+        disable_progress_bars()
+    if "transformers" in sys.modules:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+
+
+def check_bench_args(args: argparse.Namespace) -> None:
+    """The checks that involve several options or the file system; each failure is one line."""
+    from fgchat.cli import check_writable
+
     if args.preset and not args.random_weights:
         raise FgchatError("--preset needs --random-weights (presets carry shapes, not weights)")
     if args.random_weights and not args.preset:
         raise FgchatError("--random-weights needs --preset NAME")
+    if args.preset and args.model:
+        raise FgchatError("give --model or --preset with --random-weights, not both")
     if args.outliers and not args.random_weights:
         raise FgchatError("--outliers needs --random-weights")
-    if not 0.0 <= args.outliers <= 6e4:
-        raise FgchatError("--outliers must be between 0 and 60000 (float16's range)")
-    if args.prompt_len < 1 or args.output_len < 2 or args.repeats < 1 or args.warmup < 0:
-        raise FgchatError("--prompt-len >= 1, --output-len >= 2, --repeats >= 1, --warmup >= 0")
-    if not args.peer_timeout > 0:
-        raise FgchatError("--peer-timeout must be > 0 seconds")
-    for path in (args.json, args.csv):
-        if path and not Path(path).resolve().parent.is_dir():
-            raise FgchatError(f"cannot write {path}: directory does not exist")
+    need = args.prompt_len + args.output_len + 8
+    if args.max_context is not None and args.max_context < need:
+        raise FgchatError(f"--max-context {args.max_context} is too small for --prompt-len + --output-len "
+                          f"(needs {need} tokens)")
+    for option, path in (("--json", args.json), ("--csv", args.csv)):
+        if path is not None:
+            check_writable(path, option, replace=True)
+    if args.json is not None and args.csv is not None and Path(args.json).expanduser().resolve() == Path(
+            args.csv).expanduser().resolve():
+        raise FgchatError("--json and --csv name the same file")
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    check_bench_args(args)
+    if args.no_progress:
+        silence_progress_bars()  # before the runner imports transformers
+    from fgchat.bench.report import print_report, write_csv, write_json
+    from fgchat.bench.runner import BenchSpec, run_all
+
     spec = BenchSpec(
-        model=args.model, preset=args.preset, modes=modes, batch_sizes=args.batch_sizes,
+        model=args.model, preset=args.preset, modes=list(args.modes), batch_sizes=args.batch_sizes,
         prompt_len=args.prompt_len, output_len=args.output_len, warmup=args.warmup,
-        repeats=args.repeats, peers=peers, attention=args.attention, device=args.device,
+        repeats=args.repeats, peers=list(args.peers), attention=args.attention, device=args.device,
         dtype=args.dtype, max_context=args.max_context, progress=not args.no_progress,
         peer_timeout=args.peer_timeout, outliers=args.outliers,
     )
     result = run_all(spec)
     print_report(result, sys.stdout)
-    if args.json:
-        write_json(result, Path(args.json))
-    if args.csv:
-        write_csv(result, Path(args.csv))
+    for option, path, write in (("--json", args.json, write_json), ("--csv", args.csv, write_csv)):
+        if path:
+            try:
+                write(result, Path(path).expanduser())
+            except OSError as e:  # e.g. the disk filled up during the run
+                raise FgchatError(f"cannot write {option} {path}: {e.strerror or e}") from None
     return 0
-

@@ -11,3 +11,14 @@ class ModelLoadError(FgchatError):
 
 class RequestError(FgchatError):
     """A request is invalid (prompt too long, bad sampling values)."""
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """Whether `exc` means an allocation failed: MemoryError, torch.OutOfMemoryError (CUDA), or the
+    RuntimeError torch's CPU allocator raises ("DefaultCPUAllocator: not enough memory")."""
+    if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
+        return True
+    if isinstance(exc, RuntimeError):
+        text = str(exc)
+        return "DefaultCPUAllocator" in text or "not enough memory" in text or "out of memory" in text.lower()
+    return False

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from fgchat.engine.errors import FgchatError, is_out_of_memory
 from fgchat.engine.model.config import ModelConfig
 
 NUM_SLOTS = 8
@@ -30,18 +31,24 @@ def choose_max_context(
     requested: int | None,
     budget_bytes: int,
 ) -> tuple[int, str]:
-    """Pick the context length: requested or the model's, capped by memory. Returns (length, reason)."""
-    model_max = cfg.max_position
-    if cfg.sliding_window:
-        model_max = min(model_max, cfg.sliding_window)
+    """Pick the context length: requested or the model's, capped by the model's limit and by
+    memory. Returns (length, reason); a reason for a capped length says what capped it and what was
+    asked, e.g. "requested 1000000000, capped to the model's maximum 2048"."""
+    model_max, limit = cfg.max_position, "the model's maximum"
+    if cfg.sliding_window and cfg.sliding_window < model_max:
+        model_max, limit = cfg.sliding_window, "the model's sliding window"
     want = requested if requested is not None else model_max
+    capped_by_model = want > model_max
     want = min(want, model_max)
     fit = max(budget_bytes // kv_bytes_per_token(cfg, dtype), 0)
     fit = (fit // 256) * 256
-    if want <= fit:
-        src = "requested" if requested is not None else "model default"
-        return want, f"{src}"
-    return max(fit, 256), f"capped by memory (model allows {model_max})"
+    got = min(want, max(fit, 256))  # never below 256 tokens for memory's sake
+    if got == want:
+        if capped_by_model:
+            return want, f"requested {requested}, capped to {limit} {model_max}"
+        return want, "requested" if requested is not None else "model default"
+    asked = f"requested {requested}, " if requested is not None else ""
+    return got, f"{asked}capped by {device.type} memory to {got} (model allows {model_max})"
 
 
 class KVCache:
@@ -51,8 +58,17 @@ class KVCache:
         shape = (NUM_SLOTS, max_context, cfg.num_kv_heads, cfg.head_dim)
         self.max_context = max_context
         alloc = torch.zeros if device.type == "cuda" else torch.empty
-        self.k = [alloc(shape, device=device, dtype=dtype) for _ in range(cfg.num_layers)]
-        self.v = [alloc(shape, device=device, dtype=dtype) for _ in range(cfg.num_layers)]
+        try:
+            self.k = [alloc(shape, device=device, dtype=dtype) for _ in range(cfg.num_layers)]
+            self.v = [alloc(shape, device=device, dtype=dtype) for _ in range(cfg.num_layers)]
+        except Exception as exc:  # MemoryError, torch.OutOfMemoryError, CPU allocator RuntimeError
+            if not is_out_of_memory(exc):
+                raise
+            self.k = self.v = []
+            raise FgchatError(
+                f"not enough {device.type} memory for a KV cache of {max_context} tokens x {NUM_SLOTS} slots; "
+                "lower --max-context"
+            ) from None
 
     @property
     def nbytes(self) -> int:

