@@ -269,10 +269,18 @@ def _process_main(config: Any, commands: Any, events: Any, log_path: str | None)
 
 
 def _redirect_stdio(log_path: str | None) -> None:
-    """Point fd 1 and 2 at log_path (or /dev/null): the terminal belongs to the UI."""
+    """Point fd 1 and 2 at log_path (or /dev/null): the terminal belongs to the UI.
+    The log is private (it may quote prompts): created 0600, an existing one of the user's is
+    stripped of group/other permissions."""
     try:
         if log_path:
-            fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            try:
+                st = os.fstat(fd)
+                if st.st_uid == os.getuid() and st.st_mode & 0o077:
+                    os.fchmod(fd, st.st_mode & 0o700)
+            except OSError:
+                pass
         else:
             fd = os.open(os.devnull, os.O_WRONLY)
     except OSError:

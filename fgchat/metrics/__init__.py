@@ -6,6 +6,7 @@ Invariant: nothing in this package imports Textual or Rich (the TUI wraps what i
 from fgchat.metrics.csv_export import (
     CsvAppender,
     read_requests_csv,
+    read_session_ids,
     read_tokens_csv,
     write_requests_csv,
     write_tokens_csv,
@@ -13,10 +14,12 @@ from fgchat.metrics.csv_export import (
 from fgchat.metrics.histogram import histogram, render_bars, shared_bins, sparkline
 from fgchat.metrics.records import (
     REQUEST_COLUMNS,
+    SESSION_COLUMN,
     TOKEN_COLUMNS,
     LatencyLog,
     RequestRecord,
     TokenRecord,
+    new_session_id,
 )
 from fgchat.metrics.stats import (
     HOST_BOUND_FRACTION,
@@ -32,6 +35,7 @@ from fgchat.metrics.stats import (
 __all__ = [
     "HOST_BOUND_FRACTION",
     "REQUEST_COLUMNS",
+    "SESSION_COLUMN",
     "TOKEN_COLUMNS",
     "CsvAppender",
     "LatencyLog",
@@ -42,7 +46,9 @@ __all__ = [
     "host_bound",
     "itl_by_mode",
     "latency_summary",
+    "new_session_id",
     "read_requests_csv",
+    "read_session_ids",
     "read_tokens_csv",
     "render_bars",
     "request_tpot_ms",

@@ -1,7 +1,10 @@
 """CSV export of latency records (csv module, UTF-8, "\\n" line ends).
 
 Cells: floats with 3 decimals (all float columns are milliseconds), None as an empty cell,
-booleans as 1 / 0, request modes as "eager:1;full:31". Header = TOKEN_COLUMNS / REQUEST_COLUMNS.
+booleans as 1 / 0, request modes as "eager:1;full:31". Header = TOKEN_COLUMNS / REQUEST_COLUMNS,
+preceded by `session_id` when the writer is given one (the TUI always is: its --log-csv and
+exports carry the session id on every row, so rows of several sessions in one file stay unique).
+The readers take files with or without `session_id` (and without columns added later).
 
 Invariants:
 - `write_*_csv` are atomic: the target is either untouched or holds the complete new file
@@ -25,6 +28,7 @@ from typing import Any
 from fgchat.engine.errors import FgchatError
 from fgchat.metrics.records import (
     REQUEST_COLUMNS,
+    SESSION_COLUMN,
     TOKEN_COLUMNS,
     LatencyLog,
     RequestRecord,
@@ -51,17 +55,27 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
-def _row(record: TokenRecord | RequestRecord, columns: Sequence[str]) -> list[str]:
-    return [_cell(getattr(record, c)) for c in columns]
+def _row(record: TokenRecord | RequestRecord, columns: Sequence[str], session_id: str = "") -> list[str]:
+    return [session_id if c == SESSION_COLUMN else _cell(getattr(record, c)) for c in columns]
 
 
-def _rows_text(records: Iterable[TokenRecord | RequestRecord], columns: Sequence[str], header: bool) -> str:
+def _columns(base: Sequence[str], session_id: str | None) -> tuple[str, ...]:
+    """The header of a file: `base`, led by session_id when the writer has one."""
+    return tuple(base) if session_id is None else (SESSION_COLUMN, *base)
+
+
+def _rows_text(
+    records: Iterable[TokenRecord | RequestRecord],
+    columns: Sequence[str],
+    header: bool,
+    session_id: str | None = None,
+) -> str:
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
     if header:
         writer.writerow(columns)
     for r in records:
-        writer.writerow(_row(r, columns))
+        writer.writerow(_row(r, columns, session_id or ""))
     return buf.getvalue()
 
 
@@ -111,17 +125,21 @@ def atomic_write_text(path: PathLike, text: str) -> None:
                 pass
 
 
-def write_tokens_csv(path: PathLike, records: Iterable[TokenRecord]) -> int:
-    """Write all token records (with header) atomically; returns the row count."""
+def write_tokens_csv(path: PathLike, records: Iterable[TokenRecord], session_id: str | None = None) -> int:
+    """Write all token records (with header) atomically; returns the row count. With a
+    `session_id`, a leading session_id column holds it on every row."""
     records = list(records)
-    atomic_write_text(path, _rows_text(records, TOKEN_COLUMNS, header=True))
+    atomic_write_text(path, _rows_text(records, _columns(TOKEN_COLUMNS, session_id), True, session_id))
     return len(records)
 
 
-def write_requests_csv(path: PathLike, records: Iterable[RequestRecord]) -> int:
-    """Write all request records (with header) atomically; returns the row count."""
+def write_requests_csv(
+    path: PathLike, records: Iterable[RequestRecord], session_id: str | None = None
+) -> int:
+    """Write all request records (with header) atomically; returns the row count. With a
+    `session_id`, a leading session_id column holds it on every row."""
     records = list(records)
-    atomic_write_text(path, _rows_text(records, REQUEST_COLUMNS, header=True))
+    atomic_write_text(path, _rows_text(records, _columns(REQUEST_COLUMNS, session_id), True, session_id))
     return len(records)
 
 
@@ -140,16 +158,35 @@ def _opt_int(s: str) -> int | None:
 ADDED_COLUMNS = frozenset({"launch_ms"})
 
 
+def _known_header(names: Sequence[str], columns: Sequence[str]) -> bool:
+    """`names` is `columns` (optionally led by session_id), possibly without ADDED_COLUMNS."""
+    names = tuple(names)
+    if names[:1] == (SESSION_COLUMN,):
+        names = names[1:]
+    return names == tuple(columns) or names == tuple(c for c in columns if c not in ADDED_COLUMNS)
+
+
 def _read_rows(path: PathLike, columns: Sequence[str]) -> list[dict[str, str]]:
     try:
         with open(os.path.expanduser(os.fspath(path)), encoding="utf-8", newline="") as f:
             reader = csv.DictReader(f)
-            names = tuple(reader.fieldnames or ())
-            if names != tuple(columns) and names != tuple(c for c in columns if c not in ADDED_COLUMNS):
+            if not _known_header(reader.fieldnames or (), columns):
                 raise FgchatError(f"{os.fspath(path)}: unexpected CSV header {reader.fieldnames}")
             return list(reader)
     except OSError as e:
         raise _one_line(path, "read", e) from e
+
+
+def read_session_ids(path: PathLike) -> list[str]:
+    """The session_id of every row of a tokens or requests CSV, in file order (row i belongs to
+    record i of `read_tokens_csv` / `read_requests_csv`); "" for files without the column."""
+    try:
+        with open(os.path.expanduser(os.fspath(path)), encoding="utf-8", newline="") as f:
+            names = next(csv.reader(f), [])
+    except OSError as e:
+        raise _one_line(path, "read", e) from e
+    columns = TOKEN_COLUMNS if _known_header(names, TOKEN_COLUMNS) else REQUEST_COLUMNS
+    return [r.get(SESSION_COLUMN) or "" for r in _read_rows(path, columns)]
 
 
 def read_tokens_csv(path: PathLike) -> list[TokenRecord]:
@@ -206,15 +243,20 @@ def read_requests_csv(path: PathLike) -> list[RequestRecord]:
 class CsvAppender:
     """Appends token rows to `path` as they happen (for `--log-csv PATH`).
 
-    The header is written once: only when the file is new or empty. An existing non-empty file
-    must start with the same header (else FgchatError, so two formats never mix in one file).
+    With a `session_id` (the TUI always passes one) every row starts with it: the header is
+    "session_id,request_id,...". The header is written once: only when the file is new or empty.
+    An existing non-empty file must start with the same header (else FgchatError, so two formats
+    never mix in one file; a file from before session ids is refused, not rewritten, because
+    another process may still be appending to it).
     Each `append` / `sync` call writes its batch in one write and flushes. Opening happens in the
     constructor so a bad path fails at start-up. Thread-safe. Use it as a context manager or
     call `close()`.
     """
 
-    def __init__(self, path: PathLike) -> None:
+    def __init__(self, path: PathLike, session_id: str | None = None) -> None:
         self.path = Path(os.path.expanduser(os.fspath(path)))
+        self.session_id = session_id
+        self.columns = _columns(TOKEN_COLUMNS, session_id)
         self._lock = threading.Lock()  # guards the file
         self._sync_lock = threading.Lock()  # guards _synced; taken before _lock, never after
         self._synced = 0  # LatencyLog token index up to which `sync` has written
@@ -222,7 +264,7 @@ class CsvAppender:
         self._file = self._open()
 
     def _open(self) -> io.TextIOWrapper:
-        header = _rows_text((), TOKEN_COLUMNS, header=True)
+        header = _rows_text((), self.columns, header=True)
         try:
             needs_newline = False
             size = self.path.stat().st_size if self.path.exists() else 0
@@ -230,6 +272,13 @@ class CsvAppender:
                 with open(self.path, encoding="utf-8", newline="") as f:
                     first = f.readline()
                 if first.rstrip("\r\n") != header.rstrip("\n"):
+                    names = next(csv.reader([first]), [])
+                    if self.session_id is not None and _known_header(names, TOKEN_COLUMNS):
+                        raise FgchatError(
+                            f"{self.path} was written without the session_id column (an older "
+                            "fgchat); rows of two formats are never mixed: choose another file "
+                            "or move this one away"
+                        )
                     raise FgchatError(
                         f"{self.path} holds other data (CSV header differs); choose another file"
                     )
@@ -255,7 +304,7 @@ class CsvAppender:
         records = list(records)
         if not records:
             return 0
-        text = _rows_text(records, TOKEN_COLUMNS, header=False)
+        text = _rows_text(records, self.columns, header=False, session_id=self.session_id)
         with self._lock:
             if self._file.closed:
                 raise FgchatError(f"log file {self.path} is already closed")

@@ -11,6 +11,7 @@ Invariants:
 
 from __future__ import annotations
 
+import secrets
 import threading
 import time
 from collections import Counter
@@ -33,6 +34,18 @@ TOKEN_COLUMNS: tuple[str, ...] = (
     "position",
     "launch_ms",
 )
+
+# Files written for a session (the TUI's --log-csv and exports) put this column first: request
+# ids restart at 1 and t_ms at 0 in every session, so (session_id, request_id, chat_id,
+# token_index) is what is unique across sessions appended to one file.
+SESSION_COLUMN = "session_id"
+
+
+def new_session_id() -> str:
+    """A new session id: UTC start time (sorts by start) plus 8 random hex digits (two sessions
+    started in the same second differ), e.g. "20250131T235959Z-3f9a0c1d"."""
+    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + secrets.token_hex(4)
+
 
 REQUEST_COLUMNS: tuple[str, ...] = (
     "request_id",
@@ -109,11 +122,13 @@ class LatencyLog:
 
     `t_ms` of each token is `(event.t_ns - start_ns) / 1e6`. `start_ns` defaults to
     `time.monotonic_ns()` when the log is created; CLOCK_MONOTONIC is system-wide on Linux, so
-    events stamped in the engine process are comparable.
+    events stamped in the engine process are comparable. `session_id` names this log's run (and
+    time base) in CSV files; "" when none was given.
     """
 
-    def __init__(self, start_ns: int | None = None) -> None:
+    def __init__(self, start_ns: int | None = None, session_id: str = "") -> None:
         self.start_ns: int = time.monotonic_ns() if start_ns is None else int(start_ns)
+        self.session_id = session_id
         self._lock = threading.Lock()
         self._tokens: list[TokenRecord] = []
         self._requests: list[RequestRecord] = []

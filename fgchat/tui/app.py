@@ -10,7 +10,13 @@ Invariants:
   stop, fail or when the app exits (partial text, finish="interrupted"); the latency log only
   grows and survives failed exports and engine deaths.
 - Request ids are unique for the app's lifetime (also across engine restarts), so log rows
-  never mix two requests.
+  never mix two requests; every latency row also carries the session id (one per app run), so
+  rows of two sessions in one --log-csv never collide.
+- SIGTERM and SIGHUP (a closed terminal, a dropped SSH session) end the app like ctrl+q: partial
+  replies stored (finish="interrupted"), --log-csv flushed, the engine stopped, then exit status
+  128 + signal number. A second signal during that shutdown is ignored.
+- A broken chat store never ends the app: every store call is guarded (one-line notification,
+  data kept in memory); a store that cannot be opened is replaced by an in-memory one (one warning).
 
 FgchatApp owns its state (created in __init__), layout, sending and exit; its behaviour is split
 by responsibility into mixins: engine_link (engine process + events), replies (in-flight replies),
@@ -19,6 +25,10 @@ chat_tabs (tabs), export (CSV export + --log-csv), palette (ctrl+p commands), co
 
 from __future__ import annotations
 
+import asyncio
+import os
+import signal
+import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable
@@ -33,7 +43,7 @@ from textual.widgets import Footer, Header, Input, Static, TabbedContent
 from fgchat.engine.errors import FgchatError
 from fgchat.engine.events import MODES, EngineInfo, SamplingParams
 from fgchat.engine.process import EngineProcess
-from fgchat.metrics import CsvAppender, LatencyLog
+from fgchat.metrics import CsvAppender, LatencyLog, new_session_id
 from fgchat.tui.chat_tabs import ChatTabsMixin
 from fgchat.tui.console import HIST_WINDOW, REFRESH_S, ConsoleMixin
 from fgchat.tui.engine_link import EngineLinkMixin
@@ -43,10 +53,48 @@ from fgchat.tui.latency_panel import LatencyPanel, PanelView
 from fgchat.tui.messages import EngineEvents
 from fgchat.tui.palette import PaletteMixin
 from fgchat.tui.replies import MAX_SAMPLES, Reply, ReplyMixin
-from fgchat.tui.store import ChatStore, Settings, StoredMessage, data_dir, title_from
+from fgchat.tui.store import (
+    ChatStore,
+    Settings,
+    StoredMessage,
+    data_dir,
+    data_dir_path,
+    open_private,
+    title_from,
+)
 from fgchat.tui.themes import BUILTIN_THEME_DIR, DEFAULT_THEME, load_themes
 
 EngineFactory = Callable[..., object]
+
+EXIT_SIGNALS = (signal.SIGTERM, signal.SIGHUP)  # handled like ctrl+q; exit status 128 + signum
+SHUTDOWN_GRACE_S = 3.0  # after a signal (data already stored): longest wait for the UI to close
+
+
+def _ignore_signal(signum, frame) -> None:
+    pass
+
+
+def one_line(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return " ".join(text.split())
+
+
+def open_store(path: Path, problem: str = "") -> tuple[ChatStore, str]:
+    """The chat store at `path`, else the same read-only, else an in-memory one; plus a one-line
+    warning when it is not the normal read-write store ("" when it is)."""
+    if not problem:
+        try:
+            return ChatStore(path), ""
+        except FgchatError as exc:
+            problem = str(exc)
+        if path.exists():
+            try:
+                store = ChatStore(path, read_only=True)
+            except FgchatError:
+                pass
+            else:
+                return store, f"{problem}: opened read-only; new messages are kept in memory only"
+    return ChatStore(":memory:"), f"{problem}: chats are kept in memory for this session"
 
 
 class FgchatApp(
@@ -91,18 +139,30 @@ class FgchatApp(
         log_csv: CsvAppender | None = None,
         sampling: SamplingParams | None = None,
         data_path: Path | None = None,
+        session_id: str | None = None,
     ) -> None:
         super().__init__()
         self.config = config
-        self.data_path = data_path or data_dir()
+        self.startup_warnings: list[str] = []  # shown once the app is mounted
+        dir_problem = ""
+        if data_path is None:
+            try:
+                data_path = data_dir()
+            except FgchatError as exc:
+                data_path, dir_problem = data_dir_path(), str(exc)
+        self.data_path = data_path
         self.settings = Settings(self.data_path / "settings.json")
-        self.store = ChatStore(self.data_path / "chats.sqlite3")
+        self.store, store_problem = open_store(self.data_path / "chats.sqlite3", dir_problem)
+        if store_problem:
+            self.startup_warnings.append(store_problem)
         self._engine_factory = engine_factory or (
             lambda cfg: EngineProcess(cfg, log_path=self.data_path / "engine.log")
         )
         self.appender = log_csv
         self.sampling = sampling or SamplingParams(max_tokens=1024)
-        self.latency_log = LatencyLog()
+        # one id per app run, on every latency row it writes: rows of two sessions never collide
+        self.session_id = session_id or getattr(log_csv, "session_id", None) or new_session_id()
+        self.latency_log = LatencyLog(session_id=self.session_id)
         self.engine = None
         self._engine_gen = 0
         self.engine_state = "starting"  # starting | ready | failed
@@ -125,6 +185,11 @@ class FgchatApp(
         self.panel_view = PanelView()
         self._dirty = True
         self._flushed = False
+        self.exit_signal: int | None = None  # SIGTERM/SIGHUP that ended the app, if one did
+        self._previous_handlers: dict[int, object] = {}
+        # run_tui sets it: after a signal, os._exit if the UI has not closed in SHUTDOWN_GRACE_S
+        # (never in tests that drive the app in-process)
+        self.exit_watchdog = False
         self._csv_error = ""
         self.notices: list[tuple[str, str]] = []  # (severity, text) of every notification shown
         self.theme_problems: list[str] = []
@@ -156,6 +221,9 @@ class FgchatApp(
         yield Footer(compact=True)
 
     async def on_mount(self) -> None:
+        self._install_signal_handlers()
+        for warning in self.startup_warnings:
+            self.notify(warning, severity="warning", timeout=15)
         self._apply_saved_theme()
         self.theme_changed_signal.subscribe(self, self._remember_theme)
         for problem in self.theme_problems:
@@ -260,14 +328,89 @@ class FgchatApp(
     def action_help(self) -> None:
         self.push_screen(HelpScreen([b for b in self.BINDINGS if isinstance(b, Binding)]))
 
+    # ------------------------------------------------------------------ store
+    def _store_call(self, what: str, call: Callable, *args, default=None):
+        """Run one ChatStore call; a failure is a one-line error notification (and a ui.log line),
+        never a crash: the caller's data stays in memory and the app keeps running."""
+        try:
+            return call(*args)
+        except Exception as exc:  # sqlite/OS errors (FgchatError from ChatStore), closed store
+            text = f"could not {what}: {one_line(exc)}"
+            self._log_problem(text)
+            if not self._flushed:
+                self.notify(f"{text} (kept in memory)", severity="error", timeout=8)
+            return default
+
     # ------------------------------------------------------------------ exit
+    def _install_signal_handlers(self) -> None:
+        """SIGTERM/SIGHUP → `exit_on_signal` on the event loop. Python-level handlers (main thread
+        only: under a test runner the app may run elsewhere, then the process's handling stays)
+        that only schedule the work: CPython runs them in signal-number order, so a hangup's
+        SIGHUP (1) is seen before the SIGCONT (18) the kernel sends with it, and Textual's SIGCONT
+        handler (which would resume the dead terminal and can block) is disarmed first."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+
+        def on_signal(signum: int, frame) -> None:
+            if signum == signal.SIGHUP:
+                try:
+                    signal.signal(signal.SIGCONT, _ignore_signal)
+                except (ValueError, OSError):
+                    pass
+            try:
+                loop.call_soon_threadsafe(self.exit_on_signal, signum)
+            except RuntimeError:  # the loop is closed: the app already flushed
+                pass
+
+        for sig in EXIT_SIGNALS:
+            try:
+                self._previous_handlers[int(sig)] = signal.signal(sig, on_signal)
+            except (ValueError, OSError):
+                continue
+
+    def _remove_signal_handlers(self) -> None:
+        for sig, handler in self._previous_handlers.items():
+            try:
+                signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+            except (ValueError, OSError, TypeError):
+                pass
+        self._previous_handlers.clear()
+
+    def exit_on_signal(self, signum: int) -> None:
+        """SIGTERM/SIGHUP: what ctrl+q does, storing first. The flush runs right here, before
+        any await, so nothing depends on the (possibly gone) terminal; a repeated signal is a
+        no-op. Exit status 128 + signum, as a shell reports a process ended by that signal.
+        Everything is on disk before the UI shuts down, so a shutdown that hangs on a hung-up
+        terminal is cut short after SHUTDOWN_GRACE_S (os._exit, same status)."""
+        if self.exit_signal is not None:
+            return
+        self.exit_signal = signum
+        try:
+            name = signal.Signals(signum).name
+        except ValueError:
+            name = f"signal {signum}"
+        n = len(self.replies)
+        self._log_problem(f"{name}: exiting; {n} repl{'y' if n == 1 else 'ies'} in flight stored as interrupted")
+        self.flush_on_exit()
+        if self.exit_watchdog:
+            timer = threading.Timer(SHUTDOWN_GRACE_S, os._exit, args=(128 + signum,))
+            timer.daemon = True
+            timer.start()
+        self.exit(return_code=128 + signum)
+
     async def on_unmount(self) -> None:
         self.flush_on_exit()
+        self._remove_signal_handlers()
 
     def _log_problem(self, text: str) -> None:
-        """Problems at exit cannot be shown any more: append them to <data dir>/ui.log."""
+        """Problems at exit cannot be shown any more: append them to <data dir>/ui.log (0600)."""
         try:
-            with open(self.data_path / "ui.log", "a", encoding="utf-8") as f:
+            fd = open_private(self.data_path / "ui.log", os.O_WRONLY | os.O_APPEND)
+            with os.fdopen(fd, "a", encoding="utf-8") as f:
                 f.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {text}\n")
         except OSError:
             pass
@@ -297,4 +440,7 @@ class FgchatApp(
                 self.engine.shutdown()
             except Exception:
                 pass
-        self.store.close()
+        try:
+            self.store.close()
+        except Exception:
+            pass

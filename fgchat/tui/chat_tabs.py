@@ -77,7 +77,10 @@ class ChatTabsMixin:
         self.notify(f"copied the reply ({len(text)} characters)", timeout=3)
 
     def action_open_chat(self) -> None:
-        self.push_screen(OpenChatScreen(self.store.list_conversations()), self._open_chosen)
+        conversations = self._store_call("list the saved chats", self.store.list_conversations)
+        if conversations is None:
+            return  # the notification says why; the open chats are untouched
+        self.push_screen(OpenChatScreen(conversations), self._open_chosen)
 
     async def _open_chosen(self, chat_id: str | None) -> None:
         if not chat_id:
@@ -89,7 +92,10 @@ class ChatTabsMixin:
             if view.conversation.id == chat_id:
                 self.tabs.active = f"chat-{chat_id}"
                 return view
-        conv = self.store.load(chat_id)
+        failed = object()
+        conv = self._store_call("load that chat", self.store.load, chat_id, default=failed)
+        if conv is failed:
+            return None
         if conv is None:
             self.notify("that chat no longer exists", severity="error")
             return None
@@ -120,8 +126,9 @@ class ChatTabsMixin:
                 return
             chat.conversation.system_prompt = text
             self.settings.set("system_prompt", text)
-            if chat.conversation.saved:
-                self.store.save_conversation(chat.conversation)
+            if chat.conversation.saved:  # a failure keeps the new prompt in memory (and in use)
+                self._store_call("save the system prompt", self.store.save_conversation,
+                                 chat.conversation)
             chat.refresh_system_line()
 
         self.push_screen(SystemPromptScreen(chat.conversation.system_prompt), done)

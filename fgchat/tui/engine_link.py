@@ -5,10 +5,15 @@ Invariants:
 - Each engine start bumps a generation; events from a replaced engine are dropped.
 - Every token and finished request is recorded in the latency log before any UI update.
 - A fatal engine error fails every in-flight reply (partial text kept) and shows a banner.
+- The engine child starts with SIGHUP blocked: a hangup (closed terminal, dropped SSH session)
+  reaches the whole foreground process group, and the child must outlive it until the app has
+  stored the replies in flight as "interrupted" and stops it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import signal
 from collections import deque
 
 from textual import work
@@ -22,6 +27,23 @@ from fgchat.tui.console import HIST_WINDOW, RECENT_ITL
 from fgchat.tui.messages import EngineEvents
 
 
+@contextlib.contextmanager
+def _hangup_blocked():
+    """Block SIGHUP in this thread while a child is started: the mask is inherited through fork
+    and exec, so the engine child never sees a hangup (it is stopped by the app, or exits when
+    the app is gone). A SIGHUP for the app meanwhile is taken by another thread or
+    stays pending until the block ends: never lost."""
+    try:
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP})
+    except (AttributeError, OSError, ValueError):
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
 class EngineLinkMixin:
     """FgchatApp's engine lifecycle and event handling (`self.engine`, `self._engine_gen`,
     `self.engine_*`, the batch/ITL statistics)."""
@@ -32,7 +54,8 @@ class EngineLinkMixin:
         self.engine_state = "starting"
         self.engine_error = ""
         self.engine = self._engine_factory(self.config)
-        self.engine.start()
+        with _hangup_blocked():
+            self.engine.start()
         self._poll_engine(self.engine, self._engine_gen)
         self._dirty = True
 

@@ -1,5 +1,5 @@
 """Getting the latency log onto disk: the ctrl+s export (tokens + requests CSVs) and the
-incremental --log-csv sync.
+incremental --log-csv sync. Both carry the app's session id on every row.
 
 Invariant: a failed write never loses rows; the log stays in memory and the user is told
 (for --log-csv once per failure streak, with a notice when it recovers).
@@ -34,9 +34,10 @@ class ExportMixin:
         stem = tokens_path.stem.removesuffix("-tokens")
         requests_path = tokens_path.with_name(f"{stem}-requests{tokens_path.suffix or '.csv'}")
         tokens, requests = self.latency_log.snapshot()
+        session = self.session_id  # a leading session_id column: exports of two runs can be merged
         try:
-            n_tokens = write_tokens_csv(tokens_path, tokens)
-            n_requests = write_requests_csv(requests_path, requests)
+            n_tokens = write_tokens_csv(tokens_path, tokens, session_id=session)
+            n_requests = write_requests_csv(requests_path, requests, session_id=session)
         except FgchatError as exc:
             self.notify(f"{exc} — the log is kept in memory; export again to another path",
                         title="export failed", severity="error", timeout=10)

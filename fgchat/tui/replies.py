@@ -93,12 +93,8 @@ class ReplyMixin:
         self._store_message(reply.conversation, msg)
 
     def _store_message(self, conversation: Conversation, msg: StoredMessage) -> None:
-        try:
-            self.store.add_message(conversation, msg)
-        except Exception as exc:  # sqlite errors: keep going, say so
-            self._log_problem(f"could not save a message: {exc!r}")
-            if not self._flushed:
-                self.notify(f"could not save the message: {exc}", severity="error")
+        # sqlite errors: keep going (the message stays in memory), say so in one line
+        self._store_call("save the message", self.store.add_message, conversation, msg)
 
     def action_stop(self) -> None:
         chat = self.current_chat
@@ -128,8 +124,9 @@ class ReplyMixin:
         dropped = conv.messages[last_user + 1:]
         del conv.messages[last_user + 1:]
         ids = [m.id for m in dropped if m.id is not None]
-        if ids:
-            self.store.delete_messages(conv, ids)
+        if ids:  # a failure leaves the old replies on disk; the new one is still generated
+            self._store_call("delete the replaced replies from the store",
+                             self.store.delete_messages, conv, ids)
         dropped_ids = {id(m) for m in dropped}
         for bubble in chat.bubbles():
             if id(getattr(bubble, "stored", None)) in dropped_ids:

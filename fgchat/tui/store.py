@@ -1,6 +1,10 @@
 """Conversation persistence (SQLite) and UI settings (JSON) in the user's data directory.
 
 Location: $FGCHAT_DATA_DIR if set, else platformdirs.user_data_dir("fgchat").
+Privacy: chats are private. The data directory is created 0700 (the default location is also
+tightened to 0700 when it is more open); chats.sqlite3 (and SQLite's -wal/-shm files, which take
+its mode), settings.json, ui.log and engine.log are created 0600, and existing ones owned by the
+user lose their group/other bits when opened.
 
 Invariants:
 - A message is written (and committed) as soon as it is complete: user turns on send, replies
@@ -8,15 +12,20 @@ Invariants:
   in place except a conversation's title, system prompt and updated time.
 - Regenerate deletes the replies it replaces, never a user turn.
 - No UI imports: this module is plain Python so tests and scripts can read what the app wrote.
+- Every store failure is one-line `FgchatError` (sqlite's own errors, too), so callers can guard
+  each call with one `except` and keep the data in memory.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sqlite3
+import stat
 import threading
 import time
+import urllib.parse
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,20 +55,81 @@ CREATE INDEX IF NOT EXISTS messages_by_conversation ON messages(conversation_id,
 """
 
 
-def data_dir() -> Path:
-    """The directory holding chats.sqlite3, settings.json, engine.log (created if missing)."""
+PRIVATE_DIR_MODE = 0o700
+PRIVATE_FILE_MODE = 0o600
+
+
+def data_dir_path() -> Path:
+    """Where the data directory is ($FGCHAT_DATA_DIR or the platform default); creates nothing."""
     env = os.environ.get("FGCHAT_DATA_DIR")
     if env:
-        path = Path(os.path.expanduser(env))
-    else:
-        import platformdirs
+        return Path(os.path.expanduser(env))
+    import platformdirs
 
-        path = Path(platformdirs.user_data_dir("fgchat"))
+    return Path(platformdirs.user_data_dir("fgchat"))
+
+
+def data_dir() -> Path:
+    """The directory holding chats.sqlite3, settings.json, engine.log (created 0700 if missing).
+
+    The default location is fgchat's own directory: if it is more open than 0700 (and ours) it is
+    tightened. A pre-existing $FGCHAT_DATA_DIR keeps its mode (the files in it are 0600 anyway).
+    """
+    path = data_dir_path()
     try:
-        path.mkdir(parents=True, exist_ok=True)
+        if not path.is_dir():
+            path.mkdir(mode=PRIVATE_DIR_MODE, parents=True, exist_ok=True)
+            tighten_mode(path)  # mkdir's mode is subject to the umask, which only removes bits
+        elif not os.environ.get("FGCHAT_DATA_DIR"):
+            tighten_mode(path)
     except OSError as exc:
         raise FgchatError(f"cannot create data directory {path}: {exc.strerror or exc}") from None
     return path
+
+
+def tighten_mode(path: str | os.PathLike[str], fd: int | None = None) -> None:
+    """Remove group/other permission bits from a file or directory the user owns (else leave it)."""
+    try:
+        st = os.fstat(fd) if fd is not None else os.stat(path)
+    except OSError:
+        return
+    if st.st_uid != os.getuid() or not (st.st_mode & 0o077):
+        return
+    mode = stat.S_IMODE(st.st_mode) & ~0o077
+    try:
+        if fd is not None:
+            os.fchmod(fd, mode)
+        else:
+            os.chmod(path, mode)
+    except OSError:
+        pass
+
+
+def open_private(path: str | os.PathLike[str], flags: int) -> int:
+    """os.open creating the file 0600 (an existing file of the user's is tightened to 0600)."""
+    fd = os.open(path, flags | os.O_CREAT, PRIVATE_FILE_MODE)
+    tighten_mode(path, fd)
+    return fd
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return " ".join(text.split())
+
+
+def _store_errors(method):
+    """sqlite3 errors (and OS errors) out of a ChatStore method become one-line FgchatError."""
+
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except FgchatError:
+            raise
+        except (sqlite3.Error, OSError) as exc:
+            raise FgchatError(f"chat store {self.path}: {_one_line(exc)}") from exc
+
+    return wrapper
 
 
 def new_chat_id() -> str:
@@ -107,24 +177,52 @@ class ConversationSummary:
 
 
 class ChatStore:
-    """SQLite store of conversations. Thread-safe (one connection behind a lock)."""
+    """SQLite store of conversations. Thread-safe (one connection behind a lock).
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    `ChatStore(path)` opens (creating 0600) for reading and writing; `read_only=True` opens an
+    existing store without ever writing to it (writes then fail with FgchatError);
+    `ChatStore(":memory:")` keeps chats in memory only. Any failure is one-line FgchatError.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, read_only: bool = False) -> None:
         self.path = Path(path)
+        self.in_memory = os.fspath(path) == ":memory:"
+        self.read_only = read_only and not self.in_memory
         self._lock = threading.Lock()
+        db = None
         try:
-            self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
-            self._db.execute("PRAGMA foreign_keys = ON")
-            self._db.execute("PRAGMA journal_mode = WAL")
-            self._db.executescript(_SCHEMA)
-        except sqlite3.Error as exc:
-            raise FgchatError(f"cannot open chat store {self.path}: {exc}") from None
+            if self.in_memory:
+                db = sqlite3.connect(":memory:", check_same_thread=False, isolation_level=None)
+            elif self.read_only:
+                uri = "file:" + urllib.parse.quote(os.fspath(self.path.absolute())) + "?mode=ro"
+                db = sqlite3.connect(uri, uri=True, check_same_thread=False, isolation_level=None)
+            else:
+                os.close(open_private(self.path, os.O_RDWR))  # created 0600 before SQLite sees it
+                db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+            db.execute("PRAGMA foreign_keys = ON")
+            if self.read_only:
+                db.execute("SELECT COUNT(*) FROM conversations").fetchone()  # readable at all?
+            else:
+                db.execute("PRAGMA journal_mode = WAL")
+                db.executescript(_SCHEMA)
+                for suffix in ("-wal", "-shm"):  # SQLite gives them the database's mode
+                    tighten_mode(f"{self.path}{suffix}")
+        except (sqlite3.Error, OSError) as exc:
+            if db is not None:
+                try:
+                    db.close()
+                except sqlite3.Error:
+                    pass
+            reason = getattr(exc, "strerror", None) if isinstance(exc, OSError) else None
+            raise FgchatError(f"cannot open chat store {self.path}: {reason or _one_line(exc)}") from None
+        self._db = db
 
     def _exec(self, sql: str, args: tuple = ()) -> sqlite3.Cursor:
         with self._lock:
             return self._db.execute(sql, args)
 
     # ---- writes ----
+    @_store_errors
     def save_conversation(self, conv: Conversation) -> None:
         """Insert or update the conversation row (title, system prompt, updated)."""
         conv.updated = time.time()
@@ -136,6 +234,7 @@ class ChatStore:
         )
         conv.saved = True
 
+    @_store_errors
     def add_message(self, conv: Conversation, msg: StoredMessage) -> None:
         """Append one complete message (saving the conversation row first if needed)."""
         self.save_conversation(conv)
@@ -145,15 +244,18 @@ class ChatStore:
         )
         msg.id = cur.lastrowid
 
+    @_store_errors
     def delete_messages(self, conv: Conversation, ids: list[int]) -> None:
         with self._lock:
             self._db.executemany("DELETE FROM messages WHERE id = ? AND conversation_id = ?",
                                  [(i, conv.id) for i in ids])
 
+    @_store_errors
     def delete_conversation(self, chat_id: str) -> None:
         self._exec("DELETE FROM conversations WHERE id = ?", (chat_id,))
 
     # ---- reads ----
+    @_store_errors
     def list_conversations(self, limit: int = 200) -> list[ConversationSummary]:
         rows = self._exec(
             "SELECT c.id, c.title, c.updated, COUNT(m.id) FROM conversations c "
@@ -163,6 +265,7 @@ class ChatStore:
         ).fetchall()
         return [ConversationSummary(r[0], r[1], r[2], r[3]) for r in rows]
 
+    @_store_errors
     def load(self, chat_id: str) -> Conversation | None:
         row = self._exec(
             "SELECT id, title, system_prompt, created, updated FROM conversations WHERE id = ?", (chat_id,)
@@ -203,6 +306,7 @@ class Settings:
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         self.values: dict[str, Any] = {}
+        tighten_mode(self.path)
         try:
             loaded = json.loads(self.path.read_text(encoding="utf-8"))
             if isinstance(loaded, dict):
@@ -214,11 +318,13 @@ class Settings:
         return self.values.get(key, default)
 
     def set(self, key: str, value: Any) -> None:
-        """Set and save at once (atomic replace); a failed save keeps the value in memory."""
+        """Set and save at once (atomic replace, file 0600); a failed save keeps the value in memory."""
         self.values[key] = value
         tmp = self.path.with_name(f".{self.path.name}.tmp")
         try:
-            tmp.write_text(json.dumps(self.values, indent=1), encoding="utf-8")
+            fd = open_private(tmp, os.O_WRONLY | os.O_TRUNC)
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(json.dumps(self.values, indent=1))
             os.replace(tmp, self.path)
         except OSError:
             try:
