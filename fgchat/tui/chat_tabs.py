@@ -35,13 +35,13 @@ class ChatTabsMixin:
     def chat_busy(self, conversation: Conversation) -> bool:
         return any(r.conversation is conversation for r in self.replies.values())
 
-    async def new_chat(self, conversation: Conversation | None = None) -> ChatView:
+    async def new_chat(self, conversation: Conversation | None = None, *, after: str | None = None) -> ChatView:
         conv = conversation or Conversation(
             new_chat_id(), system_prompt=self.settings.get("system_prompt", DEFAULT_SYSTEM_PROMPT)
         )
         view = ChatView(conv)
         pane = TabPane(conv.title, view, id=f"chat-{conv.id}")
-        await self.tabs.add_pane(pane)
+        await self.tabs.add_pane(pane, after=after)
         self.tabs.active = pane.id
         return view
 
@@ -99,7 +99,18 @@ class ChatTabsMixin:
         if conv is None:
             self.notify("that chat no longer exists", severity="error")
             return None
-        return await self.new_chat(conv)
+        blank = self.current_chat
+        view = await self.new_chat(conv, after=f"chat-{blank.conversation.id}" if blank else None)
+        if blank is not None and blank is not view and self.untouched(blank):
+            # opened from an empty "New chat" tab: the chat takes its place instead of leaving it
+            await self.tabs.remove_pane(f"chat-{blank.conversation.id}")
+            self.tabs.active = f"chat-{conv.id}"
+        return view
+
+    def untouched(self, view: ChatView) -> bool:
+        """An empty tab nothing happened in: no messages, never saved, no reply in flight."""
+        conv = view.conversation
+        return not conv.messages and not conv.saved and not self.chat_busy(conv)
 
     async def action_close_chat(self) -> None:
         chat = self.current_chat

@@ -113,9 +113,26 @@ class ChatView(VerticalScroll):
     def follow(self) -> None:
         """Keep the newest text in view once the conversation overflows the view.
 
-        (Anchoring earlier would push short conversations to the bottom of the view.)"""
+        (Anchoring earlier would push short conversations to the bottom of the view.) A hidden
+        view (another tab) has no height: it is settled when it is shown instead."""
+        if not self.is_on_screen or self.size.height == 0:
+            return
         if not self.is_anchored and self.virtual_size.height > self.scrollable_content_region.height:
             self.anchor()
+
+    def on_show(self) -> None:
+        """A tab switched to: show the chat at once, its last message at the bottom of the view
+        (or from the top when it fits), never scrolled past the end into empty lines."""
+        self.settle()
+        self.call_after_refresh(self.settle)  # again once the shown pane has been laid out
+
+    def settle(self) -> None:
+        if self.size.height == 0:
+            return
+        if self.virtual_size.height > self.scrollable_content_region.height:
+            self.anchor()  # scrolls to the end at once and keeps following new text
+        else:
+            self.scroll_to(y=0, animate=False, immediate=True, force=True, release_anchor=False)
 
     def _system_line(self) -> Content:
         prompt = " ".join(self.conversation.system_prompt.split()) or "(none)"
@@ -131,7 +148,7 @@ class ChatView(VerticalScroll):
         if msg.role == "assistant" and msg.meta.get("of", 1) > 1:
             label = f"assistant {msg.meta.get('sample', 1)}/{msg.meta['of']}"
         bubble = MessageBubble(msg.role, msg.content, label=label)
-        bubble.status = _finish_note(msg.meta)
+        bubble.status = reply_status(msg.meta) if msg.role == "assistant" else ""
         bubble.stored = msg  # type: ignore[attr-defined]
         return bubble
 
@@ -149,6 +166,33 @@ class ChatView(VerticalScroll):
 
     def bubbles(self) -> list[MessageBubble]:
         return list(self.query(MessageBubble))
+
+
+def reply_stats(meta: dict) -> str:
+    """The per-reply stats line of a finished reply, from its stored meta:
+    "24 tok · TTFT 12 ms · 85.3 tok/s" (the parts that are known)."""
+    parts: list[str] = []
+    tokens = meta.get("tokens")
+    if isinstance(tokens, int):
+        parts.append(f"{tokens} tok")
+    ttft = meta.get("ttft_ms")
+    if isinstance(ttft, (int, float)):
+        parts.append(f"TTFT {ttft:.0f} ms")
+    tpot = meta.get("tpot_ms")
+    if isinstance(tpot, (int, float)) and tpot > 0:
+        parts.append(f"{1000.0 / tpot:.1f} tok/s")
+    return " · ".join(parts)
+
+
+def reply_status(meta: dict) -> str:
+    """A finished reply's header status (live and reopened alike): stats, then how it ended.
+    Errors show the error (with the partial reply's token count)."""
+    if meta.get("error"):
+        note = f"error: {meta['error']}"
+        if isinstance(meta.get("tokens"), int):
+            note += f" · partial reply kept ({meta['tokens']} tok)"
+        return note
+    return " · ".join(x for x in (reply_stats(meta), _finish_note(meta)) if x)
 
 
 def _finish_note(meta: dict) -> str:

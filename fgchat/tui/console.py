@@ -79,4 +79,5 @@ class ConsoleMixin:
             info=self.engine_info,
             engine_state=self.engine_state,
             engine_error=self.engine_error,
+            last_export=str(getattr(self, "last_export_path", "") or ""),
         )

@@ -1,8 +1,13 @@
 """Per-token latency histograms, one per mode, drawn on one shared millisecond axis.
 
 Each mode gets a band of vertical bars (bins left to right, one character per bin); all bands use
-the same bin edges (`fgchat.metrics.shared_bins`), so a faster mode's mass sits visibly further
-left. Heights scale to each mode's own peak (shapes compare; counts are printed as n=).
+the same bin edges, so a faster mode's mass sits visibly further left. Heights scale to each mode's
+own peak (shapes compare; counts are printed as n=).
+
+The axis is robust to outliers (`robust_edges`): it spans the series' 1st..99th percentiles, and
+when values lie far beyond that the right-most column becomes an overflow bin counting them
+(labelled "> 12.3 ms: 2" under the axis), so one long gap never squashes every other sample into
+the first bins. Counts always sum to the number of samples shown.
 """
 
 from __future__ import annotations
@@ -15,12 +20,67 @@ from textual.reactive import reactive
 from textual.widget import Widget
 
 from fgchat.engine.events import MODES
-from fgchat.metrics import histogram, shared_bins
+from fgchat.metrics import histogram
 
 MODE_STYLES: dict[str, str] = {"eager": "$error", "piecewise": "$warning", "full": "$success"}
 _V_BLOCKS = "▁▂▃▄▅▆▇█"
 LABEL_WIDTH = 11
 _SHORT = {"eager": "eager", "piecewise": "piece", "full": "full"}
+LOW_PCT, HIGH_PCT = 1.0, 99.0
+# values up to this much of the percentile span beyond p99 (p1) just widen the axis; further out
+# they go to the overflow bin (or the first bin, below)
+SLACK = 0.5
+
+
+def robust_edges(series: Mapping[str, np.ndarray], bins: int) -> tuple[np.ndarray, bool]:
+    """Bin edges for `bins` columns shared by all series, and whether the last column is an
+    overflow bin (its right edge is then +inf: it counts every value beyond the axis).
+
+    The axis spans the lowest per-series p1 to the highest per-series p99 (per series, so a slow
+    mode with few samples is never clipped away by a fast one with many); values within SLACK of
+    that span beyond it widen the axis instead, so a plain tail is not called overflow (only values
+further out than that land in the overflow bin).
+    """
+    arrays = [a[np.isfinite(a)] for a in (np.asarray(v, dtype=np.float64) for v in series.values())]
+    arrays = [a for a in arrays if a.size]
+    if not arrays:
+        return np.linspace(0.0, 1.0, bins + 1), False
+    vmin = min(float(a.min()) for a in arrays)
+    vmax = max(float(a.max()) for a in arrays)
+    lo = min(float(np.percentile(a, LOW_PCT)) for a in arrays)
+    hi = max(float(np.percentile(a, HIGH_PCT)) for a in arrays)
+    span = hi - lo
+    if vmin >= lo - SLACK * span:
+        lo = vmin
+    cut = hi + SLACK * span
+    overflow = vmax > cut and bins >= 2
+    if overflow:  # the axis ends at the largest value that is not far out: only those overflow
+        hi = max(float(a[a <= cut].max(initial=hi)) for a in arrays)
+    else:
+        hi = vmax
+    if not hi > lo:  # a single distinct value: give it a visible width around itself
+        pad = abs(lo) * 0.05 or 0.5
+        lo, hi = lo - pad, lo + pad
+    n = bins - 1 if overflow else bins
+    edges = np.linspace(lo, hi, n + 1)
+    if not np.all(np.diff(edges) > 0):  # float resolution exhausted (huge magnitude, tiny span)
+        edges = lo + np.arange(n + 1, dtype=np.float64) * max(abs(lo), 1.0) * 1e-9
+    if overflow:
+        edges = np.append(edges, np.inf)
+    return edges, overflow
+
+
+def binned(values: np.ndarray, edges: np.ndarray) -> np.ndarray:
+    """Counts per bin; values below the first edge count in the first bin, above the last in the
+    last (with an overflow bin, that is the overflow)."""
+    arr = np.asarray(values, dtype=np.float64)
+    arr = arr[np.isfinite(arr)]
+    finite_hi = edges[-2] if np.isinf(edges[-1]) else edges[-1]
+    if np.isinf(edges[-1]):
+        over = int((arr > finite_hi).sum())
+        inner = histogram(arr[arr <= finite_hi], edges[:-1]) if arr.size else np.zeros(len(edges) - 2, np.int64)
+        return np.append(inner, over).astype(np.int64)
+    return histogram(arr, edges)
 
 
 def fmt_ms(value: float | None) -> str:
@@ -78,7 +138,8 @@ class ModeHistograms(Widget):
         self.unavailable: dict[str, str] = {}
         self.current_mode: str = ""
         self.counts: dict[str, np.ndarray] = {}  # last drawn counts per mode (tests, export)
-        self.edges: np.ndarray | None = None
+        self.edges: np.ndarray | None = None  # last drawn edges (+inf last with an overflow bin)
+        self.overflow: dict[str, int] = {}  # samples per mode beyond the axis (in the overflow bin)
 
     def set_data(
         self, series: Mapping[str, np.ndarray], unavailable: Mapping[str, str], current_mode: str
@@ -97,8 +158,9 @@ class ModeHistograms(Widget):
         bins = max(4, width - LABEL_WIDTH)
         rows = max(1, self.rows_per_mode)
         populated = {m: v for m, v in self.series.items() if v.size}
-        edges = shared_bins(populated, bins) if populated else None
+        edges, has_overflow = robust_edges(populated, bins) if populated else (None, False)
         self.edges = edges
+        self.overflow = {m: 0 for m in MODES}
         lines: list[Content] = []
         for mode in MODES:
             values = self.series[mode]
@@ -106,8 +168,10 @@ class ModeHistograms(Widget):
             marker = "▶" if mode == self.current_mode else " "
             labels = [f"{marker}{mode}"[:LABEL_WIDTH], f" n={compact_count(values.size)}"]
             if edges is not None and values.size:
-                counts = histogram(values, edges)
+                counts = binned(values, edges)
                 self.counts[mode] = counts
+                if has_overflow:
+                    self.overflow[mode] = int(counts[-1])
                 bars = column_rows(counts, rows)
             else:
                 self.counts[mode] = np.zeros(bins, dtype=np.int64)
@@ -121,23 +185,41 @@ class ModeHistograms(Widget):
                     label = labels[r] if r < len(labels) else ""
                 label_style = f"bold {style}" if mode == self.current_mode else style
                 dim = "" if values.size else "$text-muted"
+                bar_parts: list[tuple[str, str]] = [(bar, dim or style)]
+                if has_overflow and values.size:  # the overflow column stands out
+                    bar_parts = [(bar[:-1], style), (bar[-1:], f"bold {style} reverse" if bar[-1] != " " else "")]
                 lines.append(
-                    Content.assemble(
-                        (label[:LABEL_WIDTH].ljust(LABEL_WIDTH), label_style), (bar, dim or style)
-                    )
+                    Content.assemble((label[:LABEL_WIDTH].ljust(LABEL_WIDTH), label_style), *bar_parts)
                 )
-        lines.append(self._axis(edges, bins))
+        lines.append(self._axis(edges, bins, has_overflow))
+        if has_overflow:
+            lines.append(self._overflow_line(edges, bins))
         return Content("\n").join(lines)
 
-    def _axis(self, edges: np.ndarray | None, bins: int) -> Content:
+    def overflow_label(self) -> str:
+        """"> 12.3 ms: 2" (all modes together), or "" when nothing is beyond the axis."""
+        total = sum(self.overflow.values())
+        if not total or self.edges is None or not np.isinf(self.edges[-1]):
+            return ""
+        return f"> {fmt_ms(float(self.edges[-2]))} ms: {total}"
+
+    def _overflow_line(self, edges: np.ndarray, bins: int) -> Content:
+        text = self.overflow_label()
+        width = LABEL_WIDTH + bins
+        return Content.assemble((text.rjust(width)[-width:], "bold $warning"))
+
+    def _axis(self, edges: np.ndarray | None, bins: int, overflow: bool = False) -> Content:
         if edges is None:
             return Content.assemble(("ITL ms".ljust(LABEL_WIDTH), "$text-muted"), ("─" * bins, "$text-muted"))
-        lo, hi = fmt_ms(float(edges[0])), fmt_ms(float(edges[-1]))
-        mid = fmt_ms(float(edges[len(edges) // 2]))
-        fill = bins - len(lo) - len(hi)
+        finite = edges[:-1] if overflow else edges
+        span = bins - 1 if overflow else bins
+        lo, hi = fmt_ms(float(finite[0])), fmt_ms(float(finite[-1]))
+        mid = fmt_ms(float(finite[len(finite) // 2]))
+        fill = span - len(lo) - len(hi)
         if fill >= len(mid) + 4:
             left = (fill - len(mid)) // 2
             axis = lo + "─" * left + mid + "─" * (fill - len(mid) - left) + hi
         else:
             axis = lo + "─" * max(fill, 1) + hi
-        return Content.assemble(("ITL ms".ljust(LABEL_WIDTH), "$text-muted"), (axis[:bins], "$text-muted"))
+        axis = axis[:span] + ("»" if overflow else "")
+        return Content.assemble(("ITL ms".ljust(LABEL_WIDTH), "$text-muted"), (axis, "$text-muted"))

@@ -42,6 +42,7 @@ class PanelView:
     info: EngineInfo | None = None
     engine_state: str = "starting"  # starting | ready | failed
     engine_error: str = ""
+    last_export: str = ""  # path of the latest ctrl+s export (tokens CSV); "" before any
 
 
 def _indent(text: str, indent: int, width: int) -> str:
@@ -69,6 +70,11 @@ class LatencyPanel(VerticalScroll):
         yield Static(id="spark")
         yield Static(id="captures")
         yield Static(id="engine-info")
+        yield Static(id="export-line")
+
+    def on_resize(self) -> None:
+        """Re-layout for the new width/height at once, also while idle (no new tokens)."""
+        self.show(self.view)
 
     # ---- formatting ---------------------------------------------------------------------
     def show(self, view: PanelView) -> None:
@@ -88,6 +94,7 @@ class LatencyPanel(VerticalScroll):
         self._set("spark", self._spark(view.recent_itl, width))
         self._set("captures", self._captures(view.info))
         self._set("engine-info", self._engine_info(view))
+        self._set("export-line", self._export_line(view.last_export, width))
 
     def _set(self, widget_id: str, content: Content) -> None:
         key = content.markup if isinstance(content, Content) else str(content)
@@ -96,7 +103,7 @@ class LatencyPanel(VerticalScroll):
         self._texts[widget_id] = key
         widget = self.query_one(f"#{widget_id}", Static)
         widget.update(content)
-        widget.display = bool(content.plain.strip()) or widget_id not in ("mode-note",)
+        widget.display = bool(content.plain.strip()) or widget_id not in ("mode-note", "export-line")
 
     def text_of(self, widget_id: str) -> str:
         """Plain text currently shown by one of the panel's lines (tests, screenshots)."""
@@ -181,6 +188,11 @@ class LatencyPanel(VerticalScroll):
     def _gpu_host(s: dict[str, Any], width: int = 60) -> Content:
         gpu, host, frac = s.get("gpu_step_ms_mean"), s.get("host_overhead_ms_mean"), s.get("gpu_fraction")
         if gpu is None:
+            launch = s.get("launch_ms_mean")
+            if launch is not None:  # CPU: the step runs on the host; show its mean time per step
+                why = " (CPU, no GPU timing)" if width >= 44 else " (CPU)" if width >= 30 else ""
+                return Content.assemble(("host/step ", "$text-muted"), (f"{fmt_ms(launch)} ms", "bold $warning"),
+                                        (why, "$text-muted"))
             why = "(no GPU timing on CPU)" if width >= 42 else "(no GPU timing)"
             return Content.assemble(("GPU/step – host – ", ""), (why, "$text-muted"))
         pct = f" ({frac * 100:.0f}% GPU)" if frac is not None else ""
@@ -241,6 +253,16 @@ class LatencyPanel(VerticalScroll):
         if sc.passed:
             return [(f"\n check    vs float32 ok, err {sc.max_rel_err:.3f}, {sc.seconds:.2f} s", "$text-muted")]
         return [(f"\n check    FAILED vs float32: running {sc.fallback or sc.path}", "$warning")]
+
+    @staticmethod
+    def _export_line(path: str, width: int = 40) -> Content:
+        """"exported …/exports/fgchat-…-tokens.csv", the path's tail when it does not fit."""
+        if not path:
+            return Content("")
+        label = "exported "
+        room = max(8, width - len(label))
+        shown = path if len(path) <= room else "…" + path[-(room - 1):]
+        return Content.assemble((label, "$text-muted"), (shown, "$text"))
 
     @staticmethod
     def _engine_info(view: PanelView) -> Content:
