@@ -95,8 +95,7 @@ async def test_idle_resize_export_location_and_cpu_host_time(tiny_llama, data_di
         # the live reply's stats are stored with it, so a reopened chat shows the same line
         stored = app.current_chat.conversation.messages[-1]
         bubble = app.current_chat.bubbles()[-1]
-        if "ttft_ms" not in stored.meta:
-            pytest.xfail("needs replies.py to store ttft_ms/tpot_ms in the reply meta (see report)")
+        assert "ttft_ms" in stored.meta and "tpot_ms" in stored.meta
         assert reply_status(stored.meta) == bubble.status
 
 

@@ -45,6 +45,16 @@ class SubmitChat:
 
 
 @dataclass(frozen=True)
+class SubmitChats:
+    """K replies to one conversation, applied in one go: the messages are tokenized once and all
+    K requests are submitted before the next engine step, so they are admitted and prefilled in
+    the same round and decode together from their first step (batch K)."""
+
+    messages: list[dict[str, str]]
+    requests: tuple[tuple[int, SamplingParams], ...]  # (request_id, params) per reply
+
+
+@dataclass(frozen=True)
 class Cancel:
     request_id: int
 
@@ -64,7 +74,7 @@ class Shutdown:
     pass
 
 
-Command = SubmitChat | Cancel | SetMode | GetInfo | Shutdown
+Command = SubmitChat | SubmitChats | Cancel | SetMode | GetInfo | Shutdown
 
 IDLE_POLL_S = 0.5  # how often an idle child checks that its parent still lives
 SEND_INTERVAL_S = 0.008  # token events are sent at most this often while generating (~125/s)
@@ -153,24 +163,48 @@ def _capture_count(engine: Any) -> int:
     return len(getattr(runner, "reports", ()) or ()) + len(getattr(prefill, "reports", ()) or ())
 
 
+def _chat_ids(engine: Any, messages: list[dict[str, str]]) -> list[int]:
+    if engine.tokenizer is None:
+        raise FgchatError("this model has no tokenizer (random weights): chat is unavailable")
+    return engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+
+
+def _error_event(exc: Exception, request_id: int | None) -> EngineError:
+    if isinstance(exc, FgchatError):
+        return EngineError(one_line(exc), request_id)
+    return EngineError(f"{type(exc).__name__}: {one_line(exc)}", request_id)
+
+
+def _apply_chats(engine: Any, cmd: SubmitChats) -> list:
+    """Tokenize once, submit every request; a failure is one EngineError per request it hits."""
+    try:
+        ids = _chat_ids(engine, cmd.messages)
+    except Exception as exc:
+        return [_error_event(exc, rid) for rid, _ in cmd.requests]
+    out: list = []
+    for rid, params in cmd.requests:
+        try:
+            engine.submit(list(ids), params, request_id=rid)
+        except Exception as exc:
+            out.append(_error_event(exc, rid))
+    return out
+
+
 def _apply(engine: Any, cmd: Command) -> list:
     """Apply one command; request problems come back as non-fatal EngineError events."""
+    if isinstance(cmd, SubmitChats):
+        return _apply_chats(engine, cmd)
     try:
         if isinstance(cmd, SubmitChat):
-            if engine.tokenizer is None:
-                raise FgchatError("this model has no tokenizer (random weights): chat is unavailable")
-            ids = engine.tokenizer.apply_chat_template(cmd.messages, add_generation_prompt=True)
-            engine.submit(ids, cmd.params, request_id=cmd.request_id)
+            engine.submit(_chat_ids(engine, cmd.messages), cmd.params, request_id=cmd.request_id)
         elif isinstance(cmd, Cancel):
             engine.cancel(cmd.request_id)
         elif isinstance(cmd, SetMode):
             engine.set_mode(cmd.mode)  # its ModeChanged comes out of the next step()
         elif isinstance(cmd, GetInfo):
             return [engine.info()]
-    except FgchatError as exc:
-        return [EngineError(one_line(exc), getattr(cmd, "request_id", None))]
     except Exception as exc:
-        return [EngineError(f"{type(exc).__name__}: {one_line(exc)}", getattr(cmd, "request_id", None))]
+        return [_error_event(exc, getattr(cmd, "request_id", None))]
     return []
 
 
@@ -188,6 +222,13 @@ class _EngineHandle:
     # commands
     def submit_chat(self, request_id: int, messages: list[dict[str, str]], params: SamplingParams) -> None:
         self._send(SubmitChat(request_id, [dict(m) for m in messages], params))
+
+    def submit_chats(
+        self, messages: list[dict[str, str]], requests: list[tuple[int, SamplingParams]]
+    ) -> None:
+        """K replies to the same messages as one command: admitted and prefilled in one round,
+        so their first decode step runs at batch K (not 1, 2, ... as K separate submits would)."""
+        self._send(SubmitChats([dict(m) for m in messages], tuple((int(r), p) for r, p in requests)))
 
     def cancel(self, request_id: int) -> None:
         self._send(Cancel(request_id))
@@ -497,5 +538,6 @@ __all__ = [
     "SetMode",
     "Shutdown",
     "SubmitChat",
+    "SubmitChats",
     "serve",
 ]

@@ -32,6 +32,7 @@ import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from textual import on
@@ -46,13 +47,14 @@ from fgchat.engine.process import EngineProcess
 from fgchat.metrics import CsvAppender, LatencyLog, new_session_id
 from fgchat.tui.chat_tabs import ChatTabsMixin
 from fgchat.tui.console import HIST_WINDOW, REFRESH_S, ConsoleMixin
+from fgchat.tui.dialogs import SamplingScreen
 from fgchat.tui.engine_link import EngineLinkMixin
 from fgchat.tui.export import ExportMixin
 from fgchat.tui.help_screen import HelpScreen
 from fgchat.tui.latency_panel import LatencyPanel, PanelView
 from fgchat.tui.messages import EngineEvents
 from fgchat.tui.palette import PaletteMixin
-from fgchat.tui.replies import MAX_SAMPLES, Reply, ReplyMixin
+from fgchat.tui.replies import K_TEMPERATURE, MAX_SAMPLES, Reply, ReplyMixin, reply_params
 from fgchat.tui.store import (
     ChatStore,
     Settings,
@@ -101,7 +103,8 @@ class FgchatApp(
     EngineLinkMixin, ReplyMixin, ChatTabsMixin, ExportMixin, PaletteMixin, ConsoleMixin, App[int]
 ):
     """Chat + latency console. `engine_factory(config)` returns an object with EngineProcess's
-    interface (start, submit_chat, cancel, set_mode, get_events, shutdown); default EngineProcess."""
+    interface (start, submit_chats or submit_chat, cancel, set_mode, get_events, shutdown); default
+    EngineProcess."""
 
     CSS_PATH = "app.tcss"
     TITLE = "fgchat"
@@ -116,19 +119,24 @@ class FgchatApp(
                 tooltip="Mode piecewise: CUDA graphs between attention calls"),
         Binding("f3", "mode('full')", "Full", group=Binding.Group("Mode", compact=True),
                 tooltip="Mode full: the whole decode step as one CUDA graph"),
-        Binding("f4", "samples(1)", "K+1", show=False,
+        Binding("f4", "samples(1)", "K+1", group=Binding.Group("Replies", compact=True),
                 tooltip="Ask for one more reply per prompt (K = 1..8 replies generated as one batch)"),
-        Binding("f5", "samples(-1)", "K-1", show=False, tooltip="Ask for one reply fewer per prompt"),
+        Binding("f5", "samples(-1)", "K-1", group=Binding.Group("Replies", compact=True),
+                tooltip="Ask for one reply fewer per prompt"),
+        Binding("f6", "sampling", "Sampling",
+                tooltip="Sampling: temperature, top-p, top-k, seed (remembered)"),
         Binding("ctrl+n", "new_chat", "New", tooltip="New chat tab (chats can generate at the same time)"),
         Binding("ctrl+r", "regenerate", "Regen", tooltip="Regenerate the last reply of this chat"),
         Binding("ctrl+s", "export", "Export", tooltip="Export the latency log: tokens CSV + requests CSV"),
         Binding("ctrl+y", "copy_reply", "Copy", show=False, tooltip="Copy the last reply to the clipboard"),
-        Binding("ctrl+o", "open_chat", "Open", show=False, tooltip="Reopen a saved conversation"),
+        Binding("ctrl+o", "open_chat", "Open", tooltip="Reopen a saved conversation"),
         Binding("ctrl+t", "system_prompt", "System", show=False, tooltip="Edit this chat's system prompt"),
         Binding("ctrl+l", "toggle_panel", "Panel", show=False, tooltip="Show or hide the latency console"),
         Binding("ctrl+pagedown", "next_chat", "Next", show=False, tooltip="Next chat tab"),
         Binding("ctrl+pageup", "previous_chat", "Prev", show=False, tooltip="Previous chat tab"),
         Binding("f10", "help", "Help", tooltip="This help"),
+        Binding("ctrl+q", "quit", "Quit", priority=True,
+                tooltip="Quit (replies in flight are stored as interrupted)"),
     ]
 
     def __init__(
@@ -159,7 +167,7 @@ class FgchatApp(
             lambda cfg: EngineProcess(cfg, log_path=self.data_path / "engine.log")
         )
         self.appender = log_csv
-        self.sampling = sampling or SamplingParams(max_tokens=1024)
+        self.sampling = self._saved_sampling(sampling or SamplingParams(max_tokens=1024))
         # one id per app run, on every latency row it writes: rows of two sessions never collide
         self.session_id = session_id or getattr(log_csv, "session_id", None) or new_session_id()
         self.latency_log = LatencyLog(session_id=self.session_id)
@@ -209,6 +217,26 @@ class FgchatApp(
             self.theme = wanted
         elif DEFAULT_THEME in self.available_themes:
             self.theme = DEFAULT_THEME
+
+    def _saved_sampling(self, base: SamplingParams) -> SamplingParams:
+        """`base` with the temperature, top-p, top-k and seed saved in the settings, if valid
+        (invalid saved values are ignored with a start-up warning)."""
+        saved = self.settings.get("sampling")
+        if not isinstance(saved, dict):
+            return base
+        try:
+            params = replace(
+                base,
+                temperature=float(saved.get("temperature", base.temperature)),
+                top_p=float(saved.get("top_p", base.top_p)),
+                top_k=int(saved.get("top_k", base.top_k)),
+                seed=int(saved.get("seed", base.seed)),
+            )
+            params.validate()
+        except Exception as exc:
+            self.startup_warnings.append(f"saved sampling settings ignored: {one_line(exc)}")
+            return base
+        return params
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -319,7 +347,44 @@ class FgchatApp(
         self.settings.set("samples", self.samples)
         self._dirty = True
         self._update_subtitle()
-        self.notify(f"{self.samples} repl{'y' if self.samples == 1 else 'ies'} per prompt", timeout=2)
+        text = f"{self.samples} repl{'y' if self.samples == 1 else 'ies'} per prompt"
+        _params, note = reply_params(self.sampling, self.samples)
+        self.notify(f"{text} · {note}" if note else text, timeout=3 if note else 2)
+
+    def sampling_label(self) -> str:
+        """The sampling shown in the subtitle, e.g. "T 0.7 top-p 0.95 top-k 0 seed 0";
+        "T 0→0.7" when K > 1 replies are sampled instead of greedy (see `reply_params`)."""
+        p = self.sampling
+        t = f"T {p.temperature:g}"
+        if self.samples > 1 and p.temperature == 0:
+            t += f"→{K_TEMPERATURE:g}"
+        return f"{t} top-p {p.top_p:g} top-k {p.top_k} seed {p.seed}"
+
+    def _update_subtitle(self) -> None:
+        super()._update_subtitle()  # "model · mode · batch B · K k"
+        self.sub_title = f"{self.sub_title} · {self.sampling_label()}"
+
+    def set_sampling_params(self, params: SamplingParams) -> None:
+        """Use `params` (temperature, top-p, top-k, seed) for the next replies; saved in settings."""
+        params.validate()
+        self.sampling = params
+        self.settings.set("sampling", {"temperature": params.temperature, "top_p": params.top_p,
+                                       "top_k": params.top_k, "seed": params.seed})
+        self._dirty = True
+        self._update_subtitle()
+        text = f"sampling: {self.sampling_label()}"
+        _params, note = reply_params(params, self.samples)
+        self.notify(f"{text} · {note}" if note else text, timeout=3)
+
+    def action_sampling(self) -> None:
+        if isinstance(self.screen, SamplingScreen):
+            return
+
+        def done(params: SamplingParams | None) -> None:
+            if params is not None:
+                self.set_sampling_params(params)
+
+        self.push_screen(SamplingScreen(self.sampling), done)
 
     def action_toggle_panel(self) -> None:
         panel = self.query_one(LatencyPanel)

@@ -1,16 +1,21 @@
-"""Small modal dialogs: system prompt editor, open a saved chat, export path."""
+"""Small modal dialogs: system prompt editor, open a saved chat, export path, sampling."""
 
 from __future__ import annotations
 
+import math
 import time
+from dataclasses import replace
 
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
+from textual.content import Content
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, OptionList, TextArea
+from textual.validation import Function
 from textual.widgets.option_list import Option
 
+from fgchat.engine.events import SamplingParams
 from fgchat.tui.store import ConversationSummary
 
 
@@ -107,6 +112,143 @@ class ExportScreen(ModalScreen[str | None]):
         event.stop()
         value = event.value.strip()
         self.dismiss(value or None)
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+
+# ---- sampling ------------------------------------------------------------------------------------
+
+SEED_LIMIT = 2**63
+
+
+def _parse_float(text: str) -> float:
+    value = float(text.strip())
+    if not math.isfinite(value):
+        raise ValueError(text)
+    return value
+
+
+def _parse_int(text: str) -> int:
+    return int(text.strip())
+
+
+# field id -> (label, parser, check, what a valid value is)
+SAMPLING_FIELDS: dict[str, tuple[str, object, object, str]] = {
+    "temperature": ("Temperature", _parse_float, lambda v: 0.0 <= v <= 100.0,
+                    "temperature: a number from 0 (greedy) to 100"),
+    "top_p": ("Top-p", _parse_float, lambda v: 0.0 < v <= 1.0,
+              "top-p: a number in (0, 1] (1 disables it)"),
+    "top_k": ("Top-k", _parse_int, lambda v: v >= 0,
+              "top-k: a whole number >= 0 (0 disables it)"),
+    "seed": ("Seed", _parse_int, lambda v: 0 <= v < SEED_LIMIT,
+             "seed: a whole number in [0, 2^63); reply j of K uses seed + j"),
+}
+
+
+def parse_sampling(values: dict[str, str], base: SamplingParams) -> SamplingParams:
+    """`base` with the dialog's temperature, top-p, top-k and seed; ValueError (one line naming
+    the first bad field and what it accepts) when one is not valid."""
+    parsed: dict[str, float | int] = {}
+    for name, (_label, parse, check, what) in SAMPLING_FIELDS.items():
+        text = values.get(name, "")
+        try:
+            value = parse(text)  # type: ignore[operator]
+        except (ValueError, OverflowError):
+            raise ValueError(f"invalid {what}, got {text.strip()!r}") from None
+        if not check(value):  # type: ignore[operator]
+            raise ValueError(f"invalid {what}, got {text.strip()!r}")
+        parsed[name] = value
+    return replace(base, **parsed)  # type: ignore[arg-type]
+
+
+def _field_ok(name: str, text: str) -> bool:
+    _label, parse, check, _what = SAMPLING_FIELDS[name]
+    try:
+        return bool(check(parse(text)))  # type: ignore[operator]
+    except (ValueError, OverflowError):
+        return False
+
+
+class SamplingScreen(ModalScreen[SamplingParams | None]):
+    """Temperature, top-p, top-k and seed; returns the new SamplingParams or None (cancelled).
+    An invalid value keeps the dialog open with a one-line error."""
+
+    BINDINGS = [
+        Binding("escape", "cancel", "Cancel"),
+        Binding("ctrl+s", "save", "Save"),
+    ]
+
+    DEFAULT_CSS = """
+    SamplingScreen .sampling-row {
+        height: auto;
+    }
+    SamplingScreen .sampling-row Label {
+        width: 14;
+        padding: 1 1 0 0;
+    }
+    SamplingScreen .sampling-row Input {
+        width: 1fr;
+    }
+    SamplingScreen #sampling-error {
+        color: $error;
+        height: 1;
+    }
+    """
+
+    def __init__(self, params: SamplingParams) -> None:
+        super().__init__()
+        self._params = params
+
+    def compose(self) -> ComposeResult:
+        p = self._params
+        current = {"temperature": f"{p.temperature:g}", "top_p": f"{p.top_p:g}",
+                   "top_k": str(p.top_k), "seed": str(p.seed)}
+        with Vertical(classes="dialog"):
+            yield Label("Sampling (Enter or ctrl+s saves, Esc cancels)", classes="dialog-title")
+            for name, (label, _parse, _check, what) in SAMPLING_FIELDS.items():
+                with Horizontal(classes="sampling-row"):
+                    yield Label(label)
+                    yield Input(
+                        current[name], id=f"sampling-{name.replace('_', '-')}",
+                        validators=[Function(lambda v, n=name: _field_ok(n, v), what)],
+                        validate_on=["changed", "submitted"],
+                    )
+            yield Label("", id="sampling-error")
+            yield Label("Temperature 0 is greedy. With K > 1 replies per prompt and temperature 0, "
+                        "the K replies are sampled at temperature 0.7 (greedy would give K copies); "
+                        "reply j uses seed + j.", classes="dialog-hint")
+            with Horizontal(classes="dialog-buttons"):
+                yield Button("Save", id="save", variant="primary")
+                yield Button("Cancel", id="cancel")
+
+    def on_mount(self) -> None:
+        self.query_one("#sampling-temperature", Input).focus()
+
+    def values(self) -> dict[str, str]:
+        return {name: self.query_one(f"#sampling-{name.replace('_', '-')}", Input).value
+                for name in SAMPLING_FIELDS}
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        event.stop()
+        self.action_save()
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        if event.button.id == "save":
+            self.action_save()
+        else:
+            self.action_cancel()
+
+    def action_save(self) -> None:
+        error = self.query_one("#sampling-error", Label)
+        try:
+            params = parse_sampling(self.values(), self._params)
+            params.validate()
+        except Exception as exc:  # ValueError from parsing, RequestError from validate
+            error.update(Content(" ".join(str(exc).split())[:200]))  # plain text, no markup
+            return
+        error.update(Content(""))
+        self.dismiss(params)
 
     def action_cancel(self) -> None:
         self.dismiss(None)

@@ -23,7 +23,13 @@ the mode is host-bound (shown in red) and its latency follows the CPU, not the G
 
 ## Batch size
 Each reply in flight is one sequence of the engine's batch (1..8). Generate in several chat
-tabs at once, or ask for K replies per prompt (F4 / F5), to drive batch sizes 1..8.
+tabs at once, or ask for K replies per prompt (F4 / F5), to drive batch sizes 1..8. The K replies
+of a prompt are submitted together: prefilled in one round, they decode at batch K from the start.
+
+## Sampling
+F6 sets temperature, top-p, top-k and seed (remembered; shown in the title bar). Temperature 0
+is greedy. Reply j of K uses seed + j; with K > 1 and temperature 0 the K replies are sampled at
+temperature 0.7 instead (greedy would give K identical copies); K = 1 keeps your settings.
 """
 
 
@@ -53,7 +59,6 @@ class HelpScreen(ModalScreen[None]):
             lines.append(f"| {keys} | {desc} |")
         lines.append("| ctrl+p | command palette: modes, replies per prompt, themes, export, open/close "
                      "chats, sampling, restart engine |")
-        lines.append("| ctrl+q | quit |")
         with VerticalScroll(id="help-body"):
             yield Markdown("\n".join(lines) + "\n" + MODES_TEXT + "\n*Esc, F10 or q closes this help.*")
 

@@ -48,9 +48,10 @@ class PaletteMixin:
                             self.action_copy_reply)
         yield SystemCommand("Edit system prompt", "System prompt of this chat (ctrl+t)", self.action_system_prompt)
         yield SystemCommand("Stop reply", "Stop the replies of this chat (Esc)", self.action_stop)
-        yield SystemCommand("Sampling: greedy", "Temperature 0 (identical output in every mode)",
-                            lambda: self.set_sampling(0.0))
-        yield SystemCommand("Sampling: temperature 0.7", "Varied replies", lambda: self.set_sampling(0.7))
+        yield SystemCommand("Sampling: temperature, top-p, top-k, seed",
+                            f"Now {self.sampling_label()} (F6; remembered)", self.action_sampling)
+        yield SystemCommand("Sampling: greedy", "Temperature 0 (identical output in every mode; "
+                            "K > 1 replies are sampled at T 0.7)", lambda: self.set_sampling(0.0))
         yield SystemCommand("Toggle latency panel", "Show or hide the console (ctrl+l)", self.action_toggle_panel)
         yield SystemCommand("Restart engine", "Start a fresh engine process", self.action_restart_engine)
         yield SystemCommand("Help", "Keys and modes (F10)", self.action_help)
@@ -68,5 +69,5 @@ class PaletteMixin:
         prompt.focus()
 
     def set_sampling(self, temperature: float) -> None:
-        self.sampling = replace(self.sampling, temperature=temperature)
-        self.notify("greedy sampling" if temperature == 0 else f"temperature {temperature}", timeout=3)
+        """Only the temperature changes (top-p, top-k, seed kept); saved like the dialog's."""
+        self.set_sampling_params(replace(self.sampling, temperature=temperature))

@@ -7,17 +7,40 @@ Invariants:
 - Request ids are allocated here, unique for the app's lifetime (also across engine restarts),
   so log rows never mix two requests.
 - Extra samples (K > 1) are stored with meta "alt" and never fed back as conversation turns.
+- The K replies of one prompt go to the engine as one command (`submit_chats`), after all K
+  bubbles exist: the engine admits and prefills them in one round, so they decode at batch K
+  from their first step.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from fgchat.engine.events import RequestSummary
-from fgchat.tui.chat_view import ChatView, MessageBubble
+from fgchat.engine.events import RequestSummary, SamplingParams
+from fgchat.tui.chat_view import ChatView, MessageBubble, reply_status
 from fgchat.tui.store import Conversation, StoredMessage
 
 MAX_SAMPLES = 8  # the engine batches at most 8 sequences
+K_TEMPERATURE = 0.7  # temperature of K > 1 replies when the user's is 0 (greedy)
+
+
+def reply_params(base: SamplingParams, k: int) -> tuple[list[SamplingParams], str]:
+    """The sampling parameters of the K replies asked for together, and a note ("" when none).
+
+    Reply j (0-based) uses seed `base.seed + j`, so the K replies differ from each other and
+    every run of the same prompt and settings gives the same K. K = 1 keeps the user's settings
+    as they are. K > 1 with temperature 0 (greedy) would give K identical copies, so the K
+    replies are sampled at K_TEMPERATURE (0.7) instead, with the user's top-p, top-k and seeds;
+    the note says so.
+    """
+    k = max(1, int(k))
+    if k == 1:
+        return [base], ""
+    note = ""
+    if base.temperature == 0:
+        base = replace(base, temperature=K_TEMPERATURE)
+        note = f"K={k}: sampled at T {K_TEMPERATURE:g} (greedy gives K copies)"
+    return [replace(base, seed=base.seed + j) for j in range(k)], note
 
 
 @dataclass
@@ -44,6 +67,9 @@ class ReplyMixin:
         conv = chat.conversation
         messages = conv.prompt_messages()
         k = self.samples
+        params, _note = reply_params(self.sampling, k)
+        requests = []
+        # every bubble first, then one command: the engine gets the K requests at once
         for j in range(1, k + 1):
             rid = self._next_rid
             self._next_rid += 1
@@ -51,8 +77,13 @@ class ReplyMixin:
             bubble = await chat.add_reply(label)
             self.replies[rid] = Reply(rid, conv, bubble, j, k)
             self._rid_chat[rid] = conv.id
-            params = replace(self.sampling, seed=self.sampling.seed + j - 1)
-            self.engine.submit_chat(rid, messages, params)
+            requests.append((rid, params[j - 1]))
+        submit_chats = getattr(self.engine, "submit_chats", None)
+        if submit_chats is not None:
+            submit_chats(messages, requests)
+        else:  # an engine handle without the batched command: one submit per reply
+            for rid, p in requests:
+                self.engine.submit_chat(rid, messages, p)
         self._update_tab(conv)
         self._dirty = True
 
@@ -60,17 +91,14 @@ class ReplyMixin:
         reply = self.replies.pop(summary.request_id, None)
         if reply is None:
             return
-        # store first (synchronously): nothing is lost if the UI update below is interrupted
-        self._persist_reply(reply, summary.text, {"finish": summary.finish_reason,
-                                                  "tokens": summary.output_tokens})
-        status = {"stop": "", "length": "length limit", "cancelled": "stopped", "error": "error"}.get(
-            summary.finish_reason, summary.finish_reason
-        )
-        timing = f"{summary.output_tokens} tok · TTFT {summary.ttft_ms:.0f} ms"
-        if summary.tpot_ms:
-            timing += f" · {1000.0 / summary.tpot_ms:.1f} tok/s"
+        # store first (synchronously): nothing is lost if the UI update below is interrupted;
+        # the timing goes with it, so a reopened chat shows the same stats line
+        meta = {"finish": summary.finish_reason, "tokens": summary.output_tokens,
+                "ttft_ms": round(summary.ttft_ms, 3),
+                "tpot_ms": None if summary.tpot_ms is None else round(summary.tpot_ms, 3)}
+        self._persist_reply(reply, summary.text, meta)
         self._update_tab(reply.conversation)
-        await reply.bubble.finish(" · ".join(x for x in (timing, status) if x), final_text=summary.text)
+        await reply.bubble.finish(reply_status(meta), final_text=summary.text)
 
     async def _fail_reply(self, rid: int, message: str) -> None:
         reply = self.replies.pop(rid, None)
@@ -131,4 +159,7 @@ class ReplyMixin:
         for bubble in chat.bubbles():
             if id(getattr(bubble, "stored", None)) in dropped_ids:
                 await bubble.remove()
+        _params, note = reply_params(self.sampling, self.samples)
+        if note:
+            self.notify(f"regenerating: {note}", timeout=4)
         await self._start_replies(chat)
