@@ -154,3 +154,44 @@ async def test_reopen_replaces_blank_tab_keeps_stats_and_tab_switch_shows_the_en
             assert visible > 0 and gap <= 2, (visible, gap, view.scroll_y, view.max_scroll_y)
             await key(pilot, "ctrl+pagedown")
             await wait_for(pilot, lambda: app.current_chat.conversation.id != chat_id, "other chat", 5)
+
+
+def test_startup_phase_names_a_pending_conversion(tmp_path, monkeypatch):
+    """The first start of a GGUF says it converts (the slow part); a cached one, a directory or a
+    preset does not."""
+    from types import SimpleNamespace
+
+    from fgchat.engine.model import resolve
+    from fgchat.engine.process import startup_phase
+
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF")
+    monkeypatch.setenv("FGCHAT_CACHE_DIR", str(tmp_path / "cache"))
+    assert "converting m.gguf (first start only" in startup_phase(SimpleNamespace(model=str(gguf), preset=None))
+    done = resolve.conversion_dir(gguf)
+    done.mkdir(parents=True)
+    (done / resolve.CONVERSION_MARKER).write_text("{}")
+    assert startup_phase(SimpleNamespace(model=str(gguf), preset=None)) == "loading the model and capturing graphs"
+    assert startup_phase(SimpleNamespace(model=str(tmp_path), preset=None)).startswith("loading")
+    assert startup_phase(SimpleNamespace(model=None, preset="tiny")).startswith("building random weights")
+
+
+async def test_starting_engine_shows_its_phase_and_elapsed_time(tiny_llama, data_dir):
+    import threading
+
+    from fgchat.engine.core import Engine
+
+    gate = threading.Event()
+
+    def slow_engine(cfg):
+        gate.wait(10)
+        return Engine(cfg)
+
+    app = make_app(tiny_llama, make_engine=slow_engine)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause(1.3)
+        line = panel(app).text_of("engine-info")
+        assert line.startswith("engine starting:") and line.rstrip().endswith(" s"), line
+        assert app.engine_state == "starting"
+        gate.set()
+        await wait_ready(pilot, app)

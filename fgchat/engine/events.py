@@ -129,6 +129,13 @@ class EngineInfo:
 
 
 @dataclass
+class EngineProgress:
+    """What a starting engine is doing (sent before EngineInfo), e.g. a first-start conversion."""
+
+    phase: str
+
+
+@dataclass
 class EngineError:
     """A failure inside the engine; message is one line. fatal means the engine stopped."""
 
@@ -137,4 +144,4 @@ class EngineError:
     fatal: bool = False
 
 
-EngineEvent = TokenEvent | RequestFinished | ModeChanged | EngineError | EngineInfo
+EngineEvent = TokenEvent | RequestFinished | ModeChanged | EngineError | EngineInfo | EngineProgress

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fgchat.engine.errors import FgchatError
-from fgchat.engine.events import EngineError, EngineInfo, ModeChanged, SamplingParams, TokenEvent
+from fgchat.engine.events import EngineError, EngineInfo, EngineProgress, ModeChanged, SamplingParams, TokenEvent
 
 # ---- commands (parent -> engine); plain dataclasses so they pickle -----------------------------
 
@@ -89,17 +89,32 @@ def one_line(exc: BaseException) -> str:
 # ---- the loop that owns the engine -------------------------------------------------------------
 
 
+def startup_phase(config: Any) -> str:
+    """What building the engine for `config` will spend its time on, in a few words."""
+    if getattr(config, "preset", None):
+        return "building random weights and capturing graphs"
+    from fgchat.engine.model.resolve import pending_conversion
+
+    gguf = pending_conversion(getattr(config, "model", None))
+    if gguf is not None:
+        return f"converting {gguf.name} (first start only; later starts skip this)"
+    return "loading the model and capturing graphs"
+
+
 def serve(
     make_engine: Callable[[], Any],
     next_command: Callable[[float | None], Command | None],
     send: Callable[[list], None],
     keep_going: Callable[[], bool] = lambda: True,
+    phase: str = "",
 ) -> None:
     """Own one engine: apply commands, step while there is work, send one event list per step.
 
     next_command(timeout) returns a command, or None when none arrived within timeout
     (timeout None = wait up to IDLE_POLL_S; 0 = do not wait). keep_going() is asked while idle.
     """
+    if phase:
+        send([EngineProgress(phase)])
     try:
         engine = make_engine()
     except FgchatError as exc:
@@ -301,7 +316,8 @@ def _process_main(config: Any, commands: Any, events: Any, log_path: str | None)
         return Engine(config)
 
     try:
-        serve(make_engine, next_command, send, keep_going=lambda: parent is None or parent.is_alive())
+        serve(make_engine, next_command, send, keep_going=lambda: parent is None or parent.is_alive(),
+              phase=startup_phase(config))
     finally:
         try:
             events.close()
@@ -493,7 +509,9 @@ class EngineThread(_EngineHandle):
                 return None
 
         self._thread = threading.Thread(
-            target=serve, args=(make, next_command, self._events.put), name="fgchat-engine", daemon=True
+            target=serve, args=(make, next_command, self._events.put),
+            kwargs={"phase": "" if self._make_engine is not None else startup_phase(self.config)},
+            name="fgchat-engine", daemon=True
         )
         self._thread.start()
 

