@@ -4,8 +4,8 @@ Accepted: nothing (the embedded SmolLM2-135M-Instruct GGUF), a `.gguf` file (con
 cached), a local model directory, or a Hugging Face repo id (snapshot_download, which honours
 HF_HOME / HF_HUB_CACHE / HF_TOKEN / HF_HUB_OFFLINE).
 
-Prints and logs nothing: everything the caller may show is in the returned ResolvedModel or in
-a one-line ModelLoadError. Heavy imports (transformers, huggingface_hub) happen only on the
+Prints nothing but, before a hub download, its size (one stderr line on a terminal); everything
+else the caller may show is in the returned ResolvedModel or in a one-line ModelLoadError. Heavy imports (transformers, huggingface_hub) happen only on the
 paths that need them, so resolving an already converted model takes milliseconds.
 """
 
@@ -356,15 +356,16 @@ _WEIGHT_PATTERNS = frozenset({"model.safetensors", "model.safetensors.index.json
 
 
 def _remote_selection(hub: Any, repo_id: str, show_progress: bool) -> list[str] | None:
-    """hub_files_to_fetch over the repo's listing, with the download size said first (stderr, when
-    progress is shown). None when the listing cannot be read: the patterns then decide."""
+    """hub_files_to_fetch over the repo's listing, with the download size said first (one line on
+    stderr, when it is a terminal or progress is shown). None when the listing cannot be read:
+    the patterns then decide."""
     try:
         info = hub.HfApi().model_info(repo_id, files_metadata=True, timeout=10)
     except Exception:  # offline, gated, ...: snapshot_download reports it in one line
         return None
     sizes = {s.rfilename: (s.size or 0) for s in (info.siblings or [])}
     wanted = hub_files_to_fetch(list(sizes))
-    if show_progress and wanted:
+    if wanted and (show_progress or sys.stderr.isatty()):
         total = sum(sizes[f] for f in wanted)
         print(f"fgchat: {repo_id}: {len(wanted)} files, {total / 2**30:.2f} GiB (cached files are not "
               "downloaded again)", file=sys.stderr)
