@@ -5,7 +5,8 @@ cached), a local model directory, or a Hugging Face repo id (snapshot_download, 
 HF_HOME / HF_HUB_CACHE / HF_TOKEN / HF_HUB_OFFLINE).
 
 Prints nothing but, before a hub download, its size (one stderr line on a terminal); everything
-else the caller may show is in the returned ResolvedModel or in a one-line ModelLoadError. Heavy imports (transformers, huggingface_hub) happen only on the
+else the caller may show is in the returned ResolvedModel or in a one-line ModelLoadError.
+Heavy imports (transformers, huggingface_hub) happen only on the
 paths that need them, so resolving an already converted model takes milliseconds.
 """
 
