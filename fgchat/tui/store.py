@@ -155,17 +155,47 @@ class Conversation:
     saved: bool = False  # a row exists in the database
 
     def prompt_messages(self) -> list[dict[str, str]]:
-        """Messages for the chat template: system prompt, then every turn except extra samples."""
+        """Messages for the chat template: the system prompt (when not blank), then the turns,
+        always alternating user/assistant and starting with a user turn.
+
+        Some chat templates (Mistral's) reject a conversation whose roles do not alternate, so
+        whatever failed earlier, the list sent to the engine alternates. The stored history is
+        not changed (the chat still shows what happened); only this prompt view is. The rule:
+
+        - Extra samples (meta "alt", replies 2..K of K) are shown and stored, never fed back;
+          only the primary reply (1 of K) is a conversation turn.
+        - An assistant reply with text is sent as it is, also a partial one (cancelled, failed
+          mid-reply, cut off by an engine stop): the user saw that text and may refer to it.
+        - An assistant reply without text (failed before its first token, or empty / blank)
+          adds nothing and is left out; so is a user turn that never got a stored reply. The
+          user turns that then follow each other are merged into one user turn, their texts
+          joined with a blank line, in order: the model sees everything the user wrote.
+        - Two assistant turns in a row (not written by the app, but possible in an old or
+          hand-edited store) are merged the same way; an assistant turn before the first user
+          turn answers nothing and is left out.
+
+        So the result is [system], user, assistant, user, ..., and it ends with a user turn
+        whenever the last stored turn that counts is a user turn (the case when a reply is asked
+        for).
+        """
         out: list[dict[str, str]] = []
         if self.system_prompt.strip():
             out.append({"role": "system", "content": self.system_prompt})
+        turns: list[dict[str, str]] = []
         for m in self.messages:
+            if m.role not in ("user", "assistant"):
+                continue
             if m.meta.get("alt"):
                 continue  # extra samples are shown and stored, not fed back
-            if m.role == "assistant" and not m.content and m.meta.get("finish") == "error":
-                continue  # a reply that failed before its first token adds nothing
-            out.append({"role": m.role, "content": m.content})
-        return out
+            if m.role == "assistant" and not m.content.strip():
+                continue  # a reply without text (failed before its first token, empty) adds nothing
+            if m.role == "assistant" and not turns:
+                continue  # nothing before it to answer
+            if turns and turns[-1]["role"] == m.role:
+                turns[-1]["content"] += "\n\n" + m.content  # keep roles alternating: merge
+            else:
+                turns.append({"role": m.role, "content": m.content})
+        return out + turns
 
 
 @dataclass
