@@ -19,7 +19,21 @@ from fgchat.engine.events import SamplingParams
 from fgchat.tui.store import ConversationSummary
 
 
-class SystemPromptScreen(ModalScreen[str | None]):
+class _SaveOrCancel:
+    """Save / Cancel buttons of a dialog: Save runs the screen's action_save, Cancel (or Esc)
+    dismisses it with None."""
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        if event.button.id == "save":
+            self.action_save()  # type: ignore[attr-defined]
+        else:
+            self.action_cancel()
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)  # type: ignore[attr-defined]
+
+
+class SystemPromptScreen(_SaveOrCancel, ModalScreen[str | None]):
     """Edit the system prompt of the current chat; returns the new text or None."""
 
     BINDINGS = [
@@ -42,17 +56,10 @@ class SystemPromptScreen(ModalScreen[str | None]):
     def on_mount(self) -> None:
         self.query_one(TextArea).focus()
 
-    def on_button_pressed(self, event: Button.Pressed) -> None:
-        if event.button.id == "save":
-            self.action_save()
-        else:
-            self.action_cancel()
 
     def action_save(self) -> None:
         self.dismiss(self.query_one(TextArea).text)
 
-    def action_cancel(self) -> None:
-        self.dismiss(None)
 
 
 class OpenChatScreen(ModalScreen[str | None]):
@@ -170,7 +177,7 @@ def _field_ok(name: str, text: str) -> bool:
         return False
 
 
-class SamplingScreen(ModalScreen[SamplingParams | None]):
+class SamplingScreen(_SaveOrCancel, ModalScreen[SamplingParams | None]):
     """Temperature, top-p, top-k and seed; returns the new SamplingParams or None (cancelled).
     An invalid value keeps the dialog open with a one-line error."""
 
@@ -233,11 +240,6 @@ class SamplingScreen(ModalScreen[SamplingParams | None]):
         event.stop()
         self.action_save()
 
-    def on_button_pressed(self, event: Button.Pressed) -> None:
-        if event.button.id == "save":
-            self.action_save()
-        else:
-            self.action_cancel()
 
     def action_save(self) -> None:
         error = self.query_one("#sampling-error", Label)
@@ -249,6 +251,3 @@ class SamplingScreen(ModalScreen[SamplingParams | None]):
             return
         error.update(Content(""))
         self.dismiss(params)
-
-    def action_cancel(self) -> None:
-        self.dismiss(None)

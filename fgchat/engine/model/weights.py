@@ -9,9 +9,7 @@ from typing import Any
 import torch
 
 from fgchat.engine.errors import ModelLoadError, is_out_of_memory
-
-SINGLE_FILE = "model.safetensors"
-INDEX_FILE = "model.safetensors.index.json"
+from fgchat.engine.model.resolve import INDEX_FILE, SINGLE_FILE
 # Weight formats that need unpickling: refused, never opened (unpickling runs arbitrary code).
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 # A real safetensors header is a few MB at most; anything larger is garbage.
