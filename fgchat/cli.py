@@ -18,8 +18,8 @@ EXIT_USER_ERROR = 2
 EXIT_INTERRUPTED = 130
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a writer whose reader went away
 
-MODES = ("eager", "piecewise", "full")  # fgchat.engine.events.MODES, without importing the engine
-ATTENTION_BACKENDS = ("auto", "triton", "flash-attn", "torch", "sdpa")  # fgchat.engine.attention
+MODES = ("eager", "piecewise", "full")  # fgchat.protocol.events.MODES, without importing the engine
+ATTENTION_BACKENDS = ("auto", "triton", "flash-attn", "torch", "sdpa")  # fgchat.engine.kernels.attention
 DTYPES = ("auto", "bfloat16", "bf16", "float16", "fp16", "float32", "fp32")  # fgchat.engine.loader
 DEVICE_RE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 MIN_CONTEXT = 16
@@ -121,7 +121,7 @@ def check_writable(path: str, option: str, replace: bool = False) -> None:
     (as --log-csv will) and removed again if this call created it. replace: the file will be written
     atomically (a temporary file in the same directory, then renamed), so the directory must take a
     new file too."""
-    from fgchat.engine.errors import FgchatError
+    from fgchat.protocol.errors import FgchatError
 
     p = Path(path).expanduser()
     if not path.strip():
@@ -200,7 +200,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _engine_config(args: argparse.Namespace):
-    from fgchat.engine.config import EngineConfig
+    from fgchat.protocol.config import EngineConfig
 
     return EngineConfig(
         model=args.model, device=args.device, dtype=args.dtype, max_context=args.max_context,
@@ -229,7 +229,7 @@ def _run(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from fgchat.engine.errors import FgchatError
+    from fgchat.protocol.errors import FgchatError
     from fgchat.stdio import one_line, silence_stdout
 
     try:

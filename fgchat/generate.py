@@ -12,9 +12,9 @@ import dataclasses
 import json
 import sys
 
-from fgchat.engine.errors import FgchatError, RequestError
+from fgchat.protocol.errors import FgchatError, RequestError
 from fgchat.stdio import TerminalSanitizer, is_tty, one_line, sanitize_terminal_text, silence_stdout
-from fgchat.engine.events import (
+from fgchat.protocol.events import (
     EngineError,
     RequestFinished,
     RequestSummary,

@@ -21,8 +21,8 @@ from collections.abc import Callable
 import torch
 import triton.testing
 
-from fgchat.engine.attention.torch_ref import TorchDecodeAttention
-from fgchat.engine.attention.triton_decode import KernelConfig, TritonDecodeAttention
+from fgchat.engine.kernels.attention.torch_ref import TorchDecodeAttention
+from fgchat.engine.kernels.attention.triton_decode import KernelConfig, TritonDecodeAttention
 
 NUM_Q_HEADS, NUM_KV_HEADS, SLOTS, MAX_CONTEXT, LAYERS = 32, 8, 8, 8192, 16
 HEAD_DIM = 64  # --head-dim 128 gives Llama-3.1-8B's attention shapes
@@ -88,7 +88,7 @@ def main() -> None:
 
     backends: dict[str, Backend] = {"triton": TritonDecodeAttention(device), "torch": TorchDecodeAttention()}
     try:
-        from fgchat.engine.attention.flash import FlashAttnDecode
+        from fgchat.engine.kernels.attention.flash import FlashAttnDecode
 
         backends["flash-attn"] = FlashAttnDecode(device)
     except Exception as exc:  # optional: report and go on

@@ -1,4 +1,4 @@
-"""Host time per Triton launch, plain `kernel[grid](...)` vs fgchat.engine.launch.fast (needs CUDA).
+"""Host time per Triton launch, plain `kernel[grid](...)` vs fgchat.engine.kernels.launch.fast (needs CUDA).
 
 Kernel: fused._add_rms_norm_kernel (bf16, with delta). Back-to-back launches, no sync inside the
 timed loop, best of 7 repeats; see launch.measure_launch_us.
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from fgchat.engine.launch import measure_launch_us
+from fgchat.engine.kernels.launch import measure_launch_us
 
 
 def main() -> None:

@@ -15,7 +15,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from fgchat.engine.gemv import ProjConfig, pick_split, project, project_partials, wins_over_cublas
+from fgchat.engine.kernels.gemv import ProjConfig, pick_split, project, project_partials, wins_over_cublas
 
 REPS = 50
 # name -> (N, K, kind); every variant is the plain product x @ w^T at that shape (gate_up: both halves)

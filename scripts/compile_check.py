@@ -11,8 +11,8 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from fgchat.engine import fused, gemv
-from fgchat.engine.attention import triton_decode as td
+from fgchat.engine.kernels import fused, gemv
+from fgchat.engine.kernels.attention import triton_decode as td
 
 TARGET = GPUTarget("cuda", 90, 32)
 

@@ -459,7 +459,7 @@ if [[ $what == s12 ]]; then  # the README run after s11 (same commit); one archi
 fi
 if [[ $what == s13 ]]; then  # eager host diagnostics: host load, per-launch cost, first-block effect
   { nproc; cat /proc/loadavg; grep -m3 -E "MHz|model name" /proc/cpuinfo; } > "$OUT/host.txt" 2>&1
-  timeout 60 python3 -c "from fgchat.engine import launch; print(launch.measure_launch_us(1, 2048)); print(launch.measure_launch_us(8, 4096))" \
+  timeout 60 python3 -c "from fgchat.engine.kernels import launch; print(launch.measure_launch_us(1, 2048)); print(launch.measure_launch_us(8, 4096))" \
     >> "$OUT/host.txt" 2>&1
   export BENCH_TIMEOUT=120
   bench 1b-eager-order --preset llama-3.2-1b --random-weights --batch-sizes 1,8,1,8 --repeats 3 --modes eager

@@ -15,7 +15,7 @@ import time
 import torch
 
 from fgchat.engine.core import Engine, EngineConfig
-from fgchat.engine.events import SamplingParams
+from fgchat.protocol.events import SamplingParams
 
 
 def main() -> None:

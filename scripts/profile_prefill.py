@@ -132,7 +132,7 @@ def attention_routes(cfg, t: int, dtype: torch.dtype) -> None:
 
 def host_costs(cfg, dtype: torch.dtype, n: int = 300) -> None:
     """Host time per call of prefill's building blocks on 8 rows (GPU work negligible)."""
-    from fgchat.engine import fused as fk
+    from fgchat.engine.kernels import fused as fk
     from fgchat.engine.model.prefill import cache_heads_first, heads_first, sdpa_causal
 
     rows, hid, hq, hkv, d = 8, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim

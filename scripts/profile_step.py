@@ -10,7 +10,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from fgchat.engine.core import Engine, EngineConfig
-from fgchat.engine.events import SamplingParams
+from fgchat.protocol.events import SamplingParams
 
 
 def table(prof, per: int, title: str, top: int = 14) -> None:

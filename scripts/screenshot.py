@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from fgchat.engine.core import EngineConfig
-from fgchat.engine.events import SamplingParams
+from fgchat.protocol.events import SamplingParams
 from fgchat.tui.app import FgchatApp
 
 OUT = Path(__file__).resolve().parent.parent / "assets" / "screenshot.svg"

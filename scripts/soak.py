@@ -35,8 +35,8 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     from fgchat.engine.core import Engine, EngineConfig
-    from fgchat.engine.errors import RequestError
-    from fgchat.engine.events import RequestFinished, SamplingParams
+    from fgchat.protocol.errors import RequestError
+    from fgchat.protocol.events import RequestFinished, SamplingParams
 
     rng = random.Random(args.seed)
     eng = Engine(EngineConfig(model=args.model, device=args.device, max_context=512))

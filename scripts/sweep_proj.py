@@ -17,8 +17,8 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from fgchat.engine import fused as fk
-from fgchat.engine.gemv import ProjConfig, pick_config, project, project_glu, project_partials
+from fgchat.engine.kernels import fused as fk
+from fgchat.engine.kernels.gemv import ProjConfig, pick_config, project, project_glu, project_partials
 
 sys.path.insert(0, "scripts")
 from bench_proj import graph_time_us  # noqa: E402

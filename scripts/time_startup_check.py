@@ -1,6 +1,6 @@
 """Start-up check time per starting mode (CUDA): python3 scripts/time_startup_check.py"""
 import time
-from fgchat.engine.config import EngineConfig
+from fgchat.protocol.config import EngineConfig
 from fgchat.engine.core import Engine
 for mode in ("eager", "full"):
     e = Engine(EngineConfig(preset="llama-3.2-1b", mode=mode, max_context=1024))

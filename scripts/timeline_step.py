@@ -14,7 +14,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from fgchat.engine.core import Engine, EngineConfig
-from fgchat.engine.events import SamplingParams
+from fgchat.protocol.events import SamplingParams
 
 STEP_MARK = "_step_inputs_kernel"
 

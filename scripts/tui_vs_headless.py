@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 import tiny_models  # noqa: E402
 
 from fgchat.engine.core import Engine, EngineConfig  # noqa: E402
-from fgchat.engine.events import RequestFinished, SamplingParams  # noqa: E402
+from fgchat.protocol.events import RequestFinished, SamplingParams  # noqa: E402
 
 N, REPS = int(os.environ.get("FGCHAT_TOKENS", 256)), 3
 PROMPT = "Tell me about latency."

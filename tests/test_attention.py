@@ -9,11 +9,11 @@ import sys
 import pytest
 import torch
 
-from fgchat.engine.attention import BACKEND_NAMES, get_backend
-from fgchat.engine.attention.base import plan_num_splits
-from fgchat.engine.attention.cpu_sdpa import SdpaDecodeAttention
-from fgchat.engine.attention.torch_ref import TorchDecodeAttention
-from fgchat.engine.errors import FgchatError
+from fgchat.engine.kernels.attention import BACKEND_NAMES, get_backend
+from fgchat.engine.kernels.attention.base import plan_num_splits
+from fgchat.engine.kernels.attention.cpu_sdpa import SdpaDecodeAttention
+from fgchat.engine.kernels.attention.torch_ref import TorchDecodeAttention
+from fgchat.protocol.errors import FgchatError
 
 SLOTS = 8
 
@@ -227,7 +227,7 @@ def test_plan_num_splits_is_shape_only_and_bounded() -> None:
 
 
 def _triton_backend():  # noqa: ANN202 - imported lazily: triton is absent on CPU machines
-    from fgchat.engine.attention.triton_decode import TritonDecodeAttention
+    from fgchat.engine.kernels.attention.triton_decode import TritonDecodeAttention
 
     return TritonDecodeAttention(torch.device("cuda"))
 
@@ -375,7 +375,7 @@ def test_triton_ignores_max_len_hint_and_split_count_is_shape_only() -> None:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_triton_tuning_variants_stay_correct(block_n: int, num_warps: int, num_stages: int) -> None:
     """Every config the benchmark sweeps must be correct, so switching defaults stays safe."""
-    from fgchat.engine.attention.triton_decode import KernelConfig, TritonDecodeAttention
+    from fgchat.engine.kernels.attention.triton_decode import KernelConfig, TritonDecodeAttention
 
     backend = TritonDecodeAttention(torch.device("cuda"), KernelConfig(block_n, num_warps, num_stages))
     gen = torch.Generator().manual_seed(block_n + num_stages)
@@ -392,7 +392,7 @@ def test_triton_tuning_variants_stay_correct(block_n: int, num_warps: int, num_s
 def test_fused_combine_matches_separate_kernel_and_rearms() -> None:
     """The last-split merge equals the two-kernel path, leaves its counters at zero and stays
     right when replayed from a CUDA graph many times (counters rearm every launch)."""
-    from fgchat.engine.attention.triton_decode import TritonDecodeAttention
+    from fgchat.engine.kernels.attention.triton_decode import TritonDecodeAttention
 
     fused = TritonDecodeAttention(torch.device("cuda"), fuse_combine=True)
     split = TritonDecodeAttention(torch.device("cuda"), fuse_combine=False)
@@ -420,7 +420,7 @@ def _separate_then_fused_rope(hq: int, hkv: int, d: int, sep, fused, seed: int):
     """Eight lanes at positions around tile and split edges: `sep` after fused.rope_kv_write
     (want) and `fused`.decode_with_rope on a copy of the cache (got). Returns want, got and
     whether both paths left the same cache bits."""
-    from fgchat.engine.fused import rope_kv_write
+    from fgchat.engine.kernels.fused import rope_kv_write
 
     t, b = 2048, 8
     inv = 1.0 / (10000 ** (torch.arange(0, d, 2, device="cuda").float() / d))
@@ -450,7 +450,7 @@ def _separate_then_fused_rope(hq: int, hkv: int, d: int, sep, fused, seed: int):
 def test_rope_in_attention_same_bits_as_separate_rope(hq, hkv, d, fuse_combine, preload) -> None:
     """decode_with_rope == fused.rope_kv_write then attention: same output and cache bits, also
     when each split loads its first K/V tile before the current token's K/V exists (preload)."""
-    from fgchat.engine.attention.triton_decode import TritonDecodeAttention
+    from fgchat.engine.kernels.attention.triton_decode import TritonDecodeAttention
 
     attn = TritonDecodeAttention(torch.device("cuda"), fuse_combine=fuse_combine, preload=preload)
     want, got, same_cache = _separate_then_fused_rope(hq, hkv, d, attn, attn, seed=hq * d)
@@ -467,7 +467,7 @@ def test_current_row_from_registers_close_to_separate_rope(hq, hkv, d) -> None:
     """cur_from_cache=False: RoPE inside the preloading attention takes the current row from its
     registers; the cache gets the same bits as the separate kernel writes, the output agrees
     with the separate path to bf16 rounding."""
-    from fgchat.engine.attention.triton_decode import TritonDecodeAttention
+    from fgchat.engine.kernels.attention.triton_decode import TritonDecodeAttention
 
     sep = TritonDecodeAttention(torch.device("cuda"), preload=True)
     regs = TritonDecodeAttention(torch.device("cuda"), preload=True, cur_from_cache=False)
@@ -483,7 +483,7 @@ def test_current_row_from_registers_close_to_separate_rope(hq, hkv, d) -> None:
 def test_bound_launch_same_bits_as_call(rope, fuse_combine, preload) -> None:
     """bind / bind_with_rope: launches prepared once give the bits of the per-call path, step
     after step, while lengths, slots and inputs change in place (piecewise replay's use)."""
-    from fgchat.engine.attention.triton_decode import TritonDecodeAttention
+    from fgchat.engine.kernels.attention.triton_decode import TritonDecodeAttention
 
     hq, hkv, d, t, b = 16, 4, 64, 2048, 6
     attn = TritonDecodeAttention(torch.device("cuda"), fuse_combine=fuse_combine, preload=preload,

@@ -171,7 +171,7 @@ def test_cuda_without_a_gpu_is_one_line(capsys, tiny):
 def test_pick_device_rejects_other_torch_devices():
     import torch
 
-    from fgchat.engine.errors import FgchatError
+    from fgchat.protocol.errors import FgchatError
     from fgchat.engine.loader import pick_device
 
     assert pick_device("cpu") == torch.device("cpu")
@@ -182,7 +182,7 @@ def test_pick_device_rejects_other_torch_devices():
 
 
 def test_empty_model_is_not_the_embedded_model():
-    from fgchat.engine.errors import ModelLoadError
+    from fgchat.protocol.errors import ModelLoadError
     from fgchat.engine.model.resolve import resolve_model
 
     with pytest.raises(ModelLoadError, match="empty model name"):
@@ -191,7 +191,7 @@ def test_empty_model_is_not_the_embedded_model():
 
 def test_hub_message_without_a_path_reading(monkeypatch):
     """download_snapshot called for a repo id alone keeps the plain hub message."""
-    from fgchat.engine.errors import ModelLoadError
+    from fgchat.protocol.errors import ModelLoadError
     from fgchat.engine.model.resolve import download_snapshot
 
     with pytest.raises(ModelLoadError) as e:
@@ -280,7 +280,7 @@ def _corrupt(src: Path, dst: Path, field: str, value) -> Path:
 def test_bad_config_value_is_one_line(tmp_path, tiny, field, value, needle):
     import torch
 
-    from fgchat.engine.errors import ModelLoadError
+    from fgchat.protocol.errors import ModelLoadError
     from fgchat.engine.loader import load_model
 
     d = _corrupt(tiny, tmp_path / "m", field, value)
@@ -292,7 +292,7 @@ def test_bad_config_value_is_one_line(tmp_path, tiny, field, value, needle):
 
 
 def test_hidden_size_not_divisible_without_head_dim(tmp_path, tiny):
-    from fgchat.engine.errors import ModelLoadError
+    from fgchat.protocol.errors import ModelLoadError
     from fgchat.engine.model.config import parse_config
 
     raw = json.loads((tiny / "config.json").read_text())
@@ -352,7 +352,7 @@ def test_out_of_memory_while_loading_is_one_line(monkeypatch, capsys, tiny, case
 def test_out_of_memory_for_the_kv_cache(monkeypatch):
     import torch
 
-    from fgchat.engine.errors import FgchatError
+    from fgchat.protocol.errors import FgchatError
     from fgchat.engine.kv_cache import KVCache
     from fgchat.engine.loader import load_preset_config
     from fgchat.engine.model.config import parse_config
@@ -413,7 +413,7 @@ def test_help_shows_the_default_values(capsys):
 def no_run(monkeypatch):
     """run_all must not be reached; when it is, the test sees a one-line error naming it."""
     from fgchat.bench import runner
-    from fgchat.engine.errors import FgchatError
+    from fgchat.protocol.errors import FgchatError
 
     calls = []
 
@@ -514,7 +514,7 @@ class FakeEngine:
         self.pieces.clear()
 
     def step(self):
-        from fgchat.engine.events import RequestFinished, RequestSummary, TokenEvent
+        from fgchat.protocol.events import RequestFinished, RequestSummary, TokenEvent
 
         if self.pieces:
             text = self.pieces.pop(0)

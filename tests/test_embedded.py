@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fgchat.engine.errors import ModelLoadError
+from fgchat.protocol.errors import ModelLoadError
 from fgchat.engine.model import resolve as resolve_mod
 from fgchat.engine.model.resolve import resolve_model
 from fgchat.engine.model.tokenizer import IncrementalDetokenizer, Tokenizer
@@ -119,7 +119,7 @@ def test_our_engine_answers_paris_like_transformers(converted: Path) -> None:
     from transformers import AutoModelForCausalLM
 
     from fgchat.engine.core import Engine, EngineConfig
-    from fgchat.engine.events import RequestFinished, SamplingParams
+    from fgchat.protocol.events import RequestFinished, SamplingParams
 
     eng = Engine(EngineConfig(model=str(converted), device="cpu", max_context=512))
     ids = eng.tokenizer.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}])

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from fgchat.engine.core import Engine, EngineConfig
-from fgchat.engine.errors import FgchatError, RequestError
-from fgchat.engine.events import RequestFinished, SamplingParams, TokenEvent
+from fgchat.protocol.errors import FgchatError, RequestError
+from fgchat.protocol.events import RequestFinished, SamplingParams, TokenEvent
 
 
 def make_engine(path, **kw) -> Engine:
@@ -155,7 +155,7 @@ def test_seeded_sampling_independent_of_batch(tiny_llama):
 
 
 def test_sampling_respects_top_k_and_greedy():
-    from fgchat.engine import sampling
+    from fgchat.engine.kernels import sampling
 
     logits = torch.randn(4, 100)
     t = torch.tensor([0.0, 1.0, 1.0, 5.0])
@@ -172,7 +172,7 @@ def test_sampling_respects_top_k_and_greedy():
 
 @pytest.mark.parametrize("vocab", [128256, 49152, 151936, 1000, 32003])
 def test_greedy_is_first_argmax_even_with_ties(vocab):
-    from fgchat.engine.sampling import greedy
+    from fgchat.engine.kernels.sampling import greedy
 
     g = torch.Generator().manual_seed(vocab)
     for ties in (False, True):

@@ -11,8 +11,8 @@ import pytest
 
 from fgchat.engine import core
 from fgchat.engine.core import Engine, EngineConfig
-from fgchat.engine.errors import RequestError
-from fgchat.engine.events import SamplingParams
+from fgchat.protocol.errors import RequestError
+from fgchat.protocol.events import SamplingParams
 from fgchat.engine.model.tokenizer import Tokenizer
 
 

@@ -15,7 +15,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # read when triton loads and kernels are decorated
 pytest.importorskip("triton")
 
-from fgchat.engine.gemv import (  # noqa: E402
+from fgchat.engine.kernels.gemv import (  # noqa: E402
     ProjConfig,
     pick_config,
     pick_split,
@@ -48,7 +48,7 @@ def test_projection_matches_torch(m, n, k, cfg):
 @pytest.mark.parametrize("m,i,k,cfg", [(1, 40, 96, ProjConfig(16, 64)), (6, 64, 256, None),
                                        (3, 32, 128, ProjConfig(32, 64, swap=True))])
 def test_glu_projection_is_linear_then_silu_mul(m, i, k, cfg):
-    from fgchat.engine.fused import silu_mul
+    from fgchat.engine.kernels.fused import silu_mul
 
     x, w = _inputs(m, 2 * i, k, m + i + k)
     x16, w16 = x.half(), w.half()
@@ -117,7 +117,7 @@ def _stages(tuning, hidden=2048, inter=8192, q=3072, pdl=True):
 
 def test_routes_of_llama_1b_projections():
     from fgchat.engine.model.fused_step import Route
-    from fgchat.engine.tuning import Tuning
+    from fgchat.protocol.tuning import Tuning
 
     st = _stages(Tuning())
     assert st.gate_up == Route(True, glu=True) and st.o == Route(True, split=4)
@@ -133,7 +133,7 @@ def test_routes_of_llama_1b_projections():
 
 def test_routes_of_llama_8b_projections():
     from fgchat.engine.model.fused_step import Route
-    from fgchat.engine.tuning import Tuning
+    from fgchat.protocol.tuning import Tuning
 
     st = _stages(Tuning(), hidden=4096, inter=14336, q=6144)
     assert st.qkv == Route(True) and st.gate_up == Route(True, glu=True)
@@ -194,7 +194,7 @@ def test_split_k_rejects_slices_of_partial_tiles():
 
 
 def test_norm_adds_partial_sums_in_slab_order():
-    from fgchat.engine.fused import add_rms_norm
+    from fgchat.engine.kernels.fused import add_rms_norm
 
     g = torch.Generator().manual_seed(8)
     h = torch.randn(3, 64, generator=g).half()
@@ -216,7 +216,7 @@ def test_split_depends_on_shape_and_sm_count_only():
 
 
 def test_lm_head_argmax_is_torch_argmax_with_ties():
-    from fgchat.engine.gemv import project_argmax, project_logits
+    from fgchat.engine.kernels.gemv import project_argmax, project_logits
 
     x, w = _inputs(4, 200, 64, 3)
     w[150] = w[37]  # column 150 duplicates 37: equal logits, the first must win
@@ -229,7 +229,7 @@ def test_lm_head_argmax_is_torch_argmax_with_ties():
 
 
 def test_step_inputs_kernel():
-    from fgchat.engine.fused import step_inputs
+    from fgchat.engine.kernels.fused import step_inputs
 
     g = torch.Generator().manual_seed(2)
     embed = torch.randn(50, 40, generator=g)
@@ -242,7 +242,7 @@ def test_step_inputs_kernel():
 def test_lm_head_logits_are_float32_sums_not_rounded():
     """Half-precision inputs (fp16: the interpreter's dot does not take bf16): the logits keep the
     float32 sums, within float32 rounding of the exact products, not half-precision values."""
-    from fgchat.engine.gemv import project_logits
+    from fgchat.engine.kernels.gemv import project_logits
 
     x, w = _inputs(3, 300, 128, 11)
     x, w = x.half(), w.half()

@@ -20,7 +20,7 @@ def close_to_torch(got: torch.Tensor, ref: torch.Tensor, frac: float = 0.02) -> 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("rows,n", [(1, 576), (8, 2048), (5, 4096)])
 def test_add_rms_norm(dtype, rows, n):
-    from fgchat.engine.fused import add_rms_norm
+    from fgchat.engine.kernels.fused import add_rms_norm
     from fgchat.engine.model.decoder import rms_norm
 
     g = torch.Generator(device="cuda").manual_seed(rows * n)
@@ -37,7 +37,7 @@ def test_add_rms_norm(dtype, rows, n):
 
 @pytest.mark.parametrize("rows,inter", [(1, 1536), (8, 8192), (3, 8960)])
 def test_silu_mul(rows, inter):
-    from fgchat.engine.fused import silu_mul
+    from fgchat.engine.kernels.fused import silu_mul
 
     gu = torch.randn(rows, 2 * inter, device="cuda").to(torch.bfloat16)
     g, u = gu.chunk(2, dim=-1)
@@ -48,7 +48,7 @@ def test_silu_mul(rows, inter):
 def test_advance_feeds_next_step_and_pinned_host_buffer(b):
     """The next step's ids are the tokens, positions move by one, the host's pinned buffer holds
     the tokens once an event behind the launch completes; lanes past b are untouched."""
-    from fgchat.engine.fused import advance
+    from fgchat.engine.kernels.fused import advance
 
     tokens = torch.randint(0, 128_000, (b,), device="cuda")
     rows = torch.randint(0, 4096, (2, 16), device="cuda")
@@ -65,7 +65,7 @@ def test_advance_feeds_next_step_and_pinned_host_buffer(b):
 
 @pytest.mark.parametrize("hq,hkv,d", [(32, 8, 64), (9, 3, 64), (12, 2, 128), (8, 8, 128)])
 def test_rope_kv_write(hq, hkv, d):
-    from fgchat.engine.fused import rope_kv_write
+    from fgchat.engine.kernels.fused import rope_kv_write
     from fgchat.engine.model.decoder import apply_rope
 
     t, rows = 4096, 6
@@ -109,7 +109,7 @@ PROJ_SHAPES = [(1, 2048, 2048), (8, 2048, 2048), (1, 576, 576), (3, 576, 1536), 
 
 @pytest.mark.parametrize("m,n,k", PROJ_SHAPES)
 def test_projection_bf16_close_to_cublas(m, n, k):
-    from fgchat.engine.gemv import project
+    from fgchat.engine.kernels.gemv import project
 
     g = torch.Generator(device="cuda").manual_seed(n + k)
     x = torch.randn(m, k, device="cuda", generator=g).bfloat16()
@@ -120,7 +120,7 @@ def test_projection_bf16_close_to_cublas(m, n, k):
 
 
 def test_projection_rows_identical_at_every_batch_size():
-    from fgchat.engine.gemv import project
+    from fgchat.engine.kernels.gemv import project
 
     x = torch.randn(8, 2048, device="cuda").bfloat16()
     w = (torch.randn(2048, 2048, device="cuda") * 0.02).bfloat16()
@@ -134,8 +134,8 @@ def test_projection_rows_identical_at_every_batch_size():
 @pytest.mark.parametrize("m,i,k", [(1, 8192, 2048), (8, 8192, 2048), (1, 1536, 576), (2, 14336, 4096)])
 @pytest.mark.parametrize("cfg", [None, "64,128,4,4,1"])
 def test_glu_projection_bf16(m, i, k, cfg):
-    from fgchat.engine.fused import silu_mul
-    from fgchat.engine.gemv import ProjConfig, pick_config, project, project_glu
+    from fgchat.engine.kernels.fused import silu_mul
+    from fgchat.engine.kernels.gemv import ProjConfig, pick_config, project, project_glu
 
     cfg = ProjConfig.parse(cfg) if cfg else pick_config(i, k, glu=True)
     g = torch.Generator(device="cuda").manual_seed(i + k)
@@ -152,7 +152,7 @@ def test_glu_projection_bf16(m, i, k, cfg):
 
 @pytest.mark.parametrize("m,n,k", [(1, 4096, 14336), (8, 4096, 4096)])
 def test_big_split_partials_sum_to_the_projection(m, n, k):
-    from fgchat.engine.gemv import pick_split, project_partials
+    from fgchat.engine.kernels.gemv import pick_split, project_partials
 
     split = pick_split(n, k, torch.cuda.get_device_properties(0).multi_processor_count)
     assert split > 1

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from fgchat.engine.core import Engine, EngineConfig
-from fgchat.engine.events import RequestFinished, SamplingParams, TokenEvent
+from fgchat.protocol.events import RequestFinished, SamplingParams, TokenEvent
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 

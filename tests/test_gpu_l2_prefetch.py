@@ -8,13 +8,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fgchat.engine.tuning import Tuning
+from fgchat.protocol.tuning import Tuning
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
 
 def _needs_sm90():
-    from fgchat.engine import l2_prefetch
+    from fgchat.engine.kernels import l2_prefetch
 
     if not l2_prefetch.supported(torch.device("cuda")):
         pytest.skip("bulk L2 prefetch needs sm_90+")
@@ -22,7 +22,7 @@ def _needs_sm90():
 
 def test_prefetch_runs_eagerly_and_in_a_graph_and_writes_nothing():
     _needs_sm90()
-    from fgchat.engine import l2_prefetch as lp
+    from fgchat.engine.kernels import l2_prefetch as lp
 
     a = torch.randn(4096, 2048, device="cuda").bfloat16()  # 16 MiB
     b = torch.randn(1000, 3000, device="cuda").bfloat16()  # not a whole number of chunks
@@ -57,7 +57,7 @@ def test_full_graph_prefetches_beside_each_attention_with_the_same_bits(tmp_path
     import tiny_models
 
     from fgchat.engine.core import Engine, EngineConfig
-    from fgchat.engine.events import SamplingParams
+    from fgchat.protocol.events import SamplingParams
 
     model = tiny_models.build_model(tmp_path / "m", "llama", hidden=512, layers=3, heads=8, kv_heads=2,
                                     head_dim=64, intermediate=1024, max_pos=4096, seed=7)

@@ -37,7 +37,7 @@ def rel_l2(got: torch.Tensor, ref: torch.Tensor) -> float:
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("rows,n", [(1, 576), (8, 2048), (37, 576)])
 def test_add_rms_norm_outliers_vs_float64(dtype, rows, n):
-    from fgchat.engine.fused import add_rms_norm
+    from fgchat.engine.kernels.fused import add_rms_norm
 
     h = outlier_rows(rows, n, dtype, rows + n, top=5e4)
     g = torch.Generator(device="cuda").manual_seed(3)
@@ -56,7 +56,7 @@ def test_add_rms_norm_outliers_vs_float64(dtype, rows, n):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_add_rms_norm_split_partials_outliers(dtype):
     """The split-K form: float32 partial sums added in order, rounded, then added to h."""
-    from fgchat.engine.fused import add_rms_norm
+    from fgchat.engine.kernels.fused import add_rms_norm
 
     rows, n, parts = 4, 2048, 4
     h = outlier_rows(rows, n, dtype, 11, top=4e4)
@@ -75,7 +75,7 @@ def test_add_rms_norm_split_partials_outliers(dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_silu_mul_large_activations_vs_float64(dtype):
-    from fgchat.engine.fused import silu_mul
+    from fgchat.engine.kernels.fused import silu_mul
 
     g = torch.Generator(device="cuda").manual_seed(7)
     rows, inter = 6, 1536
@@ -96,7 +96,7 @@ def test_silu_mul_large_activations_vs_float64(dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_rope_kv_write_outliers_vs_float64(dtype):
-    from fgchat.engine.fused import rope_kv_write
+    from fgchat.engine.kernels.fused import rope_kv_write
     from fgchat.engine.model.decoder import rotate_half
 
     hq, hkv, d, t, rows = 9, 3, 64, 512, 5
@@ -126,7 +126,7 @@ def test_rope_kv_write_outliers_vs_float64(dtype):
                                        (1, 2048, 2048, 60.0)])
 def test_projection_outliers_vs_float64(dtype, m, n, k, top):
     """Our projection kernel's error against float64 is no worse than cuBLAS's on the same inputs."""
-    from fgchat.engine.gemv import project
+    from fgchat.engine.kernels.gemv import project
 
     x = outlier_rows(m, k, torch.float32, n + k)
     x = (x / 6e4 * top).to(dtype) if top < 1e4 else x.to(dtype)
@@ -139,7 +139,7 @@ def test_projection_outliers_vs_float64(dtype, m, n, k, top):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_glu_and_split_projections_outliers_vs_float64(dtype):
-    from fgchat.engine.gemv import project_glu, project_partials
+    from fgchat.engine.kernels.gemv import project_glu, project_partials
 
     m, i, k = 4, 1536, 576
     x = (outlier_rows(m, k, torch.float32, 21) / 6e4 * 30).to(dtype)
@@ -159,7 +159,7 @@ def test_glu_and_split_projections_outliers_vs_float64(dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_lm_head_argmax_outliers(dtype):
-    from fgchat.engine.gemv import project_argmax
+    from fgchat.engine.kernels.gemv import project_argmax
 
     m, v, k = 3, 49152, 576
     x = (outlier_rows(m, k, torch.float32, 31) / 6e4 * 24).to(dtype)
@@ -176,7 +176,7 @@ def test_lm_head_argmax_outliers(dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_decode_attention_outliers_vs_float64(dtype):
     """Keys and queries with outlier channels (an attention sink at position 0), lengths 1..700."""
-    from fgchat.engine.attention.triton_decode import TritonDecodeAttention
+    from fgchat.engine.kernels.attention.triton_decode import TritonDecodeAttention
 
     b, hq, hkv, d, t = 4, 9, 3, 64, 768
     g = torch.Generator(device="cuda").manual_seed(41)
@@ -203,7 +203,7 @@ def test_decode_attention_outliers_vs_float64(dtype):
 
 @pytest.fixture(scope="module", params=DTYPES, ids=["bf16", "fp16"])
 def outlier_engine(request):
-    from fgchat.engine.config import EngineConfig
+    from fgchat.protocol.config import EngineConfig
     from fgchat.engine.core import Engine
 
     dt = "bfloat16" if request.param == torch.bfloat16 else "float16"
@@ -221,7 +221,7 @@ def test_outlier_preset_passes_startup_check(outlier_engine):
 def test_outlier_preset_every_step_close_to_float32_reference(outlier_engine, mode):
     """Greedy decode in each mode; each step's logits against the float32 reference forward pass
     over the same tokens (prefix-consistent, so the production path's own choices are followed)."""
-    from fgchat.engine.events import SamplingParams, TokenEvent
+    from fgchat.protocol.events import SamplingParams, TokenEvent
     from fgchat.engine.model.reference import reference_logits
     from fgchat.engine.startup_check import compare
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fgchat.engine.tuning import Tuning
+from fgchat.protocol.tuning import Tuning
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -20,8 +20,8 @@ LAYERS = 12
 def _chain(h: torch.Tensor, norms: list[torch.Tensor], ws: list[torch.Tensor], pdl: bool) -> torch.Tensor:
     """norm -> projection -> silu-mul -> projection, LAYERS times: every kernel reads its
     predecessor's output, so a launch that ran ahead of its wait would read stale memory."""
-    from fgchat.engine.fused import add_rms_norm, silu_mul
-    from fgchat.engine.gemv import project, project_partials
+    from fgchat.engine.kernels.fused import add_rms_norm, silu_mul
+    from fgchat.engine.kernels.gemv import project, project_partials
 
     delta = None
     for i in range(LAYERS):
@@ -45,7 +45,7 @@ def _weights(rows: int):
 
 @pytest.mark.parametrize("rows", [1, 8])
 def test_pdl_chain_in_a_graph_matches_plain_launches(rows):
-    from fgchat.engine.pdl import supported
+    from fgchat.engine.kernels.pdl import supported
 
     assert supported(torch.device("cuda")), "the H200 supports programmatic dependent launch"
     norms, ws = _weights(rows)
@@ -71,7 +71,7 @@ def test_pdl_chain_in_a_graph_matches_plain_launches(rows):
 
 @pytest.mark.parametrize("n,k", [(2048, 2048), (2048, 8192), (4096, 14336), (576, 1536)])
 def test_split_k_projection_close_to_cublas(n, k):
-    from fgchat.engine.gemv import pick_split, project_partials
+    from fgchat.engine.kernels.gemv import pick_split, project_partials
 
     split = pick_split(n, k, torch.cuda.get_device_properties(0).multi_processor_count)
     assert split > 1
@@ -94,7 +94,7 @@ def test_split_k_projection_close_to_cublas(n, k):
 
 
 def test_lm_head_kernel_float32_logits_close_to_cublas():
-    from fgchat.engine.gemv import project
+    from fgchat.engine.kernels.gemv import project
 
     g = torch.Generator(device="cuda").manual_seed(5)
     x = torch.randn(8, 2048, device="cuda", generator=g).bfloat16()
@@ -109,7 +109,7 @@ def test_lm_head_kernel_float32_logits_close_to_cublas():
 
 @pytest.mark.parametrize("vocab", [128256, 49152])
 def test_lm_head_greedy_pick_is_torch_argmax(vocab):
-    from fgchat.engine.gemv import project_argmax
+    from fgchat.engine.kernels.gemv import project_argmax
 
     g = torch.Generator(device="cuda").manual_seed(vocab)
     x = torch.randn(8, 2048, device="cuda", generator=g).bfloat16()
@@ -125,7 +125,7 @@ def test_engine_with_pdl_same_bits_as_without(tmp_path):
     import tiny_models
 
     from fgchat.engine.core import Engine, EngineConfig
-    from fgchat.engine.events import SamplingParams
+    from fgchat.protocol.events import SamplingParams
 
     model = tiny_models.build_model(tmp_path / "m", "llama", hidden=512, layers=3, heads=8, kv_heads=2,
                                     head_dim=64, intermediate=1024, max_pos=4096, seed=7)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from fgchat.engine.core import Engine, EngineConfig
-from fgchat.engine.events import RequestFinished, SamplingParams
+from fgchat.protocol.events import RequestFinished, SamplingParams
 from fgchat.engine.model.prefill import PREFILL_BUCKETS, bucket_for
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]

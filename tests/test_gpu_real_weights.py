@@ -20,7 +20,7 @@ def real_model() -> str | None:
     env = os.environ.get("FGCHAT_REAL_GGUF")
     if env:
         return env if os.path.isfile(env) else None
-    from fgchat.engine.errors import ModelLoadError
+    from fgchat.protocol.errors import ModelLoadError
     from fgchat.engine.model.resolve import embedded_gguf_path
 
     try:
@@ -68,7 +68,7 @@ def test_startup_check_passes_on_real_weights(table):
 
 def broken_add_rms_norm(monkeypatch):
     """A fused norm that is wrong the way a kernel can be: right shape and dtype, wrong values."""
-    from fgchat.engine import fused
+    from fgchat.engine.kernels import fused
 
     real = fused.add_rms_norm
 
@@ -80,9 +80,9 @@ def broken_add_rms_norm(monkeypatch):
 
 
 def test_broken_fused_kernel_falls_back_to_plain_path(model_path, monkeypatch):
-    from fgchat.engine.config import EngineConfig
+    from fgchat.protocol.config import EngineConfig
     from fgchat.engine.core import Engine
-    from fgchat.engine.events import SamplingParams, TokenEvent
+    from fgchat.protocol.events import SamplingParams, TokenEvent
 
     plain = Engine(EngineConfig(model=model_path, fused=False))
     ids = plain.tokenizer.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}])

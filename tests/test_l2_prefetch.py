@@ -12,7 +12,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 pytest.importorskip("triton")
 
-from fgchat.engine import l2_prefetch as lp  # noqa: E402
+from fgchat.engine.kernels import l2_prefetch as lp  # noqa: E402
 
 
 def test_plan_takes_whole_tensors_in_order_while_they_fit():

@@ -1,4 +1,4 @@
-"""fgchat.engine.launch: the fast Triton launcher.
+"""fgchat.engine.kernels.launch: the fast Triton launcher.
 
 CPU: the cache key against Triton's own specialization, the exact launcher call on a hit (with a
 fake compiled kernel), and every fallback to the plain path. GPU (-m gpu): bit-exact against
@@ -19,8 +19,8 @@ from triton import knobs  # noqa: E402
 from triton._C.libtriton import native_specialize_impl  # noqa: E402
 from triton.backends.compiler import BaseBackend  # noqa: E402
 
-from fgchat.engine import launch  # noqa: E402
-from fgchat.engine.launch import FastLauncher, _arg_code, _Unsupported, fast  # noqa: E402
+from fgchat.engine.kernels import launch  # noqa: E402
+from fgchat.engine.kernels.launch import FastLauncher, _arg_code, _Unsupported, fast  # noqa: E402
 
 
 @triton.jit
@@ -348,8 +348,8 @@ def gpu_test(f):
 
 def _fused_cases():
     """(name, fn) pairs; fn() runs one public entry point on fresh outputs and returns them."""
-    from fgchat.engine import fused
-    from fgchat.engine.attention.triton_decode import TritonDecodeAttention
+    from fgchat.engine.kernels import fused
+    from fgchat.engine.kernels.attention.triton_decode import TritonDecodeAttention
 
     g = torch.Generator(device="cuda").manual_seed(0)
     bf = torch.bfloat16
@@ -390,8 +390,8 @@ def _fused_cases():
 
 
 def _launchers():
-    from fgchat.engine import fused
-    from fgchat.engine.attention import triton_decode
+    from fgchat.engine.kernels import fused
+    from fgchat.engine.kernels.attention import triton_decode
 
     return {k: fast(k) for k in (fused._add_rms_norm_kernel, fused._silu_mul_kernel, fused._rope_kv_kernel,
                                  triton_decode._split_kernel, triton_decode._combine_kernel)}
@@ -399,8 +399,8 @@ def _launchers():
 
 def _plain_fast(monkeypatch):
     """Make every call site launch through the plain path (fast -> identity)."""
-    from fgchat.engine import fused
-    from fgchat.engine.attention import triton_decode
+    from fgchat.engine.kernels import fused
+    from fgchat.engine.kernels.attention import triton_decode
 
     monkeypatch.setattr(fused, "fast", lambda k: k)
     monkeypatch.setattr(triton_decode, "fast", lambda k: k)
@@ -427,7 +427,7 @@ def test_gpu_fast_matches_plain_bit_exact(case, monkeypatch):
 
 @gpu_test
 def test_gpu_second_call_is_fast():
-    from fgchat.engine.fused import _add_rms_norm_kernel
+    from fgchat.engine.kernels.fused import _add_rms_norm_kernel
 
     la = FastLauncher(_add_rms_norm_kernel)
     h = torch.randn(2, 1024, device="cuda", dtype=torch.bfloat16)

@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fgchat.engine.errors import FgchatError
-from fgchat.engine.events import RequestSummary, TokenEvent
+from fgchat.protocol.errors import FgchatError
+from fgchat.protocol.events import RequestSummary, TokenEvent
 from fgchat.metrics import (
     REQUEST_COLUMNS,
     TOKEN_COLUMNS,

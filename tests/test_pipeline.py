@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from fgchat.engine.core import Engine, EngineConfig
-from fgchat.engine.events import RequestFinished, SamplingParams, TokenEvent
+from fgchat.protocol.events import RequestFinished, SamplingParams, TokenEvent
 
 
 def _engine(path, pipeline: bool) -> Engine:

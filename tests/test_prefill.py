@@ -65,7 +65,7 @@ def test_prefill_matches_transformers(tiny_model_dirs, tiny_mha, which):
 
 def decode_steps(dec: Decoder, ids: torch.Tensor, start: int, slot: int, cache: KVCache) -> torch.Tensor:
     """Logits of positions start..T-1, one decode step each (batch of 1) through the stages."""
-    from fgchat.engine.attention.torch_ref import TorchDecodeAttention
+    from fgchat.engine.kernels.attention.torch_ref import TorchDecodeAttention
 
     c, attn = dec.cfg, TorchDecodeAttention()
     out = torch.zeros(1, c.num_heads, c.head_dim)

@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from fgchat.engine.errors import ModelLoadError
+from fgchat.protocol.errors import ModelLoadError
 from fgchat.engine.model import resolve as resolve_mod
 from fgchat.engine.model.resolve import ResolvedModel, is_repo_id, resolve_model
 from fgchat.engine.model.tokenizer import Tokenizer

@@ -82,7 +82,7 @@ def test_out_of_memory_while_capturing_disables_the_mode(tiny_llama, monkeypatch
     assert any("full disabled" in n for n in eng.info().notes)
     ev = eng.set_mode("full")
     assert ev.mode == "eager" and "out of GPU memory" in ev.reason
-    from fgchat.engine.events import SamplingParams
+    from fgchat.protocol.events import SamplingParams
 
     eng.submit([5, 6, 7], SamplingParams(max_tokens=4, ignore_eos=True))
     assert sum(1 for e in eng.run_until_done() if type(e).__name__ == "TokenEvent") == 4

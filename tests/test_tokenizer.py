@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fgchat.engine.errors import ModelLoadError, RequestError
+from fgchat.protocol.errors import ModelLoadError, RequestError
 from fgchat.engine.model.tokenizer import CHATML_TEMPLATE, IncrementalDetokenizer, Tokenizer
 from tiny_models import SPECIAL, build_tokenizer
 

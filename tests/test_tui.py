@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from fgchat.engine.core import Engine, EngineConfig
-from fgchat.engine.events import SamplingParams
+from fgchat.protocol.events import SamplingParams
 from fgchat.engine.process import EngineThread
 from fgchat.metrics import CsvAppender, read_requests_csv, read_tokens_csv
 from fgchat.tui.app import FgchatApp
@@ -451,7 +451,7 @@ async def test_log_csv_appends_as_tokens_arrive(tiny_llama, data_dir, tmp_path):
 
 
 def test_engine_process_reports_events_and_death(tiny_llama):
-    from fgchat.engine.events import EngineError, EngineInfo, RequestFinished, TokenEvent
+    from fgchat.protocol.events import EngineError, EngineInfo, RequestFinished, TokenEvent
     from fgchat.engine.process import EngineProcess
 
     proc = EngineProcess(EngineConfig(model=str(tiny_llama), device="cpu", mode="full", max_context=512))

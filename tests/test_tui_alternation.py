@@ -14,7 +14,7 @@ import pytest
 
 import tiny_models
 from fgchat.engine.core import Engine
-from fgchat.engine.errors import RequestError
+from fgchat.protocol.errors import RequestError
 from fgchat.tui.store import Conversation, StoredMessage
 from test_tui import SIZE, data_dir, make_app, type_prompt, wait_for, wait_ready  # noqa: F401
 

@@ -16,7 +16,7 @@ from textual.widgets import Footer, Input, Label
 from textual.widgets._footer import FooterKey
 
 from fgchat.engine.core import Engine
-from fgchat.engine.events import SamplingParams
+from fgchat.protocol.events import SamplingParams
 from fgchat.tui.app import FgchatApp
 from fgchat.tui.dialogs import SamplingScreen, parse_sampling
 from fgchat.tui.replies import K_TEMPERATURE, reply_params
@@ -203,7 +203,7 @@ async def test_footer_shows_k_open_quit_and_fits_120_columns(tiny_llama, data_di
 
 
 def test_submit_chats_tokenizes_once_and_reports_per_request_errors():
-    from fgchat.engine.events import EngineError
+    from fgchat.protocol.events import EngineError
     from fgchat.engine.process import SubmitChats, _apply
 
     class Tokenizer:

@@ -26,8 +26,8 @@ from pathlib import Path
 import pytest
 
 import fgchat.tui.store as store_module
-from fgchat.engine.errors import FgchatError
-from fgchat.engine.events import SamplingParams
+from fgchat.protocol.errors import FgchatError
+from fgchat.protocol.events import SamplingParams
 from fgchat.metrics import (
     TOKEN_COLUMNS,
     CsvAppender,

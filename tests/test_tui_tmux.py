@@ -41,7 +41,7 @@ def wait_until(cond, what: str, timeout: float) -> None:
 
 
 def test_k4_replies_decode_as_one_batch_in_tmux(tmp_path):
-    from fgchat.engine.errors import ModelLoadError
+    from fgchat.protocol.errors import ModelLoadError
     from fgchat.engine.model.resolve import embedded_gguf_path
 
     try:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fgchat.engine.tuning import DEFAULT_GEMV_MAX, Tuning
+from fgchat.protocol.tuning import DEFAULT_GEMV_MAX, Tuning
 
 
 def test_defaults_without_environment(monkeypatch):
@@ -39,7 +39,7 @@ def test_projection_config_overrides_per_role(monkeypatch):
 
 def test_malformed_projection_config_is_one_user_error():
     pytest.importorskip("triton")  # the fused stages import the Triton kernels
-    from fgchat.engine.errors import FgchatError
+    from fgchat.protocol.errors import FgchatError
     from fgchat.engine.model.fused_step import _configs
 
     for bad, match in (("lm=64,128,4,4", "ROLE"), ("gate_up=64,128", "bn,bk"), ("gate_up", "ROLE")):

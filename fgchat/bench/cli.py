@@ -12,7 +12,7 @@ import os
 import sys
 from pathlib import Path
 
-from fgchat.engine.errors import FgchatError
+from fgchat.protocol.errors import FgchatError
 
 BENCH_MODES = ("eager", "piecewise", "full")
 PEERS = ("hf", "hf-eager", "hf-compile")

@@ -56,7 +56,7 @@ def hf_tokens(path: str, dtype: torch.dtype, prompts: list[list[int]], n: int) -
 
 
 def fgchat_tokens(engine, prompts: list[list[int]], n: int, mode: str) -> list[list[int]]:
-    from fgchat.engine.events import SamplingParams, TokenEvent
+    from fgchat.protocol.events import SamplingParams, TokenEvent
 
     engine.set_mode(mode)
     out = []
@@ -83,7 +83,7 @@ def compare_logits(lg: torch.Tensor, ref: torch.Tensor) -> dict:
 
 def run_all(model: str, tokens: int = 16, dtypes: tuple[str, ...] = DTYPES) -> dict:
     """Every run of the table; see the module doc."""
-    from fgchat.engine.config import EngineConfig
+    from fgchat.protocol.config import EngineConfig
     from fgchat.engine.core import Engine
     from fgchat.engine.kv_cache import KVCache
     from fgchat.engine.loader import load_model

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from fgchat.engine.core import Engine, EngineConfig
-from fgchat.engine.events import RequestFinished, SamplingParams, TokenEvent
+from fgchat.protocol.events import RequestFinished, SamplingParams, TokenEvent
 from fgchat.metrics.stats import summarize
 
 
@@ -120,7 +120,7 @@ def run_all(spec: BenchSpec) -> dict[str, Any]:
         outliers=spec.outliers,
     ))
     if engine.max_context < need:
-        from fgchat.engine.errors import FgchatError
+        from fgchat.protocol.errors import FgchatError
 
         raise FgchatError(f"prompt + output ({need} tokens) exceed the context ({engine.max_context})")
     info = engine.info()

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 
 import torch
 
-from fgchat.engine.config import EngineConfig
-from fgchat.engine.errors import FgchatError, RequestError
-from fgchat.engine.events import (
+from fgchat.protocol.config import EngineConfig
+from fgchat.protocol.errors import FgchatError, RequestError
+from fgchat.protocol.events import (
     MODES,
     EngineError,
     EngineEvent,
@@ -33,7 +33,7 @@ from fgchat.engine.model.decoder import Decoder
 from fgchat.engine.requests import Sequence
 from fgchat.engine.scheduler import Scheduler
 from fgchat.engine.step import ROW_IDS, ROW_POS, StepBuffers, StepOutputs, StepProgram
-from fgchat.engine.tuning import Tuning
+from fgchat.protocol.tuning import Tuning
 
 
 STEP_GRAPHS_KEPT = 4096
@@ -127,7 +127,7 @@ class Engine(GraphModes):
         # a step's tokens feed the next step and reach the host through one kernel (fused.advance)
         self._advance_on_device = fused and self.tuning.device_advance
         if self._advance_on_device:
-            from fgchat.engine.fused import advance
+            from fgchat.engine.kernels.fused import advance
 
             self._advance = advance
         self.bufs = StepBuffers(self.device, self.cfg.num_heads, self.cfg.head_dim, self.dtype)
@@ -197,7 +197,7 @@ class Engine(GraphModes):
         return self.tuning.fused and importlib.util.find_spec("triton") is not None
 
     def _pick_attention(self, name: str):
-        from fgchat.engine.attention import get_backend
+        from fgchat.engine.kernels.attention import get_backend
 
         try:
             backend = get_backend(name, self.device, self.tuning)
@@ -377,7 +377,7 @@ class Engine(GraphModes):
         p = seq.params
         pos = torch.tensor([len(seq.prompt_ids)], device=self.device)
         if p.temperature > 0:
-            from fgchat.engine import sampling
+            from fgchat.engine.kernels import sampling
 
             dev = self.device
             tok = sampling.sample(

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from fgchat.engine.events import ModeChanged
+from fgchat.protocol.events import ModeChanged
 from fgchat.engine.kv_cache import NUM_SLOTS
 from fgchat.engine.step import StepOutputs
 

@@ -20,7 +20,7 @@ from typing import Callable
 
 import torch
 
-from fgchat.engine.events import CaptureReport
+from fgchat.protocol.events import CaptureReport
 from fgchat.engine.model.decoder import StepState
 from fgchat.engine.step import StepOutputs, StepProgram, run_pieces
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from fgchat.engine.errors import FgchatError, is_out_of_memory
+from fgchat.protocol.errors import FgchatError, is_out_of_memory
 from fgchat.engine.model.config import ModelConfig
 
 NUM_SLOTS = 8

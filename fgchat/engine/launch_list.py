@@ -124,7 +124,7 @@ def _count_triton_launches(stack: ExitStack, calls: list[Callable[[], Any]]) -> 
     try:
         from triton import knobs
 
-        from fgchat.engine import launch
+        from fgchat.engine.kernels import launch
     except ImportError:
         return None
     seen = [0]

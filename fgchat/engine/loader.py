@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from fgchat.engine.errors import FgchatError, ModelLoadError, is_out_of_memory
+from fgchat.protocol.errors import FgchatError, ModelLoadError, is_out_of_memory
 from fgchat.engine.model.config import ModelConfig, parse_config
 from fgchat.engine.model.decoder import DecoderWeights, random_weights, weights_from_state_dict
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from fgchat.engine.events import CaptureReport
+from fgchat.protocol.events import CaptureReport
 from fgchat.engine.model.decoder import Decoder
 from fgchat.engine.model.prefill import PREFILL_BUCKETS, bucket_for, prefill_last
 

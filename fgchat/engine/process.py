@@ -31,8 +31,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from fgchat.engine.errors import FgchatError
-from fgchat.engine.events import EngineError, EngineInfo, EngineProgress, ModeChanged, SamplingParams, TokenEvent
+from fgchat.protocol.errors import FgchatError
+from fgchat.protocol.events import EngineError, EngineInfo, EngineProgress, ModeChanged, SamplingParams, TokenEvent
 
 # ---- commands (parent -> engine); plain dataclasses so they pickle -----------------------------
 

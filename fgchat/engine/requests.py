@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from fgchat.engine.events import SamplingParams
+from fgchat.protocol.events import SamplingParams
 
 
 @dataclass

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from fgchat.engine.events import StartupCheck
+from fgchat.protocol.events import StartupCheck
 from fgchat.engine.model.reference import reference_logits
 
 if TYPE_CHECKING:

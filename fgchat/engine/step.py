@@ -16,7 +16,7 @@ from typing import Callable
 
 import torch
 
-from fgchat.engine import sampling
+from fgchat.engine.kernels import sampling
 from fgchat.engine.kv_cache import NUM_SLOTS, KVCache
 from fgchat.engine.model.decoder import Decoder, StepState
 
@@ -149,7 +149,7 @@ class StepProgram:
 
         fused_ops = None
         if dec.fused:
-            from fgchat.engine import fused as fused_ops
+            from fgchat.engine.kernels import fused as fused_ops
         pieces = [first] + [middle(i) for i in range(1, n_layers)] + [last]
         return pieces, [attend(i) for i in range(n_layers)]
 

@@ -25,7 +25,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from fgchat.engine.errors import FgchatError
+from fgchat.protocol.errors import FgchatError
 from fgchat.metrics.records import (
     REQUEST_COLUMNS,
     SESSION_COLUMN,

@@ -17,7 +17,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
-from fgchat.engine.events import MODES, RequestSummary, TokenEvent
+from fgchat.protocol.events import MODES, RequestSummary, TokenEvent
 
 # CSV column order; `TokenRecord` / `RequestRecord` fields are declared in exactly this order.
 TOKEN_COLUMNS: tuple[str, ...] = (

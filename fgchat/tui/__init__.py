@@ -29,8 +29,8 @@ def run_tui(
     """
     import signal
 
-    from fgchat.engine.config import EngineConfig
-    from fgchat.engine.events import SamplingParams
+    from fgchat.protocol.config import EngineConfig
+    from fgchat.protocol.events import SamplingParams
     from fgchat.metrics import CsvAppender, new_session_id
     from fgchat.tui.app import EXIT_SIGNALS, FgchatApp
 

@@ -41,8 +41,8 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Footer, Header, Input, Static, TabbedContent
 
-from fgchat.engine.errors import FgchatError
-from fgchat.engine.events import MODES, EngineInfo, SamplingParams
+from fgchat.protocol.errors import FgchatError
+from fgchat.protocol.events import MODES, EngineInfo, SamplingParams
 from fgchat.engine.process import EngineProcess
 from fgchat.metrics import CsvAppender, LatencyLog, new_session_id
 from fgchat.tui.chat_tabs import ChatTabsMixin

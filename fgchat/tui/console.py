@@ -12,7 +12,7 @@ import time
 import numpy as np
 from textual.css.query import NoMatches
 
-from fgchat.engine.events import MODES
+from fgchat.protocol.events import MODES
 from fgchat.metrics import summarize_records
 from fgchat.tui.latency_panel import LatencyPanel, PanelView
 

@@ -15,7 +15,7 @@ from textual.widgets import Button, Input, Label, OptionList, TextArea
 from textual.validation import Function
 from textual.widgets.option_list import Option
 
-from fgchat.engine.events import SamplingParams
+from fgchat.protocol.events import SamplingParams
 from fgchat.tui.store import ConversationSummary
 
 

@@ -22,7 +22,7 @@ from textual.content import Content
 from textual.widgets import Static
 from textual.worker import get_current_worker
 
-from fgchat.engine.events import EngineError, EngineInfo, EngineProgress, ModeChanged, RequestFinished, TokenEvent
+from fgchat.protocol.events import EngineError, EngineInfo, EngineProgress, ModeChanged, RequestFinished, TokenEvent
 from fgchat.tui.chat_view import ChatView
 from fgchat.tui.console import HIST_WINDOW, RECENT_ITL
 from fgchat.tui.messages import EngineEvents

@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from fgchat.engine.errors import FgchatError
+from fgchat.protocol.errors import FgchatError
 from fgchat.metrics import write_requests_csv, write_tokens_csv
 from fgchat.tui.dialogs import ExportScreen
 

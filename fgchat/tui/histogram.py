@@ -19,7 +19,7 @@ from textual.content import Content
 from textual.reactive import reactive
 from textual.widget import Widget
 
-from fgchat.engine.events import MODES
+from fgchat.protocol.events import MODES
 from fgchat.metrics import histogram
 
 MODE_STYLES: dict[str, str] = {"eager": "$error", "piecewise": "$warning", "full": "$success"}

@@ -16,7 +16,7 @@ from textual.containers import VerticalScroll
 from textual.content import Content
 from textual.widgets import Static
 
-from fgchat.engine.events import MODES, CaptureReport, EngineInfo
+from fgchat.protocol.events import MODES, CaptureReport, EngineInfo
 from fgchat.metrics import host_bound, sparkline
 from fgchat.tui.histogram import MODE_STYLES, ModeHistograms, fmt_ms
 

@@ -10,7 +10,7 @@ from textual.app import SystemCommand
 from textual.screen import Screen
 from textual.widgets import Input
 
-from fgchat.engine.events import MODES
+from fgchat.protocol.events import MODES
 from fgchat.tui.replies import MAX_SAMPLES
 
 EXAMPLE_PROMPTS = Path(__file__).resolve().parents[2] / "assets" / "prompts.txt"

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from fgchat.engine.events import RequestSummary, SamplingParams
+from fgchat.protocol.events import RequestSummary, SamplingParams
 from fgchat.tui.chat_view import ChatView, MessageBubble, reply_status
 from fgchat.tui.store import Conversation, StoredMessage
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fgchat.engine.errors import FgchatError
+from fgchat.protocol.errors import FgchatError
 
 DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant."
 

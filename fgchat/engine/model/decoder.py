@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Callable
 import torch
 import torch.nn.functional as F
 
-from fgchat.engine.errors import ModelLoadError
+from fgchat.protocol.errors import ModelLoadError
 from fgchat.engine.model.config import ModelConfig, rope_inv_freq
-from fgchat.engine.tuning import Tuning
+from fgchat.protocol.tuning import Tuning
 
 if TYPE_CHECKING:
     from fgchat.engine.model.fused_step import FusedStages
@@ -193,7 +193,7 @@ class Decoder:
         self, cfg: ModelConfig, weights: DecoderWeights, max_context: int, fused: bool = False,
         tuning: Tuning | None = None,
     ) -> None:
-        """fused=True runs decode stages with the Triton kernels of fgchat.engine.fused (CUDA);
+        """fused=True runs decode stages with the Triton kernels of fgchat.engine.kernels.fused (CUDA);
         `tuning` picks among their variants (see engine.tuning)."""
         self.cfg = cfg
         self.fused = fused
@@ -203,7 +203,7 @@ class Decoder:
         self._fused: FusedStages | None = None
         if fused:
             from fgchat.engine.model import fused_step
-            from fgchat.engine.pdl import supported
+            from fgchat.engine.kernels.pdl import supported
 
             dev = weights.embed.device
             self.pdl = t.pdl and supported(dev)

@@ -26,12 +26,12 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
-from fgchat.engine import fused as fk
-from fgchat.engine import gemv
-from fgchat.engine import l2_prefetch
-from fgchat.engine.errors import FgchatError
+from fgchat.engine.kernels import fused as fk
+from fgchat.engine.kernels import gemv
+from fgchat.engine.kernels import l2_prefetch
+from fgchat.protocol.errors import FgchatError
 from fgchat.engine.model.decoder import head_logits
-from fgchat.engine.tuning import Tuning
+from fgchat.protocol.tuning import Tuning
 
 if TYPE_CHECKING:
     from fgchat.engine.model.decoder import Decoder, StepState

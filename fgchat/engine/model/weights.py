@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from fgchat.engine.errors import ModelLoadError, is_out_of_memory
+from fgchat.protocol.errors import ModelLoadError, is_out_of_memory
 from fgchat.engine.model.resolve import INDEX_FILE, SINGLE_FILE
 # Weight formats that need unpickling: refused, never opened (unpickling runs arbitrary code).
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")

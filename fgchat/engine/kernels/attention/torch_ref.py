@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from fgchat.engine.attention.base import cache_window, check_decode_shapes
+from fgchat.engine.kernels.attention.base import cache_window, check_decode_shapes
 
 
 class TorchDecodeAttention:

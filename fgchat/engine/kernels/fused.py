@@ -12,8 +12,8 @@ import triton
 import triton.language as tl
 
 from fgchat.engine.intmath import cdiv, next_pow2
-from fgchat.engine.launch import fast
-from fgchat.engine.pdl import pdl_enter
+from fgchat.engine.kernels.launch import fast
+from fgchat.engine.kernels.pdl import pdl_enter
 
 
 @triton.jit

@@ -29,12 +29,12 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from fgchat.engine.attention.base import check_decode_shapes, plan_num_splits
-from fgchat.engine.errors import FgchatError
+from fgchat.engine.kernels.attention.base import check_decode_shapes, plan_num_splits
+from fgchat.protocol.errors import FgchatError
 from fgchat.engine.intmath import next_pow2
-from fgchat.engine.launch import fast
-from fgchat.engine.pdl import pdl_enter
-from fgchat.engine.pdl import supported as pdl_supported
+from fgchat.engine.kernels.launch import fast
+from fgchat.engine.kernels.pdl import pdl_enter
+from fgchat.engine.kernels.pdl import supported as pdl_supported
 
 LOG2_E = 1.4426950408889634  # log2(e): exp(x) == exp2(x * LOG2_E)
 

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from fgchat.engine.attention.base import cache_window, check_decode_shapes
+from fgchat.engine.kernels.attention.base import cache_window, check_decode_shapes
 
 
 class SdpaDecodeAttention:

@@ -15,8 +15,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from fgchat.engine.attention.base import check_decode_shapes
-from fgchat.engine.errors import FgchatError
+from fgchat.engine.kernels.attention.base import check_decode_shapes
+from fgchat.protocol.errors import FgchatError
 
 
 def _import_flash_attn() -> tuple[Callable[..., Any], str]:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from fgchat.engine.events import Mode
-from fgchat.engine.tuning import Tuning
+from fgchat.protocol.events import Mode
+from fgchat.protocol.tuning import Tuning
 
 
 @dataclass

@@ -11,9 +11,9 @@ import importlib.util
 
 import torch
 
-from fgchat.engine.attention.base import DecodeAttention
-from fgchat.engine.errors import FgchatError
-from fgchat.engine.tuning import Tuning
+from fgchat.engine.kernels.attention.base import DecodeAttention
+from fgchat.protocol.errors import FgchatError
+from fgchat.protocol.tuning import Tuning
 
 BACKEND_NAMES: tuple[str, ...] = ("auto", "triton", "flash-attn", "torch", "sdpa")
 
@@ -37,25 +37,25 @@ def get_backend(name: str, device: torch.device, tuning: Tuning | None = None) -
                 pass
         name = "sdpa" if device.type == "cpu" else "torch"
     if name == "torch":
-        from fgchat.engine.attention.torch_ref import TorchDecodeAttention
+        from fgchat.engine.kernels.attention.torch_ref import TorchDecodeAttention
 
         return TorchDecodeAttention()
     if name == "sdpa":
         if device.type != "cpu":
             raise FgchatError(f"the sdpa attention backend serves CPU steps, not {device.type} (use --attention torch)")
-        from fgchat.engine.attention.cpu_sdpa import SdpaDecodeAttention
+        from fgchat.engine.kernels.attention.cpu_sdpa import SdpaDecodeAttention
 
         return SdpaDecodeAttention()
     if name == "triton":
         if device.type != "cuda":
             raise FgchatError(f"the triton attention backend needs a CUDA device, not {device.type} (use --attention torch)")
         try:
-            from fgchat.engine.attention.triton_decode import TritonDecodeAttention
+            from fgchat.engine.kernels.attention.triton_decode import TritonDecodeAttention
         except ImportError as exc:
             raise FgchatError(f"triton is not importable ({exc}); use --attention torch") from exc
         t = tuning or Tuning()
         return TritonDecodeAttention(device, fuse_combine=t.fused_combine, pdl=t.pdl,
                                      preload=t.attention_preload, cur_from_cache=t.attention_cur_from_cache)
-    from fgchat.engine.attention.flash import FlashAttnDecode
+    from fgchat.engine.kernels.attention.flash import FlashAttnDecode
 
     return FlashAttnDecode(device)

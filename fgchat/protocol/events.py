@@ -3,10 +3,19 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from enum import StrEnum
+from typing import Any, Literal
 
-Mode = Literal["eager", "piecewise", "full"]
-MODES: tuple[Mode, ...] = ("eager", "piecewise", "full")
+
+class Mode(StrEnum):
+    """How the engine launches a decode step. A str: compares, prints and serializes as its value."""
+
+    EAGER = "eager"  # every kernel launched from the host
+    PIECEWISE = "piecewise"  # graphs between attention calls, attention launched from the host
+    FULL = "full"  # one graph per batch size for the whole step
+
+
+MODES: tuple[Mode, ...] = tuple(Mode)
 
 
 @dataclass(frozen=True)
@@ -19,9 +28,36 @@ class SamplingParams:
     seed: int = 0
     max_tokens: int = 256
     ignore_eos: bool = False  # benchmarks: always generate max_tokens
+    # transformers' rule over prompt and output tokens: a seen token's logit is divided by it when
+    # positive, multiplied when negative; 1 disables it
+    repetition_penalty: float = 1.0
+    # OpenAI's rules over output tokens: logit -= presence * [count > 0] + frequency * count
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+
+    @property
+    def penalized(self) -> bool:
+        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
+    @classmethod
+    def from_generation_config(cls, gc: dict[str, Any], **overrides: Any) -> SamplingParams:
+        """Defaults from a model's generation_config.json (transformers' keys). `do_sample` false
+        (or absent, as transformers reads it) means greedy whatever temperature says."""
+        kw: dict[str, Any] = {}
+        if gc.get("do_sample"):
+            for key in ("temperature", "top_p"):
+                if isinstance(gc.get(key), (int, float)) and not isinstance(gc.get(key), bool):
+                    kw[key] = float(gc[key])
+            if isinstance(gc.get("top_k"), int) and not isinstance(gc.get("top_k"), bool):
+                kw["top_k"] = max(0, gc["top_k"])
+        rp = gc.get("repetition_penalty")
+        if isinstance(rp, (int, float)) and not isinstance(rp, bool) and rp > 0:
+            kw["repetition_penalty"] = float(rp)
+        kw.update(overrides)
+        return cls(**kw)
 
     def validate(self) -> None:
-        from fgchat.engine.errors import RequestError
+        from fgchat.protocol.errors import RequestError
 
         if not (self.temperature >= 0.0) or self.temperature > 100:
             raise RequestError(f"temperature must be between 0 and 100, got {self.temperature}")
@@ -33,6 +69,11 @@ class SamplingParams:
             raise RequestError(f"max tokens must be >= 1, got {self.max_tokens}")
         if not (0 <= self.seed < 2**63):
             raise RequestError(f"seed must be in [0, 2^63), got {self.seed}")
+        if not (0.0 < self.repetition_penalty <= 10.0):
+            raise RequestError(f"repetition penalty must be in (0, 10], got {self.repetition_penalty}")
+        for name, v in (("presence", self.presence_penalty), ("frequency", self.frequency_penalty)):
+            if not (-2.0 <= v <= 2.0):
+                raise RequestError(f"{name} penalty must be in [-2, 2], got {v}")
 
 
 @dataclass
@@ -126,6 +167,10 @@ class EngineInfo:
     # seconds of the eager warm-up step per batch size before capture (Triton JIT on a cold cache)
     kernel_warmup_s: float | None = None
     startup_check: StartupCheck | None = None
+    # the model's own sampling defaults (generation_config.json); greedy SamplingParams() when it
+    # has none. Entry points start from these and apply the user's overrides
+    sampling_defaults: SamplingParams = field(default_factory=SamplingParams)
+    sampling_source: str = ""  # where sampling_defaults came from ("" = built-in greedy)
 
 
 @dataclass

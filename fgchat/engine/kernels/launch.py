@@ -411,7 +411,7 @@ def measure_launch_us(rows: int = 1, n_cols: int = 2048, dtype: torch.dtype = to
     """
     import triton
 
-    from fgchat.engine.fused import _add_rms_norm_kernel as kernel
+    from fgchat.engine.kernels.fused import _add_rms_norm_kernel as kernel
 
     g = torch.Generator(device=device).manual_seed(0)
     h = torch.randn(rows, n_cols, device=device, generator=g).to(dtype)

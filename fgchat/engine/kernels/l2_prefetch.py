@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from fgchat.engine.pdl import sm90_or_newer
+from fgchat.engine.kernels.pdl import sm90_or_newer
 
 CHUNK = 4096  # bytes per bulk prefetch: one 1B weight row, and a multiple of 16
 BLOCK = 32  # chunks per program: one warp, one chunk per thread, spread over many SMs

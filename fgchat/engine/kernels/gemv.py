@@ -19,9 +19,9 @@ import triton
 import triton.language as tl
 
 from fgchat.engine.intmath import cdiv, next_pow2
-from fgchat.engine.launch import fast
-from fgchat.engine.pdl import pdl_enter
-from fgchat.engine.tuning import DEFAULT_GEMV_MAX
+from fgchat.engine.kernels.launch import fast
+from fgchat.engine.kernels.pdl import pdl_enter
+from fgchat.protocol.tuning import DEFAULT_GEMV_MAX
 
 MAX_ROWS = 16
 # Largest weight (elements) for which the kernel beat cuBLAS in the H200 sweep.
