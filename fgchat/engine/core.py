@@ -225,6 +225,8 @@ class Engine(GraphModes):
             notes=list(self.notes),
             kernel_warmup_s=self.kernel_warmup_s,
             startup_check=self.startup_check,
+            sampling_defaults=SamplingParams.from_generation_config(self.model.generation_config),
+            sampling_source="generation_config.json" if self.model.generation_config else "",
         )
 
     @property

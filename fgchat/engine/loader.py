@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -26,6 +26,8 @@ class LoadedModel:
     cfg: ModelConfig
     weights: DecoderWeights
     tokenizer: object | None  # fgchat.engine.model.tokenizer.Tokenizer; None for random weights
+    # the model's generation_config.json as read (empty when it has none, and for random weights)
+    generation_config: dict = field(default_factory=dict)
 
 
 def pick_device(name: str | None) -> torch.device:

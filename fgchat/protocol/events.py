@@ -171,6 +171,9 @@ class EngineInfo:
     # has none. Entry points start from these and apply the user's overrides
     sampling_defaults: SamplingParams = field(default_factory=SamplingParams)
     sampling_source: str = ""  # where sampling_defaults came from ("" = built-in greedy)
+    # non-empty when the "engine" is a remote OpenAI-compatible server at this URL: timings are
+    # then measured at the client, and gpu_step_ms / launch_ms are None unless it is fgchat
+    endpoint: str = ""
 
 
 @dataclass
