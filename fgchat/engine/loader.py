@@ -26,8 +26,11 @@ class LoadedModel:
     cfg: ModelConfig
     weights: DecoderWeights
     tokenizer: object | None  # fgchat.engine.model.tokenizer.Tokenizer; None for random weights
-    # the model's generation_config.json as read (empty when it has none, and for random weights)
+    # the sampling keys of the model's generation_config.json (model.generation_config); empty
+    # when it has none or states no sampling, and for random weights
     generation_config: dict = field(default_factory=dict)
+    # one-line notes about loading the engine may show (e.g. a malformed generation_config.json)
+    notes: list[str] = field(default_factory=list)
 
 
 def pick_device(name: str | None) -> torch.device:
@@ -93,6 +96,7 @@ def _oom_message(device: torch.device, name: str, exc: BaseException) -> str:
 
 def load_model(arg: str | None, device: torch.device, dtype: torch.dtype) -> LoadedModel:
     """Resolve, read and place a model. Every failure is a ModelLoadError with one line."""
+    from fgchat.engine.model.generation_config import read_generation_config
     from fgchat.engine.model.resolve import resolve_model
     from fgchat.engine.model.tokenizer import Tokenizer
     from fgchat.engine.model.weights import load_safetensors, read_config
@@ -108,4 +112,5 @@ def load_model(arg: str | None, device: torch.device, dtype: torch.dtype) -> Loa
         if is_out_of_memory(exc):
             raise ModelLoadError(_oom_message(device, f"model {resolved.name}", exc)) from None
         raise
-    return LoadedModel(resolved.name, cfg, weights, tokenizer)
+    gen, note = read_generation_config(resolved.path)
+    return LoadedModel(resolved.name, cfg, weights, tokenizer, gen, [note] if note else [])
