@@ -186,11 +186,29 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--system", default=None, type=utf8_text, help="system prompt, chat mode (default: none)")
     g.add_argument("--raw", action="store_true", help="feed the prompt without the chat template")
     g.add_argument("--max-tokens", type=int, default=256, help="tokens to generate at most, >= 1")
-    g.add_argument("--temperature", type=float, default=0.0, help="sampling temperature, 0..100 (0: greedy)")
-    g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass, in (0, 1]")
-    g.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens (0: off)")
+    # sampling: a flag left out takes the model's generation_config.json value (fgchat.generate)
+    model_default = " (default: the model's generation_config.json, else %s)"
+    greedy = g.add_mutually_exclusive_group()
+    greedy.add_argument("--temperature", type=float, default=None,
+                        help="sampling temperature, 0..100 (0: greedy)" + model_default % "0")
+    greedy.add_argument("--greedy", action="store_true",
+                        help="plain greedy decoding, deterministic: ignore the model's generation_config.json "
+                        "(penalty flags still apply; --n completions stay identical)")
+    g.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass, in (0, 1]" + model_default % "1")
+    g.add_argument("--top-k", type=int, default=None,
+                   help="sample among the k most likely tokens (0: off)" + model_default % "0")
+    g.add_argument("--repetition-penalty", type=float, default=None, metavar="R",
+                   help="divide a prompt or output token's positive logit by R, multiply a negative one, "
+                   "in (0, 10] (1: off)" + model_default % "1")
+    g.add_argument("--presence-penalty", type=float, default=None, metavar="P",
+                   help="subtract P from the logit of every token already generated, in [-2, 2] (default: 0)")
+    g.add_argument("--frequency-penalty", type=float, default=None, metavar="F",
+                   help="subtract F times its count from a generated token's logit, in [-2, 2] (default: 0)")
     g.add_argument("--seed", type=int, default=0, help="sampling seed, in [0, 2^63); completion i uses seed + i")
-    g.add_argument("--n", type=int, default=1, help="completions generated together in one batch, 1..8")
+    g.add_argument("--n", type=int, default=1,
+                   help="completions generated together in one batch, 1..8; at temperature 0 (the model's or "
+                   "--temperature 0) they are sampled at temperature 0.7 instead, as greedy would give n copies "
+                   "(--greedy keeps them greedy)")
     g.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
 
     from fgchat.bench.cli import add_bench_parser

@@ -11,6 +11,7 @@ import argparse
 import dataclasses
 import json
 import sys
+from typing import Any
 
 from fgchat.protocol.errors import FgchatError, RequestError
 from fgchat.stdio import TerminalSanitizer, is_tty, one_line, sanitize_terminal_text, silence_stdout
@@ -46,19 +47,56 @@ def startup_check_text(sc: StartupCheck | None) -> str:
     return f"startup check {verdict} in {sc.seconds:.2f} s (max rel err {sc.max_rel_err:.3f})"
 
 
-def _params(args: argparse.Namespace, i: int) -> SamplingParams:
-    return SamplingParams(
-        temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-        seed=args.seed + i, max_tokens=args.max_tokens,
-    )
+# Sampling. The model's generation_config.json (EngineInfo.sampling_defaults) is the default; each
+# sampling flag given overrides its one value; --greedy starts from plain greedy decoding instead
+# of the model's defaults (the penalty flags still apply). --n > 1 at temperature 0 samples the n
+# completions at N_TEMPERATURE (greedy would give n identical copies), as the TUI does for K > 1
+# (fgchat.tui.replies.K_TEMPERATURE); --greedy keeps them greedy.
+N_TEMPERATURE = 0.7
+SAMPLING_FLAGS = {  # SamplingParams field -> flag
+    "temperature": "--temperature", "top_p": "--top-p", "top_k": "--top-k",
+    "repetition_penalty": "--repetition-penalty", "presence_penalty": "--presence-penalty",
+    "frequency_penalty": "--frequency-penalty",
+}
 
 
-def summary_line(s: RequestSummary, mode: str, batch: int) -> str:
+def sampling_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The SamplingParams fields the user's flags set (a flag left out is None: model default)."""
+    out = {k: getattr(args, k, None) for k in SAMPLING_FLAGS}
+    out = {k: v for k, v in out.items() if v is not None}
+    if getattr(args, "greedy", False):
+        out["temperature"] = 0.0
+    return out
+
+
+def check_sampling_flags(args: argparse.Namespace) -> None:
+    """Fail with one line, before any model loads, when a sampling flag is out of range."""
+    SamplingParams(seed=args.seed + args.n - 1, max_tokens=args.max_tokens,
+                   **sampling_overrides(args)).validate()
+
+
+def effective_sampling(args: argparse.Namespace, defaults: SamplingParams,
+                       source: str) -> tuple[list[SamplingParams], str]:
+    """The n completions' parameters and where they come from, e.g. "generation_config.json",
+    "built-in greedy", "generation_config.json + --temperature" or "--greedy"."""
+    greedy = bool(getattr(args, "greedy", False))
+    over = sampling_overrides(args)
+    base = SamplingParams() if greedy else defaults
+    params = dataclasses.replace(base, seed=args.seed, max_tokens=args.max_tokens, **over)
+    parts = ["--greedy"] if greedy else [source or "built-in greedy"]
+    parts += [SAMPLING_FLAGS[k] for k in SAMPLING_FLAGS if k in over and not (greedy and k == "temperature")]
+    if args.n > 1 and params.temperature == 0 and not greedy:
+        params = dataclasses.replace(params, temperature=N_TEMPERATURE)
+        parts.append(f"--n {args.n} at T {N_TEMPERATURE:g}")
+    return [dataclasses.replace(params, seed=args.seed + i) for i in range(args.n)], " + ".join(parts)
+
+
+def summary_line(s: RequestSummary, mode: str, batch: int, sampling: str = "") -> str:
     tpot = f"{s.tpot_ms:.2f} ms" if s.tpot_ms is not None else "n/a"
     tps = 1000.0 / s.tpot_ms if s.tpot_ms else 0.0
     return (f"[request {s.request_id}] ttft {s.ttft_ms:.1f} ms | tpot {tpot} ({tps:.1f} tok/s) | "
             f"e2e {s.e2e_ms:.0f} ms | prompt {s.prompt_tokens} tok | output {s.output_tokens} tok | "
-            f"{s.finish_reason} | mode {mode} | batch {batch}")
+            f"{s.finish_reason} | mode {mode} | batch {batch}" + (f" | {sampling}" if sampling else ""))
 
 
 EXIT_BROKEN_PIPE = 141
@@ -104,16 +142,20 @@ def run_generate(args: argparse.Namespace, config) -> int:
             (text or "").encode("utf-8")
         except UnicodeEncodeError as e:
             raise RequestError(f"{name} is not valid UTF-8 (at position {e.start})") from None
-    for i in range(args.n):
-        _params(args, i).validate()
+    check_sampling_flags(args)
     from fgchat.engine.core import Engine
+    from fgchat.engine.model.generation_config import describe_sampling
 
     engine = Engine(config)
-    prompt = build_prompt(engine, args)
-    rids = [engine.submit(prompt, _params(args, i)) for i in range(args.n)]
-    for note in engine.info().notes:
-        print(f"fgchat: {note}", file=sys.stderr)
     info = engine.info()
+    params, source = effective_sampling(args, getattr(info, "sampling_defaults", SamplingParams()),
+                                        getattr(info, "sampling_source", ""))
+    sampling = f"sampling {describe_sampling(params[0])} ({source})"
+    prompt = build_prompt(engine, args)
+    rids = [engine.submit(prompt, p) for p in params]
+    model_notes = getattr(engine.model, "notes", [])  # shown once, also before the engine relays them
+    for note in list(info.notes) + [n for n in model_notes if n not in info.notes]:
+        print(f"fgchat: {note}", file=sys.stderr)
     caps = info.captures
     check = startup_check_text(info.startup_check)
     if caps:
@@ -147,7 +189,7 @@ def run_generate(args: argparse.Namespace, config) -> int:
     finally:
         if stream:
             out.write("\n")
-        _report(args, engine, rids, done, batch_max, out)
+        _report(args, engine, rids, done, batch_max, out, (params, source, sampling))
     if out.broken:
         return EXIT_BROKEN_PIPE
     return 0 if all(s.finish_reason != "error" for s in done.values()) else 1
@@ -162,18 +204,25 @@ def _cancel(engine, rids: list[int], done: dict[int, RequestSummary]) -> None:
 
 
 def _report(args, engine, rids: list[int], done: dict[int, RequestSummary], batch: int,
-            out: _Stdout | None = None) -> None:
+            out: _Stdout | None = None,
+            sampling: tuple[list[SamplingParams], str, str] | None = None) -> None:
     out = out or _Stdout()
+    params, source, line = sampling or ([], "", "")
+    seeds = {rid: p.seed for rid, p in zip(rids, params)}
     sums = [done[r] for r in rids if r in done]
     if args.json:
         objs = [
             {"text": s.text, "token_ids": s.token_ids, "ttft_ms": s.ttft_ms, "tpot_ms": s.tpot_ms,
              "itl_ms": s.itl_ms, "e2e_ms": s.e2e_ms, "prompt_tokens": s.prompt_tokens,
-             "output_tokens": s.output_tokens, "finish_reason": s.finish_reason}
+             "output_tokens": s.output_tokens, "finish_reason": s.finish_reason,
+             "seed": seeds.get(s.request_id)}
             for s in sums
         ]
         head = dict(objs[0]) if objs else {}
         head.update(model=engine.model.name, mode=engine.mode, device=str(engine.device))
+        # the sampling every completion ran with (completion i: seed + i) and where it came from
+        head["sampling"] = dataclasses.asdict(params[0]) if params else None
+        head["sampling_source"] = source
         sc = engine.startup_check
         head["startup_check"] = dataclasses.asdict(sc) if sc is not None else None
         if args.n > 1:
@@ -183,4 +232,4 @@ def _report(args, engine, rids: list[int], done: dict[int, RequestSummary], batc
         for i, s in enumerate(sums):
             out.print(f"--- completion {i + 1} ---\n{s.text}")
     for s in sums:
-        print(summary_line(s, engine.mode, batch), file=sys.stderr)
+        print(summary_line(s, engine.mode, batch, line), file=sys.stderr)

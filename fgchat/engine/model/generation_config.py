@@ -9,6 +9,9 @@ Invariants:
 - A note is one line that names the file, says what was ignored and what is used instead.
 - `SamplingParams.from_generation_config(values)` of a returned dict always passes
   `SamplingParams.validate()`, so entry points can start from it without re-checking.
+- `do_sample: true` without a (valid) temperature gets transformers' default temperature 1.0 in
+  the dict, so the model samples as transformers would; top_k is taken only when the file sets it
+  (as vLLM does), not transformers' implicit 50.
 - An empty dict means "the model states no sampling": the engine then reports built-in greedy
   (EngineInfo.sampling_source == ""). A non-empty dict means the model states something, even if
   that is greedy (`do_sample: false`).
@@ -60,8 +63,8 @@ def _check(key: str, v: Any) -> tuple[Any, str]:
 
 
 def parse_generation_config(raw: Any) -> tuple[dict[str, Any], list[str]]:
-    """The sane sampling keys of a parsed generation_config.json, and "key=value (why)" for each
-    sampling key that was left out."""
+    """The sane sampling keys of a parsed generation_config.json (see the module's invariants), and
+    "key=value (why)" for each sampling key that was left out."""
     if not isinstance(raw, dict):
         return {}, ["expected a JSON object"]
     out: dict[str, Any] = {}
@@ -74,6 +77,8 @@ def parse_generation_config(raw: Any) -> tuple[dict[str, Any], list[str]]:
             bad.append(f"{key}={json.dumps(raw[key])[:40]} ({why})")
         else:
             out[key] = value
+    if out.get("do_sample") and "temperature" not in out:
+        out["temperature"] = 1.0  # transformers' GenerationConfig default
     return out, bad
 
 
