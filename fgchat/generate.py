@@ -71,8 +71,8 @@ def sampling_overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 def check_sampling_flags(args: argparse.Namespace) -> None:
     """Fail with one line, before any model loads, when a sampling flag is out of range."""
-    SamplingParams(seed=args.seed + args.n - 1, max_tokens=args.max_tokens,
-                   **sampling_overrides(args)).validate()
+    for seed in (args.seed, args.seed + args.n - 1):  # completion i uses seed + i
+        SamplingParams(seed=seed, max_tokens=args.max_tokens, **sampling_overrides(args)).validate()
 
 
 def effective_sampling(args: argparse.Namespace, defaults: SamplingParams,
