@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from fgchat.engine.kernels.launch import measure_launch_us
+from fgchat.engine.kernels.launch_timing import measure_launch_us
 
 
 def main() -> None:

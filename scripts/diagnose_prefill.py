@@ -20,7 +20,8 @@ from fgchat.engine.kernels import fused as fk
 from fgchat.engine.kernels import gemv
 from fgchat.engine.kv_cache import KVCache
 from fgchat.engine.loader import DTYPES, load_model
-from fgchat.engine.model.decoder import Decoder, apply_rope, rms_norm
+from fgchat.engine.model.decoder import Decoder
+from fgchat.engine.model.ops import apply_rope, rms_norm
 from fgchat.protocol.tuning import Tuning
 from fgchat.engine.model.prefill import bucket_for, causal_attention, prefill, sdpa_causal, heads_first
 

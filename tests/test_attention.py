@@ -452,7 +452,8 @@ def test_rope_in_attention_same_bits_as_separate_rope(hq, hkv, d, fuse_combine, 
     when each split loads its first K/V tile before the current token's K/V exists (preload)."""
     from fgchat.engine.kernels.attention.triton_decode import TritonDecodeAttention
 
-    attn = TritonDecodeAttention(torch.device("cuda"), fuse_combine=fuse_combine, preload=preload)
+    attn = TritonDecodeAttention(torch.device("cuda"), fuse_combine=fuse_combine, preload=preload,
+                                 cur_from_cache=True)
     want, got, same_cache = _separate_then_fused_rope(hq, hkv, d, attn, attn, seed=hq * d)
     assert same_cache
     diff = (got.float() - want.float()).abs()
@@ -469,8 +470,8 @@ def test_current_row_from_registers_close_to_separate_rope(hq, hkv, d) -> None:
     with the separate path to bf16 rounding."""
     from fgchat.engine.kernels.attention.triton_decode import TritonDecodeAttention
 
-    sep = TritonDecodeAttention(torch.device("cuda"), preload=True)
-    regs = TritonDecodeAttention(torch.device("cuda"), preload=True, cur_from_cache=False)
+    sep = TritonDecodeAttention(torch.device("cuda"), preload=True, cur_from_cache=True)
+    regs = TritonDecodeAttention(torch.device("cuda"))  # the production default: from registers
     want, got, same_cache = _separate_then_fused_rope(hq, hkv, d, sep, regs, seed=hq + d)
     assert same_cache
     torch.testing.assert_close(got.float(), want.float(), rtol=1.6e-2, atol=1e-2)
@@ -480,10 +481,11 @@ def test_current_row_from_registers_close_to_separate_rope(hq, hkv, d) -> None:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("rope", [True, False])
 @pytest.mark.parametrize("fuse_combine,preload", [(False, True), (True, False)])
-def test_bound_launch_same_bits_as_call(rope, fuse_combine, preload) -> None:
-    """bind / bind_with_rope: launches prepared once give the bits of the per-call path, step
-    after step, while lengths, slots and inputs change in place (piecewise replay's use)."""
+def test_recorded_launch_same_bits_as_call(rope, fuse_combine, preload) -> None:
+    """An attention call recorded as a launch list (piecewise replay's use) gives the bits of the
+    per-call path, step after step, while lengths, slots and inputs change in place."""
     from fgchat.engine.kernels.attention.triton_decode import TritonDecodeAttention
+    from fgchat.engine.launch_list import record
 
     hq, hkv, d, t, b = 16, 4, 64, 2048, 6
     attn = TritonDecodeAttention(torch.device("cuda"), fuse_combine=fuse_combine, preload=preload,
@@ -503,9 +505,12 @@ def test_bound_launch_same_bits_as_call(rope, fuse_combine, preload) -> None:
     want, got = torch.zeros(b, hq, d, device="cuda").bfloat16(), torch.zeros(b, hq, d, device="cuda").bfloat16()
     scale = d ** -0.5
     if rope:
-        bound = attn.bind_with_rope(qkv, cos, sin, kc2, vc2, slots, seq_lens, got, scale)
+        _, lst, why = record(lambda: attn.decode_with_rope(qkv, cos, sin, kc2, vc2, slots, seq_lens, got, scale))
     else:
-        bound = attn.bind(q, kc2, vc2, slots, seq_lens, got, scale)
+        _, lst, why = record(lambda: attn(q, kc2, vc2, slots, seq_lens, got, scale))
+    assert lst is not None, why
+    assert len(lst.calls) == (1 if fuse_combine else 2)  # the split kernel (+ the combine kernel)
+    bound = lst.replay
     for step in range(4):
         if rope:
             attn.decode_with_rope(qkv, cos, sin, kc, vc, slots, seq_lens, want, scale)
@@ -519,4 +524,4 @@ def test_bound_launch_same_bits_as_call(rope, fuse_combine, preload) -> None:
         slots.copy_(slots.roll(1))
         qkv.copy_(torch.randn(qkv.shape, device="cuda", generator=gen))
         q.copy_(torch.randn(q.shape, device="cuda", generator=gen))
-    assert attn._scratch, "the bound launches own their scratch"
+    assert attn._scratch, "eager calls share one scratch pair per plan"

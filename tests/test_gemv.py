@@ -123,11 +123,12 @@ def test_routes_of_llama_1b_projections():
     assert st.gate_up == Route(True, glu=True) and st.o == Route(True, split=4)
     assert st.qkv == Route(True) and st.down == Route(False)  # qkv: ours at every size; down: cuBLAS
     assert pick_config(3072, 2048) == ProjConfig(32, 128, 4, 6)  # 1B qkv: the mid-size tile
-    # above the size rule: cuBLAS when switched off, or without PDL (nothing launches early)
-    assert _stages(Tuning(qkv_gemv=False)).qkv == Route(False) == _stages(Tuning(), pdl=False).qkv
-    st = _stages(Tuning(glu=False, proj_configs="qkv=32,256,4,4;down=32,256,4,4;gate_up=64,128,4,4"))
+    # above the size rule: cuBLAS without PDL (nothing launches early), or without our kernel
+    assert _stages(Tuning(), pdl=False).qkv == Route(False) == _stages(Tuning(gemv=False)).qkv
+    assert _stages(Tuning(gemv=False)).gate_up == Route(False)
+    st = _stages(Tuning(proj_configs="qkv=32,256,4,4;down=32,256,4,4;gate_up=64,128,4,4"))
     tile = ProjConfig(32, 256, 4, 4)
-    assert st.gate_up == Route(True, config=ProjConfig(64, 128, 4, 4))  # not glu: the size rule is not asked
+    assert st.gate_up == Route(True, glu=True, config=ProjConfig(64, 128, 4, 4))
     assert st.qkv == Route(True, config=tile) and st.down == Route(True, split=2, config=tile)
 
 
@@ -139,8 +140,8 @@ def test_routes_of_llama_8b_projections():
     assert st.qkv == Route(True) and st.gate_up == Route(True, glu=True)
     assert st.o == Route(True, split=8) and st.down == Route(True, split=2)
     assert pick_config(6144, 4096) == ProjConfig(64, 256, 4, 3, swap=True)
-    st = _stages(Tuning(gemv_big=False, qkv_gemv=False), hidden=4096, inter=14336, q=6144)
-    assert st.qkv == st.o == st.down == Route(False)
+    st = _stages(Tuning(gemv=False), hidden=4096, inter=14336, q=6144)
+    assert st.qkv == st.o == st.down == st.gate_up == Route(False)
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2"])

@@ -21,7 +21,7 @@ def close_to_torch(got: torch.Tensor, ref: torch.Tensor, frac: float = 0.02) -> 
 @pytest.mark.parametrize("rows,n", [(1, 576), (8, 2048), (5, 4096)])
 def test_add_rms_norm(dtype, rows, n):
     from fgchat.engine.kernels.fused import add_rms_norm
-    from fgchat.engine.model.decoder import rms_norm
+    from fgchat.engine.model.ops import rms_norm
 
     g = torch.Generator(device="cuda").manual_seed(rows * n)
     h = torch.randn(rows, n, device="cuda", generator=g).to(dtype)
@@ -66,7 +66,7 @@ def test_advance_feeds_next_step_and_pinned_host_buffer(b):
 @pytest.mark.parametrize("hq,hkv,d", [(32, 8, 64), (9, 3, 64), (12, 2, 128), (8, 8, 128)])
 def test_rope_kv_write(hq, hkv, d):
     from fgchat.engine.kernels.fused import rope_kv_write
-    from fgchat.engine.model.decoder import apply_rope
+    from fgchat.engine.model.ops import apply_rope
 
     t, rows = 4096, 6
     inv = 1.0 / (10000 ** (torch.arange(0, d, 2, device="cuda").float() / d))
@@ -86,7 +86,7 @@ def test_rope_kv_write(hq, hkv, d):
         eps = torch.finfo(torch.bfloat16).eps
         return a + b, eps * (a.abs() + b.abs() + (a + b).abs()) * 1.01 + 1e-6
 
-    from fgchat.engine.model.decoder import rotate_half as rotate
+    from fgchat.engine.model.ops import rotate_half as rotate
 
     for got, x in ((q, qkv[:, : hq * d].view(rows, hq, d)),
                    (kc[slots, pos], qkv[:, hq * d : (hq + hkv) * d].view(rows, hkv, d))):

@@ -8,8 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from fgchat.protocol.tuning import Tuning
 from fgchat.engine.core import Engine, EngineConfig
-from fgchat.protocol.events import RequestFinished, SamplingParams, TokenEvent
+from fgchat.protocol.events import Mode, RequestFinished, SamplingParams, TokenEvent
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -134,8 +135,9 @@ def test_self_check_disables_a_broken_mode(gqa_model):
     eng = Engine(EngineConfig(model=str(gqa_model), device="cuda", dtype="bfloat16",
                               max_context=1024, mode="full", self_check=False))
     # swap the batch-3 graph for the batch-2 one: a graph replayed at the wrong size
-    eng.runner.graphs[("full", 3, False)] = eng.runner.graphs[("full", 2, False)]
-    eng._self_check("full")
+    full = eng.modes.modes[Mode.FULL]
+    full.graphs[(3, False)] = full.graphs[(2, False)]
+    eng.modes.self_check(Mode.FULL)
     assert "self-check" in eng.info().available_modes["full"]
     assert eng.set_mode("full").mode == "eager"
 
@@ -196,7 +198,7 @@ def test_pipelined_equals_plain_loop_with_joins_and_leaves(engine, gqa_model):
     requests of different lengths and sampling settings join and leave, in every mode."""
     assert engine.pipelined
     plain = Engine(EngineConfig(model=str(gqa_model), device="cuda", dtype="bfloat16",
-                                max_context=4096, mode="full", pipeline=False))
+                                max_context=4096, mode="full", tuning=Tuning(pipeline=False)))
     v = engine.cfg.vocab_size
     prompts = [prompt_of(9 + 41 * i, 900 + i, v) for i in range(6)]
     params = [SamplingParams(max_tokens=8 + 11 * i, ignore_eos=True, temperature=0.8 * (i % 2), seed=i)
@@ -229,13 +231,12 @@ def test_rope_in_attention_engine_same_tokens(gqa_model, monkeypatch):
         assert got == want, mode
 
 
-def test_current_row_from_registers_modes_identical(gqa_model, monkeypatch):
-    """FGCHAT_ATTN_CUR_FROM_CACHE=0 (the default: the current K/V row from registers inside the
-    attention): every mode of the engine still gives the eager mode's greedy tokens, at batch 1 and 8."""
-    monkeypatch.setenv("FGCHAT_ATTN_CUR_FROM_CACHE", "0")
+def test_current_row_from_registers_modes_identical(gqa_model):
+    """The current K/V row from registers inside the attention (the default): every mode of the
+    engine still gives the eager mode's greedy tokens, at batch 1 and 8."""
     eng = Engine(EngineConfig(model=str(gqa_model), device="cuda", dtype="bfloat16",
                               max_context=4096, mode="full"))
-    assert eng.decoder.rope_in_attention and not eng.tuning.attention_cur_from_cache
+    assert eng.decoder.rope_in_attention and not eng.attention.cur_from_cache
     v = eng.cfg.vocab_size
     sp = SamplingParams(max_tokens=48, ignore_eos=True)
     for batch in (1, 8):
@@ -255,18 +256,19 @@ def engines_off_and_on(model, monkeypatch, var: str, mode: str) -> tuple[Engine,
     return off, on
 
 
-def test_piecewise_bound_attention_same_tokens(gqa_model, monkeypatch):
-    """Piecewise replay with the attention launches bound once per batch size and layer (the
-    default) gives the tokens of the per-call path (FGCHAT_BOUND_ATTENTION=0) and of eager."""
-    plain, bound = engines_off_and_on(gqa_model, monkeypatch, "FGCHAT_BOUND_ATTENTION", "piecewise")
-    v = bound.cfg.vocab_size
+def test_piecewise_recorded_attention_same_tokens(gqa_model, monkeypatch):
+    """Piecewise replay runs each attention call as a launch list recorded once per batch size
+    and layer; it gives the tokens of eager through the stages (FGCHAT_EAGER_LAUNCH_LIST=0)."""
+    plain, eng = engines_off_and_on(gqa_model, monkeypatch, "FGCHAT_EAGER_LAUNCH_LIST", "piecewise")
+    v = eng.cfg.vocab_size
     sp = SamplingParams(max_tokens=40, ignore_eos=True)
     for batch in (1, 5):
         prompts = [prompt_of(11 + 37 * i, 900 + batch + i, v) for i in range(batch)]
-        want, _, _ = run(plain, "piecewise", prompts, sp)
-        assert run(bound, "piecewise", prompts, sp)[0] == want, batch
-        assert run(bound, "eager", prompts, sp)[0] == want, batch
-    assert bound.attention._scratch and not plain.attention._scratch
+        want, _, _ = run(plain, "eager", prompts, sp)
+        assert run(eng, "piecewise", prompts, sp)[0] == want, batch
+    graph = eng.modes.modes[Mode.PIECEWISE].graphs[(5, False)]
+    # every attention call replays a recorded list (a bound method of a LaunchList)
+    assert all(getattr(a, "__self__", None) is not None for a in graph.attends), graph.attends
 
 
 def test_eager_launch_list_same_tokens(gqa_model, monkeypatch):
@@ -281,5 +283,5 @@ def test_eager_launch_list_same_tokens(gqa_model, monkeypatch):
         want, _, _ = run(plain, "eager", prompts, sp)
         assert run(eng, "eager", prompts, sp)[0] == want, batch
         assert run(eng, "full", prompts, sp)[0] == want, batch
-        assert eng.launch_lists.get(batch) is not None, eng.notes
-    assert not plain.launch_lists
+        assert eng.modes.eager.launch_lists.get(batch) is not None, eng.notes
+    assert not plain.modes.eager.launch_lists

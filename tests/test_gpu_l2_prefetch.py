@@ -57,7 +57,7 @@ def test_full_graph_prefetches_beside_each_attention_with_the_same_bits(tmp_path
     import tiny_models
 
     from fgchat.engine.core import Engine, EngineConfig
-    from fgchat.protocol.events import SamplingParams
+    from fgchat.protocol.events import Mode, SamplingParams
 
     model = tiny_models.build_model(tmp_path / "m", "llama", hidden=512, layers=3, heads=8, kv_heads=2,
                                     head_dim=64, intermediate=1024, max_pos=4096, seed=7)
@@ -69,12 +69,12 @@ def test_full_graph_prefetches_beside_each_attention_with_the_same_bits(tmp_path
     on, off = engine(64), engine(0)
     assert on.decoder.side_work() is not None and off.decoder.side_work() is None
     assert on.info().available_modes == {"eager": "", "piecewise": "", "full": ""}, on.info().notes
-    names = _kernel_names(on.runner.get(("full", 2, False)).replay)
+    names = _kernel_names(lambda: on.modes.run(Mode.FULL, 2, False))
     if not names:
         pytest.skip("the profiler records no kernels of graph replays here")
     # o, gate/up and down fit the budget: two launches (two ranges each at most) per layer
     assert sum("_prefetch_kernel" in n for n in names) == 2 * on.cfg.num_layers, names
-    assert not any("_prefetch_kernel" in n for n in _kernel_names(off.runner.get(("full", 2, False)).replay))
+    assert not any("_prefetch_kernel" in n for n in _kernel_names(lambda: off.modes.run(Mode.FULL, 2, False)))
 
     g = torch.Generator().manual_seed(5)
     prompts = [torch.randint(3, on.cfg.vocab_size, (11 + 41 * i,), generator=g).tolist() for i in range(4)]

@@ -97,7 +97,7 @@ def test_silu_mul_large_activations_vs_float64(dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_rope_kv_write_outliers_vs_float64(dtype):
     from fgchat.engine.kernels.fused import rope_kv_write
-    from fgchat.engine.model.decoder import rotate_half
+    from fgchat.engine.model.ops import rotate_half
 
     hq, hkv, d, t, rows = 9, 3, 64, 512, 5
     inv = 1.0 / (10000 ** (torch.arange(0, d, 2, device="cuda").double() / d))

@@ -47,7 +47,7 @@ def test_every_bucket_captured_at_start(engine):
 def test_graph_prefill_same_bits_as_eager(engine, n):
     """Same logits and the same cache rows [0, n) as the eager fused prefill of the same prompt
     (which pads to the same bucket); prompts past the last bucket prefill eagerly."""
-    graphs = engine.prefill_graphs
+    graphs = engine.modes.prefill_graphs
     ids = ids_of(n, n, engine.cfg.vocab_size)
     assert graphs.covers(n) == (n <= max(graphs.buckets))
     k, v = engine.cache.k, engine.cache.v
@@ -90,8 +90,8 @@ def test_lazy_capture_while_another_request_decodes(model):
     # only the start-up check's short prompt has been prefilled (and its bucket captured)
     from fgchat.engine.model.prefill import bucket_for
 
-    assert eng.prefill_graphs is not None
-    before = set(eng.prefill_graphs.graphs)
+    assert eng.modes.prefill_graphs is not None
+    before = set(eng.modes.prefill_graphs.graphs)
     assert not before & {bucket_for(len(a), CTX), bucket_for(len(b), CTX)}
     sp = SamplingParams(max_tokens=40, ignore_eos=True)
     alone = _tokens(eng, "eager", [a], sp)[0]
@@ -105,4 +105,4 @@ def test_lazy_capture_while_another_request_decodes(model):
     done = {e.summary.request_id: e.summary for e in events if isinstance(e, RequestFinished)}
     assert done[ra].token_ids == alone
     assert done[rb].token_ids == _tokens(eng, "eager", [b], sp)[0]
-    assert set(eng.prefill_graphs.graphs) - before == {bucket_for(100, CTX), bucket_for(900, CTX)}
+    assert set(eng.modes.prefill_graphs.graphs) - before == {bucket_for(100, CTX), bucket_for(900, CTX)}

@@ -13,6 +13,8 @@ import os
 import pytest
 import torch
 
+from fgchat.protocol.tuning import Tuning
+
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
 
@@ -84,7 +86,7 @@ def test_broken_fused_kernel_falls_back_to_plain_path(model_path, monkeypatch):
     from fgchat.engine.core import Engine
     from fgchat.protocol.events import SamplingParams, TokenEvent
 
-    plain = Engine(EngineConfig(model=model_path, fused=False))
+    plain = Engine(EngineConfig(model=model_path, tuning=Tuning(fused=False)))
     ids = plain.tokenizer.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}])
     plain.submit(ids, SamplingParams(max_tokens=12))
     want = [e.token_id for e in plain.run_until_done() if isinstance(e, TokenEvent)]

@@ -19,7 +19,7 @@ pytest.importorskip("triton")
 import interpreter_rounding  # noqa: E402
 
 from fgchat.engine.kernels.fused import add_rms_norm, rope_kv_write, silu_mul  # noqa: E402
-from fgchat.engine.model.decoder import rotate_half  # noqa: E402
+from fgchat.engine.model.ops import rotate_half  # noqa: E402
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU file covers CUDA")
 RNE = interpreter_rounding.install()

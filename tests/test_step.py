@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import torch
 
+from fgchat.engine.modes.base import StepMode
+from fgchat.protocol.events import Mode
+
 from fgchat.engine.core import Engine, EngineConfig
 from fgchat.engine.step import ROW_IDS, ROW_POS, ROW_SEED, ROW_SLOT, ROW_TEMP, ROW_TOPK, ROW_TOPP, StepBuffers
 
@@ -50,7 +53,7 @@ def test_step_derives_lengths_and_slots_on_device(tiny_llama):
 
 def test_mode_selection_on_cpu_reports_reasons(tiny_llama):
     eng = Engine(EngineConfig(model=str(tiny_llama), device="cpu", max_context=128, mode="eager"))
-    assert eng.runner is None
+    assert eng.modes.cap is None and set(eng.modes.modes) == {"eager"}
     for mode in ("piecewise", "full"):
         ev = eng.set_mode(mode)
         assert ev.mode == "eager" and "CUDA" in ev.reason
@@ -58,26 +61,34 @@ def test_mode_selection_on_cpu_reports_reasons(tiny_llama):
     assert eng.info().available_modes["eager"] == ""
 
 
-class _OomRunner:
-    """Stands in for GraphRunner on CPU: every capture runs out of device memory."""
+class _OomMode(StepMode):
+    """Stands in for a graph mode on CPU: every capture runs out of device memory."""
+
+    mode = Mode.FULL
 
     def __init__(self) -> None:
-        self.graphs: dict = {}
-        self.reports: list = []
+        super().__init__()
+        self.dropped = 0
 
-    def capture(self, mode, b, do_sample):
+    def has(self, b: int, do_sample: bool) -> bool:
+        return False
+
+    def capture(self, b: int, do_sample: bool) -> None:
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
-    def drop_mode(self, mode):
-        self.graphs = {k: v for k, v in self.graphs.items() if k[0] != mode}
+    def run(self, b: int, do_sample: bool):
+        raise AssertionError("a mode that never captured must not run")
+
+    def drop(self) -> None:
+        self.dropped += 1
 
 
-def test_out_of_memory_while_capturing_disables_the_mode(tiny_llama, monkeypatch):
+def test_out_of_memory_while_capturing_disables_the_mode(tiny_llama):
     eng = Engine(EngineConfig(model=str(tiny_llama), device="cpu", max_context=128))
-    eng.runner = _OomRunner()
-    eng.unavailable.update(piecewise="", full="")
-    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
-    eng._capture_mode("full")
+    oom = _OomMode()
+    eng.modes.install(Mode.FULL, oom)
+    eng.modes._capture_mode(Mode.FULL, self_check=True)
+    assert oom.dropped == 1
     assert "out of GPU memory" in eng.info().available_modes["full"]
     assert any("full disabled" in n for n in eng.info().notes)
     ev = eng.set_mode("full")
@@ -86,3 +97,21 @@ def test_out_of_memory_while_capturing_disables_the_mode(tiny_llama, monkeypatch
 
     eng.submit([5, 6, 7], SamplingParams(max_tokens=4, ignore_eos=True))
     assert sum(1 for e in eng.run_until_done() if type(e).__name__ == "TokenEvent") == 4
+
+
+def test_out_of_memory_during_a_lazy_capture_falls_back_to_eager(tiny_llama):
+    """A capture on first use that runs out of memory: the step runs eagerly, the engine says
+    so (ModeChanged, then EngineInfo with the reason) and stays in eager."""
+    eng = Engine(EngineConfig(model=str(tiny_llama), device="cpu", max_context=128))
+    eng.modes.install(Mode.FULL, _OomMode())
+    assert eng.set_mode("full").mode == "full"
+    from fgchat.protocol.events import EngineInfo, ModeChanged, SamplingParams, TokenEvent
+
+    eng.submit([5, 6, 7], SamplingParams(max_tokens=3, ignore_eos=True))
+    events = eng.run_until_done()
+    assert sum(isinstance(e, TokenEvent) for e in events) == 3
+    assert all(e.mode == "eager" for e in events if isinstance(e, TokenEvent))
+    changed = [e for e in events if isinstance(e, ModeChanged)]
+    assert changed and changed[-1].mode == "eager" and "out of memory" in changed[-1].reason
+    infos = [e for e in events if isinstance(e, EngineInfo)]
+    assert infos and "out of GPU memory" in infos[-1].available_modes["full"] and eng.mode == "eager"

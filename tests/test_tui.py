@@ -184,12 +184,16 @@ class GraphlessModesEngine(Engine):
     counts per request) without CUDA graphs.
     """
 
-    def _init_graphs(self) -> None:
-        self.unavailable.update(piecewise="", full="")
+    def _make_modes(self):
+        from fgchat.engine.modes.eager import EagerMode
+        from fgchat.protocol.events import Mode
 
-    def _replay(self, mode, b, do_sample):
-        self.program.max_len_hint = None
-        return self.program.run_eager(b, do_sample)
+        modes = super()._make_modes()
+        for mode in (Mode.PIECEWISE, Mode.FULL):
+            runner = EagerMode(self.program, False, self.notes.append)
+            runner.mode = mode
+            modes.install(mode, runner)
+        return modes
 
 
 async def test_mode_switch_is_recorded_on_later_tokens(tiny_llama, data_dir):

@@ -4,30 +4,37 @@ from __future__ import annotations
 
 import pytest
 
-from fgchat.protocol.tuning import DEFAULT_GEMV_MAX, Tuning
+from fgchat.protocol.tuning import Tuning
 
 
 def test_defaults_without_environment(monkeypatch):
-    for name in ("FGCHAT_FUSED", "FGCHAT_PDL", "FGCHAT_GEMV_MAX", "FGCHAT_FUSED_COMBINE"):
+    for name in ("FGCHAT_FUSED", "FGCHAT_PDL", "FGCHAT_PIPELINE", "FGCHAT_L2_PREFETCH_MB"):
         monkeypatch.delenv(name, raising=False)
     t = Tuning.from_env()
-    assert t == Tuning() and t.pdl and t.gemv_max_elements == DEFAULT_GEMV_MAX and not t.fused_combine
+    assert t == Tuning() and t.pdl and t.fused and t.pipeline is None and t.l2_prefetch_mb == 16
     assert t.changed() == {}
 
 
 def test_environment_switches_and_changed(monkeypatch):
     monkeypatch.setenv("FGCHAT_PDL", "0")
-    monkeypatch.setenv("FGCHAT_FUSED_COMBINE", "1")
-    monkeypatch.setenv("FGCHAT_GEMV_MAX", "1e9")
+    monkeypatch.setenv("FGCHAT_GEMV", "no")
     monkeypatch.setenv("FGCHAT_PIPELINE", "off")
     t = Tuning.from_env()
-    assert not t.pdl and t.fused_combine and not t.pipeline and t.gemv_max_elements == 10**9
-    assert t.changed() == {"pdl": False, "fused_combine": True, "pipeline": False, "gemv_max_elements": 10**9}
+    assert not t.pdl and not t.gemv and t.pipeline is False
+    assert t.changed() == {"pdl": False, "gemv": False, "pipeline": False}
 
 
 def test_unparsable_number_keeps_the_default(monkeypatch):
-    monkeypatch.setenv("FGCHAT_GEMV_MAX", "lots")
-    assert Tuning.from_env().gemv_max_elements == DEFAULT_GEMV_MAX
+    monkeypatch.setenv("FGCHAT_L2_PREFETCH_MB", "lots")
+    assert Tuning.from_env().l2_prefetch_mb == Tuning().l2_prefetch_mb
+
+
+def test_retired_switches_are_not_read(monkeypatch):
+    """Variables of variants the notes measured and retired change nothing."""
+    for var in ("FGCHAT_FUSED_COMBINE", "FGCHAT_GEMV_MAX", "FGCHAT_BOUND_ATTENTION", "FGCHAT_GLU",
+                "FGCHAT_PREFILL_REPLAY", "FGCHAT_ATTN_PRELOAD"):
+        monkeypatch.setenv(var, "0")
+    assert Tuning.from_env() == Tuning()
 
 
 def test_projection_config_overrides_per_role(monkeypatch):
@@ -56,8 +63,8 @@ def test_l2_prefetch_budget_from_environment(monkeypatch):
 
 
 @pytest.mark.parametrize("var,field,default", [
-    ("FGCHAT_ATTN_CUR_FROM_CACHE", "attention_cur_from_cache", False),
-    ("FGCHAT_BOUND_ATTENTION", "bound_attention", True),
+    ("FGCHAT_RESIDUAL_FP32", "residual_fp32", True),
+    ("FGCHAT_PREFILL_GRAPHS", "prefill_graphs", True),
     ("FGCHAT_EAGER_LAUNCH_LIST", "eager_launch_list", True),
 ])
 def test_boolean_switch(monkeypatch, var, field, default):

@@ -23,7 +23,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from fgchat.bench.runner import BenchSpec, prompts_for, stats
+from fgchat.bench.spec import BenchSpec, prompts_for, stats
 
 
 class _OverBudget(Exception):

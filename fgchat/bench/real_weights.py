@@ -84,6 +84,7 @@ def compare_logits(lg: torch.Tensor, ref: torch.Tensor) -> dict:
 def run_all(model: str, tokens: int = 16, dtypes: tuple[str, ...] = DTYPES) -> dict:
     """Every run of the table; see the module doc."""
     from fgchat.protocol.config import EngineConfig
+    from fgchat.protocol.tuning import Tuning
     from fgchat.engine.core import Engine
     from fgchat.engine.kv_cache import KVCache
     from fgchat.engine.loader import load_model
@@ -108,7 +109,7 @@ def run_all(model: str, tokens: int = 16, dtypes: tuple[str, ...] = DTYPES) -> d
         result["runs"][f"transformers {dt_name}"] = hf_tokens(path, dt, prompts, tokens)
         for fused in (True, False):
             t0 = time.perf_counter()
-            engine = Engine(EngineConfig(model=model, dtype=dt_name, fused=fused))
+            engine = Engine(EngineConfig(model=model, dtype=dt_name, tuning=Tuning(fused=fused)))
             start_s = time.perf_counter() - t0
             label = "" if fused else " plain"
             info = engine.info()

@@ -5,47 +5,15 @@ from __future__ import annotations
 import platform
 import subprocess
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from typing import Any
 
 import numpy as np
 import torch
 
+from fgchat.bench.spec import BenchSpec, prompts_for, stats
 from fgchat.engine.core import Engine, EngineConfig
 from fgchat.protocol.events import RequestFinished, SamplingParams, TokenEvent
-from fgchat.metrics.stats import summarize
-
-
-@dataclass
-class BenchSpec:
-    model: str | None = None
-    preset: str | None = None
-    modes: list[str] = field(default_factory=lambda: ["eager", "piecewise", "full"])
-    batch_sizes: list[int] = field(default_factory=lambda: [1, 2, 4, 8])
-    prompt_len: int = 512
-    output_len: int = 128
-    warmup: int = 1
-    repeats: int = 3
-    peers: list[str] = field(default_factory=list)
-    peer_timeout: float = 420.0  # seconds per peer, checked between generate calls
-    attention: str = "auto"
-    device: str | None = None
-    dtype: str | None = None
-    max_context: int | None = None
-    progress: bool = True
-    outliers: float = 0.0  # random weights: massive activation channels (decoder.random_weights)
-
-
-def stats(values: list[float]) -> dict[str, float | None]:
-    """mean / median / p90 / p99 of the finite values (serving-benchmark key names); None when empty."""
-    s = summarize(values)
-    return {"mean": s.mean, "median": s.p50, "p90": s.p90, "p99": s.p99}
-
-
-def prompts_for(batch: int, prompt_len: int, vocab: int) -> list[list[int]]:
-    """Same random prompts for every runner at a given batch size."""
-    g = torch.Generator().manual_seed(1000 + batch)
-    return torch.randint(10, vocab, (batch, prompt_len), generator=g).tolist()
 
 
 def _cpu_name() -> str:

@@ -9,10 +9,16 @@ from dataclasses import dataclass
 
 import torch
 
+from fgchat.engine.kv_cache import NUM_SLOTS, KVCache, choose_max_context
+from fgchat.engine.loader import LoadedModel, load_model, load_random, pick_device, pick_dtype
+from fgchat.engine.model.decoder import Decoder
+from fgchat.engine.modes import ModeSet
+from fgchat.engine.requests import Sequence
+from fgchat.engine.scheduler import Scheduler
+from fgchat.engine.step import ROW_IDS, ROW_POS, StepBuffers, StepOutputs, StepProgram
 from fgchat.protocol.config import EngineConfig
 from fgchat.protocol.errors import FgchatError, RequestError
 from fgchat.protocol.events import (
-    MODES,
     EngineError,
     EngineEvent,
     EngineInfo,
@@ -24,15 +30,6 @@ from fgchat.protocol.events import (
     StartupCheck,
     TokenEvent,
 )
-from fgchat.engine.graph_modes import GraphModes
-from fgchat.engine.kv_cache import NUM_SLOTS, KVCache, choose_max_context
-from fgchat.engine.launch_list import LaunchList
-from fgchat.engine.launch_list import record as record_launches
-from fgchat.engine.loader import LoadedModel, load_model, load_random, pick_device, pick_dtype
-from fgchat.engine.model.decoder import Decoder
-from fgchat.engine.requests import Sequence
-from fgchat.engine.scheduler import Scheduler
-from fgchat.engine.step import ROW_IDS, ROW_POS, StepBuffers, StepOutputs, StepProgram
 from fgchat.protocol.tuning import Tuning
 
 
@@ -49,7 +46,7 @@ class _InFlight:
 
     seqs: list[Sequence]
     out: StepOutputs
-    mode: str
+    mode: Mode
     graph: str | None
     events: tuple | None  # (start, end, tokens copied) on CUDA
     host_tokens: torch.Tensor | None  # pinned [B], filled by the async copy
@@ -57,8 +54,12 @@ class _InFlight:
     launch_ms: float  # host time to enqueue the step
 
 
-class Engine(GraphModes):
-    """Single-GPU (or CPU) engine. Not thread-safe: one caller drives step()."""
+class Engine:
+    """Single-GPU (or CPU) engine. Not thread-safe: one caller drives step().
+
+    The engine holds its decode modes (`self.modes`, engine.modes) and its current `mode`, which
+    only set_mode and a step's own fallback (a capture out of memory) change.
+    """
 
     def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None) -> None:
         self.config = config
@@ -82,8 +83,7 @@ class Engine(GraphModes):
         self.scheduler = Scheduler()
         self._build(self._use_fused())
         cuda = self.device.type == "cuda"
-        default = cuda and self.tuning.pipeline
-        self._pipelined = default if config.pipeline is None else config.pipeline
+        self._pipelined = cuda if self.tuning.pipeline is None else self.tuning.pipeline
         self.keep_logits = False  # keep every collected step's logits in step_logits (tests)
         self.step_logits: list[torch.Tensor] = []
         self._inflight: _InFlight | None = None
@@ -98,12 +98,13 @@ class Engine(GraphModes):
                 torch.zeros(NUM_SLOTS, dtype=torch.int64, pin_memory=True) for _ in range(2)
             ]
         self.last_logits: torch.Tensor | None = None
-        self.mode: Mode = "eager"
+        self.mode = Mode.EAGER
         self._pending: list[EngineEvent] = []
         self._next_id = 1
         # which graph ran each recent decode step (tests and diagnostics; bounded)
         self.step_graphs: deque[str | None] = deque(maxlen=STEP_GRAPHS_KEPT)
-        best: Mode = "full" if not self.unavailable.get("full") else "eager"
+        self._reports_sent = len(self.modes.reports)
+        best = Mode.FULL if not self.modes.unavailable.get(Mode.FULL) else Mode.EAGER
         try:
             ev = self.set_mode(config.mode or best)
         except FgchatError as exc:
@@ -125,7 +126,7 @@ class Engine(GraphModes):
         attention backend, launch lists and graphs (captured here unless lazy)."""
         self.decoder = Decoder(self.cfg, self.model.weights, self.max_context, fused, self.tuning)
         # a step's tokens feed the next step and reach the host through one kernel (fused.advance)
-        self._advance_on_device = fused and self.tuning.device_advance
+        self._advance_on_device = fused
         if self._advance_on_device:
             from fgchat.engine.kernels.fused import advance
 
@@ -133,36 +134,28 @@ class Engine(GraphModes):
         self.bufs = StepBuffers(self.device, self.cfg.num_heads, self.cfg.head_dim, self.dtype)
         self.attention, self.attention_name = self._pick_attention(self.config.attention)
         entry_pdl = self.decoder.bind_attention(
-            rope_in_attention=hasattr(self.attention, "decode_with_rope") and self.tuning.rope_in_attention,
+            rope_in_attention=self.attention.rope_in_attention,
             attention_is_triton=self.attention_name == "triton",
         )
-        if hasattr(self.attention, "pdl_entry"):
-            self.attention.pdl_entry = entry_pdl and self.attention.pdl
-        self.program = StepProgram(self.decoder, self.cache, self.bufs, self.attention,
-                                   bind_attention=self.tuning.bound_attention)
-        self._launch_lists_on = (self.device.type == "cuda" and self.decoder.fused
-                                 and self.tuning.eager_launch_list)
-        self.launch_lists: dict[int, LaunchList[StepOutputs] | None] = {}  # batch size -> list
-        self.unavailable: dict[str, str] = {"eager": ""}
-        self.runner = None
-        self.prefill_graphs = None  # PrefillGraphs in full mode (fused decoders on CUDA)
-        self.kernel_warmup_s: float | None = None
-        self._init_graphs()
+        self.attention.pdl_entry = entry_pdl and self.attention.pdl
+        self.program = StepProgram(self.decoder, self.cache, self.bufs, self.attention)
+        self.modes = self._make_modes()
+        if not self.config.lazy_capture:
+            self.modes.capture_all(self.config.self_check)
+
+    def _make_modes(self) -> ModeSet:
+        return ModeSet(self.program, self.tuning, self.notes.append)
 
     def use_plain_path(self) -> None:
         """Drop the fused path (its graphs and pools) and rebuild on plain torch ops; the mode
         stays where it was when the new graphs allow it. The KV cache and weights are kept."""
         mode = self.mode
-        if self.runner is not None:
-            for m in ("piecewise", "full"):
-                self.runner.drop_mode(m)
-        self.runner = None
-        self.prefill_graphs = None
+        self.modes.drop_all()
         if self.device.type == "cuda":
             torch.cuda.synchronize()
             torch.cuda.empty_cache()
         self._build(False)
-        self.mode = mode if not self.unavailable.get(mode) else "eager"
+        self.mode = mode if not self.modes.unavailable.get(mode) else Mode.EAGER
 
     @property
     def dtype_name(self) -> str:
@@ -190,8 +183,6 @@ class Engine(GraphModes):
     def _use_fused(self) -> bool:
         if self.device.type != "cuda":
             return False
-        if self.config.fused is not None:
-            return self.config.fused
         import importlib.util
 
         return self.tuning.fused and importlib.util.find_spec("triton") is not None
@@ -218,12 +209,11 @@ class Engine(GraphModes):
             max_context=self.max_context,
             num_layers=self.cfg.num_layers,
             attention_backend=self.attention_name,
-            available_modes=dict(self.unavailable),
+            available_modes={str(m): why for m, why in self.modes.unavailable.items()},
             mode=self.mode,
-            captures=(list(self.runner.reports) if self.runner else [])
-            + (list(self.prefill_graphs.reports) if self.prefill_graphs else []),
+            captures=self.modes.reports,
             notes=list(self.notes),
-            kernel_warmup_s=self.kernel_warmup_s,
+            kernel_warmup_s=self.modes.kernel_warmup_s,
             startup_check=self.startup_check,
             sampling_defaults=SamplingParams.from_generation_config(self.model.generation_config),
             sampling_source="generation_config.json" if self.model.generation_config else "",
@@ -238,14 +228,16 @@ class Engine(GraphModes):
 
     def set_mode(self, mode: str) -> ModeChanged:
         """Select the mode for the next decode step; unavailable modes fall back to eager."""
-        if mode not in MODES:
-            raise FgchatError(f"unknown mode '{mode}' (choose {', '.join(MODES)})")
-        reason = self.unavailable.get(mode, "")
+        try:
+            wanted = Mode(mode)
+        except ValueError:
+            raise FgchatError(f"unknown mode '{mode}' (choose {', '.join(Mode)})") from None
+        reason = self.modes.unavailable.get(wanted, "")
         if reason:
-            self.mode = "eager"
-            ev = ModeChanged("eager", f"{mode} unavailable: {reason}")
+            self.mode = Mode.EAGER
+            ev = ModeChanged(Mode.EAGER, f"{wanted} unavailable: {reason}")
         else:
-            self.mode = mode  # type: ignore[assignment]
+            self.mode = wanted
             ev = ModeChanged(self.mode)
         self._pending.append(ev)
         return ev
@@ -321,6 +313,10 @@ class Engine(GraphModes):
                         self._drain()
         else:
             self._drain()
+        reports = len(self.modes.reports)
+        if reports != self._reports_sent or any(isinstance(ev, ModeChanged) for ev in self._pending):
+            self._reports_sent = reports  # captures or availability changed: clients show them
+            self._pending.append(self.info())
         events, self._pending = self._pending, []
         return events
 
@@ -335,7 +331,7 @@ class Engine(GraphModes):
             ids = torch.cat([tok for _, tok in firsts]).tolist()
             for (seq, _), token in zip(firsts, ids):
                 self.scheduler.start(seq)
-                self._emit(seq, token, "eager", 1, None, None)
+                self._emit(seq, token, Mode.EAGER, 1, None, None)
 
     def run_until_done(self, max_steps: int = 1_000_000) -> list[EngineEvent]:
         out: list[EngineEvent] = []
@@ -352,7 +348,7 @@ class Engine(GraphModes):
         """Prefill into the sequence's slot; returns its first token [1] on the device."""
         ids = torch.tensor(seq.prompt_ids, dtype=torch.int64, device=self.device)
         try:
-            logits = self._prefill_logits(ids, seq.slot)
+            logits = self.modes.prefill_logits(self.mode, ids, seq.slot)
         except torch.OutOfMemoryError:
             self._pending.append(EngineError("out of memory during prefill", seq.request_id))
             self._finish(seq, "error")
@@ -428,13 +424,13 @@ class Engine(GraphModes):
             events = self._event_sets[self._flip]
             events[0].record()
         t0 = time.perf_counter()
-        if mode == "eager":
-            out: StepOutputs = self._eager_step(b, do_sample)
-        else:
-            out = self._replay(mode, b, do_sample)
-            mode = self.mode  # _replay falls back to eager when capture runs out of memory
+        out, ran = self.modes.run(mode, b, do_sample)
         launch_ms = (time.perf_counter() - t0) * 1e3
-        graph = None if mode == "eager" else f"{mode}/b{b}"
+        if ran != mode:  # capturing `mode` ran out of memory; ModeSet disabled it
+            self.mode = ran
+            self._pending.append(ModeChanged(ran, f"{mode} disabled: out of memory"))
+            mode = ran
+        graph = None if mode == Mode.EAGER else f"{mode}/b{b}"
         host_tokens = None
         if cuda:
             events[1].record()
@@ -449,20 +445,6 @@ class Engine(GraphModes):
         logits = out.logits.clone() if self.keep_logits else out.logits
         self.step_graphs.append(graph)
         return _InFlight(seqs, out, mode, graph, events, host_tokens, logits, launch_ms)
-
-    def _eager_step(self, b: int, do_sample: bool) -> StepOutputs:
-        """One eager step. On CUDA with the fused stages, a greedy step at batch size b replays
-        the launch list recorded from the first such step (engine.launch_list)."""
-        if do_sample or not self._launch_lists_on:
-            return self.program.run_eager(b, do_sample)
-        if b in self.launch_lists:
-            lst = self.launch_lists[b]
-            return lst.replay() if lst is not None else self.program.run_eager(b, False)
-        out, lst, why = record_launches(lambda: self.program.run_eager(b, False))
-        self.launch_lists[b] = lst
-        if lst is None:
-            self.notes.append(f"eager batch {b} runs through the stages: {why}")
-        return out
 
     def _collect(self, inf: _InFlight) -> None:
         """Wait for an enqueued step and emit its tokens to the lanes still running."""
@@ -487,7 +469,7 @@ class Engine(GraphModes):
             self._collect(inf)
 
     def _emit(
-        self, seq: Sequence, token: int, mode: str, b: int, gpu_ms: float | None, graph: str | None,
+        self, seq: Sequence, token: int, mode: Mode, b: int, gpu_ms: float | None, graph: str | None,
         launch_ms: float | None = None,
     ) -> None:
         now = _now()

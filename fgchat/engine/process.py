@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fgchat.protocol.errors import FgchatError
-from fgchat.protocol.events import EngineError, EngineInfo, EngineProgress, ModeChanged, SamplingParams, TokenEvent
+from fgchat.protocol.events import EngineError, EngineInfo, EngineProgress, SamplingParams, TokenEvent
 
 # ---- commands (parent -> engine); plain dataclasses so they pickle -----------------------------
 
@@ -124,7 +124,6 @@ def serve(
         send([EngineError(f"model failed to load: {type(exc).__name__}: {one_line(exc)}", fatal=True)])
         return
     send([engine.info(), *engine.step()])  # step() with no work only returns the initial ModeChanged
-    captures = _capture_count(engine)
     batch: list = []  # token events waiting to be sent (coalesced: IPC per step would add latency)
     last_send = last_poll = time.monotonic()
     while True:
@@ -160,9 +159,6 @@ def serve(
         except Exception as exc:  # engine state is unknown after a failed step: stop
             send([*batch, *out, EngineError(f"engine step failed: {type(exc).__name__}: {one_line(exc)}", fatal=True)])
             return
-        if any(isinstance(ev, ModeChanged) for ev in out) or _capture_count(engine) != captures:
-            captures = _capture_count(engine)
-            out.append(engine.info())  # availability or captures changed: the UI shows them
         batch.extend(out)
         now = time.monotonic()
         urgent = any(not isinstance(ev, TokenEvent) for ev in out)
@@ -170,12 +166,6 @@ def serve(
             send(batch)
             batch = []
             last_send = now
-
-
-def _capture_count(engine: Any) -> int:
-    runner = getattr(engine, "runner", None)
-    prefill = getattr(engine, "prefill_graphs", None)
-    return len(getattr(runner, "reports", ()) or ()) + len(getattr(prefill, "reports", ()) or ())
 
 
 def _chat_ids(engine: Any, messages: list[dict[str, str]]) -> list[int]:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from fgchat.protocol.events import StartupCheck
+from fgchat.protocol.events import Mode, StartupCheck
 from fgchat.engine.model.reference import reference_logits
 
 if TYPE_CHECKING:
@@ -89,20 +89,21 @@ def production_logits(engine: Engine, ids: list[int], nxt: int) -> torch.Tensor:
     """[2, V]: the last prompt position's logits and those of one decode step of `nxt`, both as
     a request in the engine's current mode would get them."""
     dev = engine.device
-    first = engine._prefill_logits(torch.tensor(ids, dtype=torch.int64, device=dev), 0).float().clone()
+    first = engine.modes.prefill_logits(engine.mode, torch.tensor(ids, dtype=torch.int64, device=dev), 0)
+    first = first.float().clone()
     engine.bufs.stage([nxt], [len(ids)], [0], [0.0], [1.0], [0], [0])
     engine.program.max_len_hint = len(ids) + 1
-    if engine.mode == "eager":  # the kernels a recorded launch list replays, without recording one
+    if engine.mode == Mode.EAGER:  # the kernels a recorded launch list replays, without recording one
         out = engine.program.run_eager(1, False)
     else:
-        out = engine._replay(engine.mode, 1, False)
+        out, _ = engine.modes.run(engine.mode, 1, False)
     engine.program.max_len_hint = None
     return torch.stack([first, out.logits[0].float()])
 
 
 def path_name(engine: Engine) -> str:
     kernels = "fused Triton kernels" if engine.decoder.fused else "plain torch ops"
-    where = f"{engine.mode} mode" if engine.mode != "eager" else "eager"
+    where = f"{engine.mode} mode" if engine.mode != Mode.EAGER else "eager"
     return f"{kernels}, {where}, {engine.dtype_name}"
 
 

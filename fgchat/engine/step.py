@@ -17,6 +17,7 @@ from typing import Callable
 import torch
 
 from fgchat.engine.kernels import sampling
+from fgchat.engine.kernels.attention.base import DecodeAttention
 from fgchat.engine.kv_cache import NUM_SLOTS, KVCache
 from fgchat.engine.model.decoder import Decoder, StepState
 
@@ -85,13 +86,11 @@ Piece = Callable[[StepState], None]
 class StepProgram:
     """Builds the pieces of a decode step for a batch size over shared buffers and cache."""
 
-    def __init__(self, decoder: Decoder, cache: KVCache, bufs: StepBuffers, attention,
-                 bind_attention: bool = True) -> None:
+    def __init__(self, decoder: Decoder, cache: KVCache, bufs: StepBuffers, attention: DecodeAttention) -> None:
         self.dec = decoder
         self.cache = cache
         self.bufs = bufs
         self.attention = attention
-        self.bind_attention = bind_attention
         # host-side bound of seq_lens for eager CPU steps (lets the torch backend slice the cache)
         self.max_len_hint: int | None = None
 
@@ -152,26 +151,6 @@ class StepProgram:
             from fgchat.engine.kernels import fused as fused_ops
         pieces = [first] + [middle(i) for i in range(1, n_layers)] + [last]
         return pieces, [attend(i) for i in range(n_layers)]
-
-    def bound_attends(self, b: int, states: list[StepState],
-                      attends: list[Callable[[StepState], None]]) -> list[Callable[[StepState], None]]:
-        """attends[i] with its arguments fixed to states[i] (for piecewise replay, whose pieces
-        write q / qkv to the same tensors every step), launched without per-call planning where
-        the backend offers `bind` / `bind_with_rope`; otherwise `attends` unchanged.
-
-        Same kernels with the same arguments as attends[i](states[i]), so the same bits.
-        """
-        name = "bind_with_rope" if self.dec.rope_in_attention else "bind"
-        bind = getattr(self.attention, name, None)
-        if not self.bind_attention or bind is None or self.bufs.device.type != "cuda":
-            return attends
-        i32 = self.bufs.dev_i32
-        seq_lens, slots32, attn_out = i32[0, :b], i32[1, :b], self.bufs.attn_out[:b]
-        out: list[Callable[[StepState], None]] = []
-        for i, st in enumerate(states[: len(attends)]):
-            call = bind(*self._attention_args(i, st, seq_lens, slots32, attn_out))
-            out.append(lambda _st, call=call: call())
-        return out
 
     def _attention_args(self, i: int, st: StepState, seq_lens: torch.Tensor, slots32: torch.Tensor,
                         attn_out: torch.Tensor) -> tuple:

@@ -19,12 +19,9 @@ class EngineConfig:
     attention: str = "auto"
     lazy_capture: bool = False
     self_check: bool = True
-    fused: bool | None = None  # Triton fused norm/RoPE/SiLU kernels; default: on where CUDA+Triton
     seed: int = 0
     # with preset: massive activation channels of this size in the residual stream (0: none)
     outliers: float = 0.0
-    # launch step n+1 (inputs fed on the device) before reading step n; None: on with CUDA
-    pipeline: bool | None = None
     # kernel-path switches; None: Tuning.from_env() (the FGCHAT_* variables) when the engine starts
     tuning: Tuning | None = None
     notes: list[str] = field(default_factory=list)

@@ -34,7 +34,7 @@ Invariants
   `knobs.runtime.debug`, `knobs.compilation.instrumentation_mode` and the kernel's `debug` flag,
   which the plain path folds into its options.
 - Anything else takes the plain path, uncached: a triton other than 3.6.x (the convention above
-  was read from 3.6) or FGCHAT_FAST_LAUNCH=0 at import; a grid that is not a tuple of 1..3 entries;
+  was read from 3.6); a grid that is not a tuple of 1..3 entries;
   argument types outside the list above (tuples, tensor descriptors, JIT functions, numpy scalars,
   int subclasses, ...); a keyword argument naming a non-constexpr parameter; a kernel that is not
   a `JITFunction` (an `InterpretedFunction` made under TRITON_INTERPRET=1, an autotuner, ...);
@@ -58,7 +58,6 @@ Invariants
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from functools import partial
@@ -69,14 +68,12 @@ import triton
 from triton.runtime.driver import driver as _triton_driver
 from triton.runtime.jit import JITFunction
 
-__all__ = ["FastLauncher", "fast", "measure_launch_us"]
+__all__ = ["FastLauncher", "fast"]
 
 # The launcher call convention above was read from triton 3.6 (jit.py, compiler.py and the NVIDIA
-# driver's generated launcher); other versions always take the plain path. FGCHAT_FAST_LAUNCH=0
-# turns the fast path off everywhere (read once, at import).
+# driver's generated launcher); other versions always take the plain path.
 _VERIFIED_TRITON = ("3.6.",)
-ENABLED: bool = (triton.__version__.startswith(_VERIFIED_TRITON)
-                 and os.environ.get("FGCHAT_FAST_LAUNCH", "1") != "0")
+ENABLED: bool = triton.__version__.startswith(_VERIFIED_TRITON)
 try:
     from triton import knobs as _knobs
     from triton.knobs import HookChain as _HookChain  # launch hooks live in HookChains (never None)
@@ -399,52 +396,3 @@ def fast(fn: Any) -> FastLauncher:
     launcher = FastLauncher(fn)
     _LAUNCHERS[id(fn)] = (fn, launcher)  # holds fn, so its id stays unique
     return launcher
-
-
-def measure_launch_us(rows: int = 1, n_cols: int = 2048, dtype: torch.dtype = torch.bfloat16,
-                      iters: int = 500, repeats: int = 7, device: str = "cuda") -> dict[str, float]:
-    """Host time per launch (us) of `_add_rms_norm_kernel`: plain `kernel[grid]` vs `fast()`.
-
-    Times `iters` back-to-back launches without synchronising (the GPU work of one launch is a few
-    us, shorter than either launch path), best of `repeats`, after a warm-up that compiles and
-    caches. Returns {"plain_us", "fast_us", "speedup"}. Needs CUDA.
-    """
-    import triton
-
-    from fgchat.engine.kernels.fused import _add_rms_norm_kernel as kernel
-
-    g = torch.Generator(device=device).manual_seed(0)
-    h = torch.randn(rows, n_cols, device=device, generator=g).to(dtype)
-    d = torch.randn(rows, n_cols, device=device, generator=g).to(dtype)
-    w = torch.rand(n_cols, device=device, generator=g).to(dtype)
-    h_out, y = torch.empty_like(h), torch.empty_like(h)
-    grid = (rows,)
-    args = (h, d, w, h_out, y, n_cols, 1e-5, 0)
-    kw = dict(HAS_DELTA=True, BLOCK=triton.next_power_of_2(n_cols), num_warps=4 if n_cols <= 4096 else 8)
-    launcher = FastLauncher(kernel)  # private instance: the counters below are ours alone
-
-    def plain() -> None:
-        kernel[grid](*args, **kw)
-
-    def fast_() -> None:
-        launcher[grid](*args, **kw)
-
-    def per_launch_us(call: Callable[[], None]) -> float:
-        best = float("inf")
-        for _ in range(repeats):
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            for _ in range(iters):
-                call()
-            best = min(best, time.perf_counter() - t0)
-        torch.cuda.synchronize()
-        return best / iters * 1e6
-
-    for _ in range(3):
-        plain()
-        fast_()
-    before = launcher.fast_launches
-    plain_us, fast_us = per_launch_us(plain), per_launch_us(fast_)
-    if launcher.fast_launches - before != iters * repeats:
-        raise RuntimeError("fast launches fell back to the plain path; the timing is not meaningful")
-    return {"plain_us": plain_us, "fast_us": fast_us, "speedup": plain_us / fast_us}

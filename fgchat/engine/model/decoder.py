@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from fgchat.protocol.errors import ModelLoadError
 from fgchat.engine.model.config import ModelConfig, rope_inv_freq
+from fgchat.engine.model.ops import apply_rope, head_logits, rms_norm
 from fgchat.protocol.tuning import Tuning
 
 if TYPE_CHECKING:
@@ -38,37 +39,6 @@ class DecoderWeights:
     layers: list[LayerWeights]
     final_norm: torch.Tensor  # [H]
     lm_head: torch.Tensor  # [V, H]; the same tensor as embed when tied
-
-
-def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm with statistics in float32, the weight applied in the input dtype (as HF does)."""
-    xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return w * xf.to(x.dtype)
-
-
-def head_logits(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """LM head as float32 logits [N, V] from float32 sums that are never rounded to x's dtype:
-    bf16 logits near 25 step by 0.125, which turns near ties into exact ties (argmax then picks
-    the lower token id). cuBLAS writes float32 directly where torch offers it (CUDA)."""
-    if x.dtype == torch.float32:
-        return F.linear(x, w)
-    if x.is_cuda:
-        try:
-            return torch.mm(x, w.t(), out_dtype=torch.float32)
-        except (RuntimeError, TypeError):  # an older torch: upcast instead
-            pass
-    return F.linear(x.float(), w.float())
-
-
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [N, heads, D]; cos/sin: [N, D] in x's dtype."""
-    return x * cos[:, None, :] + rotate_half(x) * sin[:, None, :]
 
 
 def weights_from_state_dict(
@@ -224,6 +194,11 @@ class Decoder:
         self.scale = cfg.head_dim**-0.5
 
     # ---- decode stages (batch of B sequences, one token each) ----
+    @property
+    def fused_stages(self) -> FusedStages | None:
+        """The fused path's stages (CUDA + Triton); None on plain torch ops."""
+        return self._fused
+
     @property
     def rope_in_attention(self) -> bool:
         """True when the attention call applies RoPE and writes K/V (see bind_attention)."""

@@ -7,13 +7,11 @@ graphs launch identical kernels (modes stay bit-identical):
 - the o and down projections feed the next add+RMSNorm; when their output is narrow they run on
   our kernel split along K into float32 partial sums that the norm adds in a fixed order (more
   programs in flight, and no reduce launch);
-- the gate/up projection carries SiLU-and-multiply in its epilogue (one launch, Tuning.glu);
-- programmatic dependent launch (engine.pdl) is used for every Triton launch of the step, or,
-  with Tuning.pdl_after_library off, only where the predecessor in the stream is one of our
-  Triton kernels (a library kernel that lets dependents launch early would then share its SMs
-  with our waiting programs).
-  Either way each kernel waits for its predecessor before touching its data, so PDL never
-  changes results; it only lets a kernel start (and load weights) while the previous drains.
+- the gate/up projection carries SiLU-and-multiply in its epilogue (one launch);
+- programmatic dependent launch (kernels.pdl) is used for every Triton launch of the step, the o
+  projection's after attention included. Each kernel waits for its predecessor before touching
+  its data, so PDL never changes results; it only lets a kernel start (and load weights) while
+  the previous one drains.
 - whole-step graphs may run `beside_attention(i)` on a side branch: an L2 prefetch of the weights
   that follow attention (engine.l2_prefetch); it reads nothing a kernel writes and writes nothing.
 """
@@ -30,11 +28,14 @@ from fgchat.engine.kernels import fused as fk
 from fgchat.engine.kernels import gemv
 from fgchat.engine.kernels import l2_prefetch
 from fgchat.protocol.errors import FgchatError
-from fgchat.engine.model.decoder import head_logits
+from fgchat.engine.model.ops import head_logits
 from fgchat.protocol.tuning import Tuning
 
 if TYPE_CHECKING:
     from fgchat.engine.model.decoder import Decoder, StepState
+
+# o / down outputs at most this wide run split-K on our kernel (partial sums the norm adds)
+SPLIT_MAX_N = 4096
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,7 @@ class FusedStages:
         self.o = self._route("o", lw.wo, True, feeds_norm=True, sm_count=sm_count)
         self.gate_up = self._route("gate_up", lw.w_gate_up, True, feeds_norm=False, sm_count=sm_count)
         self.down = self._route("down", lw.w_down, True, feeds_norm=True, sm_count=sm_count)
-        self.head_ours = tuning.lm_head_gemv
+        self.head_ours = tuning.gemv
         self.head_config = self.configs.get("head")
         self.attention_ours = False
         self.rope_in_attention = False
@@ -75,27 +76,29 @@ class FusedStages:
             self.prefetch = plans if any(plans) else None
 
     def _route(self, role: str, w: torch.Tensor, bias_free: bool, feeds_norm: bool, sm_count: int) -> Route:
-        t, cfg = self.t, self.configs.get(role)
-        if not (t.gemv and bias_free):
+        cfg = self.configs.get(role)
+        if not (self.t.gemv and bias_free):
             return Route(False)
-        if role == "gate_up" and t.glu:
+        if role == "gate_up":
             return Route(True, glu=True, config=cfg)
         # qkv on our kernel at every size where PDL chains the step: its programs let the attention
-        # kernel launch early and load its K/V meanwhile, which a library kernel does not
-        if role == "qkv" and t.qkv_gemv and self.pdl:
+        # kernel launch early and load its K/V meanwhile, which a library kernel does not (H200,
+        # 1B full b1: 0.962 -> 0.929 ms with the attention's preload)
+        if role == "qkv" and self.pdl:
             return Route(True, config=cfg)
         # a role given a tile (FGCHAT_PROJ_CONFIGS) runs on our kernel whatever its size
-        mine = cfg is not None
+        mine = cfg is not None or gemv.wins_over_cublas(w)
         # Narrow norm-fed outputs: more programs in flight, partial sums left to the norm (H200:
-        # 1B o 5.0 -> 4.1 us); larger ones (1B down) stay on cuBLAS by gemv_max_split.
-        if feeds_norm and t.split_k and w.shape[0] <= t.split_max_n and (
-                mine or gemv.wins_over_cublas(w, t.gemv_max_split, t.gemv_big)):
+        # 1B o 5.0 -> 4.1 us); 1B down on cuBLAS measured 1.009 / 1.090 ms vs split on ours
+        # 1.017 / 1.110 (b1 / b8), so wider ones stay unsplit by wins_over_cublas.
+        if feeds_norm and w.shape[0] <= SPLIT_MAX_N and mine:
             return Route(True, gemv.pick_split(w.shape[0], w.shape[1], sm_count, cfg), config=cfg)
-        return Route(mine or gemv.wins_over_cublas(w, t.gemv_max_elements, t.gemv_big), config=cfg)
+        return Route(mine, config=cfg)
 
     def after(self, predecessor_ours: bool) -> bool:
-        """PDL for a launch following a kernel that is ours (True) or a library kernel."""
-        return self.pdl and (predecessor_ours or self.t.pdl_after_library)
+        """PDL for the next launch, whatever precedes it (H200: PDL after library kernels too
+        measured no slower); `predecessor_ours` documents the chain at each call site."""
+        return self.pdl
 
     def bind_attention(self, rope_in_attention: bool, attention_ours: bool) -> bool:
         """Record how attention runs; returns PDL for the attention's first kernel."""
@@ -103,11 +106,10 @@ class FusedStages:
         self.attention_ours = attention_ours
         return self.after(self.qkv.ours or not rope_in_attention)
 
-    def _project(self, x: torch.Tensor, w: torch.Tensor, route: Route, predecessor_ours: bool,
-                 pdl_allowed: bool = True) -> torch.Tensor:
+    def _project(self, x: torch.Tensor, w: torch.Tensor, route: Route, predecessor_ours: bool) -> torch.Tensor:
         if not route.serves(x.shape[0]):
             return F.linear(x, w)
-        pdl = pdl_allowed and self.after(predecessor_ours)
+        pdl = self.after(predecessor_ours)
         if route.split > 1:
             return gemv.project_partials(x, w, route.split, route.config, pdl=pdl)
         return gemv.project(x, w, route.config, pdl=pdl)
@@ -137,8 +139,7 @@ class FusedStages:
 
     def after_attention(self, i: int, st: StepState, attn_out: torch.Tensor) -> None:
         c, lw = self.dec.cfg, self.dec.w.layers[i]
-        o = self._project(attn_out.view(attn_out.shape[0], -1), lw.wo, self.o, self.attention_ours,
-                          self.t.pdl_after_attention)
+        o = self._project(attn_out.view(attn_out.shape[0], -1), lw.wo, self.o, self.attention_ours)
         st.h, x = fk.add_rms_norm(st.h, o, lw.mlp_norm, c.rms_eps, self.after(self.o.ours), self.dec.residual_dtype)
         if self.gate_up.glu and self.gate_up.serves(x.shape[0]):
             act = gemv.project_glu(x, lw.w_gate_up, self.gate_up.config, pdl=self.after(True))
@@ -152,14 +153,16 @@ class FusedStages:
         st.h, x = fk.add_rms_norm(st.h, st.delta, dec.w.final_norm, dec.cfg.rms_eps, self.after(self.down.ours),
                                   dec.residual_dtype)
         st.delta = None
-        if self.head_ours and x.shape[0] <= gemv.MAX_ROWS:
-            if greedy:
-                st.logits, st.tokens = gemv.project_argmax(x, dec.w.lm_head, self.head_config,
-                                                           pdl=self.after(True))
-            else:
-                st.logits = gemv.project_logits(x, dec.w.lm_head, self.head_config, pdl=self.after(True))
+        if greedy and self.head_ours and x.shape[0] <= gemv.MAX_ROWS:
+            st.logits, st.tokens = gemv.project_argmax(x, dec.w.lm_head, self.head_config, pdl=self.after(True))
         else:
-            st.logits = head_logits(x, dec.w.lm_head)
+            st.logits = self.logits(x)
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """float32 logits [N, V] of normed rows x: our kernel for up to MAX_ROWS rows, else cuBLAS."""
+        if self.head_ours and x.shape[0] <= gemv.MAX_ROWS:
+            return gemv.project_logits(x, self.dec.w.lm_head, self.head_config, pdl=self.after(True))
+        return head_logits(x, self.dec.w.lm_head)
 
 
 def _configs(tuning: Tuning) -> dict[str, gemv.ProjConfig]:

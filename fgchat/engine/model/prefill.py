@@ -19,7 +19,7 @@ efficient kernel runs.
 
 No host syncs. The fused path pads the prompt to a bucket (PREFILL_BUCKETS) and reads the slot
 and the last row from device tensors, so the same computation runs eagerly or as a captured graph
-(engine.prefill_graphs) with the same bits.
+(engine.modes.prefill_graphs) with the same bits.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
-from fgchat.engine.model.decoder import apply_rope, head_logits, rms_norm
+from fgchat.engine.model.ops import apply_rope, head_logits, rms_norm
 
 if TYPE_CHECKING:
     from fgchat.engine.model.decoder import Decoder
@@ -152,7 +152,7 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
 
 
 # Token counts a fused prefill is padded to (the smallest bucket >= T that fits the cache). Padding
-# is a function of T alone, so eager prefill and the captured prefill graphs (engine.prefill_graphs)
+# is a function of T alone, so eager prefill and the captured prefill graphs (engine.modes.prefill_graphs)
 # run the same shapes and kernels and give the same bits. Prompts longer than the last bucket run
 # at their own length, eagerly.
 PREFILL_BUCKETS: tuple[int, ...] = (32, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048)
@@ -233,9 +233,8 @@ def prefill_rows(dec: Decoder, ids: torch.Tensor, slot_dev: torch.Tensor, k_cach
 def final_logits(dec: Decoder, h: torch.Tensor, delta: torch.Tensor | None) -> torch.Tensor:
     from fgchat.engine.kernels import fused as fk
 
-    from fgchat.engine.kernels import gemv
-
     _, x = fk.add_rms_norm(h, delta, dec.w.final_norm, dec.cfg.rms_eps, residual_dtype=dec.residual_dtype)
-    if x.shape[0] <= gemv.MAX_ROWS and x.is_cuda:
-        return gemv.project_logits(x, dec.w.lm_head)  # graph-capturable, float32 sums
+    stages = dec.fused_stages
+    if stages is not None and x.is_cuda:
+        return stages.logits(x)  # the decode head's route and tile: graph-capturable, float32 sums
     return head_logits(x, dec.w.lm_head)

@@ -12,7 +12,8 @@ import torch
 import torch.nn.functional as F
 
 from fgchat.engine.model.config import ModelConfig
-from fgchat.engine.model.decoder import DecoderWeights, apply_rope, rms_norm
+from fgchat.engine.model.decoder import DecoderWeights
+from fgchat.engine.model.ops import apply_rope, rms_norm
 
 HEAD_CHUNK_ROWS = 16384
 

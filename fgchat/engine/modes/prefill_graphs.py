@@ -5,7 +5,7 @@ last row index are copied into fixed input buffers, and the graph replays the sa
 the eager fused prefill at that bucket, so both give the same bits.
 
 Invariants:
-- graphs share the decode graphs' memory pool; a prefill replay only runs when no decode step is
+- graphs share the decode graphs' memory pool (modes.capture); a prefill replay only runs when no decode step is
   in flight (the engine drains first), and each graph's output stays referenced here;
 - the captured region reads the slot and the last row from device memory, never host values, and
   writes cache rows [0, bucket) of that slot only (rows >= T hold padding that decode overwrites
@@ -14,14 +14,14 @@ Invariants:
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import torch
 
-from fgchat.protocol.events import CaptureReport
 from fgchat.engine.model.decoder import Decoder
 from fgchat.engine.model.prefill import PREFILL_BUCKETS, bucket_for, prefill_last
+from fgchat.engine.modes.capture import GraphCapture
+from fgchat.protocol.events import CaptureReport, Mode
 
 
 @dataclass
@@ -32,10 +32,10 @@ class _Graph:
 
 class PrefillGraphs:
     def __init__(self, decoder: Decoder, k_caches: list[torch.Tensor], v_caches: list[torch.Tensor],
-                 pool: tuple[int, int], stream: torch.cuda.Stream) -> None:
+                 cap: GraphCapture) -> None:
         self.dec = decoder
         self.k, self.v = k_caches, v_caches
-        self.pool, self.stream = pool, stream
+        self.cap = cap
         self.cache_len = k_caches[0].shape[1]
         self.buckets = [b for b in PREFILL_BUCKETS if b <= self.cache_len]
         dev = decoder.device
@@ -55,23 +55,17 @@ class PrefillGraphs:
         """Capture the prefill of `bucket` tokens: a warm-up run on the side stream with the
         current input buffers, then the capture. The warm-up writes rows [0, bucket) of the slot
         in self.slot, which is the slot about to be prefilled (or slot 0 before any request)."""
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()  # graph capture empties the cache too; measure only pool growth
-        before = torch.cuda.memory_reserved()
-        t0 = time.perf_counter()
+        cap = self.cap
         ids = self.ids[:bucket]
-        self.stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(self.stream):
-            prefill_last(self.dec, ids, self.slot, self.last, self.k, self.v)
-        self.stream.synchronize()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, pool=self.pool, stream=self.stream):
-            logits = prefill_last(self.dec, ids, self.slot, self.last, self.k, self.v)
-        torch.cuda.synchronize()
-        entry = _Graph(g, logits)
-        self.graphs[bucket] = entry
-        self.reports.append(CaptureReport("full", bucket, time.perf_counter() - t0,
-                                          (torch.cuda.memory_reserved() - before) / 2**20, kind="prefill"))
+        with cap.measured(Mode.FULL, bucket, self.reports, kind="prefill"):
+            with torch.cuda.stream(cap.stream):
+                prefill_last(self.dec, ids, self.slot, self.last, self.k, self.v)
+            cap.stream.synchronize()
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, pool=cap.pool, stream=cap.stream):
+                logits = prefill_last(self.dec, ids, self.slot, self.last, self.k, self.v)
+            entry = _Graph(g, logits)
+            self.graphs[bucket] = entry
         return entry
 
     def capture_all(self) -> None:

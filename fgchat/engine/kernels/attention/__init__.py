@@ -54,8 +54,7 @@ def get_backend(name: str, device: torch.device, tuning: Tuning | None = None) -
         except ImportError as exc:
             raise FgchatError(f"triton is not importable ({exc}); use --attention torch") from exc
         t = tuning or Tuning()
-        return TritonDecodeAttention(device, fuse_combine=t.fused_combine, pdl=t.pdl,
-                                     preload=t.attention_preload, cur_from_cache=t.attention_cur_from_cache)
+        return TritonDecodeAttention(device, pdl=t.pdl)
     from fgchat.engine.kernels.attention.flash import FlashAttnDecode
 
     return FlashAttnDecode(device)

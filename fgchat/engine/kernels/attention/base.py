@@ -11,7 +11,7 @@ KV cache. Invariants every backend keeps:
 
 from __future__ import annotations
 
-from typing import Protocol
+from abc import ABC, abstractmethod
 
 import torch
 from torch import Tensor
@@ -19,11 +19,23 @@ from torch import Tensor
 from fgchat.engine.intmath import cdiv
 
 
-class DecodeAttention(Protocol):
-    """Single-token (decode) attention over a slotted KV cache. See the module docstring."""
+class DecodeAttention(ABC):
+    """Single-token (decode) attention over a slotted KV cache. See the module docstring.
 
-    name: str
+    Every optional capability is declared here; the engine reads these attributes and never
+    probes a backend for methods:
+    - `rope_in_attention`: `decode_with_rope` applies RoPE to the current token, writes its K/V
+      into the cache and attends, in one call (same bits as RoPE + cache write, then `__call__`);
+    - `pdl`: its kernels use programmatic dependent launch; `pdl_entry` (set by the engine) says
+      whether its first kernel may start before the preceding kernel ends.
+    """
 
+    name: str = ""
+    rope_in_attention: bool = False
+    pdl: bool = False
+    pdl_entry: bool = False
+
+    @abstractmethod
     def __call__(
         self,
         q: Tensor,  # [B, Hq, D], RoPE applied
@@ -35,6 +47,21 @@ class DecodeAttention(Protocol):
         scale: float,  # softmax scale, usually 1/sqrt(D)
         max_len_hint: int | None = None,  # host-side bound on seq_lens; eager only, may be ignored
     ) -> None: ...
+
+    def decode_with_rope(
+        self,
+        qkv: Tensor,  # [B, (Hq + 2 Hkv) * D]: the current token's q | k | v rows before RoPE
+        cos: Tensor,  # [T, D] RoPE tables in qkv's dtype
+        sin: Tensor,
+        k_cache: Tensor,
+        v_cache: Tensor,
+        slot_ids: Tensor,
+        seq_lens: Tensor,
+        out: Tensor,
+        scale: float,
+    ) -> None:
+        """Only where `rope_in_attention` is True."""
+        raise NotImplementedError(f"the {self.name} attention backend does not apply RoPE itself")
 
 
 def cache_window(max_context: int, max_len_hint: int | None) -> int:

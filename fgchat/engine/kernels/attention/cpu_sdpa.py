@@ -13,10 +13,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from fgchat.engine.kernels.attention.base import cache_window, check_decode_shapes
+from fgchat.engine.kernels.attention.base import DecodeAttention, cache_window, check_decode_shapes
 
 
-class SdpaDecodeAttention:
+class SdpaDecodeAttention(DecodeAttention):
     name = "sdpa"
 
     def __call__(

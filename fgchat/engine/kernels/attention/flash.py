@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from fgchat.engine.kernels.attention.base import check_decode_shapes
+from fgchat.engine.kernels.attention.base import DecodeAttention, check_decode_shapes
 from fgchat.protocol.errors import FgchatError
 
 
@@ -39,7 +39,7 @@ def _import_flash_attn() -> tuple[Callable[..., Any], str]:
     )
 
 
-class FlashAttnDecode:
+class FlashAttnDecode(DecodeAttention):
     name = "flash-attn"
 
     def __init__(self, device: torch.device) -> None:

@@ -10,10 +10,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from fgchat.engine.kernels.attention.base import cache_window, check_decode_shapes
+from fgchat.engine.kernels.attention.base import DecodeAttention, cache_window, check_decode_shapes
 
 
-class TorchDecodeAttention:
+class TorchDecodeAttention(DecodeAttention):
     name = "torch"
 
     def __call__(

@@ -1,0 +1,169 @@
+"""The engine's decode modes, one file each (eager.py, piecewise.py, full.py; prefill graphs
+beside full in prefill_graphs.py), held together by `ModeSet`.
+
+`ModeSet.run(mode, B, sampled)` launches one step and returns what ran; the engine keeps its own
+mode and learns of a fallback from that answer. Capture failures disable a mode with a reason;
+eager always remains.
+
+Invariants:
+- a disabled mode never comes back; its graphs are dropped and their pool memory released;
+- prefill graphs serve full mode only, so disabling full drops them too;
+- a failed prefill capture leaves prefill eager (same bits) and full decode graphs in place;
+- a captured mode passed its self-check: each batch size replayed at lengths unlike capture's
+  gives eager's tokens and logits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from fgchat.engine.kv_cache import NUM_SLOTS
+from fgchat.engine.modes.base import StepMode
+from fgchat.engine.modes.eager import EagerMode
+from fgchat.engine.step import StepOutputs, StepProgram
+from fgchat.protocol.events import CaptureReport, Mode
+from fgchat.protocol.tuning import Tuning
+
+GRAPH_MODES = (Mode.PIECEWISE, Mode.FULL)
+
+
+class ModeSet:
+    def __init__(self, program: StepProgram, tuning: Tuning, note: Callable[[str], None]) -> None:
+        self.program = program
+        self.note = note
+        dec = program.dec
+        cuda = program.bufs.device.type == "cuda"
+        self.eager = EagerMode(program, cuda and dec.fused and tuning.eager_launch_list, note)
+        self.modes: dict[Mode, StepMode] = {Mode.EAGER: self.eager}
+        self.unavailable: dict[Mode, str] = {Mode.EAGER: ""}
+        self.prefill_graphs = None  # PrefillGraphs in full mode (fused decoders on CUDA)
+        self.kernel_warmup_s: float | None = None
+        self.cap = None
+        if not cuda:
+            reason = "CUDA graphs need a CUDA device; this engine runs on CPU"
+            self.unavailable.update({m: reason for m in GRAPH_MODES})
+            return
+        from fgchat.engine.modes.capture import GraphCapture
+        from fgchat.engine.modes.full import FullMode
+        from fgchat.engine.modes.piecewise import PiecewiseMode
+
+        self.cap = GraphCapture(program)
+        self.modes[Mode.PIECEWISE] = PiecewiseMode(self.cap)
+        self.modes[Mode.FULL] = FullMode(self.cap)
+        self.unavailable.update({m: "" for m in GRAPH_MODES})
+        if dec.fused and tuning.prefill_graphs:
+            from fgchat.engine.modes.prefill_graphs import PrefillGraphs
+
+            self.prefill_graphs = PrefillGraphs(dec, program.cache.k, program.cache.v, self.cap)
+
+    def install(self, mode: Mode, runner: StepMode) -> None:
+        """Run `mode` with `runner` (tests: a mode without graphs)."""
+        self.modes[mode] = runner
+        self.unavailable[mode] = ""
+
+    @property
+    def reports(self) -> list[CaptureReport]:
+        out = [r for m in GRAPH_MODES if m in self.modes for r in self.modes[m].reports]
+        return out + (list(self.prefill_graphs.reports) if self.prefill_graphs else [])
+
+    def capture_all(self, self_check: bool) -> None:
+        """Warm the kernels, then capture prefill graphs and every batch size of each graph mode."""
+        if self.cap is None:
+            return
+        try:
+            self.kernel_warmup_s = self.cap.warm_kernels(range(1, NUM_SLOTS + 1))
+        except RuntimeError as exc:  # the captures below meet the same failure and disable modes
+            self.note(f"kernel warm-up failed: {str(exc).splitlines()[0][:160]}")
+        # prefill graphs first (H100, one run: 1B full decode 1.170 ms, 1.203 captured after)
+        if self.prefill_graphs is not None:
+            self._capture_prefill()
+        for mode in GRAPH_MODES:
+            self._capture_mode(mode, self_check)
+
+    def _capture_mode(self, mode: Mode, self_check: bool) -> None:
+        runner = self.modes[mode]
+        try:
+            for b in range(1, NUM_SLOTS + 1):
+                runner.capture(b, False)
+            if self_check:
+                self.self_check(mode)
+        except torch.OutOfMemoryError:
+            self.disable(mode, "out of GPU memory while capturing graphs")
+        except RuntimeError as exc:  # capture failures surface as RuntimeError
+            self.disable(mode, f"graph capture failed: {str(exc).splitlines()[0][:160]}")
+
+    def _capture_prefill(self) -> None:
+        assert self.prefill_graphs is not None
+        try:
+            self.prefill_graphs.capture_all()
+        except (torch.OutOfMemoryError, RuntimeError) as exc:
+            self._drop_prefill_graphs(exc)
+
+    def _drop_prefill_graphs(self, exc: Exception) -> None:
+        """Prefill runs eagerly from now on (same bits); full decode graphs stay."""
+        self.prefill_graphs = None
+        torch.cuda.empty_cache()
+        self.note(f"prefill graphs disabled: {str(exc).splitlines()[0][:160]}")
+
+    def disable(self, mode: Mode, reason: str) -> None:
+        self.unavailable[mode] = reason
+        if mode == Mode.FULL:  # prefill graphs serve full mode only
+            self.prefill_graphs = None
+        self.modes[mode].drop()
+        if self.cap is not None:
+            torch.cuda.empty_cache()
+        self.note(f"{mode} disabled: {reason}")
+
+    def drop_all(self) -> None:
+        for runner in self.modes.values():
+            runner.drop()
+        self.prefill_graphs = None
+
+    @torch.inference_mode()
+    def self_check(self, mode: Mode) -> None:
+        """Replay each captured size at lengths unlike capture's and compare with eager."""
+        prog = self.program
+        g = torch.Generator().manual_seed(1234)
+        top = max(prog.cache.max_context - 1, 2)
+        for b in range(1, NUM_SLOTS + 1):
+            pos = torch.randint(1, min(top, 4096), (b,), generator=g).tolist()
+            ids = torch.randint(0, prog.dec.cfg.vocab_size, (b,), generator=g).tolist()
+            prog.bufs.stage(ids, pos, list(range(b)), [0.0] * b, [1.0] * b, [0] * b, [0] * b)
+            ref = prog.run_eager(b, False)
+            ref_tokens, ref_logits = ref.tokens.clone(), ref.logits.clone()
+            out = self.modes[mode].run(b, False)
+            ok = torch.equal(out.tokens, ref_tokens) and bool(torch.isfinite(out.logits).all()) and (
+                torch.allclose(out.logits, ref_logits, rtol=2e-2, atol=2e-2))
+            if not ok:
+                self.disable(mode, f"self-check mismatch at batch size {b}")
+                return
+
+    def run(self, mode: Mode, b: int, do_sample: bool) -> tuple[StepOutputs, Mode]:
+        """One decode step in `mode`; returns its outputs and the mode that ran it (eager when
+        capturing `mode` ran out of memory: the mode is then disabled)."""
+        runner = self.modes[mode]
+        if mode != Mode.EAGER and not runner.has(b, do_sample):
+            try:
+                runner.capture(b, do_sample)
+            except torch.OutOfMemoryError:
+                self.disable(mode, "out of GPU memory while capturing graphs")
+                self.program.max_len_hint = None
+                return self.eager.run(b, do_sample), Mode.EAGER
+        return runner.run(b, do_sample), mode
+
+    def prefill_logits(self, mode: Mode, ids: torch.Tensor, slot: int) -> torch.Tensor:
+        """Full mode replays a prefill graph (captured on first use of a bucket when capture is
+        lazy); other modes, and prompts longer than the last bucket, prefill eagerly. Both run
+        the same kernels at the same padded length."""
+        graphs = self.prefill_graphs
+        if mode == Mode.FULL and graphs is not None and graphs.covers(ids.shape[0]):
+            try:
+                return graphs.run(ids, slot)
+            except torch.OutOfMemoryError:
+                raise
+            except RuntimeError as exc:  # a capture failure
+                self._drop_prefill_graphs(exc)
+        prog = self.program
+        return prog.dec.prefill(ids, slot, prog.cache.k, prog.cache.v)

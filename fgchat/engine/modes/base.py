@@ -1,0 +1,38 @@
+"""What every decode mode offers the engine: run a step of batch size B (capturing what it needs
+on first use), capture ahead of time, drop what it holds, and report what capture cost.
+
+Invariants every mode keeps:
+- a mode runs `StepProgram.pieces(B)` and the attention calls between them, in that order, over
+  the step buffers, so all modes compute the same bits;
+- `run` returns the step's outputs in tensors that stay valid (and are rewritten in place) until
+  the next step of the same size in the same mode;
+- `drop` releases everything the mode captured; the mode may capture again later.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+from fgchat.engine.step import StepOutputs
+from fgchat.protocol.events import CaptureReport, Mode
+
+
+class StepMode(ABC):
+    mode: Mode
+
+    def __init__(self) -> None:
+        self.reports: list[CaptureReport] = []
+
+    @abstractmethod
+    def run(self, b: int, do_sample: bool) -> StepOutputs:
+        """Launch one decode step over lanes [0, b) of the step buffers."""
+
+    def capture(self, b: int, do_sample: bool) -> None:
+        """Prepare batch size b ahead of its first step (nothing to do for eager)."""
+
+    def has(self, b: int, do_sample: bool) -> bool:
+        """Whether batch size b is prepared (a step of it captures nothing)."""
+        return True
+
+    def drop(self) -> None:
+        """Release what the mode captured."""

@@ -1,0 +1,104 @@
+"""What the graph modes share: one memory pool, the capture stream, a side stream, the eager
+warm-up before capture, and the cost report of each capture.
+
+Invariants:
+- every decode and prefill graph is captured into `pool`; a replay of any graph only ever follows
+  the complete previous step, so pool memory reused across graphs is never live twice;
+- a capture is preceded by an eager run of the same step on the capture stream, so Triton has
+  compiled and cuBLAS has chosen every kernel the graph will hold.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import abstractmethod
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Protocol
+
+import torch
+
+from fgchat.engine.modes.base import StepMode
+from fgchat.engine.step import StepOutputs, StepProgram
+from fgchat.protocol.events import CaptureReport, Mode
+
+
+class GraphCapture:
+    def __init__(self, program: StepProgram) -> None:
+        self.program = program
+        self.pool = torch.cuda.graph_pool_handle()
+        self.stream = torch.cuda.Stream()
+        self.side = torch.cuda.Stream()
+
+    @torch.inference_mode()
+    def warm_kernels(self, batch_sizes: range) -> float:
+        """One eager step per batch size before any capture; returns its seconds (where Triton
+        compiles on a cold cache), so capture times measure capture alone."""
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        self.stream.wait_stream(torch.cuda.current_stream())
+        for b in batch_sizes:
+            self.warmup(b, False)
+        return time.perf_counter() - t0
+
+    def warmup(self, b: int, do_sample: bool) -> None:
+        """The step eagerly on the capture stream: compiles kernels, creates cuBLAS handles."""
+        work = self.program.dec.side_work()
+        with torch.cuda.stream(self.stream):
+            self.program.run_eager(b, do_sample)
+            if work is not None:  # loads the side work's kernels before any capture
+                work(0)
+        self.stream.synchronize()
+
+    @contextmanager
+    def measured(self, mode: Mode, size: int, reports: list[CaptureReport], kind: str = "decode") -> Iterator[None]:
+        """Times the capture inside and appends its report (seconds, pool growth in MiB)."""
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()  # graph capture empties the cache too; measure only pool growth
+        before = torch.cuda.memory_reserved()
+        t0 = time.perf_counter()
+        self.stream.wait_stream(torch.cuda.current_stream())
+        yield
+        torch.cuda.synchronize()
+        reports.append(CaptureReport(mode, size, time.perf_counter() - t0,
+                                     (torch.cuda.memory_reserved() - before) / 2**20, kind=kind))
+
+
+class Replayable(Protocol):
+    def replay(self) -> StepOutputs: ...
+
+
+class GraphMode(StepMode):
+    """A mode that captures graphs per (batch size, sampled) on first use or ahead of time."""
+
+    def __init__(self, cap: GraphCapture) -> None:
+        super().__init__()
+        self.cap = cap
+        self.graphs: dict[tuple[int, bool], Replayable] = {}
+
+    def has(self, b: int, do_sample: bool) -> bool:
+        return (b, do_sample) in self.graphs
+
+    def run(self, b: int, do_sample: bool) -> StepOutputs:
+        g = self.graphs.get((b, do_sample))
+        if g is None:
+            g = self._capture_measured(b, do_sample)
+        return g.replay()
+
+    def capture(self, b: int, do_sample: bool) -> None:
+        self._capture_measured(b, do_sample)
+
+    @torch.inference_mode()
+    def _capture_measured(self, b: int, do_sample: bool) -> Replayable:
+        with self.cap.measured(self.mode, b, self.reports):
+            self.cap.warmup(b, do_sample)
+            g = self._capture(b, do_sample)
+            self.graphs[(b, do_sample)] = g
+        return g
+
+    @abstractmethod
+    def _capture(self, b: int, do_sample: bool) -> Replayable:
+        """Capture the step of batch size b (the warm-up has run)."""
+
+    def drop(self) -> None:
+        self.graphs.clear()

@@ -1,0 +1,74 @@
+"""Piecewise mode: one CUDA graph per segment between attention calls; attention launched from
+the host between the replays (as vLLM's piecewise graphs leave attention out).
+
+Each attention call runs as a launch list (engine.launch_list) recorded once per batch size and
+layer, right after capture, from a real step: the same launches with the same arguments as the
+eager call, without its Python. A call the recorder cannot capture whole runs eagerly.
+
+Invariants:
+- each piece writes its outputs (q / qkv, residual) to the same tensors on every replay; the
+  states after each piece hold them, and the recorded attention reads exactly those tensors;
+- tensors a graph hands to the outside stay referenced here for the graph's lifetime.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from fgchat.engine.launch_list import record
+from fgchat.engine.model.decoder import StepState
+from fgchat.engine.modes.capture import GraphMode
+from fgchat.engine.step import StepOutputs
+from fgchat.protocol.events import Mode
+
+
+@dataclass
+class PiecewiseGraph:
+    graphs: list[torch.cuda.CUDAGraph]
+    attends: list[Callable[[], object]]  # attention call j, bound to the state after piece j
+    out: StepOutputs
+
+    def replay(self) -> StepOutputs:
+        for j, g in enumerate(self.graphs):
+            g.replay()
+            if j < len(self.attends):
+                self.attends[j]()
+        return self.out
+
+
+class PiecewiseMode(GraphMode):
+    mode = Mode.PIECEWISE
+
+    def _capture(self, b: int, do_sample: bool) -> PiecewiseGraph:
+        cap = self.cap
+        pieces, attends = cap.program.pieces(b, do_sample)
+        graphs, states = [], []
+        st = StepState()
+        for piece in pieces:
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, pool=cap.pool, stream=cap.stream):
+                piece(st)
+            graphs.append(g)
+            snap = StepState()
+            snap.__dict__.update(st.__dict__)
+            states.append(snap)
+        # one real step: each piece replayed, each attention recorded on the state it reads
+        bound: list[Callable[[], object]] = []
+        with torch.cuda.stream(cap.stream):
+            for j, g in enumerate(graphs[: len(attends)]):
+                g.replay()
+                call = _bind(attends[j], states[j])
+                _, lst, _ = record(call)
+                bound.append(lst.replay if lst is not None else call)
+            graphs[-1].replay()
+        return PiecewiseGraph(graphs, bound, StepOutputs(st.tokens, st.logits))
+
+
+def _bind(attend: Callable[[StepState], None], st: StepState) -> Callable[[], None]:
+    def call() -> None:
+        attend(st)
+
+    return call
