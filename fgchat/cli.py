@@ -116,6 +116,16 @@ def int_at_least(low: int):
 context_arg = int_at_least(MIN_CONTEXT)
 
 
+def endpoint_arg(text: str) -> str:
+    """An http(s) base URL of an OpenAI-compatible server (fgchat.client.base_url normalises it)."""
+    from fgchat.client.urls import base_url
+
+    try:
+        return base_url(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def check_writable(path: str, option: str, replace: bool = False) -> None:
     """Fail now, not after a long run, when `path` cannot be written: the file is opened for append
     (as --log-csv will) and removed again if this call created it. replace: the file will be written
@@ -176,6 +186,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_engine_args(p)
     p.add_argument("--log-csv", default=None, metavar="PATH",
                    help="append one row per token to this CSV as it happens (default: no log)")
+    p.add_argument("--endpoint", type=endpoint_arg, default=None, metavar="URL",
+                   help="chat with an OpenAI-compatible server (e.g. http://host:8000/v1) instead of "
+                   "starting an engine; --model then names the served model (default: its first)")
+    p.add_argument("--api-key", default=None, metavar="KEY",
+                   help="with --endpoint: Bearer key for the server (default: $FGCHAT_API_KEY, else none)")
     sub = p.add_subparsers(dest="command", parser_class=_Parser)
 
     g = sub.add_parser("generate", help="headless generation: stream text to stdout, latency summary to stderr",
@@ -212,8 +227,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
 
     from fgchat.bench.cli import add_bench_parser
+    from fgchat.serve.cli import add_serve_parser
 
     add_bench_parser(sub)
+    add_serve_parser(sub, _add_engine_args)
     return p
 
 
@@ -235,8 +252,16 @@ def _run(args: argparse.Namespace) -> int:
         from fgchat.bench.cli import run_bench
 
         return run_bench(args)
+    if args.command == "serve":
+        from fgchat.serve.run import run_serve
+
+        return run_serve(args, _engine_config(args))
     if args.log_csv is not None:
         check_writable(args.log_csv, "--log-csv")
+    if args.endpoint is not None:
+        from fgchat.client.tui import run_endpoint_tui
+
+        return run_endpoint_tui(args)
     from fgchat.tui import run_tui
 
     return run_tui(
