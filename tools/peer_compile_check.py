@@ -1,7 +1,7 @@
 """Checks the hf-compile peer compiles its decode step once per batch size and never while timed.
 
-    python scripts/peer_compile_check.py                      # CPU, tiny preset, batch 1,2, 2 repeats
-    python scripts/peer_compile_check.py --device cuda --preset llama-3.2-1b --prompt-len 512 --output-len 128 \\
+    python tools/peer_compile_check.py                      # CPU, tiny preset, batch 1,2, 2 repeats
+    python tools/peer_compile_check.py --device cuda --preset llama-3.2-1b --prompt-len 512 --output-len 128 \\
         --batch-sizes 1,8
 
 Prints, per batch size, the graphs dynamo compiled during warm-up and during the timed repeats (must be 0),
@@ -33,7 +33,7 @@ def main() -> int:
     args = ap.parse_args()
 
     from fgchat.bench import peers
-    from fgchat.bench.runner import BenchSpec, prompts_for
+    from fgchat.bench.spec import BenchSpec, prompts_for
 
     sizes = [int(x) for x in args.batch_sizes.split(",")]
     spec = BenchSpec(preset=args.preset, batch_sizes=sizes, prompt_len=args.prompt_len,

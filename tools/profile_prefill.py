@@ -11,7 +11,7 @@ then causal attention alone at the prompt's shape by route (which SDPA backend r
 cost per call of prefill's building blocks, and a torch.profiler table of one fused prefill: the
 top CUDA kernels and the count of CPU-side ops.
 
-    python scripts/profile_prefill.py [--tokens 512] [--preset llama-3.2-1b] [--no-profile]
+    python tools/profile_prefill.py [--tokens 512] [--preset llama-3.2-1b] [--no-profile]
 """
 
 from __future__ import annotations

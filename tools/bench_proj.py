@@ -1,7 +1,7 @@
 """H200 microbenchmark: our skinny projection kernel vs cuBLAS (F.linear) on the same weights.
 
 Each variant runs 50 times inside one CUDA graph (launch overhead excluded); prints us per call
-and effective weight bandwidth. Usage: python scripts/bench_proj.py [--sweep] [--pdl]
+and effective weight bandwidth. Usage: python tools/bench_proj.py [--sweep] [--pdl]
 --pdl adds our kernel launched with programmatic dependent launch (each call may start loading
 its weights while the previous call drains), the way the decode step launches it, and for the
 projections that feed a norm (o, down) the split-K variants (partial sums) with PDL.

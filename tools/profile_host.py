@@ -2,7 +2,7 @@
 
 Eager mode is bound by the host (it launches every kernel of the step from Python); this prints
 the functions with the most own time over 40 steps of batch 1, and the host ms per step.
-Usage: python scripts/profile_host.py [preset]
+Usage: python tools/profile_host.py [preset]
 """
 
 from __future__ import annotations

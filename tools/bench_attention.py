@@ -7,9 +7,9 @@ every replay; the figure is that time / LAYERS, i.e. GPU time of one layer's att
 cold cache and no launch overhead. `eager` columns time a single Python-launched call instead
 (launch overhead included, L2 flushed likewise).
 
-    python scripts/bench_attention.py            # backends side by side
-    python scripts/bench_attention.py --sweep    # also the triton tuning variants
-    python scripts/bench_attention.py --sweep --head-dim 128
+    python tools/bench_attention.py            # backends side by side
+    python tools/bench_attention.py --sweep    # also the triton tuning variants
+    python tools/bench_attention.py --sweep --head-dim 128
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ fused unpadded, plain torch ops, transformers) against an fp32 reference; the re
 after every layer of the fused and the plain path against fp32; and each fused kernel, layer by
 layer, against its torch composition on identical inputs (bit mismatches and error vs fp32).
 
-    python3 scripts/diagnose_prefill.py --model PATH.gguf [--dtype bfloat16] [--prompt TEXT]
+    python3 tools/diagnose_prefill.py --model PATH.gguf [--dtype bfloat16] [--prompt TEXT]
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Kernel timeline of decode steps on the GPU: per kernel of the step, its mean duration and the
 gap since the previous kernel ended (negative: it overlapped, as PDL allows), grouped by kernel.
 
-Usage: python scripts/timeline_step.py [preset] [modes] [batch]   e.g. llama-3.2-1b full,piecewise 1
+Usage: python tools/timeline_step.py [preset] [modes] [batch]   e.g. llama-3.2-1b full,piecewise 1
 Profiling (CUPTI) adds its own delays; compare modes within one run, never with benchmark figures.
 """
 

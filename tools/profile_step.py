@@ -1,5 +1,5 @@
 """H200 profile: CUDA kernel time per decode step (eager launches the same kernels as the graphs)
-and per 512-token prefill, grouped by kernel. Usage: python scripts/profile_step.py [preset]
+and per 512-token prefill, grouped by kernel. Usage: python tools/profile_step.py [preset]
 """
 
 from __future__ import annotations

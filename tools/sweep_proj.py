@@ -4,7 +4,7 @@ Every variant runs 50 times inside one CUDA graph, launched the way the step lau
 on); gate/up is timed as the whole job (cuBLAS F.linear + fused.silu_mul vs project_glu), down
 also split along K into partial sums (the norm adds them). Prints us per call and TB/s of weight
 bytes, and writes the best tile per (model, role) to the JSON path given (FGCHAT_PROJ_CONFIGS
-text). Usage: python scripts/sweep_proj.py [--json best.json] [--models 1b,8b] [--roles qkv]
+text). Usage: python tools/sweep_proj.py [--json best.json] [--models 1b,8b] [--roles qkv]
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from fgchat.engine.kernels import fused as fk
 from fgchat.engine.kernels.gemv import ProjConfig, pick_config, project, project_glu, project_partials
 
-sys.path.insert(0, "scripts")
+sys.path.insert(0, "tools")
 from bench_proj import graph_time_us  # noqa: E402
 
 # model -> [(role, N, K)]; gate_up N is the intermediate size (the weight has 2N rows)

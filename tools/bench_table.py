@@ -1,4 +1,4 @@
-"""Markdown table from `fgchat bench --json` files: python scripts/bench_table.py a.json [b.json ...]"""
+"""Markdown table from `fgchat bench --json` files: python tools/bench_table.py a.json [b.json ...]"""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 Kernel: fused._add_rms_norm_kernel (bf16, with delta). Back-to-back launches, no sync inside the
 timed loop, best of 7 repeats; see launch.measure_launch_us.
 
-    python scripts/bench_launch.py
+    python tools/bench_launch.py
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Compile the decode step's Triton kernels for sm_90 without a GPU (catches frontend errors).
 
-Prints registers / shared memory per kernel variant. Usage: python scripts/compile_check.py
+Prints registers / shared memory per kernel variant. Usage: python tools/compile_check.py
 """
 
 from __future__ import annotations

