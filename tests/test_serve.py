@@ -192,3 +192,14 @@ def test_busy_port_is_one_line(server):
     r = subprocess.run([sys.executable, "-c", CLI, "serve", "--port", port], capture_output=True, text=True,
                        timeout=60)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "cannot listen" in r.stderr, r.stderr
+
+
+def test_stop_matcher_across_deltas():
+    from fgchat.serve.stops import StopMatcher
+
+    m = StopMatcher(["END", "xy"])
+    out = [m.feed(d) for d in ("ab", "cE", "N", "x", "zE", "ND", "more")]
+    assert "".join(out) == "abcENxz" and m.matched  # cut before "END"; nothing after it
+    assert out[1] == "c" and out[2] == ""  # "E", then "EN" held back until decided
+    m2 = StopMatcher(["END"])
+    assert m2.feed("aEN") == "a" and m2.flush() == "EN" and not m2.matched

@@ -74,7 +74,7 @@ def _float_in(low: float, high: float, low_open: bool = False):
 
 
 def add_bench_parser(sub) -> None:
-    from fgchat.cli import ATTENTION_BACKENDS, DTYPES, context_arg, device_arg, int_at_least, model_arg
+    from fgchat.cli import ATTENTION_BACKENDS, DTYPES, context_arg, device_arg, endpoint_arg, int_at_least, model_arg
 
     b = sub.add_parser("bench", help="benchmark modes and batch sizes (TTFT, TPOT, ITL, GPU time)",
                        description="Benchmark decode modes and batch sizes on one model: TTFT, TPOT, ITL, "
@@ -123,6 +123,12 @@ def add_bench_parser(sub) -> None:
                    "(default: just that much)")
     b.add_argument("--no-progress", action="store_true",
                    help="no progress bars (ours, transformers' and huggingface_hub's)")
+    b.add_argument("--endpoint", type=endpoint_arg, default=None, metavar="URL",
+                   help="measure an OpenAI-compatible server instead (e.g. http://127.0.0.1:8000/v1): batch size "
+                   "B = B concurrent streams, timed at the client; --model names the served model (default: "
+                   "its first), --prompt-len counts words")
+    b.add_argument("--api-key", default=None, metavar="KEY",
+                   help="with --endpoint: Bearer key for the server (default: $FGCHAT_API_KEY, else none)")
 
 
 def silence_progress_bars() -> None:
@@ -143,6 +149,10 @@ def check_bench_args(args: argparse.Namespace) -> None:
     """The checks that involve several options or the file system; each failure is one line."""
     from fgchat.cli import check_writable
 
+    if getattr(args, "endpoint", None):
+        from fgchat.bench.endpoint import check_endpoint_bench_args
+
+        check_endpoint_bench_args(args)
     if args.preset and not args.random_weights:
         raise FgchatError("--preset needs --random-weights (presets carry shapes, not weights)")
     if args.random_weights and not args.preset:
@@ -177,7 +187,12 @@ def run_bench(args: argparse.Namespace) -> int:
         dtype=args.dtype, max_context=args.max_context, progress=not args.no_progress,
         peer_timeout=args.peer_timeout, outliers=args.outliers,
     )
-    result = run_all(spec)
+    if args.endpoint:
+        from fgchat.bench.endpoint import run_endpoint_bench
+
+        result = run_endpoint_bench(args)
+    else:
+        result = run_all(spec)
     print_report(result, sys.stdout)
     for option, path, write in (("--json", args.json, write_json), ("--csv", args.csv, write_csv)):
         if path:

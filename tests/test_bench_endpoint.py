@@ -1,0 +1,58 @@
+"""`fgchat bench --endpoint`: the bench grid against a real `fgchat serve` on localhost."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fgchat.cli import main
+from fgchat.serve.launch import start_server
+
+
+@pytest.fixture(scope="module")
+def server(tiny_llama):
+    srv = start_server(["--model", str(tiny_llama), "--device", "cpu", "--max-context", "512"])
+    yield srv
+    srv.stop()
+
+
+def test_bench_endpoint_measures_streams_and_skips_unavailable_modes(server, tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    rc = main(["bench", "--endpoint", server.base, "--modes", "eager,full", "--batch-sizes", "1,3",
+               "--prompt-len", "12", "--output-len", "6", "--warmup", "0", "--repeats", "2", "--no-progress",
+               "--json", str(out)])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "endpoint-eager | batch 3" in text
+    result = json.loads(out.read_text())
+    runs = {(r["runner"], r["batch_size"]): r for r in result["runs"]}
+    assert set(runs) == {("endpoint-eager", 1), ("endpoint-eager", 3)}
+    assert runs[("endpoint-eager", 3)]["requests"] == 6  # 3 concurrent streams x 2 repeats
+    for r in runs.values():
+        assert r["ttft_ms"]["mean"] > 0 and r["itl_ms"]["mean"] > 0 and r["tpot_ms"]["mean"] > 0
+        assert r["gpu_step_ms"]["mean"] is None  # CPU server: no GPU timing
+        assert r["decode_modes"] == ["eager"]
+    assert [s["runner"] for s in result["skipped"]] == ["endpoint-full"]
+    assert "CUDA" in result["skipped"][0]["reason"]
+    assert result["meta"]["fgchat_server"] is True and "client" in result["meta"]["timing"]
+
+
+@pytest.mark.parametrize("extra, needle", [
+    (["--preset", "x"], "preset"),
+    (["--device", "cpu"], "--device"),
+    (["--peers", "hf"], "--peers"),
+])
+def test_bench_endpoint_rejects_local_engine_options(extra, needle, capsys):
+    with pytest.raises(SystemExit) as exc:
+        rc = main(["bench", "--endpoint", "http://127.0.0.1:9/v1", *extra])
+        raise SystemExit(rc)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and needle in err and "Traceback" not in err
+
+
+def test_bench_endpoint_unreachable_is_one_line(capsys):
+    rc = main(["bench", "--endpoint", "http://127.0.0.1:9/v1", "--no-progress"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "cannot use" in err and "Traceback" not in err
