@@ -82,10 +82,13 @@ for what in "$@"; do
         timeout 300 python3 scripts/tui_vs_headless.py "$mode" --model "$GGUF" --json "$JSON/tui_$mode.json" 2>&1 \
           | tee -a "$OUT/tui.log" | tail -8
       done ;;
-    penalties)
-      timeout 300 python3 -m fgchat.cli bench --no-progress --preset llama-3.2-1b --random-weights \
-        --batch-sizes 1,8 --repeats 2 --modes full,piecewise --penalties --json "$JSON/penalties.json" 2>&1 \
-        | tee -a "$OUT/penalties.log" | grep -E "^(│|\||fgchat)" | tail -20 ;;
+    penalties)  # plain greedy and greedy with penalties, alternating processes
+      for i in 1 2; do
+        for pen in "" --penalties; do
+          bench new "penalties${pen:+-on}-$i" --preset llama-3.2-1b --random-weights --batch-sizes 1,8 \
+            --repeats 2 --modes full,piecewise $pen
+        done
+      done ;;
     *) echo "unknown target $what" ;;
   esac
 done

@@ -285,3 +285,64 @@ def test_eager_launch_list_same_tokens(gqa_model, monkeypatch):
         assert run(eng, "full", prompts, sp)[0] == want, batch
         assert eng.modes.eager.launch_lists.get(batch) is not None, eng.notes
     assert not plain.modes.eager.launch_lists
+
+
+def test_penalties_inside_graphs_equal_eager(engine):
+    """Repetition / presence / frequency penalties run inside the full and piecewise graphs (the
+    PENALIZED step variant, per-slot counts on the device): every mode gives eager's tokens for a
+    batch mixing penalized greedy, penalized sampled and plain lanes, and the penalties change
+    the text."""
+    v = engine.cfg.vocab_size
+    prompts = [prompt_of(20 + 13 * i, 4200 + i, v) for i in range(4)]
+    pen = dict(repetition_penalty=1.8, presence_penalty=0.7, frequency_penalty=0.4)
+    params = [SamplingParams(max_tokens=40, ignore_eos=True, **pen),
+              SamplingParams(max_tokens=40, ignore_eos=True, temperature=0.9, seed=3, **pen),
+              SamplingParams(max_tokens=40, ignore_eos=True),
+              SamplingParams(max_tokens=25, ignore_eos=True, repetition_penalty=1.3)]
+    want, _, _ = run(engine, "eager", prompts, params)
+    for mode in ("piecewise", "full"):
+        assert run(engine, mode, prompts, params)[0] == want, mode
+    plain, _, _ = run(engine, "full", prompts[:1], SamplingParams(max_tokens=40, ignore_eos=True))
+    assert plain[0] != want[0], "the penalties changed nothing"
+
+
+@torch.inference_mode()
+def test_penalized_step_matches_a_float64_reference(engine):
+    """One PENALIZED step (eager, piecewise and full) against the same step's plain logits
+    penalized in float64 on the host, with random counts and prompt masks in the slots."""
+    from fgchat.engine.step import Variant
+
+    prog, b, v = engine.program, 5, engine.cfg.vocab_size
+    g = torch.Generator().manual_seed(11)
+    slots = [6, 1, 3, 0, 7]
+    reps, pres, freqs = [1.0, 1.5, 0.8, 2.0, 1.2], [0.0, 0.5, -0.3, 1.0, 0.2], [0.0, 0.25, 0.1, -0.5, 0.4]
+
+    def stage() -> None:
+        prog.bufs.stage([5, 9, 11, 2, 30], [40, 7, 100, 3, 64], slots, [0.0] * b, [1.0] * b, [0] * b,
+                        [0] * b, reps, pres, freqs)
+
+    stage()
+    plain = prog.run_eager(b, Variant.GREEDY).logits.double().cpu()
+    counts = torch.randint(0, 3, (8, v), generator=g, dtype=torch.int32) * (torch.rand(8, v, generator=g) < 0.1)
+    mask = torch.rand(8, v, generator=g) < 0.05
+    idx = torch.tensor(slots)
+    c, seen = counts[idx].double(), mask[idx] | (counts[idx] > 0)
+    r = torch.tensor(reps, dtype=torch.float64)[:, None]
+    want = torch.where(seen, torch.where(plain < 0, plain * r, plain / r), plain)
+    want = want - torch.tensor(freqs, dtype=torch.float64)[:, None] * c
+    want = want - torch.tensor(pres, dtype=torch.float64)[:, None] * (c > 0)
+    outs = {}
+    for mode in ("eager", "piecewise", "full"):
+        prog.counts.copy_(counts)
+        prog.prompt_mask.copy_(mask)
+        stage()
+        out, _ = engine.modes.run(Mode(mode), b, Variant.PENALIZED)
+        torch.cuda.synchronize()
+        outs[mode] = (out.logits.double().cpu(), out.tokens.cpu())
+        torch.testing.assert_close(outs[mode][0], want, rtol=1e-6, atol=1e-5)
+        assert outs[mode][1].tolist() == want.argmax(-1).tolist(), mode
+        after = prog.counts.cpu()  # each lane's token counted once more in its slot
+        for lane, slot in enumerate(slots):
+            tok = int(outs[mode][1][lane])
+            assert after[slot, tok] == counts[slot, tok] + 1, (mode, lane)
+    assert all(torch.equal(outs["eager"][0], outs[m][0]) for m in ("piecewise", "full"))

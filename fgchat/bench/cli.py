@@ -88,6 +88,9 @@ def add_bench_parser(sub) -> None:
     b.add_argument("--outliers", type=_float_in(0.0, MAX_OUTLIERS), default=0.0, metavar="VALUE",
                    help="with --random-weights: massive activation channels up to VALUE (0..60000) in the "
                         "residual stream, as real models carry them (e.g. 2.5e4; default 0: none)")
+    b.add_argument("--penalties", action="store_true",
+                   help="greedy with repetition 1.1, presence 0.5 and frequency 0.25 penalties "
+                        "(their cost per step; default: plain greedy)")
     b.add_argument("--modes", type=_choice_list(BENCH_MODES, "mode", False), default="eager,piecewise,full",
                    metavar="LIST", help=f"comma-separated decode modes to run, from {', '.join(BENCH_MODES)}")
     b.add_argument("--batch-sizes", type=_int_list, default="1,2,4,8", metavar="LIST",
@@ -185,7 +188,7 @@ def run_bench(args: argparse.Namespace) -> int:
         prompt_len=args.prompt_len, output_len=args.output_len, warmup=args.warmup,
         repeats=args.repeats, peers=list(args.peers), attention=args.attention, device=args.device,
         dtype=args.dtype, max_context=args.max_context, progress=not args.no_progress,
-        peer_timeout=args.peer_timeout, outliers=args.outliers,
+        peer_timeout=args.peer_timeout, outliers=args.outliers, penalties=args.penalties,
     )
     if args.endpoint:
         from fgchat.bench.endpoint import run_endpoint_bench

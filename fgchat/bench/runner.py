@@ -12,6 +12,8 @@ import numpy as np
 import torch
 
 from fgchat.bench.spec import BenchSpec, prompts_for, stats
+
+PENALTIES = (1.1, 0.5, 0.25)  # repetition, presence, frequency of `bench --penalties`
 from fgchat.engine.core import Engine, EngineConfig
 from fgchat.protocol.events import RequestFinished, SamplingParams, TokenEvent
 
@@ -44,6 +46,9 @@ def measure_engine(engine: Engine, mode: str, batch: int, spec: BenchSpec) -> di
     engine.set_mode(mode)
     prompts = prompts_for(batch, spec.prompt_len, engine.cfg.vocab_size)
     sp = SamplingParams(max_tokens=spec.output_len, ignore_eos=True)
+    if spec.penalties:
+        sp = SamplingParams(max_tokens=spec.output_len, ignore_eos=True, repetition_penalty=PENALTIES[0],
+                            presence_penalty=PENALTIES[1], frequency_penalty=PENALTIES[2])
     ttft, tpot, itl, gpu, launch, steps_wall = [], [], [], [], [], []
     decode_modes: set[str] = set()
     tok_s = []
@@ -104,6 +109,7 @@ def run_all(spec: BenchSpec) -> dict[str, Any]:
             "startup_check": asdict(info.startup_check) if info.startup_check else None,
             "torch": torch.__version__, "python": platform.python_version(), "host_cpu": _cpu_name(),
             "prompt_len": spec.prompt_len, "output_len": spec.output_len,
+            "penalties": dict(zip(("repetition", "presence", "frequency"), PENALTIES)) if spec.penalties else None,
             "warmup": spec.warmup, "repeats": spec.repeats, "time": time.strftime("%Y-%m-%d %H:%M:%S"),
         },
         "captures": [asdict(c) for c in info.captures],

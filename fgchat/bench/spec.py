@@ -28,6 +28,8 @@ class BenchSpec:
     max_context: int | None = None
     progress: bool = True
     outliers: float = 0.0  # random weights: massive activation channels (decoder.random_weights)
+    # greedy with repetition / presence / frequency penalties (the PENALIZED step variant)
+    penalties: bool = False
 
 
 def stats(values: list[float]) -> dict[str, float | None]:

@@ -15,7 +15,7 @@ from fgchat.engine.model.decoder import Decoder
 from fgchat.engine.modes import ModeSet
 from fgchat.engine.requests import Sequence
 from fgchat.engine.scheduler import Scheduler
-from fgchat.engine.step import ROW_IDS, ROW_POS, StepBuffers, StepOutputs, StepProgram
+from fgchat.engine.step import ROW_IDS, ROW_POS, StepBuffers, StepOutputs, StepProgram, Variant
 from fgchat.protocol.config import EngineConfig
 from fgchat.protocol.errors import FgchatError, RequestError
 from fgchat.protocol.events import (
@@ -373,11 +373,23 @@ class Engine:
     def _first_token(self, seq: Sequence, logits: torch.Tensor) -> torch.Tensor:
         """The request's first token [1] from its prompt's last logits [V]."""
         p = seq.params
-        pos = torch.tensor([len(seq.prompt_ids)], device=self.device)
+        dev = self.device
+        pos = torch.tensor([len(seq.prompt_ids)], device=dev)
+        if p.penalized:  # the prompt's ids count from here; output ids as they are sampled
+            from fgchat.engine.kernels import penalties
+
+            prog = self.program
+            slot = torch.tensor([seq.slot], device=dev)
+            penalties.reset_slot(prog.counts, prog.prompt_mask, seq.slot, seq.prompt_ids)
+            logits = logits.float().clone()[None]
+            penalties.apply_penalties(logits, prog.counts, prog.prompt_mask, slot,
+                                      torch.tensor([p.repetition_penalty], device=dev),
+                                      torch.tensor([p.presence_penalty], device=dev),
+                                      torch.tensor([p.frequency_penalty], device=dev))
+            logits = logits[0]
         if p.temperature > 0:
             from fgchat.engine.kernels import sampling
 
-            dev = self.device
             tok = sampling.sample(
                 logits[None], torch.tensor([p.temperature], device=dev),
                 torch.tensor([p.top_p], device=dev), torch.tensor([p.top_k], device=dev),
@@ -385,6 +397,8 @@ class Engine:
             )
         else:
             tok = torch.argmax(logits)[None]
+        if p.penalized:
+            penalties.record_tokens(self.program.counts, slot, tok)
         return tok
 
     def _can_follow(self, prev: _InFlight, seqs: list[Sequence]) -> bool:
@@ -403,10 +417,12 @@ class Engine:
         b = len(seqs)
         if prev is None:
             pos = [s.length - 1 for s in seqs]
+            ps = [s.params for s in seqs]
             self.bufs.stage(
                 [s.output_ids[-1] for s in seqs], pos, [s.slot for s in seqs],
-                [s.params.temperature for s in seqs], [s.params.top_p for s in seqs],
-                [s.params.top_k for s in seqs], [s.params.seed for s in seqs],
+                [p.temperature for p in ps], [p.top_p for p in ps], [p.top_k for p in ps],
+                [p.seed for p in ps], [p.repetition_penalty for p in ps], [p.presence_penalty for p in ps],
+                [p.frequency_penalty for p in ps],
             )
             self.program.max_len_hint = max(pos) + 1
         else:
@@ -415,7 +431,10 @@ class Engine:
                 di[ROW_IDS, :b].copy_(prev.out.tokens)
                 di[ROW_POS, :b].add_(1)
             self.program.max_len_hint = (self.program.max_len_hint or 0) + 1
-        do_sample = any(s.params.temperature > 0 for s in seqs)
+        if any(s.params.penalized for s in seqs):
+            do_sample = Variant.PENALIZED
+        else:
+            do_sample = Variant.SAMPLED if any(s.params.temperature > 0 for s in seqs) else Variant.GREEDY
         mode = self.mode
         cuda = self.device.type == "cuda"
         events = None

@@ -12,11 +12,12 @@ Invariants:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import IntEnum
 from typing import Callable
 
 import torch
 
-from fgchat.engine.kernels import sampling
+from fgchat.engine.kernels import penalties, sampling
 from fgchat.engine.kernels.attention.base import DecodeAttention
 from fgchat.engine.kv_cache import NUM_SLOTS, KVCache
 from fgchat.engine.model.decoder import Decoder, StepState
@@ -24,7 +25,19 @@ from fgchat.engine.model.decoder import Decoder, StepState
 # rows of the packed int64 staging tensor
 ROW_IDS, ROW_POS, ROW_SLOT, ROW_SEED, ROW_TOPK = range(5)
 N_INT_ROWS = 5
-ROW_TEMP, ROW_TOPP = range(2)
+# rows of the packed float32 staging tensor
+ROW_TEMP, ROW_TOPP, ROW_REP, ROW_PRES, ROW_FREQ = range(5)
+N_FLOAT_ROWS = 5
+
+
+class Variant(IntEnum):
+    """What the step's last piece does with the logits. A batch runs the most general variant any
+    of its lanes needs; the others' lanes are unaffected (temperature 0 is greedy, penalties
+    1 / 0 / 0 keep logits bit for bit). False / True stand for GREEDY / SAMPLED."""
+
+    GREEDY = 0  # argmax (fused into the LM head where our kernel runs it)
+    SAMPLED = 1  # temperature, top-k, top-p
+    PENALIZED = 2  # repetition / presence / frequency penalties, then as SAMPLED; counts recorded
 
 
 class StepBuffers:
@@ -33,9 +46,9 @@ class StepBuffers:
     def __init__(self, device: torch.device, num_heads: int, head_dim: int, dtype: torch.dtype):
         pin = device.type == "cuda"
         self.host_i = torch.zeros((N_INT_ROWS, NUM_SLOTS), dtype=torch.int64, pin_memory=pin)
-        self.host_f = torch.zeros((2, NUM_SLOTS), dtype=torch.float32, pin_memory=pin)
+        self.host_f = torch.zeros((N_FLOAT_ROWS, NUM_SLOTS), dtype=torch.float32, pin_memory=pin)
         self.dev_i = torch.zeros((N_INT_ROWS, NUM_SLOTS), dtype=torch.int64, device=device)
-        self.dev_f = torch.zeros((2, NUM_SLOTS), dtype=torch.float32, device=device)
+        self.dev_f = torch.zeros((N_FLOAT_ROWS, NUM_SLOTS), dtype=torch.float32, device=device)
         # int32 views the attention kernels read: row 0 = seq_lens, row 1 = slot ids
         self.dev_i32 = torch.zeros((2, NUM_SLOTS), dtype=torch.int32, device=device)
         self.attn_out = torch.zeros((NUM_SLOTS, num_heads, head_dim), dtype=dtype, device=device)
@@ -52,6 +65,9 @@ class StepBuffers:
         top_ps: list[float],
         top_ks: list[int],
         seeds: list[int],
+        reps: list[float] | None = None,
+        presences: list[float] | None = None,
+        frequencies: list[float] | None = None,
     ) -> None:
         """Write lanes [0, B) on the host and copy them to the device (async on CUDA).
 
@@ -69,6 +85,9 @@ class StepBuffers:
         hi[ROW_TOPK, :b] = top_ks
         hf[ROW_TEMP, :b] = temps
         hf[ROW_TOPP, :b] = top_ps
+        hf[ROW_REP, :b] = reps if reps is not None else 1.0
+        hf[ROW_PRES, :b] = presences if presences is not None else 0.0
+        hf[ROW_FREQ, :b] = frequencies if frequencies is not None else 0.0
         hi, hf = self.host_i, self.host_f
         self.dev_i.copy_(hi, non_blocking=True)
         self.dev_f.copy_(hf, non_blocking=True)
@@ -91,14 +110,17 @@ class StepProgram:
         self.cache = cache
         self.bufs = bufs
         self.attention = attention
+        # per-slot token counts and prompt-id masks read by the PENALIZED variant (kernels.penalties)
+        self.counts, self.prompt_mask = penalties.alloc_state(NUM_SLOTS, decoder.cfg.vocab_size, bufs.device)
         # host-side bound of seq_lens for eager CPU steps (lets the torch backend slice the cache)
         self.max_len_hint: int | None = None
 
-    def pieces(self, b: int, do_sample: bool) -> tuple[list[Piece], list[Callable[[StepState], None]]]:
+    def pieces(self, b: int, do_sample: int) -> tuple[list[Piece], list[Callable[[StepState], None]]]:
         """Returns (pieces, attentions): run pieces[0], attentions[0], pieces[1], ..., pieces[L].
 
         Each attention reads st.q as left by the preceding piece and writes bufs.attn_out[:b].
         """
+        variant = Variant(int(do_sample))
         dec, bufs, cache = self.dec, self.bufs, self.cache
         di, df, i32 = bufs.dev_i, bufs.dev_f, bufs.dev_i32
         ids, pos, slots = di[ROW_IDS, :b], di[ROW_POS, :b], di[ROW_SLOT, :b]
@@ -124,14 +146,19 @@ class StepProgram:
 
         def last(st: StepState) -> None:
             dec.after_attention(n_layers - 1, st, attn_out)
-            dec.head(st, greedy=not do_sample)  # may pick the greedy tokens itself (st.tokens)
-            if do_sample:
+            dec.head(st, greedy=variant == Variant.GREEDY)  # may pick the greedy tokens itself
+            if variant == Variant.PENALIZED:
+                penalties.apply_penalties(st.logits, self.counts, self.prompt_mask, slots,
+                                          df[ROW_REP, :b], df[ROW_PRES, :b], df[ROW_FREQ, :b])
+            if variant != Variant.GREEDY:
                 st.tokens = sampling.sample(
                     st.logits, df[ROW_TEMP, :b], df[ROW_TOPP, :b], di[ROW_TOPK, :b],
                     di[ROW_SEED, :b], pos + 1,
                 )
             elif st.tokens is None:
                 st.tokens = sampling.greedy(st.logits)
+            if variant == Variant.PENALIZED:
+                penalties.record_tokens(self.counts, slots, st.tokens)
 
         def attend(i: int) -> Callable[[StepState], None]:
             if dec.rope_in_attention:
@@ -161,7 +188,7 @@ class StepProgram:
             return (st.qkv, dec.cos, dec.sin, cache.k[i], cache.v[i], slots32, seq_lens, attn_out, dec.scale)
         return (st.q, cache.k[i], cache.v[i], slots32, seq_lens, attn_out, dec.scale)
 
-    def run_eager(self, b: int, do_sample: bool) -> StepOutputs:
+    def run_eager(self, b: int, do_sample: int) -> StepOutputs:
         st = StepState()
         run_pieces(st, *self.pieces(b, do_sample))
         return StepOutputs(st.tokens, st.logits)

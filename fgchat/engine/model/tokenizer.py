@@ -169,9 +169,11 @@ class IncrementalDetokenizer:
 # -------------------------------------------------------------------- helpers
 def collect_eos_ids(model_dir: Path, backend: Any, eos_token: str | None) -> set[int]:
     """Union of every EOS the model declares: config.json, generation_config.json, tokenizer eos."""
-    ids: set[int] = set()
-    for name in ("config.json", "generation_config.json"):
-        ids |= _as_id_set(_read_json(Path(model_dir) / name).get("eos_token_id"))
+    ids = _as_id_set(_read_json(Path(model_dir) / "config.json").get("eos_token_id"))
+    try:  # an unreadable generation_config.json is reported by generation_config.read, not fatal
+        ids |= _as_id_set(_read_json(Path(model_dir) / "generation_config.json").get("eos_token_id"))
+    except ModelLoadError:
+        pass
     if eos_token is not None and (eos := backend.token_to_id(eos_token)) is not None:
         ids.add(eos)
     return ids
