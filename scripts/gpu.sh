@@ -70,7 +70,7 @@ for what in "$@"; do
       i=0
       for tree in "${trees[@]}"; do
         i=$((i + 1))
-        bench $tree "embedded-$i" --model "$GGUF" --batch-sizes 1,8 --repeats 2
+        [[ $tree == new ]] && bench new "embedded-$i" --model "$GGUF" --batch-sizes 1,8 --repeats 2
         bench $tree "1b-$i" --preset llama-3.2-1b --random-weights --batch-sizes 1,8 --repeats 2
         bench $tree "135m-$i" --preset smollm2-135m --random-weights --batch-sizes 1,8 --repeats 2
       done
