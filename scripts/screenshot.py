@@ -21,12 +21,12 @@ async def main(question: str) -> None:
                         sampling=SamplingParams(max_tokens=200), data_path=Path(tmp))
         async with app.run_test(size=(120, 34)) as pilot:
             deadline = time.monotonic() + 120
-            while app.engine_state == "starting" and time.monotonic() < deadline:
+            while app.link.state == "starting" and time.monotonic() < deadline:
                 await pilot.pause(0.1)
             for q in (question, "And of Italy?"):
-                n = app.latency_log.request_count
+                n = app.latency.log.request_count
                 await app.send_prompt(q)
-                while app.latency_log.request_count == n:
+                while app.latency.log.request_count == n:
                     await pilot.pause(0.1)
             await pilot.pause(0.5)
             app.save_screenshot(filename=OUT.name, path=str(OUT.parent))

@@ -45,14 +45,14 @@ async def with_tui(model: Path, mode: str, data: Path) -> list[float]:
                     sampling=SamplingParams(max_tokens=N, ignore_eos=True), data_path=data)
     async with app.run_test(size=(120, 40)) as pilot:
         deadline = time.monotonic() + 300
-        while app.engine_state == "starting" and time.monotonic() < deadline:
+        while app.link.state == "starting" and time.monotonic() < deadline:
             await pilot.pause(0.1)
-        assert app.engine_state == "ready", app.engine_error
+        assert app.link.state == "ready", app.link.error
         for i in range(REPS + 1):
             await app.send_prompt(PROMPT)
-            while app.latency_log.request_count < i + 1:
+            while app.latency.log.request_count < i + 1:
                 await pilot.pause(0.05)
-        reqs = app.latency_log.requests()
+        reqs = app.latency.log.requests()
         app.exit()
     return [r.tpot_ms for r in reqs][1:]
 

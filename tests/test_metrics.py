@@ -316,13 +316,14 @@ def test_tokens_csv_round_trip(tmp_path: Path):
         rows = list(reader)
     assert reader.fieldnames == [
         "request_id", "chat_id", "token_index", "mode", "batch_size", "t_ms", "itl_ms",
-        "gpu_step_ms", "is_first_token", "prompt_tokens", "position", "launch_ms",
+        "gpu_step_ms", "is_first_token", "prompt_tokens", "position", "launch_ms", "endpoint",
     ]
     assert len(rows) == len(log)
     assert rows[0] == {
         "request_id": "1", "chat_id": "c1", "token_index": "0", "mode": "eager",
         "batch_size": "2", "t_ms": "12.500", "itl_ms": "", "gpu_step_ms": "1.750",
         "is_first_token": "1", "prompt_tokens": "16", "position": "16", "launch_ms": "",
+        "endpoint": "",
     }
     assert rows[2]["t_ms"] == "17.250" and rows[2]["itl_ms"] == "2.500"
     assert rows[2]["is_first_token"] == "0"
@@ -342,9 +343,52 @@ def test_tokens_csv_keeps_launch_times_and_reads_files_written_before_that_colum
     assert [r.launch_ms for r in back] == [None, 0.375] and back == log.tokens()
     old = tmp_path / "old.csv"
     lines = path.read_text().splitlines()
-    old.write_text("\n".join(line.rsplit(",", 1)[0] for line in lines) + "\n")  # drop the last column
+    assert lines[0].endswith(",launch_ms,endpoint")
+    old.write_text("\n".join(line.rsplit(",", 2)[0] for line in lines) + "\n")  # drop both
     assert [r.launch_ms for r in read_tokens_csv(old)] == [None, None]
     assert [r.gpu_step_ms for r in read_tokens_csv(old)] == [None, 1.25]
+    assert [r.endpoint for r in read_tokens_csv(old)] == ["", ""]
+
+
+def test_endpoint_column_round_trips_and_old_log_csv_keeps_its_columns(tmp_path: Path):
+    log = LatencyLog(start_ns=START_NS)
+    url = "http://127.0.0.1:9/v1"
+    log.add_token(ev(1, 0, 10.0), "c", endpoint=url)
+    log.add_token(ev(1, 1, 11.5, 1.5), "c", endpoint=url)
+    log.add_request(summary(1, 2, 10.0, 11.5), "c", endpoint=url)
+    log.add_token(ev(2, 0, 20.0), "c")  # the local engine: empty cell
+    tokens_csv, requests_csv = tmp_path / "t.csv", tmp_path / "r.csv"
+    write_tokens_csv(tokens_csv, log.tokens(), session_id="s1")
+    write_requests_csv(requests_csv, log.requests(), session_id="s1")
+    assert [r.endpoint for r in read_tokens_csv(tokens_csv)] == [url, url, ""]
+    assert read_tokens_csv(tokens_csv) == log.tokens()
+    assert [r.endpoint for r in read_requests_csv(requests_csv)] == [url]
+    with open(tokens_csv, newline="", encoding="utf-8") as f:
+        rows = list(csv.reader(f))
+    assert rows[0][-1] == "endpoint" and rows[1][-1] == url and rows[3][-1] == ""
+    # a --log-csv file written before the column: appended to in its own columns, one format
+    old = tmp_path / "old.csv"
+    old.write_text(",".join(["session_id", *TOKEN_COLUMNS[:-1]]) + "\n")
+    with CsvAppender(old, session_id="s2") as appender:
+        assert appender.sync(log) == 3
+    with open(old, newline="", encoding="utf-8") as f:
+        rows = list(csv.reader(f))
+    assert {len(r) for r in rows} == {len(TOKEN_COLUMNS)} and rows[1][0] == "s2"
+    assert [r.token_index for r in read_tokens_csv(old)] == [0, 1, 0]
+
+
+def test_recent_itl_is_a_window_of_the_log_per_mode():
+    log = LatencyLog(start_ns=START_NS)
+    add_request(log, 1, [1.0, 2.0, 3.0], ttft=5.0, mode="full")
+    add_request(log, 2, [4.0, 5.0], ttft=9.0, mode="eager")
+    log.add_token(ev(3, 1, 30.0, None, mode="eager"), "c1")  # no ITL: not in any window
+    assert log.recent_itl(10, "full") == [1.0, 2.0, 3.0]
+    assert log.recent_itl(2, "full") == [2.0, 3.0]
+    assert log.recent_itl(10, "eager") == [4.0, 5.0]  # first tokens (prefill, eager) excluded
+    assert log.recent_itl(3) == [3.0, 4.0, 5.0]
+    assert log.recent_itl(0) == [] and log.recent_itl(5, "piecewise") == []
+    # the same numbers as the records themselves
+    assert log.recent_itl(100) == [t.itl_ms for t in log.tokens() if not t.is_first_token and t.itl_ms is not None]
 
 def test_requests_csv_round_trip(tmp_path: Path):
     log = _filled_log()

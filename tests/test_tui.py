@@ -67,14 +67,14 @@ async def wait_for(pilot, condition, what: str, timeout: float = 30.0) -> None:
             app = pilot.app
             raise AssertionError(
                 f"timed out after {timeout:.0f}s waiting for: {what} "
-                f"(focused={app.focused!r}, engine={app.engine_state}, notices={app.notices[-3:]})"
+                f"(focused={app.focused!r}, engine={app.link.state}, notices={app.notices[-3:]})"
             )
         await pilot.pause(0.02)
 
 
 async def wait_ready(pilot, app: FgchatApp) -> None:
-    await wait_for(pilot, lambda: app.engine_state != "starting", "engine start", START_TIMEOUT)
-    assert app.engine_state == "ready", app.engine_error
+    await wait_for(pilot, lambda: app.link.state != "starting", "engine start", START_TIMEOUT)
+    assert app.link.state == "ready", app.link.error
 
 
 async def key(pilot, name: str) -> None:
@@ -97,7 +97,7 @@ def panel(app: FgchatApp) -> LatencyPanel:
 
 
 def assistant_bubbles(app: FgchatApp) -> list[MessageBubble]:
-    chat = app.current_chat
+    chat = app.chats.current
     assert chat is not None
     return [b for b in chat.bubbles() if b.role == "assistant"]
 
@@ -109,10 +109,10 @@ async def test_reply_streams_mode_fallback_histograms_export(tiny_llama, data_di
     app = make_app(tiny_llama, max_tokens=64)
     async with app.run_test(size=SIZE) as pilot:
         await wait_ready(pilot, app)
-        assert app.engine_info.available_modes["full"]  # CPU: graphs are unavailable
+        assert app.link.info.available_modes["full"]  # CPU: graphs are unavailable
 
         # a prompt streams a reply
-        conv = app.current_chat.conversation
+        conv = app.chats.current.conversation
         await type_prompt(pilot, "Hello there")
         await wait_for(pilot, lambda: len(conv.messages) == 2 and not app.replies, "the reply")
         (bubble,) = assistant_bubbles(app)
@@ -128,7 +128,7 @@ async def test_reply_streams_mode_fallback_histograms_export(tiny_llama, data_di
 
         # mode key: full is asked for, the engine answers it fell back to eager; the UI says so
         await pilot.press("f3")
-        await wait_for(pilot, lambda: "full unavailable" in app.mode_note, "ModeChanged with a reason")
+        await wait_for(pilot, lambda: "full unavailable" in app.link.mode_note, "ModeChanged with a reason")
         await wait_for(pilot, lambda: "full unavailable" in panel(app).text_of("mode-note"), "note shown")
         assert "mode eager" in panel(app).text_of("batch-line")
         assert any("full unavailable" in text for sev, text in app.notices if sev == "warning")
@@ -136,9 +136,9 @@ async def test_reply_streams_mode_fallback_histograms_export(tiny_llama, data_di
         # tokens after the switch record the mode the engine reports (eager), not the one asked for
         await type_prompt(pilot, "And again")
         await wait_for(pilot, lambda: len(conv.messages) == 4 and not app.replies, "second reply")
-        later = [t for t in app.latency_log.tokens() if t.request_id != first_rid]
+        later = [t for t in app.latency.log.tokens() if t.request_id != first_rid]
         assert len(later) == 64
-        assert {t.mode for t in later} == {app.engine_mode} == {"eager"}
+        assert {t.mode for t in later} == {app.link.mode} == {"eager"}
 
         # histograms received data (eager only; the other two are on the same axis, empty)
         await wait_for(pilot, lambda: panel(app).view.total_tokens == 128, "panel refresh")
@@ -157,7 +157,7 @@ async def test_reply_streams_mode_fallback_histograms_export(tiny_llama, data_di
         await pilot.press("enter")
         await wait_for(pilot, lambda: out.exists(), "tokens CSV")
         rows = read_tokens_csv(out)
-        logged = app.latency_log.tokens()
+        logged = app.latency.log.tokens()
         assert len(rows) == len(logged) == 128
         assert [(r.request_id, r.token_index, r.mode, r.batch_size) for r in rows] == [
             (t.request_id, t.token_index, t.mode, t.batch_size) for t in logged
@@ -170,10 +170,10 @@ async def test_reply_streams_mode_fallback_histograms_export(tiny_llama, data_di
 
         # an unwritable path: visible error, the log stays in memory, a retry works
         bad = tmp_path / "missing-dir" / "x-tokens.csv"
-        assert app.export_log(bad) is None
+        assert app.log_files.export(bad) is None
         assert any(sev == "error" and "export failed" in text for sev, text in app.notices)
-        assert app.latency_log.token_count == 128
-        assert app.export_log(tmp_path / "retry-tokens.csv") is not None
+        assert app.latency.log.token_count == 128
+        assert app.log_files.export(tmp_path / "retry-tokens.csv") is not None
         assert len(read_tokens_csv(tmp_path / "retry-tokens.csv")) == 128
 
 
@@ -200,35 +200,35 @@ async def test_mode_switch_is_recorded_on_later_tokens(tiny_llama, data_dir):
     app = make_app(tiny_llama, max_tokens=1900, max_context=2048, make_engine=GraphlessModesEngine)
     async with app.run_test(size=SIZE) as pilot:
         await wait_ready(pilot, app)
-        assert not any(app.engine_info.available_modes.values())
+        assert not any(app.link.info.available_modes.values())
         await type_prompt(pilot, "Tell me a long story")
-        await wait_for(pilot, lambda: app.latency_log.token_count >= 6, "some eager tokens")
+        await wait_for(pilot, lambda: app.latency.log.token_count >= 6, "some eager tokens")
         (reply,) = app.replies.values()
 
         await key(pilot, "f3")
-        await wait_for(pilot, lambda: app.engine_mode == "full", "the engine to confirm full")
-        assert app.mode_note == ""
-        await wait_for(pilot, lambda: any(t.mode == "full" for t in app.latency_log.tokens()), "full tokens")
+        await wait_for(pilot, lambda: app.link.mode == "full", "the engine to confirm full")
+        assert app.link.mode_note == ""
+        await wait_for(pilot, lambda: any(t.mode == "full" for t in app.latency.log.tokens()), "full tokens")
         await wait_for(pilot, lambda: "mode full" in panel(app).text_of("batch-line"), "mode shown")
 
         await key(pilot, "f2")
-        await wait_for(pilot, lambda: any(t.mode == "piecewise" for t in app.latency_log.tokens()),
+        await wait_for(pilot, lambda: any(t.mode == "piecewise" for t in app.latency.log.tokens()),
                        "piecewise tokens")
         await key(pilot, "escape")
         await wait_for(pilot, lambda: not app.replies, "the reply to stop")
 
-        tokens = [t for t in app.latency_log.tokens() if t.request_id == reply.rid]
+        tokens = [t for t in app.latency.log.tokens() if t.request_id == reply.rid]
         modes = [t.mode for t in tokens[1:]]  # the first token comes from prefill (eager)
         # modes only change at step boundaries, in the order the keys were pressed
         order = [m for i, m in enumerate(modes) if i == 0 or modes[i - 1] != m]
         assert order == ["eager", "full", "piecewise"]
-        (record,) = app.latency_log.requests()
+        (record,) = app.latency.log.requests()
         assert record.finish_reason == "cancelled"
         assert set(record.modes) == {"eager", "full", "piecewise"}
         assert sum(record.modes.values()) == len(tokens)
         await wait_for(pilot, lambda: all(panel(app).view.itl_by_mode[m].size for m in
                                           ("eager", "piecewise", "full")), "all three histograms")
-        stored = app.current_chat.conversation.messages[-1]
+        stored = app.chats.current.conversation.messages[-1]
         assert stored.meta["finish"] == "cancelled" and stored.content == reply.bubble.text
 
 
@@ -238,33 +238,33 @@ async def test_two_chats_generate_together_batch_size_two(tiny_llama, data_dir):
     async with app.run_test(size=SIZE) as pilot:
         await wait_ready(pilot, app)
         await type_prompt(pilot, "First chat, long reply please")
-        first_chat = app.current_chat
-        await wait_for(pilot, lambda: app.latency_log.token_count > 0, "first reply to stream")
+        first_chat = app.chats.current
+        await wait_for(pilot, lambda: app.latency.log.token_count > 0, "first reply to stream")
         await key(pilot, "ctrl+n")
-        await wait_for(pilot, lambda: app.current_chat is not first_chat, "a second chat tab")
+        await wait_for(pilot, lambda: app.chats.current is not first_chat, "a second chat tab")
         await type_prompt(pilot, "Second chat, also long")
         await wait_for(pilot, lambda: len(app.replies) == 2, "two replies in flight")
 
         def saw_two() -> bool:
             shown.add(panel(app).text_of("batch-line"))
-            return app.batch_sizes_seen[2] > 0 and any("batch size 2" in s for s in shown)
+            return app.latency.batch_sizes_seen[2] > 0 and any("batch size 2" in s for s in shown)
 
         await wait_for(pilot, saw_two, "batch size 2 reported and displayed")
         assert "batch 2" in app.sub_title or any("batch size 2" in s for s in shown)
-        assert any(t.batch_size == 2 for t in app.latency_log.tokens())
+        assert any(t.batch_size == 2 for t in app.latency.log.tokens())
         # stop both: Esc stops the current chat's reply, then the other tab's
         await key(pilot, "escape")
         await key(pilot, "ctrl+pageup")
-        await wait_for(pilot, lambda: app.current_chat is first_chat, "back to the first chat")
+        await wait_for(pilot, lambda: app.chats.current is first_chat, "back to the first chat")
         await key(pilot, "escape")
         await wait_for(pilot, lambda: not app.replies, "both replies stopped")
-        assert [r.finish_reason for r in app.latency_log.requests()] == ["cancelled", "cancelled"]
+        assert [r.finish_reason for r in app.latency.log.requests()] == ["cancelled", "cancelled"]
 
         # K replies at once: F4 twice asks for 3 per prompt -> batch size 3
         await pilot.press("f4", "f4")
-        assert app.samples == 3
+        assert app.sampling.samples == 3
         await type_prompt(pilot, "Three at once")
-        await wait_for(pilot, lambda: app.batch_sizes_seen[3] > 0, "batch size 3")
+        await wait_for(pilot, lambda: app.latency.batch_sizes_seen[3] > 0, "batch size 3")
         assert len(app.replies) == 3 and {r.conversation.id for r in app.replies.values()} == {
             first_chat.conversation.id}
         await key(pilot, "escape")
@@ -282,9 +282,9 @@ async def test_empty_prompt_ignored_help_and_small_terminal(tiny_llama, data_dir
         await pilot.press("enter")
         await type_prompt(pilot, "   \n ")
         await pilot.pause(0.2)
-        assert not app.replies and app.latency_log.token_count == 0
-        assert app.current_chat.conversation.messages == []
-        assert [b for b in app.current_chat.bubbles()] == []
+        assert not app.replies and app.latency.log.token_count == 0
+        assert app.chats.current.conversation.messages == []
+        assert [b for b in app.chats.current.bubbles()] == []
         assert ChatStore(data_dir / "chats.sqlite3").list_conversations() == []
 
         # 80x24: the console and the batch size stay visible
@@ -302,8 +302,8 @@ async def test_empty_prompt_ignored_help_and_small_terminal(tiny_llama, data_dir
 
         # a real reply still works in the small terminal
         await type_prompt(pilot, "hi")
-        await wait_for(pilot, lambda: app.current_chat.conversation.messages[-1:]
-                       and app.current_chat.conversation.messages[-1].role == "assistant", "reply")
+        await wait_for(pilot, lambda: app.chats.current.conversation.messages[-1:]
+                       and app.chats.current.conversation.messages[-1].role == "assistant", "reply")
 
 
 async def test_model_load_failure_is_shown(tmp_path, data_dir):
@@ -312,7 +312,7 @@ async def test_model_load_failure_is_shown(tmp_path, data_dir):
     (bad / "config.json").write_text("{ not json")
     app = make_app(bad)
     async with app.run_test(size=SIZE) as pilot:
-        await wait_for(pilot, lambda: app.engine_state == "failed", "load failure", START_TIMEOUT)
+        await wait_for(pilot, lambda: app.link.state == "failed", "load failure", START_TIMEOUT)
         banner = app.query_one("#engine-banner")
         assert banner.display
         shown = banner.visual.plain
@@ -324,7 +324,7 @@ async def test_model_load_failure_is_shown(tmp_path, data_dir):
         # a prompt is not sent, and the text is not thrown away
         await type_prompt(pilot, "hello?")
         assert app.query_one("#prompt").value == "hello?"
-        assert not app.replies and app.current_chat.conversation.messages == []
+        assert not app.replies and app.chats.current.conversation.messages == []
 
 
 async def test_engine_death_keeps_partial_reply_and_log(tiny_llama, data_dir, tmp_path):
@@ -335,37 +335,37 @@ async def test_engine_death_keeps_partial_reply_and_log(tiny_llama, data_dir, tm
         await wait_for(pilot, lambda: app.replies and next(iter(app.replies.values())).tokens >= 10,
                        "ten tokens")
         (reply,) = app.replies.values()
-        os.kill(app.engine.pid, signal.SIGKILL)
-        await wait_for(pilot, lambda: app.engine_state == "failed" and not app.replies,
+        os.kill(app.link.handle.pid, signal.SIGKILL)
+        await wait_for(pilot, lambda: app.link.state == "failed" and not app.replies,
                        "the death to be noticed")
-        assert app.engine_error.startswith("engine process exited")
-        assert "SIGKILL" in app.engine_error
+        assert app.link.error.startswith("engine process exited")
+        assert "SIGKILL" in app.link.error
         assert not app.replies
         assert reply.bubble.text and reply.tokens >= 10
         assert "engine process exited" in reply.bubble.status and "partial reply kept" in reply.bubble.status
         banner = app.query_one("#engine-banner")
         assert banner.display and "engine stopped" in banner.visual.plain
-        stored = app.current_chat.conversation.messages[-1]
+        stored = app.chats.current.conversation.messages[-1]
         assert stored.role == "assistant" and stored.content == reply.bubble.text
         assert stored.meta["finish"] == "error"
         # persisted, and the latency log is intact and exportable
-        conv_id = app.current_chat.conversation.id
+        conv_id = app.chats.current.conversation.id
         on_disk = ChatStore(data_dir / "chats.sqlite3").load(conv_id)
         assert on_disk.messages[-1].content == reply.bubble.text
-        n = app.latency_log.token_count
+        n = app.latency.log.token_count
         assert n >= 10
-        assert len(read_tokens_csv(app.export_log(tmp_path / "after-tokens.csv")[0])) == n
+        assert len(read_tokens_csv(app.log_files.export(tmp_path / "after-tokens.csv")[0])) == n
 
         # restart from the palette's command: a fresh engine, request ids keep growing
-        app.sampling = SamplingParams(max_tokens=8, ignore_eos=True)
+        app.sampling.max_tokens = 8
         await app.action_restart_engine()
         await wait_ready(pilot, app)
         assert not app.query_one("#engine-banner").display
         await type_prompt(pilot, "Still there?")
-        await wait_for(pilot, lambda: app.latency_log.request_count == 1 and not app.replies, "a new reply")
-        (record,) = app.latency_log.requests()
+        await wait_for(pilot, lambda: app.latency.log.request_count == 1 and not app.replies, "a new reply")
+        (record,) = app.latency.log.requests()
         assert record.request_id == reply.rid + 1 and record.output_tokens == 8
-        assert app.latency_log.token_count == n + 8
+        assert app.latency.log.token_count == n + 8
 
 
 async def test_conversations_persist_and_reopen(tiny_llama, data_dir):
@@ -373,8 +373,8 @@ async def test_conversations_persist_and_reopen(tiny_llama, data_dir):
     async with app.run_test(size=SIZE) as pilot:
         await wait_ready(pilot, app)
         await type_prompt(pilot, "Remember me")
-        await wait_for(pilot, lambda: len(app.current_chat.conversation.messages) == 2, "reply")
-        conv = app.current_chat.conversation
+        await wait_for(pilot, lambda: len(app.chats.current.conversation.messages) == 2, "reply")
+        conv = app.chats.current.conversation
         reply_text = conv.messages[-1].content
         # copy the reply; edit the system prompt (stored with the conversation)
         await pilot.press("ctrl+y")
@@ -390,12 +390,12 @@ async def test_conversations_persist_and_reopen(tiny_llama, data_dir):
         await wait_for(pilot, lambda: not app.replies and len(conv.messages) == 2, "regenerated")
         assert len(assistant_bubbles(app)) == 1
         # a second chat left mid-reply: its partial reply is flushed on exit
-        app.sampling = SamplingParams(max_tokens=5000, ignore_eos=True)
+        app.sampling.max_tokens = 5000
         await pilot.press("ctrl+n")
         await type_prompt(pilot, "Unfinished business")
         await wait_for(pilot, lambda: app.replies and next(iter(app.replies.values())).tokens >= 5,
                        "a partial reply")
-        partial_id = app.current_chat.conversation.id
+        partial_id = app.chats.current.conversation.id
     store = ChatStore(data_dir / "chats.sqlite3")
     partial = store.load(partial_id)
     assert [m.role for m in partial.messages] == ["user", "assistant"]
@@ -412,13 +412,13 @@ async def test_conversations_persist_and_reopen(tiny_llama, data_dir):
         assert set(ids) == {conv.id, partial_id}
         option_list.highlighted = ids.index(conv.id)
         await pilot.press("enter")
-        await wait_for(pilot, lambda: app2.current_chat.conversation.id == conv.id, "chat reopened")
+        await wait_for(pilot, lambda: app2.chats.current.conversation.id == conv.id, "chat reopened")
         await pilot.pause(0.1)
-        bubbles = app2.current_chat.bubbles()
+        bubbles = app2.chats.current.bubbles()
         assert [b.role for b in bubbles] == ["user", "assistant"]
         assert bubbles[0].text == "Remember me"
-        assert bubbles[1].text == app2.current_chat.conversation.messages[1].content
-        assert app2.current_chat.conversation.system_prompt == "You answer in one word."
+        assert bubbles[1].text == app2.chats.current.conversation.messages[1].content
+        assert app2.chats.current.conversation.system_prompt == "You answer in one word."
 
 
 async def test_themes_from_files_chosen_and_remembered(tiny_llama, data_dir):
@@ -445,13 +445,13 @@ async def test_log_csv_appends_as_tokens_arrive(tiny_llama, data_dir, tmp_path):
     async with app.run_test(size=SIZE) as pilot:
         await wait_ready(pilot, app)
         await type_prompt(pilot, "log me")
-        await wait_for(pilot, lambda: app.latency_log.request_count == 1, "reply")
+        await wait_for(pilot, lambda: app.latency.log.request_count == 1, "reply")
         await wait_for(pilot, lambda: path.exists() and len(read_tokens_csv(path)) == 32, "rows appended")
-        app.sampling = SamplingParams(max_tokens=4000, ignore_eos=True)
+        app.sampling.max_tokens = 4000
         await type_prompt(pilot, "and more")
-        await wait_for(pilot, lambda: app.latency_log.token_count > 40, "more tokens")
+        await wait_for(pilot, lambda: app.latency.log.token_count > 40, "more tokens")
     # on exit the rest of the log is flushed
-    assert len(read_tokens_csv(path)) == app.latency_log.token_count
+    assert len(read_tokens_csv(path)) == app.latency.log.token_count
 
 
 def test_engine_process_reports_events_and_death(tiny_llama):
@@ -497,11 +497,11 @@ async def test_readme_screenshot(tiny_llama, data_dir):
         await wait_ready(pilot, app)
         await key(pilot, "f3")
         await type_prompt(pilot, "Explain what a CUDA graph is in three sentences.")
-        await wait_for(pilot, lambda: app.latency_log.token_count > 150, "a first reply")
+        await wait_for(pilot, lambda: app.latency.log.token_count > 150, "a first reply")
         await key(pilot, "ctrl+n")
-        await wait_for(pilot, lambda: len(app.chat_views()) == 2, "second chat")
+        await wait_for(pilot, lambda: len(app.chats.views()) == 2, "second chat")
         await type_prompt(pilot, "Why is batch-1 decoding memory-bound?")
-        await wait_for(pilot, lambda: app.batch_sizes_seen[2] > 150, "two replies streaming together")
+        await wait_for(pilot, lambda: app.latency.batch_sizes_seen[2] > 150, "two replies streaming together")
         await pilot.pause(0.3)
         app.save_screenshot(filename=target.name, path=str(target.parent))
     assert target.exists()
@@ -529,10 +529,10 @@ async def test_failed_startup_check_is_shown(tiny_llama, data_dir, monkeypatch):
         await wait_for(pilot, lambda: any("startup check failed" in t for _, t in app.notices), "warning")
         warning = next(t for sev, t in app.notices if "startup check failed" in t)
         assert "plain torch ops, eager, float32" in warning and "\n" not in warning
-        assert app.engine_info.startup_check is not None and not app.engine_info.startup_check.passed
+        assert app.link.info.startup_check is not None and not app.link.info.startup_check.passed
         await pilot.pause(0.3)
         assert "FAILED vs float32" in panel(app).text_of("captures")
         # the chat still works
         await type_prompt(pilot, "hi")
-        await wait_for(pilot, lambda: app.current_chat.conversation.messages[-1:]
-                       and app.current_chat.conversation.messages[-1].role == "assistant", "reply")
+        await wait_for(pilot, lambda: app.chats.current.conversation.messages[-1:]
+                       and app.chats.current.conversation.messages[-1].role == "assistant", "reply")

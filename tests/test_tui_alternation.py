@@ -175,7 +175,7 @@ async def test_failed_first_reply_keeps_alternating_chat_usable(tiny_alternating
     app = make_app(tiny_alternating, max_tokens=6, make_engine=FailFirstEngine)
     async with app.run_test(size=SIZE) as pilot:
         await wait_ready(pilot, app)
-        conv = app.current_chat.conversation
+        conv = app.chats.current.conversation
 
         await type_prompt(pilot, "Hello there")
         await wait_for(pilot, lambda: len(conv.messages) == 2 and not app.replies, "the failed reply")

@@ -19,7 +19,7 @@ from fgchat.engine.core import Engine
 from fgchat.protocol.events import SamplingParams
 from fgchat.tui.app import FgchatApp
 from fgchat.tui.dialogs import SamplingScreen, parse_sampling
-from fgchat.tui.replies import K_TEMPERATURE, reply_params
+from fgchat.tui.sampling import K_TEMPERATURE, reply_params
 from test_tui import assistant_bubbles, data_dir, key, make_app, type_prompt, wait_for, wait_ready  # noqa: F401
 
 pytestmark = pytest.mark.timeout(120)
@@ -28,7 +28,7 @@ SIZE = (120, 40)
 
 
 def first_round_checks(app: FgchatApp, rids: list[int], k: int) -> None:
-    rows = [t for t in app.latency_log.tokens() if t.request_id in rids]
+    rows = [t for t in app.latency.log.tokens() if t.request_id in rids]
     firsts = [i for i, t in enumerate(rows) if t.token_index == 0]
     seconds = [i for i, t in enumerate(rows) if t.token_index == 1]
     assert len(firsts) == k and len(seconds) == k
@@ -73,28 +73,28 @@ async def test_k8_replies_are_admitted_together_and_decode_at_batch_8(tiny_llama
     async with app.run_test(size=SIZE) as pilot:
         await wait_ready(pilot, app)
         await key(pilot, "f5")  # K 1 -> 8 (wraps around)
-        assert app.samples == 8
+        assert app.sampling.samples == 8
         assert any("K=8: sampled at T 0.7 (greedy gives K copies)" in text for _, text in app.notices)
         assert "K 8 · T 0→0.7" in app.sub_title
-        conv = app.current_chat.conversation
+        conv = app.chats.current.conversation
         await type_prompt(pilot, "Eight replies at once")
         await wait_for(pilot, lambda: len(app.replies) == 8 or len(conv.messages) == 9, "eight replies")
         await wait_for(pilot, lambda: not app.replies, "eight replies finished", 60)
         rids = [m.meta["rid"] for m in conv.messages if m.role == "assistant"]
         assert len(rids) == 8
         first_round_checks(app, rids, 8)
-        assert all(r.output_tokens == 12 for r in app.latency_log.requests())
+        assert all(r.output_tokens == 12 for r in app.latency.log.requests())
 
 
 async def test_k3_default_sampling_gives_three_texts_and_regenerate_batches(tiny_llama, data_dir):
     app = make_app(tiny_llama, max_tokens=24, thread=True)
-    assert app.sampling.temperature == 0  # the default: greedy
+    assert app.sampling.params.temperature == 0  # the default: greedy
     async with app.run_test(size=SIZE) as pilot:
         await wait_ready(pilot, app)
         await key(pilot, "f4")
         await key(pilot, "f4")
-        assert app.samples == 3
-        conv = app.current_chat.conversation
+        assert app.sampling.samples == 3
+        conv = app.chats.current.conversation
         await type_prompt(pilot, "Tell me three different stories about a cat")
         await wait_for(pilot, lambda: len(conv.messages) == 4 and not app.replies, "three replies", 60)
         texts = [m.content for m in conv.messages if m.role == "assistant"]
@@ -149,21 +149,21 @@ async def test_sampling_dialog_sets_shows_sends_and_saves(tiny_llama, data_dir):
         assert app.screen is screen
         error = str(label.visual)
         assert "top-p" in error and "1.5" in error and "\n" not in error
-        assert app.sampling.temperature == 0
+        assert app.sampling.params.temperature == 0
 
         screen.query_one("#sampling-top-p", Input).value = "0.9"
         await key(pilot, "enter")
         await wait_for(pilot, lambda: not isinstance(app.screen, SamplingScreen), "the dialog to close")
-        want = replace(app.sampling, temperature=1.3, top_p=0.9, top_k=5, seed=42)
-        assert app.sampling == want
+        want = replace(app.sampling.params, temperature=1.3, top_p=0.9, top_k=5, seed=42)
+        assert app.sampling.params == want
         await pilot.pause(0.05)
         assert "K 1 · T 1.3 top-p 0.9 top-k 5 seed 42" in app.sub_title, app.sub_title
         saved = json.loads((data_dir / "settings.json").read_text())
-        assert saved["sampling"] == {"temperature": 1.3, "top_p": 0.9, "top_k": 5, "seed": 42}
+        assert saved["sampling_overrides"] == {"temperature": 1.3, "top_p": 0.9, "top_k": 5, "seed": 42}
 
         # the next replies carry them: K = 2, seeds 42 and 43, the user's temperature kept
         await key(pilot, "f4")
-        conv = app.current_chat.conversation
+        conv = app.chats.current.conversation
         await type_prompt(pilot, "hello")
         await wait_for(pilot, lambda: len(conv.messages) == 3 and not app.replies, "two replies")
         assert [p for _, p in received] == [want, replace(want, seed=43)]
@@ -174,11 +174,11 @@ async def test_sampling_dialog_sets_shows_sends_and_saves(tiny_llama, data_dir):
         app.screen.query_one("#sampling-temperature", Input).value = "2"
         await key(pilot, "escape")
         await wait_for(pilot, lambda: not isinstance(app.screen, SamplingScreen), "cancelled")
-        assert app.sampling == want
+        assert app.sampling.params == want
 
     # a restart keeps them (max_tokens stays the caller's)
     again = make_app(tiny_llama, max_tokens=7)
-    assert again.sampling == replace(want, max_tokens=7)
+    assert again.sampling.params == replace(want, max_tokens=7)
 
 
 async def test_footer_shows_k_open_quit_and_fits_120_columns(tiny_llama, data_dir):

@@ -61,7 +61,7 @@ async def test_idle_resize_export_location_and_cpu_host_time(tiny_llama, data_di
     async with app.run_test(size=(200, 50)) as pilot:
         await wait_ready(pilot, app)
         await type_prompt(pilot, "hello")
-        await wait_for(pilot, lambda: not app.replies and app.latency_log.request_count == 1, "reply")
+        await wait_for(pilot, lambda: not app.replies and app.latency.log.request_count == 1, "reply")
         await wait_for(pilot, lambda: panel(app).view.total_tokens == 24, "panel refresh")
         await pilot.pause(0.2)
 
@@ -71,14 +71,14 @@ async def test_idle_resize_export_location_and_cpu_host_time(tiny_llama, data_di
 
         # idle resize: the stats table re-lays out without a new token
         wide = panel(app).text_of("stats")
-        count = app.latency_log.token_count
+        count = app.latency.log.token_count
         await pilot.resize_terminal(80, 24)
         await wait_for(pilot, lambda: panel(app).text_of("stats") != wide, "relayout after shrinking", 5)
         narrow = panel(app).text_of("stats")
         assert max(map(len, narrow.splitlines())) <= panel(app).scrollable_content_region.width
         await pilot.resize_terminal(200, 50)
         await wait_for(pilot, lambda: panel(app).text_of("stats") == wide, "relayout after growing", 5)
-        assert app.latency_log.token_count == count
+        assert app.latency.log.token_count == count
 
         # export: default folder is <data dir>/exports, not the current directory; path shown
         await pilot.press("ctrl+s")
@@ -93,8 +93,8 @@ async def test_idle_resize_export_location_and_cpu_host_time(tiny_llama, data_di
         assert line.endswith("-tokens.csv") and len(line) <= panel(app).scrollable_content_region.width
 
         # the live reply's stats are stored with it, so a reopened chat shows the same line
-        stored = app.current_chat.conversation.messages[-1]
-        bubble = app.current_chat.bubbles()[-1]
+        stored = app.chats.current.conversation.messages[-1]
+        bubble = app.chats.current.bubbles()[-1]
         assert "ttft_ms" in stored.meta and "tpot_ms" in stored.meta
         assert reply_status(stored.meta) == bubble.status
 
@@ -128,24 +128,24 @@ async def test_reopen_replaces_blank_tab_keeps_stats_and_tab_switch_shows_the_en
     app = make_app(tiny_llama, thread=True, max_tokens=8)
     async with app.run_test(size=(120, 30)) as pilot:
         await wait_ready(pilot, app)
-        blank = app.current_chat
-        await app.open_chat(chat_id)
-        await wait_for(pilot, lambda: app.current_chat.conversation.id == chat_id, "chat reopened")
+        blank = app.chats.current
+        await app.chats.open_chat(chat_id)
+        await wait_for(pilot, lambda: app.chats.current.conversation.id == chat_id, "chat reopened")
         await pilot.pause(0.2)
         # the untouched "New chat" tab was replaced, not left behind
-        assert len(app.chat_views()) == 1 and blank not in app.chat_views()
-        bubbles = app.current_chat.bubbles()
+        assert len(app.chats.views()) == 1 and blank not in app.chats.views()
+        bubbles = app.chats.current.bubbles()
         assert bubbles[-1].status == "7 tok · TTFT 9 ms · 500.0 tok/s · length limit"
         assert bubbles[1].status == "30 tok · TTFT 10 ms · 200.0 tok/s"
         # a new chat, then back: the long chat shows its last message at once, at the bottom
         await key(pilot, "ctrl+n")
-        await wait_for(pilot, lambda: len(app.chat_views()) == 2, "second tab")
+        await wait_for(pilot, lambda: len(app.chats.views()) == 2, "second tab")
         await type_prompt(pilot, "hi")
-        await wait_for(pilot, lambda: not app.replies and len(app.current_chat.conversation.messages) == 2, "reply")
+        await wait_for(pilot, lambda: not app.replies and len(app.chats.current.conversation.messages) == 2, "reply")
         for _ in range(2):
             await key(pilot, "ctrl+pagedown")
-            await wait_for(pilot, lambda: app.current_chat.conversation.id == chat_id, "long chat", 5)
-            view = app.current_chat
+            await wait_for(pilot, lambda: app.chats.current.conversation.id == chat_id, "long chat", 5)
+            view = app.chats.current
             assert view.virtual_size.height > view.scrollable_content_region.height
             visible, gap = _gap_below_last(view)
             assert visible > 0 and gap <= 2, (visible, gap, view.scroll_y, view.max_scroll_y)
@@ -153,7 +153,7 @@ async def test_reopen_replaces_blank_tab_keeps_stats_and_tab_switch_shows_the_en
             visible, gap = _gap_below_last(view)
             assert visible > 0 and gap <= 2, (visible, gap, view.scroll_y, view.max_scroll_y)
             await key(pilot, "ctrl+pagedown")
-            await wait_for(pilot, lambda: app.current_chat.conversation.id != chat_id, "other chat", 5)
+            await wait_for(pilot, lambda: app.chats.current.conversation.id != chat_id, "other chat", 5)
 
 
 def test_startup_phase_names_a_pending_conversion(tmp_path, monkeypatch):
@@ -192,6 +192,6 @@ async def test_starting_engine_shows_its_phase_and_elapsed_time(tiny_llama, data
         await pilot.pause(1.3)
         line = panel(app).text_of("engine-info")
         assert line.startswith("engine starting:") and line.rstrip().endswith(" s"), line
-        assert app.engine_state == "starting"
+        assert app.link.state == "starting"
         gate.set()
         await wait_ready(pilot, app)

@@ -250,7 +250,7 @@ def warnings(app) -> list[str]:
 
 
 async def chat_round(pilot, app, text: str) -> Conversation:
-    conv = app.current_chat.conversation
+    conv = app.chats.current.conversation
     n = len(conv.messages)
     await type_prompt(pilot, text)
     await wait_for(pilot, lambda: len(conv.messages) == n + 2 and not app.replies, "a reply")
@@ -294,8 +294,8 @@ async def test_read_only_store(tiny_llama, data_dir, monkeypatch):
         await wait_for(pilot, lambda: app.screen.query("#chat-list"), "saved chats list")
         app.screen.query_one("#chat-list").highlighted = 0
         await pilot.press("enter")
-        await wait_for(pilot, lambda: app.current_chat.conversation.id == old.id, "chat reopened")
-        conv = app.current_chat.conversation
+        await wait_for(pilot, lambda: app.chats.current.conversation.id == old.id, "chat reopened")
+        conv = app.chats.current.conversation
         assert [m.content for m in conv.messages] == ["earlier question", "earlier answer"]
 
         # regenerate: deleting the old reply fails; said once, the new reply still comes
@@ -462,7 +462,7 @@ async def test_existing_files_are_tightened(tiny_llama, data_dir, umask0):
             assert mode_of(data_dir / name) == 0o600, name
         # (while an engine process is at hand: it blocks SIGHUP, so a hangup sent to the whole
         # process group leaves it to the app, which stores the replies first, then stops it)
-        assert sighup_blocked(app.engine.pid)
+        assert sighup_blocked(app.link.handle.pid)
         assert not sighup_blocked(os.getpid())  # the app's own mask is back as it was
     assert mode_of(data_dir) == 0o755
     Settings(foreign)
@@ -483,8 +483,8 @@ async def test_two_sessions_append_distinct_rows_to_one_log_csv(tiny_llama, data
             await wait_ready(pilot, app)
             await chat_round(pilot, app, "log me")
             if not sessions:
-                exported = app.export_log(tmp_path / "run-tokens.csv")
-        assert app.latency_log.session_id == app.session_id == app.appender.session_id
+                exported = app.log_files.export(tmp_path / "run-tokens.csv")
+        assert app.latency.log.session_id == app.session_id == app.log_files.appender.session_id
         sessions.append(app.session_id)
     assert sessions[0] != sessions[1]
 

@@ -154,16 +154,17 @@ def _opt_int(s: str) -> int | None:
     return None if s == "" else int(s)
 
 
-# columns added after the first release: files written without them still read (as empty cells)
-ADDED_COLUMNS = frozenset({"launch_ms"})
+# columns added after the first release: files written without any of them still read (as
+# empty cells), and --log-csv keeps appending to such a file in its own columns
+ADDED_COLUMNS = frozenset({"launch_ms", "endpoint"})
 
 
 def _known_header(names: Sequence[str], columns: Sequence[str]) -> bool:
-    """`names` is `columns` (optionally led by session_id), possibly without ADDED_COLUMNS."""
+    """`names` is `columns` (optionally led by session_id), possibly without some ADDED_COLUMNS."""
     names = tuple(names)
     if names[:1] == (SESSION_COLUMN,):
         names = names[1:]
-    return names == tuple(columns) or names == tuple(c for c in columns if c not in ADDED_COLUMNS)
+    return names == tuple(c for c in columns if c in names or c not in ADDED_COLUMNS)
 
 
 def _read_rows(path: PathLike, columns: Sequence[str]) -> list[dict[str, str]]:
@@ -206,7 +207,8 @@ def read_tokens_csv(path: PathLike) -> list[TokenRecord]:
                 is_first_token=r["is_first_token"].strip().lower() in ("1", "true"),
                 prompt_tokens=int(r["prompt_tokens"]),
                 position=int(r["position"]),
-                launch_ms=_opt_float(r.get("launch_ms", "")),
+                launch_ms=_opt_float(r.get("launch_ms") or ""),
+                endpoint=r.get("endpoint") or "",
             )
             for r in rows
         ]
@@ -230,6 +232,7 @@ def read_requests_csv(path: PathLike) -> list[RequestRecord]:
                 tpot_ms=_opt_float(r["tpot_ms"]),
                 e2e_ms=float(r["e2e_ms"]),
                 finish_reason=r["finish_reason"],
+                endpoint=r.get("endpoint") or "",
             )
             for r in rows
         ]
@@ -245,9 +248,10 @@ class CsvAppender:
 
     With a `session_id` (the TUI always passes one) every row starts with it: the header is
     "session_id,request_id,...". The header is written once: only when the file is new or empty.
-    An existing non-empty file must start with the same header (else FgchatError, so two formats
-    never mix in one file; a file from before session ids is refused, not rewritten, because
-    another process may still be appending to it).
+    An existing non-empty file must start with the same header, or with it less some
+    ADDED_COLUMNS (rows are then written in the file's own columns); anything else is
+    FgchatError, so two formats never mix in one file (a file from before session ids is
+    refused, not rewritten, because another process may still be appending to it).
     Each `append` / `sync` call writes its batch in one write and flushes. Opening happens in the
     constructor so a bad path fails at start-up. Thread-safe. Use it as a context manager or
     call `close()`.
@@ -271,8 +275,11 @@ class CsvAppender:
             if size > 0:
                 with open(self.path, encoding="utf-8", newline="") as f:
                     first = f.readline()
-                if first.rstrip("\r\n") != header.rstrip("\n"):
-                    names = next(csv.reader([first]), [])
+                names = next(csv.reader([first]), [])
+                with_session = (names[:1] == [SESSION_COLUMN]) == (self.session_id is not None)
+                if with_session and _known_header(names, TOKEN_COLUMNS):
+                    self.columns = tuple(names)  # an older file: its columns, never two formats
+                elif first.rstrip("\r\n") != header.rstrip("\n"):
                     if self.session_id is not None and _known_header(names, TOKEN_COLUMNS):
                         raise FgchatError(
                             f"{self.path} was written without the session_id column (an older "

@@ -7,6 +7,9 @@ Invariants:
   caller can remember an index and later ask for `tokens_since(i)`.
 - Every public method takes the log's lock; snapshots are fresh lists of frozen records, safe to
   read from another thread while the engine keeps adding.
+- The log is the one source of inter-token latencies: its per-mode index (positions of the
+  records that carry an ITL) is updated under the same lock as the records, so windowed queries
+  (`recent_itl`) always agree with `tokens()`.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import secrets
 import threading
 import time
+from array import array
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -33,6 +37,7 @@ TOKEN_COLUMNS: tuple[str, ...] = (
     "prompt_tokens",
     "position",
     "launch_ms",
+    "endpoint",
 )
 
 # Files written for a session (the TUI's --log-csv and exports) put this column first: request
@@ -58,6 +63,7 @@ REQUEST_COLUMNS: tuple[str, ...] = (
     "tpot_ms",
     "e2e_ms",
     "finish_reason",
+    "endpoint",
 )
 
 
@@ -77,6 +83,7 @@ class TokenRecord:
     prompt_tokens: int
     position: int  # prompt_tokens + token_index
     launch_ms: float | None = None  # host time to enqueue the step; None for the first token
+    endpoint: str = ""  # URL of the remote server that produced it; "" for the local engine
 
 
 @dataclass(frozen=True)
@@ -94,6 +101,7 @@ class RequestRecord:
     tpot_ms: float | None  # None with fewer than two output tokens
     e2e_ms: float
     finish_reason: str
+    endpoint: str = ""  # URL of the remote server that served it; "" for the local engine
 
 
 def format_modes(modes: dict[str, int]) -> str:
@@ -135,15 +143,19 @@ class LatencyLog:
         # per request_id: (largest batch size seen, tokens per mode) — used to fill RequestRecord
         self._batch_max: dict[int, int] = {}
         self._mode_counts: dict[int, Counter[str]] = {}
+        # positions in _tokens of the records with an ITL (non-first tokens), per mode and overall
+        self._itl_rows: dict[str, array] = {}
+        self._itl_all = array("q")
 
     # --- adding -----------------------------------------------------------------------------
 
     def add_token(
-        self, event: TokenEvent, chat_id: str, prompt_tokens: int | None = None
+        self, event: TokenEvent, chat_id: str, prompt_tokens: int | None = None, endpoint: str = ""
     ) -> TokenRecord:
         """Record one token event and return its record.
 
-        prompt_tokens defaults to `event.position - event.token_index`.
+        prompt_tokens defaults to `event.position - event.token_index`; `endpoint` is the URL of the
+        remote server that produced it ("" for the local engine).
         """
         if prompt_tokens is None:
             prompt_tokens = event.position - event.token_index
@@ -160,16 +172,21 @@ class LatencyLog:
             prompt_tokens=int(prompt_tokens),
             position=event.position,
             launch_ms=None if event.launch_ms is None else float(event.launch_ms),
+            endpoint=endpoint,
         )
         with self._lock:
+            if not record.is_first_token and record.itl_ms is not None:
+                row = len(self._tokens)
+                self._itl_rows.setdefault(record.mode, array("q")).append(row)
+                self._itl_all.append(row)
             self._tokens.append(record)
             rid = record.request_id
             self._batch_max[rid] = max(self._batch_max.get(rid, 0), record.batch_size)
             self._mode_counts.setdefault(rid, Counter())[record.mode] += 1
         return record
 
-    def add_request(self, summary: RequestSummary, chat_id: str) -> RequestRecord:
-        """Record a finished request and return its record.
+    def add_request(self, summary: RequestSummary, chat_id: str, endpoint: str = "") -> RequestRecord:
+        """Record a finished request and return its record (`endpoint` as in `add_token`).
 
         modes come from `summary.mode_counts`, or, when that is empty, from the tokens this log
         saw for the request; batch_size_max always comes from those tokens (None if none).
@@ -189,6 +206,7 @@ class LatencyLog:
                 tpot_ms=None if summary.tpot_ms is None else float(summary.tpot_ms),
                 e2e_ms=float(summary.e2e_ms),
                 finish_reason=str(summary.finish_reason),
+                endpoint=endpoint,
             )
             self._requests.append(record)
         return record
@@ -206,6 +224,16 @@ class LatencyLog:
         """Token records with position >= index in arrival order (for incremental consumers)."""
         with self._lock:
             return self._tokens[max(0, index) :]
+
+    def recent_itl(self, limit: int, mode: str | None = None) -> list[float]:
+        """Inter-token latencies (ms) of the latest `limit` tokens that have one (non-first tokens),
+        of `mode` (the mode that ran their step) or of any mode; oldest first. Costs O(limit)."""
+        with self._lock:
+            rows = self._itl_all if mode is None else self._itl_rows.get(str(mode))
+            if not rows or limit <= 0:
+                return []
+            tokens = self._tokens
+            return [tokens[i].itl_ms for i in rows[-limit:]]  # type: ignore[misc]
 
     def requests(self) -> list[RequestRecord]:
         """Snapshot of all finished-request records, in the order they were added."""

@@ -1,84 +1,76 @@
 """fgchat's Textual app: chats in tabs on the left, the latency console on the right.
 
-Data flow: the engine runs in its own process (`EngineProcess`); a worker thread polls its event
-pipe and posts `EngineEvents` messages; the handler records every token in the `LatencyLog`,
-streams text into the reply's Markdown and marks the console dirty; a 10 Hz timer redraws the
-console (coalesced, so a fast stream never makes the UI fall behind) and syncs --log-csv.
+The app composes components that each own their state:
+- `EngineLink` (engine_link.py): the engine handle, its polling thread, generation and state;
+- `LatencyConsole` (latency_console.py): the latency log and the panel's view of it;
+- `Replies` (replies.py): the requests in flight, from submission to their stored end;
+- `ChatTabs` (chat_tabs.py): the chat views and every chat action;
+- `SamplingChoice` (sampling.py): model defaults + user overrides, K replies per prompt;
+- `LogFiles` (log_files.py): ctrl+s exports and --log-csv;
+- `StoreGuard` (store_guard.py): chat store calls that never end the app.
+The app itself owns the layout, key bindings, the engine-event dispatch and exit.
+
+Data flow: the link's worker thread posts `EngineEvents`; the handler lets the link update its
+state, records every token and finished request in the latency log, then streams text into the
+replies' bubbles. A 10 Hz timer redraws the console when something shown changed (coalesced, so
+a fast stream never makes the UI fall behind); a separate 1 s timer appends --log-csv rows.
 
 Invariants:
 - Nothing a user produced is lost: user turns are stored when sent, replies when they finish,
   stop, fail or when the app exits (partial text, finish="interrupted"); the latency log only
   grows and survives failed exports and engine deaths.
-- Request ids are unique for the app's lifetime (also across engine restarts), so log rows
-  never mix two requests; every latency row also carries the session id (one per app run), so
-  rows of two sessions in one --log-csv never collide.
+- Every latency row carries the session id (one per app run), so rows of two sessions in one
+  --log-csv never collide; request ids are unique for the app's lifetime.
+- A fatal engine error puts the banner up before any await, so "failed" is never visible
+  without it; every in-flight reply then fails with its partial text kept.
 - SIGTERM and SIGHUP (a closed terminal, a dropped SSH session) end the app like ctrl+q: partial
   replies stored (finish="interrupted"), --log-csv flushed, the engine stopped, then exit status
   128 + signal number. A second signal during that shutdown is ignored.
-- A broken chat store never ends the app: every store call is guarded (one-line notification,
-  data kept in memory); a store that cannot be opened is replaced by an in-memory one (one warning).
-
-FgchatApp owns its state (created in __init__), layout, sending and exit; its behaviour is split
-by responsibility into mixins: engine_link (engine process + events), replies (in-flight replies),
-chat_tabs (tabs), export (CSV export + --log-csv), palette (ctrl+p commands), console (refresh).
+- A broken chat store never ends the app: a store that cannot be opened is replaced by an
+  in-memory one (one warning), and every later store call is guarded.
 """
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import threading
 import time
-from collections import Counter, deque
-from collections.abc import Callable
-from dataclasses import replace
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from textual import on
-from textual.app import App, ComposeResult
+from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
+from textual.content import Content
+from textual.css.query import NoMatches
+from textual.screen import Screen
 from textual.widgets import Footer, Header, Input, Static, TabbedContent
 
-from fgchat.protocol.errors import FgchatError
-from fgchat.protocol.events import MODES, EngineInfo, SamplingParams
 from fgchat.engine.process import EngineProcess
-from fgchat.metrics import CsvAppender, LatencyLog, new_session_id
-from fgchat.tui.chat_tabs import ChatTabsMixin
-from fgchat.tui.console import HIST_WINDOW, REFRESH_S, ConsoleMixin
-from fgchat.tui.dialogs import SamplingScreen
-from fgchat.tui.engine_link import EngineLinkMixin
-from fgchat.tui.export import ExportMixin
+from fgchat.metrics import CsvAppender, new_session_id
+from fgchat.protocol.errors import FgchatError
+from fgchat.protocol.events import MODES, EngineError, SamplingParams
+from fgchat.tui import exit_signals
+from fgchat.tui.chat_tabs import ChatTabs
+from fgchat.tui.dialogs import ExportScreen, SamplingScreen
+from fgchat.tui.engine_link import EngineLink, EngineUpdate
 from fgchat.tui.help_screen import HelpScreen
-from fgchat.tui.latency_panel import LatencyPanel, PanelView
+from fgchat.tui.latency_console import REFRESH_S, LatencyConsole, PanelStatus
+from fgchat.tui.latency_panel import LatencyPanel
+from fgchat.tui.log_files import SYNC_S, LogFiles
 from fgchat.tui.messages import EngineEvents
-from fgchat.tui.palette import PaletteMixin
-from fgchat.tui.replies import K_TEMPERATURE, MAX_SAMPLES, Reply, ReplyMixin, reply_params
-from fgchat.tui.store import (
-    ChatStore,
-    Settings,
-    StoredMessage,
-    data_dir,
-    data_dir_path,
-    open_private,
-    title_from,
-)
+from fgchat.tui.palette import fgchat_commands
+from fgchat.tui.replies import Replies
+from fgchat.tui.sampling import MAX_SAMPLES, SamplingChoice
+from fgchat.tui.store import ChatStore, Settings, data_dir, data_dir_path
+from fgchat.tui.store_guard import StoreGuard, log_problem
 from fgchat.tui.themes import BUILTIN_THEME_DIR, DEFAULT_THEME, load_themes
 
 EngineFactory = Callable[..., object]
-
-EXIT_SIGNALS = (signal.SIGTERM, signal.SIGHUP)  # handled like ctrl+q; exit status 128 + signum
+EXIT_SIGNALS = exit_signals.EXIT_SIGNALS
 SHUTDOWN_GRACE_S = 3.0  # after a signal (data already stored): longest wait for the UI to close
-
-
-def _ignore_signal(signum, frame) -> None:
-    pass
-
-
-def one_line(exc: BaseException) -> str:
-    text = str(exc).strip() or type(exc).__name__
-    return " ".join(text.split())
 
 
 def open_store(path: Path, problem: str = "") -> tuple[ChatStore, str]:
@@ -99,9 +91,12 @@ def open_store(path: Path, problem: str = "") -> tuple[ChatStore, str]:
     return ChatStore(":memory:"), f"{problem}: chats are kept in memory for this session"
 
 
-class FgchatApp(
-    EngineLinkMixin, ReplyMixin, ChatTabsMixin, ExportMixin, PaletteMixin, ConsoleMixin, App[int]
-):
+def _chat(action: str) -> str:
+    """A binding's action string for a ChatTabs action (see `FgchatApp.action_chat`)."""
+    return f"chat('{action}')"
+
+
+class FgchatApp(App[int]):
     """Chat + latency console. `engine_factory(config)` returns an object with EngineProcess's
     interface (start, submit_chats or submit_chat, cancel, set_mode, get_events, shutdown); default
     EngineProcess."""
@@ -112,7 +107,7 @@ class FgchatApp(
     VERTICAL_BREAKPOINTS = [(0, "-short"), (34, "-tall")]
 
     BINDINGS = [
-        Binding("escape", "stop", "Stop", tooltip="Stop the replies of the current chat (partial text is kept)"),
+        Binding("escape", _chat("stop"), "Stop", tooltip="Stop the replies of the current chat (partial text is kept)"),
         Binding("f1", "mode('eager')", "Eager", group=Binding.Group("Mode", compact=True),
                 tooltip="Mode eager: every kernel launched from Python"),
         Binding("f2", "mode('piecewise')", "Piecewise", group=Binding.Group("Mode", compact=True),
@@ -124,16 +119,16 @@ class FgchatApp(
         Binding("f5", "samples(-1)", "K-1", group=Binding.Group("Replies", compact=True),
                 tooltip="Ask for one reply fewer per prompt"),
         Binding("f6", "sampling", "Sampling",
-                tooltip="Sampling: temperature, top-p, top-k, seed (remembered)"),
-        Binding("ctrl+n", "new_chat", "New", tooltip="New chat tab (chats can generate at the same time)"),
-        Binding("ctrl+r", "regenerate", "Regen", tooltip="Regenerate the last reply of this chat"),
+                tooltip="Sampling: temperature, top-p, top-k, seed, penalties (the model's defaults unless you change them)"),
+        Binding("ctrl+n", _chat("new_chat"), "New", tooltip="New chat tab (chats can generate at the same time)"),
+        Binding("ctrl+r", _chat("regenerate"), "Regen", tooltip="Regenerate the last reply of this chat"),
         Binding("ctrl+s", "export", "Export", tooltip="Export the latency log: tokens CSV + requests CSV"),
-        Binding("ctrl+y", "copy_reply", "Copy", show=False, tooltip="Copy the last reply to the clipboard"),
-        Binding("ctrl+o", "open_chat", "Open", tooltip="Reopen a saved conversation"),
-        Binding("ctrl+t", "system_prompt", "System", show=False, tooltip="Edit this chat's system prompt"),
+        Binding("ctrl+y", _chat("copy_reply"), "Copy", show=False, tooltip="Copy the last reply to the clipboard"),
+        Binding("ctrl+o", _chat("open_chat"), "Open", tooltip="Reopen a saved conversation"),
+        Binding("ctrl+t", _chat("system_prompt"), "System", show=False, tooltip="Edit this chat's system prompt"),
         Binding("ctrl+l", "toggle_panel", "Panel", show=False, tooltip="Show or hide the latency console"),
-        Binding("ctrl+pagedown", "next_chat", "Next", show=False, tooltip="Next chat tab"),
-        Binding("ctrl+pageup", "previous_chat", "Prev", show=False, tooltip="Previous chat tab"),
+        Binding("ctrl+pagedown", _chat("next_chat"), "Next", show=False, tooltip="Next chat tab"),
+        Binding("ctrl+pageup", _chat("previous_chat"), "Prev", show=False, tooltip="Previous chat tab"),
         Binding("f10", "help", "Help", tooltip="This help"),
         Binding("ctrl+q", "quit", "Quit", priority=True,
                 tooltip="Quit (replies in flight are stored as interrupted)"),
@@ -150,7 +145,6 @@ class FgchatApp(
         session_id: str | None = None,
     ) -> None:
         super().__init__()
-        self.config = config
         self.startup_warnings: list[str] = []  # shown once the app is mounted
         dir_problem = ""
         if data_path is None:
@@ -163,105 +157,64 @@ class FgchatApp(
         self.store, store_problem = open_store(self.data_path / "chats.sqlite3", dir_problem)
         if store_problem:
             self.startup_warnings.append(store_problem)
-        self._engine_factory = engine_factory or (
-            lambda cfg: EngineProcess(cfg, log_path=self.data_path / "engine.log")
-        )
-        self.appender = log_csv
-        self.sampling = self._saved_sampling(sampling or SamplingParams(max_tokens=1024))
+        self.guard = StoreGuard(self.store, self.data_path,
+                                lambda text: self.notify(text, severity="error", timeout=8))
+        self.sampling = SamplingChoice(self.settings, sampling or SamplingParams(max_tokens=1024))
+        self.startup_warnings += self.sampling.problems
         # one id per app run, on every latency row it writes: rows of two sessions never collide
         self.session_id = session_id or getattr(log_csv, "session_id", None) or new_session_id()
-        self.latency_log = LatencyLog(session_id=self.session_id)
-        self.engine = None
-        self._engine_gen = 0
-        self.engine_state = "starting"  # starting | ready | failed
-        self.engine_error = ""
-        self.engine_info: EngineInfo | None = None
-        self.engine_mode: str = "eager"
-        self.requested_mode: str | None = getattr(config, "mode", None)
-        self.mode_note = ""
-        self.replies: dict[int, Reply] = {}
-        self._next_rid = 1
-        self._rid_chat: dict[int, str] = {}
-        self.samples = int(min(max(int(self.settings.get("samples", 1) or 1), 1), MAX_SAMPLES))
-        self.batch_size_now = 0
-        self.last_batch_size = 0
-        self.batch_sizes_seen: Counter[int] = Counter()  # decode batch sizes of tokens received
-        self.batch_sizes_shown: set[int] = set()  # batch sizes the console displayed
-        self.recent_itl: list[float] = []
-        self.itl_history: dict[str, deque[float]] = {m: deque(maxlen=HIST_WINDOW) for m in MODES}
-        self._next_build = 0.0  # monotonic time before which the console is not recomputed
-        self.panel_view = PanelView()
-        self._dirty = True
+        self.latency = LatencyConsole(self.session_id)
+        self.link = EngineLink(self, config, engine_factory or (
+            lambda cfg: EngineProcess(cfg, log_path=self.data_path / "engine.log")))
+        self.replies = Replies(self.link, self.sampling, self.guard)
+        self.log_files = LogFiles(self.latency.log, self.settings, self.data_path, log_csv, self.notify)
         self._flushed = False
         self.exit_signal: int | None = None  # SIGTERM/SIGHUP that ended the app, if one did
         self._previous_handlers: dict[int, object] = {}
         # run_tui sets it: after a signal, os._exit if the UI has not closed in SHUTDOWN_GRACE_S
         # (never in tests that drive the app in-process)
         self.exit_watchdog = False
-        self._csv_error = ""
         self.notices: list[tuple[str, str]] = []  # (severity, text) of every notification shown
-        self.theme_problems: list[str] = []
-        self.file_themes: list[str] = []
-        self._register_file_themes()
-
-    # ------------------------------------------------------------------ setup
-    def _register_file_themes(self) -> None:
         themes, self.theme_problems = load_themes([BUILTIN_THEME_DIR, self.data_path / "themes"])
         for theme in themes:
             self.register_theme(theme)
         self.file_themes = [t.name for t in themes]
 
-    def _apply_saved_theme(self) -> None:
-        wanted = self.settings.get("theme") or DEFAULT_THEME
-        if wanted in self.available_themes:
-            self.theme = wanted
-        elif DEFAULT_THEME in self.available_themes:
-            self.theme = DEFAULT_THEME
-
-    def _saved_sampling(self, base: SamplingParams) -> SamplingParams:
-        """`base` with the temperature, top-p, top-k and seed saved in the settings, if valid
-        (invalid saved values are ignored with a start-up warning)."""
-        saved = self.settings.get("sampling")
-        if not isinstance(saved, dict):
-            return base
-        try:
-            params = replace(
-                base,
-                temperature=float(saved.get("temperature", base.temperature)),
-                top_p=float(saved.get("top_p", base.top_p)),
-                top_k=int(saved.get("top_k", base.top_k)),
-                seed=int(saved.get("seed", base.seed)),
-            )
-            params.validate()
-        except Exception as exc:
-            self.startup_warnings.append(f"saved sampling settings ignored: {one_line(exc)}")
-            return base
-        return params
-
+    # ------------------------------------------------------------------ layout
     def compose(self) -> ComposeResult:
         yield Header()
         with Horizontal(id="main"):
             with Vertical(id="chat-column"):
                 yield Static(id="engine-banner")
-                yield TabbedContent(id="chats")
+                yield ChatTabs(self.replies, self.settings, id="chats")
                 yield Input(placeholder="Message · Enter sends · Esc stops · F10 help", id="prompt")
             yield LatencyPanel(id="latency")
         yield Footer(compact=True)
 
     async def on_mount(self) -> None:
-        self._install_signal_handlers()
+        self._previous_handlers = exit_signals.install(self.exit_on_signal)
         for warning in self.startup_warnings:
             self.notify(warning, severity="warning", timeout=15)
-        self._apply_saved_theme()
-        self.theme_changed_signal.subscribe(self, self._remember_theme)
+        wanted = self.settings.get("theme") or DEFAULT_THEME
+        if wanted in self.available_themes:
+            self.theme = wanted
+        elif DEFAULT_THEME in self.available_themes:
+            self.theme = DEFAULT_THEME
+        self.theme_changed_signal.subscribe(self, lambda theme: self.settings.set("theme", theme.name))
         for problem in self.theme_problems:
             self.notify(problem, severity="warning")
-        await self.new_chat()
+        await self.chats.new_chat()
         self.query_one("#engine-banner", Static).display = False
-        self.start_engine()
-        self.set_interval(REFRESH_S, self._tick)
+        self.link.start()
+        self.set_interval(REFRESH_S, self._redraw)
+        if self.log_files.appender is not None:
+            self.set_interval(SYNC_S, self.log_files.sync)
         self._update_subtitle()
         self.query_one("#prompt", Input).focus()
+
+    @property
+    def chats(self) -> ChatTabs:
+        return self.query_one(ChatTabs)
 
     def notify(
         self,
@@ -276,104 +229,187 @@ class FgchatApp(
         self.notices.append((severity, f"{title}: {message}" if title else message))
         super().notify(message, title=title, severity=severity, timeout=timeout, markup=markup)
 
-    def _remember_theme(self, theme) -> None:
-        self.settings.set("theme", theme.name)
+    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        yield from super().get_system_commands(screen)
+        yield from fgchat_commands(self)
 
-    # ------------------------------------------------------------------ message handlers
+    # ------------------------------------------------------------------ engine events
     @on(EngineEvents)
-    async def _handle_engine_events(self, message: EngineEvents) -> None:
-        await self._apply_engine_events(message)
+    async def _engine_events(self, message: EngineEvents) -> None:
+        update = self.link.apply(message)
+        if update is None:
+            return  # a replaced engine's late events
+        if update.fatal is not None:
+            self._show_engine_stopped(update.fatal)  # before any await
+        endpoint = self.link.endpoint
+        self.latency.record_tokens(update.tokens, self.replies.chat_of, endpoint)
+        self.latency.record_requests(update.finished, self.replies.chat_of, endpoint)
+        texts = self.replies.count(update.tokens)
+        if update.ready is not None:
+            self._engine_ready()
+        for change in update.mode_changes:
+            if change.reason:
+                self.notify(change.reason, title=f"running {change.mode}", severity="warning", timeout=6)
+        if update.mode_changes:
+            self._update_subtitle()
+        await self.replies.stream(texts)
+        await self._apply_endings(update)
+        if not self.replies:
+            self.latency.idle()
 
+    async def _apply_endings(self, update: EngineUpdate) -> None:
+        for ev in update.endings:
+            if not isinstance(ev, EngineError):
+                await self.replies.finish(ev.summary)
+            elif ev.fatal:
+                await self.replies.fail_all(ev.message)
+            else:
+                if ev.request_id is not None:
+                    await self.replies.fail(ev.request_id, ev.message)
+                self.notify(ev.message, title="request failed", severity="error", timeout=8)
+
+    def _engine_ready(self) -> None:
+        info = self.link.info
+        self.sampling.set_defaults(info.sampling_defaults, info.sampling_source)
+        self.refresh_bindings()  # mode keys of an endpoint
+        self._update_subtitle()
+        check = info.startup_check
+        if check is not None and not check.passed:
+            self.notify(check.message, title="startup check failed", severity="warning", timeout=30)
+
+    def _show_engine_stopped(self, ev: EngineError) -> None:
+        loaded = self.link.info is not None
+        banner = self.query_one("#engine-banner", Static)
+        if loaded:
+            banner.update(Content(
+                f"✖ engine stopped: {ev.message}\nPartial replies and the latency log are kept. "
+                "Restart it from the command palette (ctrl+p → Restart engine)."
+            ))
+        else:
+            banner.update(Content(f"✖ model failed to load: {ev.message}"))
+        banner.display = True
+        self.notify(ev.message, title="engine stopped" if loaded else "model failed to load",
+                    severity="error", timeout=15)
+
+    async def action_restart_engine(self) -> None:
+        await self.replies.fail_all("engine restarted")
+        self.query_one("#engine-banner", Static).display = False
+        self.link.restart()
+        self.notify("engine restarting…", timeout=3)
+
+    # ------------------------------------------------------------------ console
+    def _panel_status(self) -> PanelStatus:
+        link = self.link
+        return PanelStatus(
+            mode=link.mode, requested_mode=link.requested_mode, mode_note=link.mode_note,
+            unavailable=tuple(sorted(link.unavailable_modes().items())),
+            samples=self.sampling.samples, sampling=self.sampling.label(),
+            active_replies=len(self.replies), info=link.info, engine_state=link.state,
+            engine_error=link.error, engine_phase=link.phase,
+            starting_s=time.monotonic() - link.started_at, last_export=self.log_files.last_export,
+        )
+
+    def _redraw(self) -> None:
+        if self._flushed:
+            return
+        view = self.latency.rebuild(self._panel_status())
+        if view is None:
+            return
+        try:
+            self.query_one(LatencyPanel).show(view)
+            chats = self.chats
+        except NoMatches:  # shutting down
+            return
+        self._update_subtitle()
+        for chat in chats.views():
+            chats.update_label(chat.conversation)
+
+    def _update_subtitle(self) -> None:
+        """"model · mode · batch B · K k · sampling · its source"."""
+        link = self.link
+        mode = link.mode + (f"→{link.requested_mode}?" if link.requested_mode and
+                            link.requested_mode != link.mode else "")
+        if link.state == "failed":
+            model = "engine stopped"
+        else:
+            model = link.info.model_name if link.info else "loading…"
+        self.sub_title = (f"{model} · {mode} · batch {self.latency.batch_size_now} · "
+                          f"K {self.sampling.samples} · {self.sampling.label()}")
+
+    # ------------------------------------------------------------------ sending and actions
     @on(TabbedContent.TabActivated)
     def _tab_activated(self) -> None:
         self.query_one("#prompt", Input).focus()
 
-    # ------------------------------------------------------------------ sending
     @on(Input.Submitted, "#prompt")
     async def _prompt_submitted(self, event: Input.Submitted) -> None:
         await self.send_prompt(event.value)
 
     async def send_prompt(self, text: str) -> bool:
-        """Send `text` as the next user turn of the current chat; False when nothing was sent."""
+        """Send `text` as the next user turn of the current chat; False when nothing was sent
+        (an empty prompt is dropped; a refused one stays in the input)."""
         prompt = self.query_one("#prompt", Input)
         if not text.strip():
             prompt.value = ""
-            return False  # empty prompts are ignored
-        chat = self.current_chat
+            return False
+        chat = self.chats.sendable()
         if chat is None:
             return False
-        if self.engine_state == "failed":
-            self.notify(f"the engine is not running: {self.engine_error}", severity="error")
-            return False  # the text stays in the input
-        conv = chat.conversation
-        if self.chat_busy(conv):
-            self.notify("this chat is still replying: Esc stops it, ctrl+n opens another chat",
-                        severity="warning")
-            return False
         prompt.value = ""
-        if not any(m.role == "user" for m in conv.messages):
-            conv.title = title_from(text)
-        msg = StoredMessage("user", text)
-        conv.messages.append(msg)
-        self._store_message(conv, msg)
-        bubble = await chat.add_message(msg)
-        bubble.stored = msg  # type: ignore[attr-defined]
-        await self._start_replies(chat)
+        await self.chats.send(chat, text)
         return True
 
-    # ------------------------------------------------------------------ actions
+    async def action_chat(self, action: str) -> None:
+        """Key bindings of chat actions: run ChatTabs.action_<action>."""
+        await self.chats.run_action(action)
+        if action == "new_chat":
+            self.query_one("#prompt", Input).focus()
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """Mode keys of a remote endpoint are shown disabled for modes it cannot switch to."""
+        if action == "mode" and parameters and self.link.endpoint:
+            return None if self.link.unavailable_modes().get(str(parameters[0])) else True
+        return True
+
     def action_mode(self, mode: str) -> None:
         if mode not in MODES:
             return
-        if self.engine_state == "failed":
-            self.notify(f"the engine is not running: {self.engine_error}", severity="error")
+        refusal = self.link.refusal()
+        if refusal:
+            self.notify(refusal, severity="error")
             return
-        self.requested_mode = mode
-        self.mode_note = ""
-        self.engine.set_mode(mode)
-        self._dirty = True
+        why = self.link.unavailable_modes().get(mode) if self.link.endpoint else ""
+        if why:
+            self.notify(f"{mode} is unavailable on {self.link.endpoint}: {why}", severity="warning")
+            return
+        self.link.set_mode(mode)
         self._update_subtitle()
 
     def action_samples(self, delta: int) -> None:
-        k = self.samples + int(delta)
-        if k > MAX_SAMPLES:
-            k = 1
-        elif k < 1:
-            k = MAX_SAMPLES
-        self.set_samples(k)
+        k = self.sampling.samples + int(delta)
+        self.set_samples(1 if k > MAX_SAMPLES else MAX_SAMPLES if k < 1 else k)
 
     def set_samples(self, k: int) -> None:
-        self.samples = min(max(int(k), 1), MAX_SAMPLES)
-        self.settings.set("samples", self.samples)
-        self._dirty = True
+        self.sampling.set_samples(k)
         self._update_subtitle()
-        text = f"{self.samples} repl{'y' if self.samples == 1 else 'ies'} per prompt"
-        _params, note = reply_params(self.sampling, self.samples)
+        n = self.sampling.samples
+        text = f"{n} repl{'y' if n == 1 else 'ies'} per prompt"
+        _params, note = self.sampling.replies()
         self.notify(f"{text} · {note}" if note else text, timeout=3 if note else 2)
 
-    def sampling_label(self) -> str:
-        """The sampling shown in the subtitle, e.g. "T 0.7 top-p 0.95 top-k 0 seed 0";
-        "T 0→0.7" when K > 1 replies are sampled instead of greedy (see `reply_params`)."""
-        p = self.sampling
-        t = f"T {p.temperature:g}"
-        if self.samples > 1 and p.temperature == 0:
-            t += f"→{K_TEMPERATURE:g}"
-        return f"{t} top-p {p.top_p:g} top-k {p.top_k} seed {p.seed}"
-
-    def _update_subtitle(self) -> None:
-        super()._update_subtitle()  # "model · mode · batch B · K k"
-        self.sub_title = f"{self.sub_title} · {self.sampling_label()}"
-
     def set_sampling_params(self, params: SamplingParams) -> None:
-        """Use `params` (temperature, top-p, top-k, seed) for the next replies; saved in settings."""
-        params.validate()
-        self.sampling = params
-        self.settings.set("sampling", {"temperature": params.temperature, "top_p": params.top_p,
-                                       "top_k": params.top_k, "seed": params.seed})
-        self._dirty = True
+        """Use `params` for the next replies; what differs from the model's defaults is saved."""
+        self.sampling.set_user(params)
+        self._sampling_changed()
+
+    def reset_sampling(self) -> None:
+        self.sampling.reset()
+        self._sampling_changed()
+
+    def _sampling_changed(self) -> None:
         self._update_subtitle()
-        text = f"sampling: {self.sampling_label()}"
-        _params, note = reply_params(params, self.samples)
+        _params, note = self.sampling.replies()
+        text = f"sampling: {self.sampling.label()}"
         self.notify(f"{text} · {note}" if note else text, timeout=3)
 
     def action_sampling(self) -> None:
@@ -384,7 +420,15 @@ class FgchatApp(
             if params is not None:
                 self.set_sampling_params(params)
 
-        self.push_screen(SamplingScreen(self.sampling), done)
+        choice = self.sampling
+        self.push_screen(SamplingScreen(choice.params, choice.defaults, choice.source), done)
+
+    def action_export(self) -> None:
+        def done(path: str | None) -> None:
+            if path:
+                self.log_files.export(path)
+
+        self.push_screen(ExportScreen(str(self.log_files.proposed_path())), done)
 
     def action_toggle_panel(self) -> None:
         panel = self.query_one(LatencyPanel)
@@ -393,58 +437,13 @@ class FgchatApp(
     def action_help(self) -> None:
         self.push_screen(HelpScreen([b for b in self.BINDINGS if isinstance(b, Binding)]))
 
-    # ------------------------------------------------------------------ store
-    def _store_call(self, what: str, call: Callable, *args, default=None):
-        """Run one ChatStore call; a failure is a one-line error notification (and a ui.log line),
-        never a crash: the caller's data stays in memory and the app keeps running."""
-        try:
-            return call(*args)
-        except Exception as exc:  # sqlite/OS errors (FgchatError from ChatStore), closed store
-            text = f"could not {what}: {one_line(exc)}"
-            self._log_problem(text)
-            if not self._flushed:
-                self.notify(f"{text} (kept in memory)", severity="error", timeout=8)
-            return default
+    def use_example(self, text: str) -> None:
+        prompt = self.query_one("#prompt", Input)
+        prompt.value = text
+        prompt.cursor_position = len(text)
+        prompt.focus()
 
     # ------------------------------------------------------------------ exit
-    def _install_signal_handlers(self) -> None:
-        """SIGTERM/SIGHUP → `exit_on_signal` on the event loop. Python-level handlers (main thread
-        only: under a test runner the app may run elsewhere, then the process's handling stays)
-        that only schedule the work: CPython runs them in signal-number order, so a hangup's
-        SIGHUP (1) is seen before the SIGCONT (18) the kernel sends with it, and Textual's SIGCONT
-        handler (which would resume the dead terminal and can block) is disarmed first."""
-        if threading.current_thread() is not threading.main_thread():
-            return
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            return
-
-        def on_signal(signum: int, frame) -> None:
-            if signum == signal.SIGHUP:
-                try:
-                    signal.signal(signal.SIGCONT, _ignore_signal)
-                except (ValueError, OSError):
-                    pass
-            try:
-                loop.call_soon_threadsafe(self.exit_on_signal, signum)
-            except RuntimeError:  # the loop is closed: the app already flushed
-                pass
-
-        for sig in EXIT_SIGNALS:
-            try:
-                self._previous_handlers[int(sig)] = signal.signal(sig, on_signal)
-            except (ValueError, OSError):
-                continue
-
-    def _remove_signal_handlers(self) -> None:
-        for sig, handler in self._previous_handlers.items():
-            try:
-                signal.signal(sig, signal.SIG_DFL if handler is None else handler)
-            except (ValueError, OSError, TypeError):
-                pass
-        self._previous_handlers.clear()
-
     def exit_on_signal(self, signum: int) -> None:
         """SIGTERM/SIGHUP: what ctrl+q does, storing first. The flush runs right here, before
         any await, so nothing depends on the (possibly gone) terminal; a repeated signal is a
@@ -469,42 +468,21 @@ class FgchatApp(
 
     async def on_unmount(self) -> None:
         self.flush_on_exit()
-        self._remove_signal_handlers()
+        exit_signals.restore(self._previous_handlers)
 
     def _log_problem(self, text: str) -> None:
-        """Problems at exit cannot be shown any more: append them to <data dir>/ui.log (0600)."""
-        try:
-            fd = open_private(self.data_path / "ui.log", os.O_WRONLY | os.O_APPEND)
-            with os.fdopen(fd, "a", encoding="utf-8") as f:
-                f.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {text}\n")
-        except OSError:
-            pass
+        """Problems at exit cannot be shown any more: they go to <data dir>/ui.log (0600)."""
+        log_problem(self.data_path, text)
 
     def flush_on_exit(self) -> None:
         """Keep everything: partial replies, the rest of --log-csv; then stop the engine. Idempotent."""
         if self._flushed:
             return
         self._flushed = True
-        for reply in list(self.replies.values()):
-            try:
-                self._persist_reply(reply, reply.bubble.text, {"finish": "interrupted", "tokens": reply.tokens})
-            except Exception as exc:
-                self._log_problem(f"could not save an interrupted reply: {exc!r}")
-        self.replies.clear()
-        if self.appender is not None:
-            try:
-                self.appender.sync(self.latency_log)
-            except FgchatError:
-                pass
-            try:
-                self.appender.close()
-            except FgchatError:
-                pass
-        if self.engine is not None:
-            try:
-                self.engine.shutdown()
-            except Exception:
-                pass
+        self.guard.quiet = True
+        self.replies.interrupt_all(self._log_problem)
+        self.log_files.close()
+        self.link.shutdown()
         try:
             self.store.close()
         except Exception:

@@ -110,29 +110,32 @@ class ChatView(VerticalScroll):
     def on_mount(self) -> None:
         self.call_after_refresh(self.follow)
 
-    def follow(self) -> None:
-        """Keep the newest text in view once the conversation overflows the view.
-
-        (Anchoring earlier would push short conversations to the bottom of the view.) A hidden
-        view (another tab) has no height: it is settled when it is shown instead."""
-        if not self.is_on_screen or self.size.height == 0:
-            return
-        if not self.is_anchored and self.virtual_size.height > self.scrollable_content_region.height:
-            self.anchor()
+    def on_resize(self) -> None:
+        """The view or its content changed size (streamed text, Markdown blocks mounted after
+        their parse, a re-wrap): keep following the end."""
+        self.follow()
 
     def on_show(self) -> None:
-        """A tab switched to: show the chat at once, its last message at the bottom of the view
-        (or from the top when it fits), never scrolled past the end into empty lines."""
-        self.settle()
-        self.call_after_refresh(self.settle)  # again once the shown pane has been laid out
+        """A tab switched to: its last message at the bottom of the view (or the chat from the
+        top when it fits), also when the user had scrolled up before leaving it."""
+        self.follow(reengage=True)
+        self.call_after_refresh(self.follow)  # once the shown pane has been laid out
 
-    def settle(self) -> None:
-        if self.size.height == 0:
+    def follow(self, reengage: bool = False) -> None:
+        """Invariant: a shown view whose content overflows it is anchored (Textual then keeps
+        the end in view as content grows, until the user scrolls up); one whose content fits is
+        not anchored and shows the chat from the top. Anchoring only once the content
+        overflows keeps a short chat at the top instead of at the bottom of the view.
+
+        A hidden view (another tab) has no height: it is settled when it is shown instead."""
+        if not self.is_on_screen or self.size.height == 0:
             return
         if self.virtual_size.height > self.scrollable_content_region.height:
-            self.anchor()  # scrolls to the end at once and keeps following new text
-        else:
-            self.scroll_to(y=0, animate=False, immediate=True, force=True, release_anchor=False)
+            if reengage or not self.is_anchored:
+                self.anchor()  # scrolls to the end at once
+        elif self.is_anchored or self.scroll_y:
+            self.anchor(False)
+            self.scroll_to(y=0, animate=False, immediate=True, force=True)
 
     def _system_line(self) -> Content:
         prompt = " ".join(self.conversation.system_prompt.split()) or "(none)"
@@ -155,13 +158,11 @@ class ChatView(VerticalScroll):
     async def add_message(self, msg: StoredMessage) -> MessageBubble:
         bubble = self._bubble_for(msg)
         await self.mount(bubble)
-        self.call_after_refresh(self.follow)
         return bubble
 
     async def add_reply(self, label: str) -> MessageBubble:
         bubble = MessageBubble("assistant", label=label, streaming=True)
         await self.mount(bubble)
-        self.call_after_refresh(self.follow)
         return bubble
 
     def bubbles(self) -> list[MessageBubble]:

@@ -16,6 +16,7 @@ from textual.validation import Function
 from textual.widgets.option_list import Option
 
 from fgchat.protocol.events import SamplingParams
+from fgchat.tui.sampling import K_TEMPERATURE
 from fgchat.tui.store import ConversationSummary
 
 
@@ -56,10 +57,8 @@ class SystemPromptScreen(_SaveOrCancel, ModalScreen[str | None]):
     def on_mount(self) -> None:
         self.query_one(TextArea).focus()
 
-
     def action_save(self) -> None:
         self.dismiss(self.query_one(TextArea).text)
-
 
 
 class OpenChatScreen(ModalScreen[str | None]):
@@ -140,7 +139,7 @@ def _parse_int(text: str) -> int:
     return int(text.strip())
 
 
-# field id -> (label, parser, check, what a valid value is)
+# field id -> (label, parser, check, what a valid value is); the same ranges as SamplingParams.validate
 SAMPLING_FIELDS: dict[str, tuple[str, object, object, str]] = {
     "temperature": ("Temperature", _parse_float, lambda v: 0.0 <= v <= 100.0,
                     "temperature: a number from 0 (greedy) to 100"),
@@ -150,15 +149,29 @@ SAMPLING_FIELDS: dict[str, tuple[str, object, object, str]] = {
               "top-k: a whole number >= 0 (0 disables it)"),
     "seed": ("Seed", _parse_int, lambda v: 0 <= v < SEED_LIMIT,
              "seed: a whole number in [0, 2^63); reply j of K uses seed + j"),
+    "repetition_penalty": ("Repetition pen.", _parse_float, lambda v: 0.0 < v <= 10.0,
+                           "repetition penalty: a number in (0, 10] (1 disables it)"),
+    "presence_penalty": ("Presence pen.", _parse_float, lambda v: -2.0 <= v <= 2.0,
+                         "presence penalty: a number in [-2, 2] (0 disables it)"),
+    "frequency_penalty": ("Frequency pen.", _parse_float, lambda v: -2.0 <= v <= 2.0,
+                          "frequency penalty: a number in [-2, 2] (0 disables it)"),
 }
 
 
+def sampling_texts(p: SamplingParams) -> dict[str, str]:
+    """The dialog's field texts for `p`."""
+    return {name: f"{getattr(p, name):g}" if isinstance(getattr(p, name), float) else str(getattr(p, name))
+            for name in SAMPLING_FIELDS}
+
+
 def parse_sampling(values: dict[str, str], base: SamplingParams) -> SamplingParams:
-    """`base` with the dialog's temperature, top-p, top-k and seed; ValueError (one line naming
-    the first bad field and what it accepts) when one is not valid."""
+    """`base` with the dialog's fields (values missing from `values` keep base's); ValueError
+    (one line naming the first bad field and what it accepts) when one is not valid."""
     parsed: dict[str, float | int] = {}
     for name, (_label, parse, check, what) in SAMPLING_FIELDS.items():
-        text = values.get(name, "")
+        if name not in values:
+            continue
+        text = values[name]
         try:
             value = parse(text)  # type: ignore[operator]
         except (ValueError, OverflowError):
@@ -178,8 +191,10 @@ def _field_ok(name: str, text: str) -> bool:
 
 
 class SamplingScreen(_SaveOrCancel, ModalScreen[SamplingParams | None]):
-    """Temperature, top-p, top-k and seed; returns the new SamplingParams or None (cancelled).
-    An invalid value keeps the dialog open with a one-line error."""
+    """The sampling fields of SAMPLING_FIELDS, shown with the effective values; "Model defaults"
+    fills in the model's own (`defaults`, described by `source`). Returns the new
+    SamplingParams or None (cancelled). An invalid value keeps the dialog open with a one-line
+    error."""
 
     BINDINGS = [
         Binding("escape", "cancel", "Cancel"),
@@ -189,10 +204,11 @@ class SamplingScreen(_SaveOrCancel, ModalScreen[SamplingParams | None]):
     DEFAULT_CSS = """
     SamplingScreen .sampling-row {
         height: auto;
+        margin-bottom: 1;
     }
     SamplingScreen .sampling-row Label {
-        width: 14;
-        padding: 1 1 0 0;
+        width: 17;
+        padding: 0 1 0 0;
     }
     SamplingScreen .sampling-row Input {
         width: 1fr;
@@ -203,30 +219,33 @@ class SamplingScreen(_SaveOrCancel, ModalScreen[SamplingParams | None]):
     }
     """
 
-    def __init__(self, params: SamplingParams) -> None:
+    def __init__(self, params: SamplingParams, defaults: SamplingParams | None = None, source: str = "") -> None:
         super().__init__()
         self._params = params
+        self._defaults = defaults if defaults is not None else SamplingParams()
+        self._source = source
 
     def compose(self) -> ComposeResult:
-        p = self._params
-        current = {"temperature": f"{p.temperature:g}", "top_p": f"{p.top_p:g}",
-                   "top_k": str(p.top_k), "seed": str(p.seed)}
+        current = sampling_texts(self._params)
         with Vertical(classes="dialog"):
             yield Label("Sampling (Enter or ctrl+s saves, Esc cancels)", classes="dialog-title")
             for name, (label, _parse, _check, what) in SAMPLING_FIELDS.items():
                 with Horizontal(classes="sampling-row"):
                     yield Label(label)
                     yield Input(
-                        current[name], id=f"sampling-{name.replace('_', '-')}",
+                        current[name], id=f"sampling-{name.replace('_', '-')}", compact=True,
                         validators=[Function(lambda v, n=name: _field_ok(n, v), what)],
                         validate_on=["changed", "submitted"],
                     )
             yield Label("", id="sampling-error")
-            yield Label("Temperature 0 is greedy. With K > 1 replies per prompt and temperature 0, "
-                        "the K replies are sampled at temperature 0.7 (greedy would give K copies); "
-                        "reply j uses seed + j.", classes="dialog-hint")
+            yield Label(f"Model defaults: {self._source or 'greedy (the model sets none)'}. Only the "
+                        "fields you change from them are saved; the others follow the model. "
+                        f"With K > 1 replies and temperature 0 the K replies are sampled at "
+                        f"temperature {K_TEMPERATURE:g} (greedy would give K copies); reply j uses seed + j.",
+                        classes="dialog-hint")
             with Horizontal(classes="dialog-buttons"):
                 yield Button("Save", id="save", variant="primary")
+                yield Button("Model defaults", id="defaults")
                 yield Button("Cancel", id="cancel")
 
     def on_mount(self) -> None:
@@ -236,10 +255,17 @@ class SamplingScreen(_SaveOrCancel, ModalScreen[SamplingParams | None]):
         return {name: self.query_one(f"#sampling-{name.replace('_', '-')}", Input).value
                 for name in SAMPLING_FIELDS}
 
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        """"Model defaults" fills the fields; Save and Cancel go on to _SaveOrCancel's handler
+        (Textual runs the handlers of the whole MRO unless one prevents the default)."""
+        if event.button.id == "defaults":
+            event.prevent_default()
+            for name, text in sampling_texts(self._defaults).items():
+                self.query_one(f"#sampling-{name.replace('_', '-')}", Input).value = text
+
     def on_input_submitted(self, event: Input.Submitted) -> None:
         event.stop()
         self.action_save()
-
 
     def action_save(self) -> None:
         error = self.query_one("#sampling-error", Label)

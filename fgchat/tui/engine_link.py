@@ -1,10 +1,14 @@
-"""The engine side of FgchatApp: starting/restarting the engine process, polling its event pipe
-on a worker thread, and applying the events (tokens, finished requests, mode changes, errors).
+"""The app's link to the engine: the handle (EngineProcess or anything with its interface), the
+polling thread, and what the engine last said about itself (state, mode, info).
+
+A worker thread polls the handle's event pipe and posts each batch as an `EngineEvents` message
+to the app; the app's handler calls `apply`, which updates this object's state and returns the
+batch sorted for the other components (`EngineUpdate`).
 
 Invariants:
-- Each engine start bumps a generation; events from a replaced engine are dropped.
-- Every token and finished request is recorded in the latency log before any UI update.
-- A fatal engine error fails every in-flight reply (partial text kept) and shows a banner.
+- Each start bumps `generation`; batches of a replaced engine are dropped by `apply`.
+- `state` is "starting" until the engine's EngineInfo arrives ("ready"), "failed" from its
+  first fatal EngineError until a restart; `error` says why in one line.
 - The engine child starts with SIGHUP blocked: a hangup (closed terminal, dropped SSH session)
   reaches the whole foreground process group, and the child must outlive it until the app has
   stored the replies in flight as "interrupted" and stops it.
@@ -15,17 +19,29 @@ from __future__ import annotations
 import contextlib
 import signal
 import time
-from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
 
-from textual import work
-from textual.content import Content
-from textual.widgets import Static
+from textual.app import App
 from textual.worker import get_current_worker
 
-from fgchat.protocol.events import EngineError, EngineInfo, EngineProgress, ModeChanged, RequestFinished, TokenEvent
-from fgchat.tui.chat_view import ChatView
-from fgchat.tui.console import HIST_WINDOW, RECENT_ITL
+from fgchat.protocol.events import (
+    MODES,
+    EngineError,
+    EngineInfo,
+    EngineProgress,
+    Mode,
+    ModeChanged,
+    RequestFinished,
+    RequestSummary,
+    SamplingParams,
+    TokenEvent,
+)
 from fgchat.tui.messages import EngineEvents
+
+POLL_S = 0.05
+REMOTE_MODES = "the server decides how it runs"  # why a mode is unavailable on an endpoint
 
 
 @contextlib.contextmanager
@@ -45,138 +61,147 @@ def _hangup_blocked():
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
-class EngineLinkMixin:
-    """FgchatApp's engine lifecycle and event handling (`self.engine`, `self._engine_gen`,
-    `self.engine_*`, the batch/ITL statistics)."""
+@dataclass
+class EngineUpdate:
+    """One batch of engine events, sorted. `endings` keeps RequestFinished and EngineError in
+    arrival order (a request can finish before a fatal error in the same batch)."""
 
-    def start_engine(self) -> None:
+    tokens: list[TokenEvent] = field(default_factory=list)
+    finished: list[RequestSummary] = field(default_factory=list)
+    endings: list[RequestFinished | EngineError] = field(default_factory=list)
+    ready: EngineInfo | None = None  # the EngineInfo that made a starting engine ready
+    mode_changes: list[ModeChanged] = field(default_factory=list)
+    fatal: EngineError | None = None
+
+
+class EngineLink:
+    """Engine lifecycle and state. `factory(config)` makes the handle."""
+
+    def __init__(self, app: App, config, factory: Callable[..., object]) -> None:
+        self.app = app
+        self.config = config
+        self._factory = factory
+        self.handle = None
+        self.generation = 0
+        self.state = "starting"  # starting | ready | failed
+        self.error = ""
+        self.info: EngineInfo | None = None
+        self.phase = ""  # what a starting engine is doing (EngineProgress)
+        self.started_at = time.monotonic()
+        self.mode: Mode = Mode.EAGER
+        configured = getattr(config, "mode", None)
+        self.requested_mode: Mode | None = Mode(configured) if configured in MODES else None
+        self.mode_note = ""  # why the engine did not switch as asked ("" when it did)
+
+    # ---- lifecycle -----------------------------------------------------------------------
+    def start(self) -> None:
         """Start (or restart) the engine and its polling thread."""
-        self._engine_gen += 1
-        self.engine_state = "starting"
-        self.engine_error = ""
-        self.engine_phase = ""
-        self.engine_started_at = time.monotonic()
-        self.engine = self._engine_factory(self.config)
+        self.generation += 1
+        self.state = "starting"
+        self.error = ""
+        self.phase = ""
+        self.started_at = time.monotonic()
+        self.handle = self._factory(self.config)
         with _hangup_blocked():
-            self.engine.start()
-        self._poll_engine(self.engine, self._engine_gen)
-        self._dirty = True
+            self.handle.start()
+        self.app.run_worker(partial(self._poll, self.handle, self.generation), thread=True,
+                            exclusive=True, group="engine-poll", exit_on_error=False)
 
-    @work(thread=True, exclusive=True, group="engine-poll", exit_on_error=False)
-    def _poll_engine(self, engine, generation: int) -> None:
+    def _poll(self, handle, generation: int) -> None:
         worker = get_current_worker()
         while not worker.is_cancelled:
-            events = engine.get_events(0.05)
+            events = handle.get_events(POLL_S)
             if not events:
                 continue
-            self.post_message(EngineEvents(events, generation))
+            self.app.post_message(EngineEvents(events, generation))
             if any(isinstance(ev, EngineError) and ev.fatal for ev in events):
                 return
 
-    async def _apply_engine_events(self, message: EngineEvents) -> None:
-        if message.generation != self._engine_gen:
-            return  # a replaced engine's late events
-        texts: dict[int, list[str]] = {}
-        endings: list[object] = []
+    def restart(self) -> None:
+        """A fresh engine in the mode the old one ran (or was asked for); the old one is shut
+        down on a worker thread. Callers fail the replies in flight first."""
+        old = self.handle
+        self.app.workers.cancel_group(self.app, "engine-poll")
+        if old is not None:
+            self.app.run_worker(old.shutdown, thread=True, group="engine-stop")
+        self.info = None
+        wanted = self.requested_mode or self.mode
+        self.start()
+        self.requested_mode = wanted
+        self.handle.set_mode(wanted)
+
+    def shutdown(self) -> None:
+        if self.handle is not None:
+            try:
+                self.handle.shutdown()
+            except Exception:
+                pass
+
+    # ---- commands ------------------------------------------------------------------------
+    def refusal(self) -> str:
+        """Why nothing can be sent now ("" when the engine takes requests)."""
+        return f"the engine is not running: {self.error}" if self.state == "failed" else ""
+
+    def set_mode(self, mode: str) -> None:
+        self.requested_mode = Mode(mode)
+        self.mode_note = ""
+        self.handle.set_mode(mode)
+
+    def submit(self, messages: list[dict[str, str]], requests: list[tuple[int, SamplingParams]]) -> None:
+        """The K requests of one prompt as one command where the handle has it."""
+        submit_chats = getattr(self.handle, "submit_chats", None)
+        if submit_chats is not None:
+            submit_chats(messages, requests)
+        else:  # a handle without the batched command: one submit per reply
+            for rid, params in requests:
+                self.handle.submit_chat(rid, messages, params)
+
+    def cancel(self, request_id: int) -> None:
+        self.handle.cancel(request_id)
+
+    # ---- what the engine said ------------------------------------------------------------
+    @property
+    def endpoint(self) -> str:
+        """URL of the remote server behind the handle; "" for the local engine."""
+        return self.info.endpoint if self.info is not None else ""
+
+    def unavailable_modes(self) -> dict[str, str]:
+        """mode -> why it cannot run ("" when it can). On an endpoint a mode is unavailable
+        unless the server reports it as available."""
+        available = dict(self.info.available_modes) if self.info is not None else {}
+        if self.endpoint:
+            for mode in MODES:
+                available.setdefault(mode, REMOTE_MODES)
+        return available
+
+    def apply(self, message: EngineEvents) -> EngineUpdate | None:
+        """Update the state from one polled batch; None for a replaced engine's late batch."""
+        if message.generation != self.generation:
+            return None
+        update = EngineUpdate()
         for ev in message.events:
             if isinstance(ev, TokenEvent):
-                self._record_token(ev, texts)
+                update.tokens.append(ev)
             elif isinstance(ev, RequestFinished):
-                chat_id = self._rid_chat.get(ev.summary.request_id, "")
-                self.latency_log.add_request(ev.summary, chat_id)
-                endings.append(ev)
+                update.finished.append(ev.summary)
+                update.endings.append(ev)
             elif isinstance(ev, ModeChanged):
-                self._mode_changed(ev)
+                self.mode = ev.mode
+                self.mode_note = ev.reason
+                self.requested_mode = None
+                update.mode_changes.append(ev)
             elif isinstance(ev, EngineInfo):
-                self.engine_info = ev
-                self.engine_mode = ev.mode
-                if self.engine_state == "starting":
-                    self.engine_state = "ready"
-                    self.sub_title = ev.model_name
-                    check = ev.startup_check
-                    if check is not None and not check.passed:
-                        self.notify(check.message, title="startup check failed", severity="warning",
-                                    timeout=30)
+                self.info = ev
+                self.mode = ev.mode
+                if self.state == "starting":
+                    self.state = "ready"
+                    update.ready = ev
             elif isinstance(ev, EngineProgress):
-                self.engine_phase = ev.phase
+                self.phase = ev.phase
             elif isinstance(ev, EngineError):
-                endings.append(ev)
-        for rid, parts in texts.items():
-            reply = self.replies.get(rid)
-            if reply is not None:
-                await reply.bubble.append("".join(parts))
-                view = reply.bubble.parent
-                if isinstance(view, ChatView):
-                    view.call_after_refresh(view.follow)
-        for ev in endings:
-            if isinstance(ev, RequestFinished):
-                await self._finish_reply(ev.summary)
-            elif isinstance(ev, EngineError):
-                await self._engine_error(ev)
-        if not self.replies:
-            self.batch_size_now = 0
-        self._dirty = True
-
-    def _record_token(self, ev: TokenEvent, texts: dict[int, list[str]]) -> None:
-        self.latency_log.add_token(ev, self._rid_chat.get(ev.request_id, ""))
-        if not ev.is_first_token:
-            self.batch_size_now = ev.batch_size
-            self.last_batch_size = ev.batch_size
-            self.batch_sizes_seen[ev.batch_size] += 1
-            if ev.itl_ms is not None:
-                self.itl_history.setdefault(ev.mode, deque(maxlen=HIST_WINDOW)).append(ev.itl_ms)
-                self.recent_itl.append(ev.itl_ms)
-                if len(self.recent_itl) > RECENT_ITL:
-                    del self.recent_itl[: len(self.recent_itl) - RECENT_ITL]
-        reply = self.replies.get(ev.request_id)
-        if reply is not None:
-            reply.tokens += 1
-            if ev.text:
-                texts.setdefault(ev.request_id, []).append(ev.text)
-
-    def _mode_changed(self, ev: ModeChanged) -> None:
-        self.engine_mode = ev.mode
-        self.mode_note = ev.reason
-        if ev.reason:
-            self.notify(ev.reason, title=f"running {ev.mode}", severity="warning", timeout=6)
-        self.requested_mode = None
-        self._update_subtitle()
-
-    async def _engine_error(self, ev: EngineError) -> None:
-        if ev.fatal:
-            loaded = self.engine_info is not None
-            self.engine_state = "failed"
-            self.engine_error = ev.message
-            # the banner goes up before any await, so "failed" is never visible without it
-            banner = self.query_one("#engine-banner", Static)
-            if loaded:
-                banner.update(Content(
-                    f"✖ engine stopped: {ev.message}\nPartial replies and the latency log are kept. "
-                    "Restart it from the command palette (ctrl+p → Restart engine)."
-                ))
-            else:
-                banner.update(Content(f"✖ model failed to load: {ev.message}"))
-            banner.display = True
-            self.notify(ev.message, title="engine stopped" if loaded else "model failed to load",
-                        severity="error", timeout=15)
-            for rid in list(self.replies):
-                await self._fail_reply(rid, ev.message)
-            return
-        if ev.request_id is not None and ev.request_id in self.replies:
-            await self._fail_reply(ev.request_id, ev.message)
-        self.notify(ev.message, title="request failed", severity="error", timeout=8)
-
-    async def action_restart_engine(self) -> None:
-        for rid in list(self.replies):
-            await self._fail_reply(rid, "engine restarted")
-        old = self.engine
-        self.workers.cancel_group(self, "engine-poll")
-        if old is not None:
-            self.run_worker(old.shutdown, thread=True, group="engine-stop")
-        self.engine_info = None
-        self.query_one("#engine-banner", Static).display = False
-        self.start_engine()
-        if self.requested_mode is None:
-            self.requested_mode = self.engine_mode
-        self.engine.set_mode(self.requested_mode)
-        self.notify("engine restarting…", timeout=3)
+                update.endings.append(ev)
+                if ev.fatal and update.fatal is None:
+                    self.state = "failed"
+                    self.error = ev.message
+                    update.fatal = ev
+        return update

@@ -27,9 +27,17 @@ tabs at once, or ask for K replies per prompt (F4 / F5), to drive batch sizes 1.
 of a prompt are submitted together: prefilled in one round, they decode at batch K from the start.
 
 ## Sampling
-F6 sets temperature, top-p, top-k and seed (remembered; shown in the title bar). Temperature 0
+Replies start from the model's own defaults (its generation_config.json; greedy when it has
+none). F6 sets temperature, top-p, top-k, seed and the repetition, presence and frequency
+penalties; only the fields you change from the model's values are remembered, and "Model
+defaults" forgets them. The title bar shows what applies and where it comes from. Temperature 0
 is greedy. Reply j of K uses seed + j; with K > 1 and temperature 0 the K replies are sampled at
 temperature 0.7 instead (greedy would give K identical copies); K = 1 keeps your settings.
+
+## Remote endpoint
+When the engine is an OpenAI-compatible server, every timing is measured at the client (the
+panel says so) and the server's GPU and launch times are not known; mode keys the server cannot
+switch are shown disabled.
 """
 
 

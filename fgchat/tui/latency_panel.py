@@ -1,8 +1,12 @@
 """The latency console: mode and batch size, per-mode histograms, TTFT/TPOT/ITL, GPU vs host,
 tokens per second, a sparkline of recent inter-token latencies, graph capture cost.
 
-The app computes a `PanelView` at most ~10 times a second (coalesced) and hands it over; the
-panel only formats. Nothing here touches the engine.
+The app's `LatencyConsole` computes a `PanelView` at most ~10 times a second (coalesced) and
+hands it over; the panel only formats. Nothing here touches the engine.
+
+With a remote endpoint (EngineInfo.endpoint) every timing is measured at the client: the panel
+says so on its first line, and lines whose figures the server does not report (GPU time, launch
+time) are hidden instead of shown empty.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from fgchat.metrics import host_bound, sparkline
 from fgchat.tui.histogram import MODE_STYLES, ModeHistograms, fmt_ms
 
 MODE_KEYS = {"eager": "F1", "piecewise": "F2", "full": "F3"}
+HIDEABLE = frozenset({"timing-note", "mode-note", "gpu-host", "export-line"})  # lines hidden when empty
 
 
 @dataclass
@@ -30,9 +35,11 @@ class PanelView:
     mode: str = "eager"  # the mode the engine reports
     requested_mode: str | None = None  # asked for, not confirmed yet (or refused: see note)
     mode_note: str = ""  # e.g. "full unavailable: CUDA graphs need a CUDA device"
+    unavailable: tuple[tuple[str, str], ...] = ()  # (mode, why it cannot run; "" when it can)
     batch_size: int = 0  # sequences in the latest decode step; 0 when idle
     last_batch_size: int = 0
     samples: int = 1  # replies asked for per prompt (K)
+    sampling: str = ""  # effective sampling and its source, e.g. "T 0.7 top-p 0.8 … · generation_config.json"
     active_replies: int = 0
     summary: dict[str, Any] = field(default_factory=dict)  # fgchat.metrics.summarize_records output
     itl_by_mode: dict[str, np.ndarray] = field(default_factory=dict)
@@ -61,6 +68,7 @@ class LatencyPanel(VerticalScroll):
         self._texts: dict[str, str] = {}
 
     def compose(self) -> ComposeResult:
+        yield Static(id="timing-note")
         yield Static(id="mode-bar")
         yield Static(id="batch-line")
         yield Static(id="mode-note")
@@ -81,8 +89,10 @@ class LatencyPanel(VerticalScroll):
     # ---- formatting ---------------------------------------------------------------------
     def show(self, view: PanelView) -> None:
         self.view = view
-        available = view.info.available_modes if view.info else {}
+        available = dict(view.unavailable)
         width = self.scrollable_content_region.width or 40
+        endpoint = view.info.endpoint if view.info else ""
+        self._set("timing-note", self._timing_note(endpoint))
         self._set("mode-bar", self._mode_bar(view, available, width))
         self._set("batch-line", self._batch_line(view, width))
         self._set("mode-note", self._note(view))
@@ -92,7 +102,8 @@ class LatencyPanel(VerticalScroll):
         hist.set_data(view.itl_by_mode, available, view.mode)
         self._set("stats", self._stats(view.summary, width))
         self._set("throughput", self._throughput(view))
-        self._set("gpu-host", self._gpu_host(view.summary, width))
+        self._set("gpu-host", Content("") if endpoint and self._no_server_timing(view.summary)
+                  else self._gpu_host(view.summary, width))
         self._set("spark", self._spark(view.recent_itl, width))
         self._set("captures", self._captures(view.info))
         self._set("engine-info", self._engine_info(view))
@@ -105,7 +116,7 @@ class LatencyPanel(VerticalScroll):
         self._texts[widget_id] = key
         widget = self.query_one(f"#{widget_id}", Static)
         widget.update(content)
-        widget.display = bool(content.plain.strip()) or widget_id not in ("mode-note", "export-line")
+        widget.display = bool(content.plain.strip()) or widget_id not in HIDEABLE
 
     def text_of(self, widget_id: str) -> str:
         """Plain text currently shown by one of the panel's lines (tests, screenshots)."""
@@ -152,6 +163,17 @@ class LatencyPanel(VerticalScroll):
             ("mode ", "$text-muted"), (view.mode, f"bold {MODE_STYLES.get(view.mode, '')}"),
             ("  ", ""), batch, ("  ", ""), ("K ", "$text-muted"), (str(view.samples), "bold"),
         )
+
+    @staticmethod
+    def _timing_note(endpoint: str) -> Content:
+        if not endpoint:
+            return Content("")
+        return Content.assemble(("timings measured at client", "bold $warning"),
+                                (" (remote endpoint)", "$text-muted"))
+
+    @staticmethod
+    def _no_server_timing(s: dict[str, Any]) -> bool:
+        return s.get("gpu_step_ms_mean") is None and s.get("launch_ms_mean") is None
 
     @staticmethod
     def _note(view: PanelView) -> Content:
@@ -274,7 +296,7 @@ class LatencyPanel(VerticalScroll):
             return Content.assemble((f"engine starting: {phase}… {view.starting_s:.0f} s", "$text-muted"))
         if info is None:
             return Content("")
-        return Content.assemble(
-            (f"{info.model_name}", "bold"),
-            (f"\n{info.device} · {info.dtype} · {info.attention_backend} · ctx {info.max_context}", "$text-muted"),
-        )
+        sampling = [("\nsampling ", "$text-muted"), (view.sampling, "")] if view.sampling else []
+        where = (f"\n{info.endpoint} · measured at client" if info.endpoint else
+                 f"\n{info.device} · {info.dtype} · {info.attention_backend} · ctx {info.max_context}")
+        return Content.assemble((f"{info.model_name}", "bold"), (where, "$text-muted"), *sampling)
