@@ -1,12 +1,34 @@
 """fgchat.engine.kernels.penalties against transformers' RepetitionPenaltyLogitsProcessor and
-OpenAI's presence / frequency formula computed by hand; CPU, plus a CUDA-graph capture on a GPU."""
+OpenAI's presence / frequency formula computed by hand.
+
+On CPU the torch implementation runs here, and the Triton kernels run the same tests under
+Triton's interpreter in a subprocess (FGCHAT_TEST_PENALTIES_TRITON=1, TRITON_INTERPRET=1: the
+variable must be set before triton loads). On a GPU: the kernels inside a captured CUDA graph.
+"""
 
 from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
-from fgchat.engine.kernels.penalties import alloc_state, apply_penalties, record_tokens, reset_slot
+from fgchat.engine.kernels import penalties
+from fgchat.engine.kernels.penalties import alloc_state, reset_slot
+
+TRITON = os.environ.get("FGCHAT_TEST_PENALTIES_TRITON") == "1"
+
+
+def apply_penalties(*args) -> None:
+    penalties.apply_penalties(*args, use_triton=True if TRITON else None)
+
+
+def record_tokens(*args) -> None:
+    penalties.record_tokens(*args, use_triton=True if TRITON else None)
 
 NUM_SLOTS = 8
 V = 64
@@ -153,6 +175,57 @@ def test_penalties_change_greedy_choice():
     slots = torch.tensor([2])
     apply_penalties(logits, counts, mask, slots, torch.tensor([1.5]), torch.zeros(1), torch.zeros(1))
     assert int(logits.argmax()) == 11
+
+
+@pytest.mark.skipif(TRITON, reason="this is the parent run")
+def test_triton_kernels_under_interpreter():
+    """Every CPU test above again, through the Triton kernels in Triton's interpreter."""
+    env = {**os.environ, "TRITON_INTERPRET": "1", "FGCHAT_TEST_PENALTIES_TRITON": "1"}
+    p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__,
+                        "-k", "not interpreter and not cuda"], capture_output=True, text=True, env=env,
+                       cwd=Path(__file__).parent.parent, timeout=600)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-2000:]
+    assert re.search(r"^8 passed", p.stdout, re.M), p.stdout[-500:]
+
+
+def test_bad_shapes_are_errors():
+    counts, mask = alloc_state(NUM_SLOTS, V, "cpu")
+    one = torch.ones(1)
+    with pytest.raises(ValueError, match="does not fit"):
+        apply_penalties(torch.zeros(1, V + 1), counts, mask, torch.zeros(1, dtype=torch.long), one, one, one)
+    with pytest.raises(ValueError, match="float32"):
+        apply_penalties(torch.zeros(1, V, dtype=torch.float64), counts, mask, torch.zeros(1, dtype=torch.long),
+                        one, one, one)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_kernels_match_torch():
+    """Triton vs the torch composition on the GPU: repetition bit-identical, presence / frequency
+    within an ulp or so (FMA)."""
+    dev = torch.device("cuda")
+    vocab = 151_936
+    g = torch.Generator(device=dev).manual_seed(1)
+    counts, mask = alloc_state(NUM_SLOTS, vocab, dev)
+    for s in range(NUM_SLOTS):
+        reset_slot(counts, mask, s, torch.randint(0, vocab, (300,), device=dev, generator=g))
+        toks = torch.randint(0, vocab, (200,), device=dev, generator=g)
+        for t in toks.view(-1, 1):
+            penalties.record_tokens(counts, torch.tensor([s], device=dev), t, use_triton=True)
+    ref = counts.clone()
+    ref.zero_()
+    slots = torch.tensor([7, 2, 0, 5, 1, 3, 6, 4], device=dev)
+    rep = torch.tensor([1.3, 1.0, 0.8, 1.0, 1.05, 2.0, 1.0, 1.1], device=dev)
+    pres = torch.tensor([0.0, 0.0, 0.0, 0.5, 0.0, -1.0, 0.0, 0.3], device=dev)
+    freq = torch.tensor([0.0, 0.0, 0.0, 0.2, 0.0, 0.7, 0.0, -0.4], device=dev)
+    x = torch.randn(8, vocab, device=dev, generator=g) * 5
+    a, b = x.clone(), x.clone()
+    penalties.apply_penalties(a, counts, mask, slots, rep, pres, freq, use_triton=True)
+    penalties.apply_penalties(b, counts, mask, slots, rep, pres, freq, use_triton=False)
+    plain = (pres == 0) & (freq == 0)
+    assert torch.equal(_bits(a[plain]), _bits(b[plain]))
+    torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-5)
+    assert torch.equal(_bits(a[1]), _bits(x[1])) and torch.equal(_bits(a[6]), _bits(x[6]))
 
 
 @pytest.mark.gpu

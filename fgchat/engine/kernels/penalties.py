@@ -11,12 +11,21 @@ Rules (SamplingParams):
 - presence / frequency (OpenAI), over output tokens only, applied after repetition, in vLLM's
   order: logit -= frequency * count, then logit -= presence * [count > 0].
 
+Two implementations of `apply_penalties` / `record_tokens`: one Triton kernel each on CUDA, and
+plain torch ops elsewhere (the reference; CPU). `use_triton=None` picks by the logits' device.
+Measured on an H200 inside a CUDA graph, apply + record per step: 4.7 us (B=1) / 5.5 us (B=8) at
+V=49152, 6.5 / 8.5 us at V=151936; the torch composition (~12 launches) takes 35-82 us.
+
 Invariants:
 - `apply_penalties` and `record_tokens` are graph-safe: fixed shapes for a batch size, no host
   syncs, no Python branch on tensor values, no allocation outside the caching allocator. They
   can run eagerly or inside a captured CUDA graph over fixed-address slot / penalty tensors.
 - A lane with repetition 1, presence 0 and frequency 0 keeps its logits bit for bit
-  (x * 1, x / 1, x - 0 are exact in IEEE arithmetic), whatever the slot has seen.
+  (x * 1, x / 1, x - 0 are exact in IEEE arithmetic, fused multiply-add or not), whatever the
+  slot has seen, in both implementations.
+- The repetition rule gives the same bits in both implementations (one IEEE-rounded multiply or
+  divide per logit: the kernel divides with div_rn, as torch does); presence / frequency may differ
+  by an ulp (the kernel may contract a multiply and subtract into one FMA).
 - A slot's rows are valid only between `reset_slot` (at admission, before the first token is
   sampled) and the request's end; a new request in the slot must be `reset_slot` again.
 - Lanes of one call use distinct slots (the engine's invariant), so `record_tokens` adds exactly
@@ -28,6 +37,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+import triton
+import triton.language as tl
+
+from fgchat.engine.kernels.launch import fast
+from fgchat.engine.kernels.pdl import pdl_enter
+
+BLOCK = 2048
 
 
 def alloc_state(num_slots: int, vocab: int, device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -49,11 +65,70 @@ def reset_slot(counts: torch.Tensor, prompt_mask: torch.Tensor, slot: int,
         row.index_fill_(0, ids.reshape(-1), True)
 
 
+@triton.jit
+def _apply_kernel(logits_ptr, counts_ptr, mask_ptr, slots_ptr, rep_ptr, pres_ptr, freq_ptr, vocab,
+                  BLOCK: tl.constexpr, USE_PDL: tl.constexpr = False):
+    """Program (lane, block of the vocabulary): the torch composition of _apply_torch."""
+    lane = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = cols < vocab
+    pdl_enter(USE_PDL)
+    slot = tl.load(slots_ptr + lane).to(tl.int64)
+    r = tl.load(rep_ptr + lane)
+    pres = tl.load(pres_ptr + lane)
+    freq = tl.load(freq_ptr + lane)
+    x = tl.load(logits_ptr + lane * vocab + cols, mask=m, other=0.0)
+    c = tl.load(counts_ptr + slot * vocab + cols, mask=m, other=0)
+    pm = tl.load(mask_ptr + slot * vocab + cols, mask=m, other=0)
+    out_seen = c > 0
+    seen = (pm != 0) | out_seen
+    x = tl.where(seen, tl.where(x < 0, x * r, tl.math.div_rn(x, r)), x)
+    x = x - freq * c.to(tl.float32)
+    x = x - pres * out_seen.to(tl.float32)
+    tl.store(logits_ptr + lane * vocab + cols, x, mask=m)
+
+
+@triton.jit
+def _record_kernel(counts_ptr, slots_ptr, tokens_ptr, vocab, USE_PDL: tl.constexpr = False):
+    lane = tl.program_id(0).to(tl.int64)
+    pdl_enter(USE_PDL)
+    slot = tl.load(slots_ptr + lane).to(tl.int64)
+    tok = tl.load(tokens_ptr + lane).to(tl.int64)
+    ptr = counts_ptr + slot * vocab + tok
+    tl.store(ptr, tl.load(ptr) + 1)  # lanes use distinct slots: no two programs share a counter
+
+
+def _check(logits: torch.Tensor, counts: torch.Tensor, prompt_mask: torch.Tensor) -> None:
+    """Shapes and layouts only (host metadata, no sync)."""
+    if not (logits.dim() == 2 and logits.dtype == torch.float32 and logits.is_contiguous()):
+        raise ValueError("logits must be a contiguous float32 [B, V] tensor")
+    if counts.shape != prompt_mask.shape or counts.shape[1] != logits.shape[1]:
+        raise ValueError(f"penalty state {tuple(counts.shape)} does not fit logits {tuple(logits.shape)}")
+    if not (counts.is_contiguous() and prompt_mask.is_contiguous()):
+        raise ValueError("penalty state must be contiguous (alloc_state)")
+
+
 def apply_penalties(logits: torch.Tensor, counts: torch.Tensor, prompt_mask: torch.Tensor,
                     slots: torch.Tensor, rep: torch.Tensor, pres: torch.Tensor,
-                    freq: torch.Tensor) -> None:
-    """Penalize `logits` [B, V] float32 in place; lane i uses slot slots[i] (int64 [B]) and the
-    penalties rep[i], pres[i], freq[i] (float32 [B], on the device)."""
+                    freq: torch.Tensor, *, use_triton: bool | None = None, pdl: bool = False) -> None:
+    """Penalize `logits` [B, V] float32 (contiguous) in place; lane i uses slot slots[i] (int64
+    [B]) and the penalties rep[i], pres[i], freq[i] (float32 [B]), all on the logits' device.
+    use_triton None: the Triton kernel on CUDA, torch ops elsewhere. pdl: launch the kernel with
+    programmatic dependent launch (engine.pdl), as the step's other kernels."""
+    _check(logits, counts, prompt_mask)
+    b, vocab = logits.shape
+    if b == 0:
+        return
+    if use_triton if use_triton is not None else logits.is_cuda:
+        fast(_apply_kernel)[(b, triton.cdiv(vocab, BLOCK))](
+            logits, counts, prompt_mask.view(torch.uint8), slots, rep, pres, freq, vocab,
+            BLOCK=BLOCK, USE_PDL=pdl, num_warps=4, launch_pdl=pdl)
+    else:
+        _apply_torch(logits, counts, prompt_mask, slots, rep, pres, freq)
+
+
+def _apply_torch(logits: torch.Tensor, counts: torch.Tensor, prompt_mask: torch.Tensor,
+                 slots: torch.Tensor, rep: torch.Tensor, pres: torch.Tensor, freq: torch.Tensor) -> None:
     c = counts.index_select(0, slots)  # [B, V] int32
     seen = prompt_mask.index_select(0, slots) | (c > 0)
     r = rep.to(logits.dtype).unsqueeze(1)
@@ -64,7 +139,16 @@ def apply_penalties(logits: torch.Tensor, counts: torch.Tensor, prompt_mask: tor
     logits.copy_(out)
 
 
-def record_tokens(counts: torch.Tensor, slots: torch.Tensor, tokens: torch.Tensor) -> None:
-    """counts[slots[i], tokens[i]] += 1 for every lane i (slots, tokens: int64 [B] on the device)."""
-    ones = torch.ones_like(tokens, dtype=counts.dtype)
-    counts.index_put_((slots, tokens.to(slots.dtype)), ones, accumulate=True)
+def record_tokens(counts: torch.Tensor, slots: torch.Tensor, tokens: torch.Tensor, *,
+                  use_triton: bool | None = None, pdl: bool = False) -> None:
+    """counts[slots[i], tokens[i]] += 1 for every lane i (slots, tokens: int64 [B] on the device,
+    distinct slots). use_triton / pdl: as for apply_penalties."""
+    b = tokens.shape[0]
+    if b == 0:
+        return
+    if use_triton if use_triton is not None else counts.is_cuda:
+        fast(_record_kernel)[(b,)](counts, slots, tokens, counts.shape[1], USE_PDL=pdl, num_warps=1,
+                                   launch_pdl=pdl)
+        return
+    flat = slots * counts.shape[1] + tokens.to(slots.dtype)  # counts is contiguous (alloc_state)
+    counts.view(-1).scatter_add_(0, flat, torch.ones_like(flat, dtype=counts.dtype))
