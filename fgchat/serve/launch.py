@@ -61,16 +61,17 @@ class ServerProcess:
         self.stop()
         raise RuntimeError("fgchat serve did not become healthy in time")
 
-    def rss_kib(self) -> int:
-        """The server process's resident memory (KiB; 0 when it is gone)."""
-        try:
-            with open(f"/proc/{self.proc.pid}/status") as f:
-                for line in f:
-                    if line.startswith("VmRSS:"):
-                        return int(line.split()[1])
-        except OSError:
-            pass
-        return 0
+    def rss_kib(self, children: bool = False) -> int:
+        """Resident memory in KiB of the server process, or (children) of its child processes
+        (the engine); 0 when gone. Linux /proc only."""
+        pids = [self.proc.pid]
+        if children:
+            try:
+                with open(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children") as f:
+                    pids = [int(p) for p in f.read().split()]
+            except OSError:
+                return 0
+        return sum(_rss_kib(pid) for pid in pids)
 
     def kill(self) -> None:
         """SIGKILL, as a crash would (its engine child notices the parent is gone and exits)."""
@@ -86,6 +87,17 @@ class ServerProcess:
                 self.proc.kill()
                 self.proc.wait(5)
         return self.proc.returncode
+
+
+def _rss_kib(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
 
 
 def start_server(args: list[str], *, api_key: str | None = None, port: int = 0,
