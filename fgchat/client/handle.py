@@ -319,6 +319,8 @@ def _batches(requests: list[tuple[int, SamplingParams]]) -> list[list[tuple[int,
 
 def _why(exc: BaseException) -> str:
     text = str(exc).strip()
+    if isinstance(exc, _Refused):
+        return one_line(text)
     return one_line(f"{type(exc).__name__}: {text}" if text else type(exc).__name__)
 
 

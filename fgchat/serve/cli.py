@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
@@ -19,7 +20,9 @@ def port_arg(text: str) -> int:
     return value
 
 
-def add_serve_parser(sub: argparse._SubParsersAction, add_engine_args) -> None:
+def add_serve_parser(sub: argparse._SubParsersAction,
+                     add_engine_args: Callable[[argparse.ArgumentParser], None]) -> None:
+    """The `serve` subcommand; add_engine_args adds the engine options the main command has."""
     from fgchat.cli import int_at_least
 
     s = sub.add_parser("serve", help="OpenAI-compatible HTTP server over the engine (chat, completions, metrics)",
