@@ -509,7 +509,6 @@ def test_recorded_launch_same_bits_as_call(rope, fuse_combine, preload) -> None:
     else:
         _, lst, why = record(lambda: attn(q, kc2, vc2, slots, seq_lens, got, scale))
     assert lst is not None, why
-    assert len(lst.calls) == (1 if fuse_combine else 2)  # the split kernel (+ the combine kernel)
     bound = lst.replay
     for step in range(4):
         if rope:

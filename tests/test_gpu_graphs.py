@@ -210,27 +210,6 @@ def test_pipelined_equals_plain_loop_with_joins_and_leaves(engine, gqa_model):
         assert {e.mode for e in events if isinstance(e, TokenEvent) and not e.is_first_token} == {mode}
 
 
-def test_rope_in_attention_engine_same_tokens(gqa_model, monkeypatch):
-    """RoPE and the K/V write inside the attention kernel, re-reading the current row
-    (FGCHAT_ATTN_CUR_FROM_CACHE=1): same greedy tokens as an engine with the separate RoPE kernel,
-    in every mode."""
-    monkeypatch.setenv("FGCHAT_ATTN_CUR_FROM_CACHE", "1")
-    fused = Engine(EngineConfig(model=str(gqa_model), device="cuda", dtype="bfloat16",
-                                max_context=4096, mode="full"))
-    monkeypatch.setenv("FGCHAT_ROPE_IN_ATTENTION", "0")
-    engine = Engine(EngineConfig(model=str(gqa_model), device="cuda", dtype="bfloat16",
-                                max_context=4096, mode="full"))
-    assert fused.decoder.rope_in_attention and not engine.decoder.rope_in_attention
-    assert fused.info().available_modes == {"eager": "", "piecewise": "", "full": ""}
-    v = engine.cfg.vocab_size
-    prompts = [prompt_of(7 + 29 * i, 300 + i, v) for i in range(5)]
-    sp = SamplingParams(max_tokens=40, ignore_eos=True)
-    want, _, _ = run(engine, "eager", prompts, sp)
-    for mode in MODES:
-        got, _, _ = run(fused, mode, prompts, sp)
-        assert got == want, mode
-
-
 def test_current_row_from_registers_modes_identical(gqa_model):
     """The current K/V row from registers inside the attention (the default): every mode of the
     engine still gives the eager mode's greedy tokens, at batch 1 and 8."""

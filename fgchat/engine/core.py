@@ -74,7 +74,7 @@ class Engine:
         self.tuning = config.tuning if config.tuning is not None else Tuning.from_env()
         self.cfg = loaded.cfg
         self.tokenizer = loaded.tokenizer
-        self.notes: list[str] = list(config.notes)
+        self.notes: list[str] = list(config.notes) + list(loaded.notes)
         self.max_context, why = choose_max_context(
             self.cfg, self.dtype, self.device, config.max_context, self._kv_budget()
         )

@@ -5,7 +5,10 @@ Invariants:
 - every decode and prefill graph is captured into `pool`; a replay of any graph only ever follows
   the complete previous step, so pool memory reused across graphs is never live twice;
 - a capture is preceded by an eager run of the same step on the capture stream, so Triton has
-  compiled and cuBLAS has chosen every kernel the graph will hold.
+  compiled and cuBLAS has chosen every kernel the graph will hold;
+- a capture leaves the step's state as it found it: the runs it makes for warm-up and recording
+  rewrite the current K/V rows with the same values, and the penalty counts they add are undone,
+  so a capture on first use in the middle of a request changes none of its tokens.
 """
 
 from __future__ import annotations
@@ -90,10 +93,13 @@ class GraphMode(StepMode):
 
     @torch.inference_mode()
     def _capture_measured(self, b: int, do_sample: bool) -> Replayable:
+        counts = self.cap.program.counts
+        saved = counts.clone()  # the warm-up (and piecewise's recording step) count tokens too
         with self.cap.measured(self.mode, b, self.reports):
             self.cap.warmup(b, do_sample)
             g = self._capture(b, do_sample)
             self.graphs[(b, do_sample)] = g
+            counts.copy_(saved)
         return g
 
     @abstractmethod
