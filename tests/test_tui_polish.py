@@ -195,3 +195,61 @@ async def test_starting_engine_shows_its_phase_and_elapsed_time(tiny_llama, data
         assert app.link.state == "starting"
         gate.set()
         await wait_ready(pilot, app)
+
+
+def _blank_top_and_gap(view) -> tuple[int, int, int]:
+    """(empty rows at the top of the view before its first visible widget, rows of the last
+    bubble inside the view, empty rows between it and the view's bottom)."""
+    area = view.content_region
+    tops = [w.region.y for w in view.children if w.region.height and w.region.intersection(area).height]
+    blank_top = (min(tops) - area.y) if tops else area.height
+    visible, gap = _gap_below_last(view)
+    return blank_top, visible, gap
+
+
+async def test_long_chats_show_their_end_after_streaming_and_on_tab_switch(tiny_llama, data_dir):
+    """Issue 16: a chat that outgrew its view while (or after) it streamed must show its last
+    message at the bottom, in its own tab and when switched to — never its top, never blank rows
+    above the text. The view anchors on every content resize, not only once per streamed batch:
+    Markdown blocks mount after their parse, so the last growth comes after the last batch."""
+    app = make_app(tiny_llama, max_tokens=600, max_context=2048)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_ready(pilot, app)
+
+        def at_end(view) -> bool:
+            blank_top, visible, gap = _blank_top_and_gap(view)
+            return (view.virtual_size.height > view.scrollable_content_region.height
+                    and view.scroll_y == view.max_scroll_y and blank_top <= 1 and visible > 0 and gap <= 2)
+
+        def state(view) -> str:
+            return (f"scroll {view.scroll_y}/{view.max_scroll_y} virtual {view.virtual_size.height} "
+                    f"view {view.scrollable_content_region.height} (blank top, last rows, gap) "
+                    f"{_blank_top_and_gap(view)} anchored {view.is_anchored}")
+
+        await type_prompt(pilot, "A long story, please")
+        first = app.chats.current
+        await wait_for(pilot, lambda: not app.replies and len(first.conversation.messages) == 2, "the reply", 90)
+        await pilot.pause(0.5)  # Markdown blocks mount after their parse
+        assert at_end(first), state(first)
+
+        # a second chat streams a long reply; the first one, switched to mid-stream, shows its end
+        await key(pilot, "ctrl+n")
+        await wait_for(pilot, lambda: app.chats.current is not first, "a second tab")
+        second = app.chats.current
+        await type_prompt(pilot, "Another long one")
+        await wait_for(pilot, lambda: app.latency.log.token_count > 650, "the second reply streaming", 60)
+        await key(pilot, "ctrl+pageup")
+        await wait_for(pilot, lambda: app.chats.current is first and first.size.height > 0, "back to the first", 10)
+        await pilot.pause(0.05)
+        assert at_end(first), state(first)
+        await wait_for(pilot, lambda: not app.replies, "the second reply", 90)
+        await pilot.pause(0.3)
+        assert at_end(first), state(first)
+
+        # the second finished while hidden: switched to, it shows its end at once and stays there
+        await key(pilot, "ctrl+pagedown")
+        await wait_for(pilot, lambda: app.chats.current is second and second.size.height > 0, "the second tab", 10)
+        await pilot.pause(0.05)
+        assert at_end(second), state(second)
+        await pilot.pause(0.5)
+        assert at_end(second), state(second)

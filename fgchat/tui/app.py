@@ -127,8 +127,11 @@ class FgchatApp(App[int]):
         Binding("ctrl+o", _chat("open_chat"), "Open", tooltip="Reopen a saved conversation"),
         Binding("ctrl+t", _chat("system_prompt"), "System", show=False, tooltip="Edit this chat's system prompt"),
         Binding("ctrl+l", "toggle_panel", "Panel", show=False, tooltip="Show or hide the latency console"),
-        Binding("ctrl+pagedown", _chat("next_chat"), "Next", show=False, tooltip="Next chat tab"),
-        Binding("ctrl+pageup", _chat("previous_chat"), "Prev", show=False, tooltip="Previous chat tab"),
+        # priority: the prompt Input (a ScrollView) binds these keys to horizontal paging and
+        # takes them whenever its text or placeholder is wider than it (narrow terminals)
+        Binding("ctrl+pagedown", _chat("next_chat"), "Next", show=False, priority=True, tooltip="Next chat tab"),
+        Binding("ctrl+pageup", _chat("previous_chat"), "Prev", show=False, priority=True,
+                tooltip="Previous chat tab"),
         Binding("f10", "help", "Help", tooltip="This help"),
         Binding("ctrl+q", "quit", "Quit", priority=True,
                 tooltip="Quit (replies in flight are stored as interrupted)"),

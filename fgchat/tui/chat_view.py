@@ -111,9 +111,13 @@ class ChatView(VerticalScroll):
         self.call_after_refresh(self.follow)
 
     def on_resize(self) -> None:
-        """The view or its content changed size (streamed text, Markdown blocks mounted after
-        their parse, a re-wrap): keep following the end."""
+        """The view changed size (terminal, panel toggled): keep following the end."""
         self.follow()
+
+    def watch_virtual_size(self) -> None:
+        """The content changed size (streamed text, Markdown blocks mounted after their parse,
+        a re-wrap): keep following the end once this layout is done."""
+        self.call_after_refresh(self.follow)
 
     def on_show(self) -> None:
         """A tab switched to: its last message at the bottom of the view (or the chat from the
