@@ -1,8 +1,12 @@
-"""TPOT while the TUI streams vs the same model and mode headless (engine isolation check).
+"""ITL median while the TUI streams vs the same model and mode headless (engine isolation check).
 
 Builds a SmolLM2-135M-shaped model with a small trained tokenizer (tests/tiny_models.py), then
-runs REPS replies of N tokens headless (Engine in this process) and REPS through the Textual app
-(engine in its own process, UI rendering in this one). Prints both TPOTs and their ratio.
+runs REPS replies of N tokens (FGCHAT_TOKENS, default 256) headless (Engine in this process) and
+REPS through the Textual app (engine in its own process, UI rendering in this one), after one
+warm-up reply each. Per reply it takes the median inter-token latency (the TUI's from its
+latency log, the one the console shows), and prints the medians of both and their ratio.
+Needs textual (installed from wheels where there is no network: pip install --no-index
+--find-links DIR textual); without it, one line says so.
 Usage: python scripts/tui_vs_headless.py [mode]
 """
 
@@ -28,13 +32,14 @@ PROMPT = "Tell me about latency."
 
 
 def headless(model: Path, mode: str) -> list[float]:
+    """Median ITL (ms) of each reply after the warm-up."""
     eng = Engine(EngineConfig(model=str(model), mode=mode, max_context=2048))
     ids = eng.tokenizer.apply_chat_template([{"role": "user", "content": PROMPT}])
     out = []
     for _ in range(REPS + 1):
         eng.submit(ids, SamplingParams(max_tokens=N, ignore_eos=True))
         done = [e.summary for e in eng.run_until_done() if isinstance(e, RequestFinished)]
-        out.append(done[0].tpot_ms)
+        out.append(statistics.median(done[0].itl_ms))
     return out[1:]
 
 
@@ -52,13 +57,20 @@ async def with_tui(model: Path, mode: str, data: Path) -> list[float]:
             await app.send_prompt(PROMPT)
             while app.latency.log.request_count < i + 1:
                 await pilot.pause(0.05)
-        reqs = app.latency.log.requests()
+        log = app.latency.log
+        medians = [statistics.median(t.itl_ms for t in log.tokens() if t.request_id == r.request_id
+                                     and t.itl_ms is not None) for r in log.requests()]
         app.exit()
-    return [r.tpot_ms for r in reqs][1:]
+    return medians[1:]
 
 
 def main() -> None:
     mode = sys.argv[1] if len(sys.argv) > 1 else "full"
+    try:
+        import textual  # noqa: F401
+    except ImportError:
+        sys.exit("tui_vs_headless: textual is not installed (pip install textual, or from wheels: "
+                 "pip install --no-index --find-links DIR textual)")
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "data").mkdir()
         model = tiny_models.build_model(Path(tmp) / "m", "llama", hidden=576, layers=30, heads=9,
@@ -67,8 +79,8 @@ def main() -> None:
         h = headless(model, mode)
         t = asyncio.run(with_tui(model, mode, Path(tmp) / "data"))
     hm, tm = statistics.median(h), statistics.median(t)
-    print(f"mode {mode}: headless TPOT {hm:.3f} ms {['%.3f' % x for x in h]}")
-    print(f"mode {mode}: TUI TPOT      {tm:.3f} ms {['%.3f' % x for x in t]}")
+    print(f"mode {mode}: headless ITL median {hm:.3f} ms {['%.3f' % x for x in h]}")
+    print(f"mode {mode}: TUI ITL median      {tm:.3f} ms {['%.3f' % x for x in t]}")
     print(f"TUI / headless = {tm / hm:.3f} (target <= 1.05)")
 
 

@@ -38,6 +38,23 @@ def first_round_checks(app: FgchatApp, rids: list[int], k: int) -> None:
     assert sorted(rows[i].batch_size for i in seconds) == [k] * k
 
 
+def recording_engine(received: list[tuple[int, SamplingParams]]):
+    """An engine factory whose engines note (request id, sampling) of every submission."""
+
+    def make_engine(cfg):
+        engine = Engine(cfg)
+        submit = engine.submit
+
+        def recording_submit(ids, params=None, request_id=None):
+            received.append((request_id, params))
+            return submit(ids, params, request_id=request_id)
+
+        engine.submit = recording_submit
+        return engine
+
+    return make_engine
+
+
 async def open_sampling_dialog(pilot, app: FgchatApp) -> SamplingScreen:
     await key(pilot, "f6")
     await wait_for(pilot, lambda: isinstance(app.screen, SamplingScreen)
@@ -117,19 +134,7 @@ async def test_k3_default_sampling_gives_three_texts_and_regenerate_batches(tiny
 
 async def test_sampling_dialog_sets_shows_sends_and_saves(tiny_llama, data_dir):
     received: list[tuple[int, SamplingParams]] = []
-
-    def make_engine(cfg):
-        engine = Engine(cfg)
-        submit = engine.submit
-
-        def recording_submit(ids, params=None, request_id=None):
-            received.append((request_id, params))
-            return submit(ids, params, request_id=request_id)
-
-        engine.submit = recording_submit
-        return engine
-
-    app = make_app(tiny_llama, max_tokens=6, make_engine=make_engine)
+    app = make_app(tiny_llama, max_tokens=6, make_engine=recording_engine(received))
     async with app.run_test(size=SIZE) as pilot:
         await wait_ready(pilot, app)
         # the palette offers the dialog instead of a fixed temperature
@@ -231,3 +236,83 @@ def test_submit_chats_tokenizes_once_and_reports_per_request_errors():
     engine.tokenizer = None
     out = _apply(engine, SubmitChats([{"role": "user", "content": "hi"}], ((4, good), (5, good))))
     assert [e.request_id for e in out] == [4, 5] and all("no tokenizer" in e.message for e in out)
+
+
+async def test_sampling_starts_from_the_models_defaults_and_the_users_override_wins(tiny_llama, data_dir, tmp_path):
+    """Issue 21: a model with a generation_config.json samples with its values (shown with their
+    source); a field the user changes in F6 wins over it and is the only one saved."""
+    import shutil
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_llama, model)
+    (model / "generation_config.json").write_text(json.dumps(
+        {"do_sample": True, "temperature": 0.6, "top_p": 0.8, "top_k": 20, "repetition_penalty": 1.1}))
+    sent: list[tuple[int, SamplingParams]] = []
+    app = make_app(model, max_tokens=4, make_engine=recording_engine(sent))
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_ready(pilot, app)
+        want = SamplingParams(temperature=0.6, top_p=0.8, top_k=20, repetition_penalty=1.1,
+                              max_tokens=4, ignore_eos=True)
+        assert app.sampling.params == want
+        await pilot.pause(0.05)
+        assert "T 0.6 top-p 0.8 top-k 20 seed 0 rep 1.1 · generation_config.json" in app.sub_title, app.sub_title
+        conv = app.chats.current.conversation
+        await type_prompt(pilot, "hello")
+        await wait_for(pilot, lambda: len(conv.messages) == 2 and not app.replies, "a reply")
+        assert [p for _, p in sent] == [want]
+
+        # the dialog shows the defaults; the user changes temperature and presence penalty only
+        screen = await open_sampling_dialog(pilot, app)
+        assert screen.query_one("#sampling-repetition-penalty", Input).value == "1.1"
+        screen.query_one("#sampling-temperature", Input).value = "0"
+        screen.query_one("#sampling-presence-penalty", Input).value = "0.5"
+        screen.query_one("#sampling-seed", Input).focus()
+        await key(pilot, "enter")
+        await wait_for(pilot, lambda: not isinstance(app.screen, SamplingScreen), "the dialog to close")
+        mine = replace(want, temperature=0.0, presence_penalty=0.5)
+        assert app.sampling.params == mine
+        saved = json.loads((data_dir / "settings.json").read_text())
+        assert saved["sampling_overrides"] == {"temperature": 0.0, "presence_penalty": 0.5}
+        await pilot.pause(0.05)
+        assert "T 0 top-p 0.8 top-k 20 seed 0 rep 1.1 pres 0.5 · settings + generation_config.json" in app.sub_title
+        await type_prompt(pilot, "again")
+        await wait_for(pilot, lambda: len(conv.messages) == 4 and not app.replies, "a second reply")
+        assert sent[-1][1] == mine
+
+        # K = 2 with the user's greedy override: the K rule still samples at T 0.7
+        await key(pilot, "f4")
+        params, note = app.sampling.replies()
+        assert [p.temperature for p in params] == [K_TEMPERATURE] * 2 and note
+
+        # "Model defaults" in the dialog brings every field back and forgets the overrides
+        screen = await open_sampling_dialog(pilot, app)
+        await pilot.click("#defaults")
+        await wait_for(pilot, lambda: screen.query_one("#sampling-temperature", Input).value == "0.6", "defaults filled")
+        await pilot.click("#save")
+        await wait_for(pilot, lambda: not isinstance(app.screen, SamplingScreen), "the dialog to close")
+        assert app.sampling.overrides == {} and app.sampling.params == want
+
+    # the override is kept across runs and applies over the model's defaults once they arrive
+    (data_dir / "settings.json").write_text(json.dumps({"sampling_overrides": {"top_k": 3}}))
+    again = make_app(model, max_tokens=4)
+    async with again.run_test(size=SIZE) as pilot:
+        assert again.sampling.params.top_k == 3 and again.sampling.params.temperature == 0  # not loaded yet
+        await wait_ready(pilot, again)
+        assert again.sampling.params == replace(want, top_k=3)
+
+
+def test_settings_from_before_model_defaults_become_overrides(tmp_path):
+    from fgchat.tui.sampling import SamplingChoice
+    from fgchat.tui.store import Settings
+
+    (tmp_path / "settings.json").write_text(json.dumps(
+        {"sampling": {"temperature": 0.0, "top_p": 0.9, "top_k": 0, "seed": 0}}))
+    choice = SamplingChoice(Settings(tmp_path / "settings.json"), SamplingParams(max_tokens=9))
+    assert choice.overrides == {"top_p": 0.9} and not choice.problems  # greedy built-ins were no choice
+    choice.set_defaults(SamplingParams(temperature=0.7, top_p=0.95), "generation_config.json")
+    assert choice.params == SamplingParams(temperature=0.7, top_p=0.9, max_tokens=9)
+    saved = json.loads((tmp_path / "settings.json").read_text())
+    assert saved["sampling_overrides"] == {"top_p": 0.9} and saved["sampling"] is None
+    (tmp_path / "settings.json").write_text(json.dumps({"sampling_overrides": {"top_p": 7}}))
+    bad = SamplingChoice(Settings(tmp_path / "settings.json"), SamplingParams())
+    assert bad.overrides == {} and len(bad.problems) == 1 and "top-p" in bad.problems[0]

@@ -166,12 +166,13 @@ class EngineLink:
         return self.info.endpoint if self.info is not None else ""
 
     def unavailable_modes(self) -> dict[str, str]:
-        """mode -> why it cannot run ("" when it can). On an endpoint a mode is unavailable
-        unless the server reports it as available."""
+        """mode -> why it cannot run ("" when it can). On an endpoint every mode but the one
+        it reports running is unavailable unless the server reports it as available."""
         available = dict(self.info.available_modes) if self.info is not None else {}
         if self.endpoint:
             for mode in MODES:
-                available.setdefault(mode, REMOTE_MODES)
+                if mode != self.mode:
+                    available.setdefault(mode, REMOTE_MODES)
         return available
 
     def apply(self, message: EngineEvents) -> EngineUpdate | None:
