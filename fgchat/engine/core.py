@@ -431,10 +431,7 @@ class Engine:
                 di[ROW_IDS, :b].copy_(prev.out.tokens)
                 di[ROW_POS, :b].add_(1)
             self.program.max_len_hint = (self.program.max_len_hint or 0) + 1
-        if any(s.params.penalized for s in seqs):
-            do_sample = Variant.PENALIZED
-        else:
-            do_sample = Variant.SAMPLED if any(s.params.temperature > 0 for s in seqs) else Variant.GREEDY
+        do_sample = Variant.of(any(s.params.penalized for s in seqs), any(s.params.temperature > 0 for s in seqs))
         mode = self.mode
         cuda = self.device.type == "cuda"
         events = None

@@ -37,7 +37,14 @@ class Variant(IntEnum):
 
     GREEDY = 0  # argmax (fused into the LM head where our kernel runs it)
     SAMPLED = 1  # temperature, top-k, top-p
-    PENALIZED = 2  # repetition / presence / frequency penalties, then as SAMPLED; counts recorded
+    PENALIZED = 2  # repetition / presence / frequency penalties, then argmax; counts recorded
+    PENALIZED_SAMPLED = 3  # penalties, then as SAMPLED; counts recorded
+
+    @classmethod
+    def of(cls, penalized: bool, sampled: bool) -> Variant:
+        if penalized:
+            return cls.PENALIZED_SAMPLED if sampled else cls.PENALIZED
+        return cls.SAMPLED if sampled else cls.GREEDY
 
 
 class StepBuffers:
@@ -121,6 +128,7 @@ class StepProgram:
         Each attention reads st.q as left by the preceding piece and writes bufs.attn_out[:b].
         """
         variant = Variant(int(do_sample))
+        penalized = variant in (Variant.PENALIZED, Variant.PENALIZED_SAMPLED)
         dec, bufs, cache = self.dec, self.bufs, self.cache
         di, df, i32 = bufs.dev_i, bufs.dev_f, bufs.dev_i32
         ids, pos, slots = di[ROW_IDS, :b], di[ROW_POS, :b], di[ROW_SLOT, :b]
@@ -147,17 +155,17 @@ class StepProgram:
         def last(st: StepState) -> None:
             dec.after_attention(n_layers - 1, st, attn_out)
             dec.head(st, greedy=variant == Variant.GREEDY)  # may pick the greedy tokens itself
-            if variant == Variant.PENALIZED:
+            if penalized:
                 penalties.apply_penalties(st.logits, self.counts, self.prompt_mask, slots,
                                           df[ROW_REP, :b], df[ROW_PRES, :b], df[ROW_FREQ, :b])
-            if variant != Variant.GREEDY:
+            if variant in (Variant.SAMPLED, Variant.PENALIZED_SAMPLED):
                 st.tokens = sampling.sample(
                     st.logits, df[ROW_TEMP, :b], df[ROW_TOPP, :b], di[ROW_TOPK, :b],
                     di[ROW_SEED, :b], pos + 1,
                 )
             elif st.tokens is None:
                 st.tokens = sampling.greedy(st.logits)
-            if variant == Variant.PENALIZED:
+            if penalized:
                 penalties.record_tokens(self.counts, slots, st.tokens)
 
         def attend(i: int) -> Callable[[StepState], None]:

@@ -99,6 +99,7 @@ class GraphMode(StepMode):
             self.cap.warmup(b, do_sample)
             g = self._capture(b, do_sample)
             self.graphs[(b, do_sample)] = g
+            torch.cuda.synchronize()  # the recording runs on the capture stream
             counts.copy_(saved)
         return g
 
