@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import torch
 
+from fgchat.protocol.config import MAX_BATCH
 from fgchat.protocol.errors import FgchatError, is_out_of_memory
 from fgchat.engine.model.config import ModelConfig
 
-NUM_SLOTS = 8
+NUM_SLOTS = MAX_BATCH
 
 
 def kv_bytes_per_token(cfg: ModelConfig, dtype: torch.dtype, slots: int = NUM_SLOTS) -> int:

@@ -48,9 +48,11 @@ class SubmitChat:
 class SubmitChats:
     """K replies to one conversation, applied in one go: the messages are tokenized once and all
     K requests are submitted before the next engine step, so they are admitted and prefilled in
-    the same round and decode together from their first step (batch K)."""
+    the same round and decode together from their first step (batch K). `messages` as a plain
+    string is a raw prompt: encoded as text with the model's BOS, no chat template (as
+    `fgchat generate --raw`, and /v1/completions)."""
 
-    messages: list[dict[str, str]]
+    messages: list[dict[str, str]] | str
     requests: tuple[tuple[int, SamplingParams], ...]  # (request_id, params) per reply
 
 
@@ -168,9 +170,11 @@ def serve(
             last_send = now
 
 
-def _chat_ids(engine: Any, messages: list[dict[str, str]]) -> list[int]:
+def _chat_ids(engine: Any, messages: list[dict[str, str]] | str) -> list[int]:
     if engine.tokenizer is None:
         raise FgchatError("this model has no tokenizer (random weights): chat is unavailable")
+    if isinstance(messages, str):
+        return engine.tokenizer.encode(messages, add_special_tokens=True)
     return engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
 
 
@@ -229,11 +233,13 @@ class _EngineHandle:
         self._send(SubmitChat(request_id, [dict(m) for m in messages], params))
 
     def submit_chats(
-        self, messages: list[dict[str, str]], requests: list[tuple[int, SamplingParams]]
+        self, messages: list[dict[str, str]] | str, requests: list[tuple[int, SamplingParams]]
     ) -> None:
-        """K replies to the same messages as one command: admitted and prefilled in one round,
-        so their first decode step runs at batch K (not 1, 2, ... as K separate submits would)."""
-        self._send(SubmitChats([dict(m) for m in messages], tuple((int(r), p) for r, p in requests)))
+        """K replies to the same messages (or raw prompt text) as one command: admitted and
+        prefilled in one round, so their first decode step runs at batch K (not 1, 2, ... as K
+        separate submits would)."""
+        prompt = messages if isinstance(messages, str) else [dict(m) for m in messages]
+        self._send(SubmitChats(prompt, tuple((int(r), p) for r, p in requests)))
 
     def cancel(self, request_id: int) -> None:
         self._send(Cancel(request_id))

@@ -8,6 +8,10 @@ from fgchat.protocol.events import Mode
 from fgchat.protocol.tuning import Tuning
 
 
+# sequences decoded together at most: the KV cache's slots, the graphs' batch sizes 1..MAX_BATCH
+MAX_BATCH = 8
+
+
 @dataclass
 class EngineConfig:
     model: str | None = None  # repo id, directory, .gguf, or None for the embedded default

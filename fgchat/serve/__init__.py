@@ -2,6 +2,6 @@
 
 Layout: cli (options), run (start-up: bind, engine, uvicorn), hub (the shared engine and its event
 pump), app (routes), schemas (request bodies), choices/stops/shapes (events to OpenAI output),
-metrics (Prometheus), errors (OpenAI error bodies), engine_child (raw prompts for /v1/completions).
+metrics (Prometheus), errors (OpenAI error bodies).
 The engine never imports anything from here.
 """

@@ -32,7 +32,6 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from fgchat.protocol.events import MODES, EngineError
 from fgchat.serve.choices import Choices, Delta
-from fgchat.serve.engine_child import raw_prompt_messages
 from fgchat.serve.errors import ApiError, error_body
 from fgchat.serve.hub import Busy, EngineHub, RequestGroup, Unavailable
 from fgchat.serve.metrics import CONTENT_TYPE
@@ -164,8 +163,8 @@ def create_app(hub: EngineHub, *, api_key: str | None = None, max_body: int = MA
         if req.model is not None and req.model != served_name():
             raise ApiError(404, f"model '{req.model}' does not exist; this server serves '{served_name()}'",
                            param="model", code="model_not_found")
-        messages = req.chat() if chat else raw_prompt_messages(req.text())
-        if not any(m["content"] for m in messages):
+        messages = req.chat() if chat else req.text()  # a str: a raw prompt (SubmitChats)
+        if not (any(m["content"] for m in messages) if chat else messages):
             raise ApiError(400, "the prompt is empty", param="messages" if chat else "prompt")
         stops = req.stops()
         params = req.sampling(hub.info.sampling_defaults)

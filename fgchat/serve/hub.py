@@ -33,9 +33,10 @@ from fgchat.protocol.events import (
     SamplingParams,
     TokenEvent,
 )
+from fgchat.protocol.config import MAX_BATCH
 from fgchat.serve.metrics import ServeMetrics
 
-ENGINE_SLOTS = 8  # fgchat.engine.kv_cache.NUM_SLOTS, without importing torch
+ENGINE_SLOTS = MAX_BATCH
 MODE_SWITCH_TIMEOUT_S = 120.0  # a first switch to full may capture graphs
 
 
@@ -110,7 +111,7 @@ class EngineHub:
     def waiting(self) -> int:
         return len(self._active) - self.running
 
-    def submit(self, messages: list[dict[str, str]], params: list[SamplingParams]) -> RequestGroup:
+    def submit(self, messages: list[dict[str, str]] | str, params: list[SamplingParams]) -> RequestGroup:
         """Submit len(params) replies to `messages` as one batch; Busy or Unavailable if not now."""
         if self.failed:
             raise Unavailable(self.failed)

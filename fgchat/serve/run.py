@@ -105,11 +105,11 @@ def _serve(sock: socket.socket, args: argparse.Namespace, config: Any, key: str 
     import uvicorn
 
     from fgchat.serve.app import create_app
-    from fgchat.serve.engine_child import ServeEngineProcess
+    from fgchat.engine.process import EngineProcess
     from fgchat.serve.hub import EngineHub, Unavailable, wait_for_info
 
     _Server = _server_class()
-    handle = ServeEngineProcess(config)
+    handle = EngineProcess(config)
     handle.start()
     hub = None
     try:
