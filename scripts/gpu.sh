@@ -83,12 +83,14 @@ for what in "$@"; do
         bench new 8b --preset llama-3.1-8b --random-weights --batch-sizes 1,8 --repeats 2 --modes full
       fi ;;
     tui)
-      for mode in eager piecewise full; do
-        timeout 300 python3 scripts/tui_vs_headless.py "$mode" --model "$GGUF" --json "$JSON/tui_$mode.json" 2>&1 \
-          | tee -a "$OUT/tui.log" | tail -8
+      for k in 1 8; do
+        for mode in eager piecewise full; do
+          FGCHAT_TOKENS=${TUI_TOKENS:-256} timeout 200 python3 scripts/tui_vs_headless.py "$mode" $k 2>&1 \
+            | tee -a "$OUT/tui.log" | grep RESULT
+        done
       done ;;
     penalties)  # plain greedy and greedy with penalties, alternating processes
-      for i in 1 2; do
+      for i in $(seq "${PENALTY_ROUNDS:-2}"); do
         for pen in "" --penalties; do
           bench new "penalties${pen:+-on}-$i" --preset llama-3.2-1b --random-weights --batch-sizes 1,8 \
             --repeats 2 --modes full,piecewise $pen
