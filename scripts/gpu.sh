@@ -85,8 +85,8 @@ for what in "$@"; do
     tui)
       for k in 1 8; do
         for mode in eager piecewise full; do
-          FGCHAT_TOKENS=${TUI_TOKENS:-256} timeout 200 python3 scripts/tui_vs_headless.py "$mode" $k 2>&1 \
-            | tee -a "$OUT/tui.log" | grep RESULT
+          FGCHAT_TOKENS=${TUI_TOKENS:-256} timeout -s KILL "${TUI_TIMEOUT:-200}" python3 scripts/tui_vs_headless.py \
+            "$mode" $k 2>&1 | tee -a "$OUT/tui.log" | grep -E "RESULT|Error" | tail -2
         done
       done ;;
     penalties)  # plain greedy and greedy with penalties, alternating processes
