@@ -14,11 +14,11 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
+from fgchat.protocol.events import MODES
+
 EXIT_USER_ERROR = 2
 EXIT_INTERRUPTED = 130
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a writer whose reader went away
-
-MODES = ("eager", "piecewise", "full")  # fgchat.protocol.events.MODES, without importing the engine
 ATTENTION_BACKENDS = ("auto", "triton", "flash-attn", "torch", "sdpa")  # fgchat.engine.kernels.attention
 DTYPES = ("auto", "bfloat16", "bf16", "float16", "fp16", "float32", "fp32")  # fgchat.engine.loader
 DEVICE_RE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")

@@ -13,8 +13,9 @@ import sys
 from pathlib import Path
 
 from fgchat.protocol.errors import FgchatError
+from fgchat.protocol.events import MODES
 
-BENCH_MODES = ("eager", "piecewise", "full")
+BENCH_MODES = tuple(str(m) for m in MODES)
 PEERS = ("hf", "hf-eager", "hf-compile")
 # fgchat.engine.loader.PRESETS_DIR, without importing torch
 PRESETS_DIR = Path(__file__).resolve().parent.parent.parent / "assets" / "presets"

@@ -12,6 +12,8 @@ import time
 
 import torch
 
+from fgchat.protocol.events import Mode
+
 PROMPTS = [
     "What is the capital of France?",
     "Write a haiku about the sea.",
@@ -23,7 +25,7 @@ PROMPTS = [
     "Give me one tip for staying focused while studying.",
 ]
 DTYPES = ("bfloat16", "float16")
-MODES = ("eager", "piecewise", "full")
+MODES = tuple(Mode)
 
 
 def chat_ids(tokenizer, text: str) -> list[int]:
@@ -115,7 +117,7 @@ def run_all(model: str, tokens: int = 16, dtypes: tuple[str, ...] = DTYPES) -> d
             info = engine.info()
             result["check"][f"{dt_name}{label}"] = {"start_s": start_s, "notes": info.notes,
                                                      "startup_check": info.startup_check}
-            for mode in (MODES if fused else ("full",)):
+            for mode in (MODES if fused else (Mode.FULL,)):
                 result["runs"][f"fgchat {mode}{label} {dt_name}"] = fgchat_tokens(engine, prompts, tokens, mode)
             result["logits"][f"fgchat{label} {dt_name}"] = [
                 compare_logits(prefill_logits(engine, ids), ref) for ids, ref in zip(prompts, ref_logits)]

@@ -15,7 +15,7 @@ from fgchat.bench.spec import BenchSpec, prompts_for, stats
 
 PENALTIES = (1.1, 0.5, 0.25)  # repetition, presence, frequency of `bench --penalties`
 from fgchat.engine.core import Engine, EngineConfig
-from fgchat.protocol.events import RequestFinished, SamplingParams, TokenEvent
+from fgchat.protocol.events import Mode, RequestFinished, SamplingParams, TokenEvent
 
 
 def _cpu_name() -> str:
@@ -89,7 +89,7 @@ def run_all(spec: BenchSpec) -> dict[str, Any]:
     need = spec.prompt_len + spec.output_len + 8
     engine = Engine(EngineConfig(
         model=spec.model, preset=spec.preset, device=spec.device, dtype=spec.dtype,
-        max_context=spec.max_context or need, mode="eager", attention=spec.attention,
+        max_context=spec.max_context or need, mode=Mode.EAGER, attention=spec.attention,
         outliers=spec.outliers,
     ))
     if engine.max_context < need:

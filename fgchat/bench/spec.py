@@ -8,13 +8,14 @@ from dataclasses import dataclass, field
 import torch
 
 from fgchat.metrics.stats import summarize
+from fgchat.protocol.events import Mode
 
 
 @dataclass
 class BenchSpec:
     model: str | None = None
     preset: str | None = None
-    modes: list[str] = field(default_factory=lambda: ["eager", "piecewise", "full"])
+    modes: list[str] = field(default_factory=lambda: [str(m) for m in Mode])
     batch_sizes: list[int] = field(default_factory=lambda: [1, 2, 4, 8])
     prompt_len: int = 512
     output_len: int = 128

@@ -19,13 +19,13 @@ from textual.content import Content
 from textual.reactive import reactive
 from textual.widget import Widget
 
-from fgchat.protocol.events import MODES
+from fgchat.protocol.events import MODES, Mode
 from fgchat.metrics import histogram
 
-MODE_STYLES: dict[str, str] = {"eager": "$error", "piecewise": "$warning", "full": "$success"}
+MODE_STYLES: dict[str, str] = {Mode.EAGER: "$error", Mode.PIECEWISE: "$warning", Mode.FULL: "$success"}
 _V_BLOCKS = "▁▂▃▄▅▆▇█"
 LABEL_WIDTH = 11
-_SHORT = {"eager": "eager", "piecewise": "piece", "full": "full"}
+_SHORT = {Mode.EAGER: "eager", Mode.PIECEWISE: "piece", Mode.FULL: "full"}
 LOW_PCT, HIGH_PCT = 1.0, 99.0
 # values up to this much of the percentile span beyond p99 (p1) just widen the axis; further out
 # they go to the overflow bin (or the first bin, below)

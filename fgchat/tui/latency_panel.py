@@ -20,11 +20,11 @@ from textual.containers import VerticalScroll
 from textual.content import Content
 from textual.widgets import Static
 
-from fgchat.protocol.events import MODES, CaptureReport, EngineInfo
+from fgchat.protocol.events import MODES, CaptureReport, EngineInfo, Mode
 from fgchat.metrics import host_bound, sparkline
 from fgchat.tui.histogram import MODE_STYLES, ModeHistograms, fmt_ms
 
-MODE_KEYS = {"eager": "F1", "piecewise": "F2", "full": "F3"}
+MODE_KEYS = {Mode.EAGER: "F1", Mode.PIECEWISE: "F2", Mode.FULL: "F3"}
 HIDEABLE = frozenset({"timing-note", "mode-note", "gpu-host", "export-line"})  # lines hidden when empty
 
 
@@ -253,7 +253,7 @@ class LatencyPanel(VerticalScroll):
             return Content.assemble(("graphs ", "$text-muted"), ("none captured", "$text-muted"),
                                     *LatencyPanel._check_parts(info))
         parts: list[Any] = [("graphs", "$text-muted")]
-        for mode in ("piecewise", "full"):
+        for mode in (Mode.PIECEWISE, Mode.FULL):
             mine = [r for r in reports if r.mode == mode and r.kind == "decode"]
             if mine:
                 secs = sum(r.seconds for r in mine)
@@ -262,7 +262,7 @@ class LatencyPanel(VerticalScroll):
         pre = [r for r in reports if r.kind == "prefill"]
         if pre:
             secs, mib = sum(r.seconds for r in pre), sum(r.pool_mib for r in pre)
-            parts.append((f"\n prefill   {len(pre)} lengths {secs:.2f} s {mib:.0f} MiB", MODE_STYLES["full"]))
+            parts.append((f"\n prefill   {len(pre)} lengths {secs:.2f} s {mib:.0f} MiB", MODE_STYLES[Mode.FULL]))
         if info.kernel_warmup_s is not None:
             parts.append((f"\n kernels  warmed in {info.kernel_warmup_s:.2f} s", "$text-muted"))
         parts.extend(LatencyPanel._check_parts(info))
