@@ -1,6 +1,6 @@
-"""The TUI as a client of a real `fgchat serve` (issue 20): a reply streams from the server
-into the chat, the console says its timings are measured at the client and carries the
-server's own mode availability, and a server killed mid-reply leaves the partial reply and one error line while the app keeps going."""
+"""The TUI as a client of a real `fgchat serve` (issue 20): a reply streams from the server into
+the chat with timings measured at the client and the server's own mode availability; a server
+killed mid-reply leaves the partial reply and an error while the app keeps going."""
 
 from __future__ import annotations
 
