@@ -1,4 +1,4 @@
-"""Command line: the TUI by default; `generate` and `bench` subcommands.
+"""Command line: the TUI by default (or a client of --endpoint); `generate`, `bench` and `serve` subcommands.
 
 Every user error ends as one line on stderr (`fgchat: error: ...`) and exit status 2, never a
 traceback. Option values are checked while parsing (choices, ranges, device names, UTF-8 text,
@@ -8,21 +8,25 @@ writable output files), so a bad value fails before any model is loaded.
 from __future__ import annotations
 
 import argparse
-import os
-import re
 import sys
-from pathlib import Path
 from typing import Sequence
 
+from fgchat.cli_args import (
+    ATTENTION_BACKENDS,
+    DTYPES,
+    MIN_CONTEXT,
+    check_writable,
+    context_arg,
+    device_arg,
+    endpoint_arg,
+    model_arg,
+    utf8_text,
+)
 from fgchat.protocol.events import MODES
 
 EXIT_USER_ERROR = 2
 EXIT_INTERRUPTED = 130
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a writer whose reader went away
-ATTENTION_BACKENDS = ("auto", "triton", "flash-attn", "torch", "sdpa")  # fgchat.engine.kernels.attention
-DTYPES = ("auto", "bfloat16", "bf16", "float16", "fp16", "float32", "fp32")  # fgchat.engine.loader
-DEVICE_RE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
-MIN_CONTEXT = 16
 
 
 def version() -> str:
@@ -74,93 +78,6 @@ class _Parser(argparse.ArgumentParser):
 
 
 # ---------------------------------------------------------------------------- value types
-def utf8_text(text: str) -> str:
-    """Text that must be valid UTF-8: undecodable bytes from the shell arrive as lone surrogates."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as e:
-        bad = text[e.start]
-        byte = f"byte 0x{ord(bad) - 0xDC00:02x}" if 0xDC80 <= ord(bad) <= 0xDCFF else f"character {bad!a}"
-        raise argparse.ArgumentTypeError(f"not valid UTF-8 ({byte} at position {e.start})") from None
-    return text
-
-
-def model_arg(text: str) -> str:
-    if not text.strip():
-        raise argparse.ArgumentTypeError(
-            "empty model name (give a model directory, a .gguf file or a Hugging Face repo id; "
-            "leave --model out for the embedded model)")
-    return text
-
-
-def device_arg(text: str) -> str:
-    if not DEVICE_RE.match(text.strip()):
-        raise argparse.ArgumentTypeError(f"invalid device {text!r} (choose from auto, cpu, cuda, cuda:N)")
-    return text.strip()
-
-
-def int_at_least(low: int):
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
-        return value
-
-    parse.__name__ = "int"
-    return parse
-
-
-context_arg = int_at_least(MIN_CONTEXT)
-
-
-def endpoint_arg(text: str) -> str:
-    """An http(s) base URL of an OpenAI-compatible server (fgchat.client.base_url normalises it)."""
-    from fgchat.client.urls import base_url
-
-    try:
-        return base_url(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def check_writable(path: str, option: str, replace: bool = False) -> None:
-    """Fail now, not after a long run, when `path` cannot be written: the file is opened for append
-    (as --log-csv will) and removed again if this call created it. replace: the file will be written
-    atomically (a temporary file in the same directory, then renamed), so the directory must take a
-    new file too."""
-    from fgchat.protocol.errors import FgchatError
-
-    p = Path(path).expanduser()
-    if not path.strip():
-        raise FgchatError(f"{option}: empty path")
-    if p.is_dir():
-        raise FgchatError(f"cannot write {option} {path}: is a directory")
-    if not p.parent.is_dir():
-        raise FgchatError(f"cannot write {option} {path}: directory {p.parent} does not exist")
-    existed = p.exists()
-    try:
-        with open(p, "a", encoding="utf-8"):
-            pass
-    except OSError as e:
-        raise FgchatError(f"cannot write {option} {path}: {e.strerror or e}") from None
-    if not existed:
-        try:
-            os.unlink(p)
-        except OSError:
-            pass
-    if replace:
-        import tempfile
-
-        try:
-            with tempfile.NamedTemporaryFile(dir=p.parent, prefix=f".{p.name}.", suffix=".check"):
-                pass
-        except OSError as e:
-            raise FgchatError(f"cannot write {option} {path}: directory {p.parent}: {e.strerror or e}") from None
-
-
 # ---------------------------------------------------------------------------- parser
 def _add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", type=model_arg, default=None,

@@ -75,7 +75,7 @@ def _float_in(low: float, high: float, low_open: bool = False):
 
 
 def add_bench_parser(sub) -> None:
-    from fgchat.cli import ATTENTION_BACKENDS, DTYPES, context_arg, device_arg, endpoint_arg, int_at_least, model_arg
+    from fgchat.cli_args import ATTENTION_BACKENDS, DTYPES, context_arg, device_arg, endpoint_arg, int_at_least, model_arg
 
     b = sub.add_parser("bench", help="benchmark modes and batch sizes (TTFT, TPOT, ITL, GPU time)",
                        description="Benchmark decode modes and batch sizes on one model: TTFT, TPOT, ITL, "
@@ -151,7 +151,7 @@ def silence_progress_bars() -> None:
 
 def check_bench_args(args: argparse.Namespace) -> None:
     """The checks that involve several options or the file system; each failure is one line."""
-    from fgchat.cli import check_writable
+    from fgchat.cli_args import check_writable
 
     if getattr(args, "endpoint", None):
         from fgchat.bench.endpoint import check_endpoint_bench_args

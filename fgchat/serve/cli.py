@@ -23,7 +23,7 @@ def port_arg(text: str) -> int:
 def add_serve_parser(sub: argparse._SubParsersAction,
                      add_engine_args: Callable[[argparse.ArgumentParser], None]) -> None:
     """The `serve` subcommand; add_engine_args adds the engine options the main command has."""
-    from fgchat.cli import int_at_least
+    from fgchat.cli_args import int_at_least
 
     s = sub.add_parser("serve", help="OpenAI-compatible HTTP server over the engine (chat, completions, metrics)",
                        description="Serve the model over an OpenAI-compatible HTTP API: /v1/chat/completions, "
