@@ -8,7 +8,7 @@ from fgchat.engine.modes.base import StepMode
 from fgchat.protocol.events import Mode
 
 from fgchat.engine.core import Engine, EngineConfig
-from fgchat.engine.step import ROW_IDS, ROW_POS, ROW_SEED, ROW_SLOT, ROW_TEMP, ROW_TOPK, ROW_TOPP, StepBuffers
+from fgchat.engine.step import ROW_IDS, ROW_POS, ROW_SEED, ROW_SLOT, ROW_TEMP, ROW_TOPK, ROW_TOPP, StepBuffers, Variant
 
 
 def test_stage_writes_lanes_and_zeroes_the_rest():
@@ -31,7 +31,7 @@ def test_stage_writes_lanes_and_zeroes_the_rest():
 def test_program_has_one_piece_per_attention_gap(tiny_llama):
     eng = Engine(EngineConfig(model=str(tiny_llama), device="cpu", max_context=128))
     for b in (1, 3, 8):
-        pieces, attends = eng.program.pieces(b, do_sample=False)
+        pieces, attends = eng.program.pieces(b, variant=Variant.GREEDY)
         assert len(pieces) == eng.cfg.num_layers + 1 and len(attends) == eng.cfg.num_layers
 
 
@@ -41,7 +41,7 @@ def test_step_derives_lengths_and_slots_on_device(tiny_llama):
         t.zero_()
     eng.bufs.stage([5, 6, 7], [10, 20, 30], [4, 0, 7], [0.0] * 3, [1.0] * 3, [0] * 3, [0] * 3)
     eng.program.max_len_hint = 31
-    out = eng.program.run_eager(3, do_sample=False)
+    out = eng.program.run_eager(3, variant=Variant.GREEDY)
     assert eng.bufs.dev_i32[0, :3].tolist() == [11, 21, 31]  # seq_lens = position + 1
     assert eng.bufs.dev_i32[1, :3].tolist() == [4, 0, 7]
     assert out.tokens.shape == (3,) and out.logits.shape == (3, eng.cfg.vocab_size)
@@ -70,13 +70,13 @@ class _OomMode(StepMode):
         super().__init__()
         self.dropped = 0
 
-    def has(self, b: int, do_sample: bool) -> bool:
+    def has(self, b: int, variant: int) -> bool:
         return False
 
-    def capture(self, b: int, do_sample: bool) -> None:
+    def capture(self, b: int, variant: int) -> None:
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
-    def run(self, b: int, do_sample: bool):
+    def run(self, b: int, variant: int):
         raise AssertionError("a mode that never captured must not run")
 
     def drop(self) -> None:

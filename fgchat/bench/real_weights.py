@@ -12,7 +12,7 @@ import time
 
 import torch
 
-from fgchat.protocol.events import Mode
+from fgchat.protocol.events import MODES, Mode
 
 PROMPTS = [
     "What is the capital of France?",
@@ -25,7 +25,7 @@ PROMPTS = [
     "Give me one tip for staying focused while studying.",
 ]
 DTYPES = ("bfloat16", "float16")
-MODES = tuple(Mode)
+
 
 
 def chat_ids(tokenizer, text: str) -> list[int]:

@@ -100,10 +100,11 @@ class Engine:
         self.last_logits: torch.Tensor | None = None
         self.mode = Mode.EAGER
         self._pending: list[EngineEvent] = []
+        self._info_due = False  # a ModeChanged is pending: EngineInfo follows it from step()
         self._next_id = 1
         # which graph ran each recent decode step (tests and diagnostics; bounded)
         self.step_graphs: deque[str | None] = deque(maxlen=STEP_GRAPHS_KEPT)
-        self._reports_sent = len(self.modes.reports)
+        self._reports_sent = self.modes.capture_count()
         best = Mode.FULL if not self.modes.unavailable.get(Mode.FULL) else Mode.EAGER
         try:
             ev = self.set_mode(config.mode or best)
@@ -240,6 +241,7 @@ class Engine:
             self.mode = wanted
             ev = ModeChanged(self.mode)
         self._pending.append(ev)
+        self._info_due = True
         return ev
 
     def submit(
@@ -313,9 +315,9 @@ class Engine:
                         self._drain()
         else:
             self._drain()
-        reports = len(self.modes.reports)
-        if reports != self._reports_sent or any(isinstance(ev, ModeChanged) for ev in self._pending):
-            self._reports_sent = reports  # captures or availability changed: clients show them
+        reports = self.modes.capture_count()
+        if reports != self._reports_sent or self._info_due:
+            self._reports_sent, self._info_due = reports, False  # captures or modes changed
             self._pending.append(self.info())
         events, self._pending = self._pending, []
         return events
@@ -431,7 +433,7 @@ class Engine:
                 di[ROW_IDS, :b].copy_(prev.out.tokens)
                 di[ROW_POS, :b].add_(1)
             self.program.max_len_hint = (self.program.max_len_hint or 0) + 1
-        do_sample = Variant.of(any(s.params.penalized for s in seqs), any(s.params.temperature > 0 for s in seqs))
+        variant = Variant.of(any(s.params.penalized for s in seqs), any(s.params.temperature > 0 for s in seqs))
         mode = self.mode
         cuda = self.device.type == "cuda"
         events = None
@@ -440,11 +442,12 @@ class Engine:
             events = self._event_sets[self._flip]
             events[0].record()
         t0 = time.perf_counter()
-        out, ran = self.modes.run(mode, b, do_sample)
+        out, ran = self.modes.run(mode, b, variant)
         launch_ms = (time.perf_counter() - t0) * 1e3
         if ran != mode:  # capturing `mode` ran out of memory; ModeSet disabled it
             self.mode = ran
             self._pending.append(ModeChanged(ran, f"{mode} disabled: out of memory"))
+            self._info_due = True
             mode = ran
         graph = None if mode == Mode.EAGER else f"{mode}/b{b}"
         host_tokens = None

@@ -122,12 +122,12 @@ class StepProgram:
         # host-side bound of seq_lens for eager CPU steps (lets the torch backend slice the cache)
         self.max_len_hint: int | None = None
 
-    def pieces(self, b: int, do_sample: int) -> tuple[list[Piece], list[Callable[[StepState], None]]]:
+    def pieces(self, b: int, variant: int) -> tuple[list[Piece], list[Callable[[StepState], None]]]:
         """Returns (pieces, attentions): run pieces[0], attentions[0], pieces[1], ..., pieces[L].
 
         Each attention reads st.q as left by the preceding piece and writes bufs.attn_out[:b].
         """
-        variant = Variant(int(do_sample))
+        variant = Variant(variant)
         penalized = variant in (Variant.PENALIZED, Variant.PENALIZED_SAMPLED)
         dec, bufs, cache = self.dec, self.bufs, self.cache
         di, df, i32 = bufs.dev_i, bufs.dev_f, bufs.dev_i32
@@ -196,9 +196,9 @@ class StepProgram:
             return (st.qkv, dec.cos, dec.sin, cache.k[i], cache.v[i], slots32, seq_lens, attn_out, dec.scale)
         return (st.q, cache.k[i], cache.v[i], slots32, seq_lens, attn_out, dec.scale)
 
-    def run_eager(self, b: int, do_sample: int) -> StepOutputs:
+    def run_eager(self, b: int, variant: int) -> StepOutputs:
         st = StepState()
-        run_pieces(st, *self.pieces(b, do_sample))
+        run_pieces(st, *self.pieces(b, variant))
         return StepOutputs(st.tokens, st.logits)
 
 

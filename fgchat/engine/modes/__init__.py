@@ -63,6 +63,11 @@ class ModeSet:
         self.modes[mode] = runner
         self.unavailable[mode] = ""
 
+    def capture_count(self) -> int:
+        """How many captures `reports` holds (read every step: counts, builds no list)."""
+        n = sum(len(self.modes[m].reports) for m in GRAPH_MODES if m in self.modes)
+        return n + (len(self.prefill_graphs.reports) if self.prefill_graphs else 0)
+
     @property
     def reports(self) -> list[CaptureReport]:
         out = [r for m in GRAPH_MODES if m in self.modes for r in self.modes[m].reports]
@@ -140,18 +145,18 @@ class ModeSet:
                 self.disable(mode, f"self-check mismatch at batch size {b}")
                 return
 
-    def run(self, mode: Mode, b: int, do_sample: bool) -> tuple[StepOutputs, Mode]:
+    def run(self, mode: Mode, b: int, variant: int) -> tuple[StepOutputs, Mode]:
         """One decode step in `mode`; returns its outputs and the mode that ran it (eager when
         capturing `mode` ran out of memory: the mode is then disabled)."""
         runner = self.modes[mode]
-        if mode != Mode.EAGER and not runner.has(b, do_sample):
+        if mode != Mode.EAGER and not runner.has(b, variant):
             try:
-                runner.capture(b, do_sample)
+                runner.capture(b, variant)
             except torch.OutOfMemoryError:
                 self.disable(mode, "out of GPU memory while capturing graphs")
                 self.program.max_len_hint = None
-                return self.eager.run(b, do_sample), Mode.EAGER
-        return runner.run(b, do_sample), mode
+                return self.eager.run(b, variant), Mode.EAGER
+        return runner.run(b, variant), mode
 
     def prefill_logits(self, mode: Mode, ids: torch.Tensor, slot: int) -> torch.Tensor:
         """Full mode replays a prefill graph (captured on first use of a bucket when capture is

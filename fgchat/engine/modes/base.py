@@ -24,13 +24,14 @@ class StepMode(ABC):
         self.reports: list[CaptureReport] = []
 
     @abstractmethod
-    def run(self, b: int, do_sample: bool) -> StepOutputs:
-        """Launch one decode step over lanes [0, b) of the step buffers."""
+    def run(self, b: int, variant: int) -> StepOutputs:
+        """Launch one decode step over lanes [0, b) of the step buffers; `variant` is a
+        step.Variant (what the last piece does with the logits; False / True: greedy / sampled)."""
 
-    def capture(self, b: int, do_sample: bool) -> None:
+    def capture(self, b: int, variant: int) -> None:
         """Prepare batch size b ahead of its first step (nothing to do for eager)."""
 
-    def has(self, b: int, do_sample: bool) -> bool:
+    def has(self, b: int, variant: int) -> bool:
         """Whether batch size b is prepared (a step of it captures nothing)."""
         return True
 

@@ -44,11 +44,11 @@ class GraphCapture:
             self.warmup(b, False)
         return time.perf_counter() - t0
 
-    def warmup(self, b: int, do_sample: bool) -> None:
+    def warmup(self, b: int, variant: int) -> None:
         """The step eagerly on the capture stream: compiles kernels, creates cuBLAS handles."""
         work = self.program.dec.side_work()
         with torch.cuda.stream(self.stream):
-            self.program.run_eager(b, do_sample)
+            self.program.run_eager(b, variant)
             if work is not None:  # loads the side work's kernels before any capture
                 work(0)
         self.stream.synchronize()
@@ -79,32 +79,32 @@ class GraphMode(StepMode):
         self.cap = cap
         self.graphs: dict[tuple[int, bool], Replayable] = {}
 
-    def has(self, b: int, do_sample: bool) -> bool:
-        return (b, do_sample) in self.graphs
+    def has(self, b: int, variant: int) -> bool:
+        return (b, variant) in self.graphs
 
-    def run(self, b: int, do_sample: bool) -> StepOutputs:
-        g = self.graphs.get((b, do_sample))
+    def run(self, b: int, variant: int) -> StepOutputs:
+        g = self.graphs.get((b, variant))
         if g is None:
-            g = self._capture_measured(b, do_sample)
+            g = self._capture_measured(b, variant)
         return g.replay()
 
-    def capture(self, b: int, do_sample: bool) -> None:
-        self._capture_measured(b, do_sample)
+    def capture(self, b: int, variant: int) -> None:
+        self._capture_measured(b, variant)
 
     @torch.inference_mode()
-    def _capture_measured(self, b: int, do_sample: bool) -> Replayable:
+    def _capture_measured(self, b: int, variant: int) -> Replayable:
         counts = self.cap.program.counts
         saved = counts.clone()  # the warm-up (and piecewise's recording step) count tokens too
         with self.cap.measured(self.mode, b, self.reports):
-            self.cap.warmup(b, do_sample)
-            g = self._capture(b, do_sample)
-            self.graphs[(b, do_sample)] = g
+            self.cap.warmup(b, variant)
+            g = self._capture(b, variant)
+            self.graphs[(b, variant)] = g
             torch.cuda.synchronize()  # the recording runs on the capture stream
             counts.copy_(saved)
         return g
 
     @abstractmethod
-    def _capture(self, b: int, do_sample: bool) -> Replayable:
+    def _capture(self, b: int, variant: int) -> Replayable:
         """Capture the step of batch size b (the warm-up has run)."""
 
     def drop(self) -> None:

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from fgchat.engine.launch_list import LaunchList, record
 from fgchat.engine.modes.base import StepMode
-from fgchat.engine.step import StepOutputs, StepProgram
+from fgchat.engine.step import StepOutputs, StepProgram, Variant
 from fgchat.protocol.events import Mode
 
 
@@ -25,9 +25,9 @@ class EagerMode(StepMode):
         self.note = note
         self.launch_lists: dict[int, LaunchList[StepOutputs] | None] = {}  # batch size -> list
 
-    def run(self, b: int, do_sample: bool) -> StepOutputs:
-        if do_sample or not self.launch_lists_on:
-            return self.program.run_eager(b, do_sample)
+    def run(self, b: int, variant: int) -> StepOutputs:
+        if variant != Variant.GREEDY or not self.launch_lists_on:
+            return self.program.run_eager(b, variant)
         if b in self.launch_lists:
             lst = self.launch_lists[b]
             return lst.replay() if lst is not None else self.program.run_eager(b, False)

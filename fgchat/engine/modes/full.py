@@ -35,9 +35,9 @@ class FullGraph:
 class FullMode(GraphMode):
     mode = Mode.FULL
 
-    def _capture(self, b: int, do_sample: bool) -> FullGraph:
+    def _capture(self, b: int, variant: int) -> FullGraph:
         cap = self.cap
-        pieces, attends = cap.program.pieces(b, do_sample)
+        pieces, attends = cap.program.pieces(b, variant)
         g = torch.cuda.CUDAGraph()
         st = StepState()
         with torch.cuda.graph(g, pool=cap.pool, stream=cap.stream):

@@ -42,9 +42,9 @@ class PiecewiseGraph:
 class PiecewiseMode(GraphMode):
     mode = Mode.PIECEWISE
 
-    def _capture(self, b: int, do_sample: bool) -> PiecewiseGraph:
+    def _capture(self, b: int, variant: int) -> PiecewiseGraph:
         cap = self.cap
-        pieces, attends = cap.program.pieces(b, do_sample)
+        pieces, attends = cap.program.pieces(b, variant)
         graphs, states = [], []
         st = StepState()
         for piece in pieces:
