@@ -27,7 +27,6 @@ PROMPTS = [
 DTYPES = ("bfloat16", "float16")
 
 
-
 def chat_ids(tokenizer, text: str) -> list[int]:
     return list(tokenizer.apply_chat_template([{"role": "user", "content": text}]))
 
