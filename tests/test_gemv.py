@@ -148,7 +148,7 @@ def test_routes_of_llama_8b_projections():
 def test_fused_decoder_step_matches_unfused(tiny_model_dirs, family):
     from fgchat.engine.core import Engine, EngineConfig
     from fgchat.engine.model.decoder import Decoder
-    from fgchat.engine.step import StepProgram
+    from fgchat.engine.step import StepProgram, Variant
 
     eng = Engine(EngineConfig(model=str(tiny_model_dirs[family]), device="cpu", max_context=64,
                               dtype="float32"))
@@ -160,9 +160,9 @@ def test_fused_decoder_step_matches_unfused(tiny_model_dirs, family):
         eng.bufs.stage(list(range(5, 5 + b)), [9, 20, 30][:b], [4, 0, 7][:b], [0.0] * b, [1.0] * b,
                        [0] * b, [0] * b)
         eng.program.max_len_hint = fused.max_len_hint = 31
-        ref = eng.program.run_eager(b, do_sample=False)
+        ref = eng.program.run_eager(b, variant=Variant.GREEDY)
         ref_logits, ref_k = ref.logits.clone(), [k.clone() for k in eng.cache.k]
-        out = fused.run_eager(b, do_sample=False)
+        out = fused.run_eager(b, variant=Variant.GREEDY)
         torch.testing.assert_close(out.logits, ref_logits, rtol=1e-4, atol=1e-4)
         assert torch.equal(out.tokens, ref.tokens)  # the LM head kernel's own greedy pick
         for k, rk in zip(eng.cache.k, ref_k):
