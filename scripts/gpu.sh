@@ -83,6 +83,9 @@ for what in "$@"; do
         bench new 8b --preset llama-3.1-8b --random-weights --batch-sizes 1,8 --repeats 2 --modes full
       fi ;;
     tui)
+      { nproc; lscpu 2>/dev/null | grep -E "Model name|Thread|Core|Socket|NUMA|MHz"
+        grep -H . /sys/devices/system/cpu/cpu*/topology/thread_siblings_list 2>/dev/null | head -16; } \
+        | tee "$OUT/tui-host.txt"
       for k in 1 8; do
         for mode in eager piecewise full; do
           FGCHAT_TOKENS=${TUI_TOKENS:-256} timeout -s KILL "${TUI_TIMEOUT:-200}" python3 scripts/tui_vs_headless.py \

@@ -1,10 +1,12 @@
 """ITL median while the TUI streams vs the same model and mode headless (engine isolation check).
 
 Builds a SmolLM2-135M-shaped model with a small trained tokenizer (tests/tiny_models.py), then
-runs REPS replies of N tokens (FGCHAT_TOKENS, default 256) headless (Engine in this process) and
-REPS through the Textual app (engine in its own process, UI rendering in this one), after one
-warm-up reply each. Per reply it takes the median inter-token latency (the TUI's from its
-latency log, the one the console shows), and prints the medians of both and their ratio.
+runs REPS rounds of N tokens (FGCHAT_TOKENS, default 256) three ways, after one warm-up round
+each: headless (Engine in this process), child (EngineProcess, the engine in its own process as
+the TUI runs it, no UI) and TUI (the Textual app: engine child + UI rendering in this process).
+Per round it takes the median inter-token latency (the TUI's from its latency log, the one the
+console shows) and the median host launch time per step, and prints both per way and the
+TUI / headless ratio. headless vs child isolates the process; child vs TUI the UI beside it.
 Needs textual (installed from wheels where there is no network: pip install --no-index
 --find-links DIR textual); without it, one line says so.
 Batch K > 1: K replies to one prompt (the TUI's F4), sampled at temperature 0.7 in both.
@@ -26,27 +28,72 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 import tiny_models  # noqa: E402
 
 from fgchat.engine.core import Engine, EngineConfig  # noqa: E402
-from fgchat.protocol.events import RequestFinished, SamplingParams  # noqa: E402
+from fgchat.engine.process import EngineProcess  # noqa: E402
+from fgchat.protocol.events import EngineInfo, RequestFinished, SamplingParams, TokenEvent  # noqa: E402
 
 N, REPS = int(os.environ.get("FGCHAT_TOKENS", 256)), 3
 PROMPT = "Tell me about latency."
 
 
-def headless(model: Path, mode: str, k: int) -> list[float]:
-    """Median ITL (ms) over the K replies of each round after the warm-up."""
+Rounds = tuple[list[float], list[float]]  # per round after the warm-up: ITL median, launch median
+
+
+def _params(k: int, i: int) -> SamplingParams:
+    return SamplingParams(max_tokens=N, ignore_eos=True, temperature=0.7 if k > 1 else 0.0, seed=i)
+
+
+def _medians(tokens: list) -> tuple[float, float]:
+    """ITL and host-launch medians (ms) of one round's token events or records."""
+    itl = [t.itl_ms for t in tokens if t.itl_ms is not None]
+    launch = [t.launch_ms for t in tokens if t.launch_ms is not None and not t.is_first_token]
+    return statistics.median(itl), (statistics.median(launch) if launch else float("nan"))
+
+
+def _split(rounds: list[tuple[float, float]]) -> Rounds:
+    return [r[0] for r in rounds[1:]], [r[1] for r in rounds[1:]]
+
+
+def headless(model: Path, mode: str, k: int) -> Rounds:
     eng = Engine(EngineConfig(model=str(model), mode=mode, max_context=2048))
     ids = eng.tokenizer.apply_chat_template([{"role": "user", "content": PROMPT}])
     out = []
     for _ in range(REPS + 1):
         for i in range(k):
-            eng.submit(ids, SamplingParams(max_tokens=N, ignore_eos=True, temperature=0.7 if k > 1 else 0.0,
-                                           seed=i))
-        done = [e.summary for e in eng.run_until_done() if isinstance(e, RequestFinished)]
-        out.append(statistics.median(x for d in done for x in d.itl_ms))
-    return out[1:]
+            eng.submit(ids, _params(k, i))
+        out.append(_medians([e for e in eng.run_until_done() if isinstance(e, TokenEvent)]))
+    return _split(out)
 
 
-async def with_tui(model: Path, mode: str, data: Path, k: int) -> list[float]:
+def child(model: Path, mode: str, k: int) -> Rounds:
+    """The engine in its own process, driven as the TUI drives it (one SubmitChats per round)."""
+    proc = EngineProcess(EngineConfig(model=str(model), mode=mode, max_context=2048))
+    proc.start()
+    try:
+        deadline = time.monotonic() + 300
+        while not any(isinstance(e, EngineInfo) for e in proc.get_events(0.5)):
+            if proc.failed or time.monotonic() > deadline:
+                sys.exit("tui_vs_headless: the engine process did not start")
+        out, rid = [], 0
+        for _ in range(REPS + 1):
+            reqs = [(rid + i, _params(k, i)) for i in range(k)]
+            rid += k
+            proc.submit_chats([{"role": "user", "content": PROMPT}], reqs)
+            tokens, finished = [], 0
+            while finished < k:
+                for e in proc.get_events(0.1):
+                    if isinstance(e, TokenEvent):
+                        tokens.append(e)
+                    elif isinstance(e, RequestFinished):
+                        finished += 1
+                if proc.failed:
+                    sys.exit("tui_vs_headless: the engine process failed")
+            out.append(_medians(tokens))
+        return _split(out)
+    finally:
+        proc.shutdown()
+
+
+async def with_tui(model: Path, mode: str, data: Path, k: int) -> Rounds:
     from fgchat.tui.app import FgchatApp
 
     app = FgchatApp(EngineConfig(model=str(model), mode=mode, max_context=2048),
@@ -63,10 +110,10 @@ async def with_tui(model: Path, mode: str, data: Path, k: int) -> list[float]:
                 await pilot.pause(0.05)
         log = app.latency.log
         rounds = [[r.request_id for r in log.requests()][j * k:(j + 1) * k] for j in range(REPS + 1)]
-        medians = [statistics.median(t.itl_ms for t in log.tokens() if t.request_id in ids and t.itl_ms is not None)
-                   for ids in map(set, rounds)]
+        tokens = log.tokens()
+        medians = [_medians([t for t in tokens if t.request_id in ids]) for ids in map(set, rounds)]
         app.exit()
-    return medians[1:]
+    return _split(medians)
 
 
 def main() -> None:
@@ -82,12 +129,15 @@ def main() -> None:
         model = tiny_models.build_model(Path(tmp) / "m", "llama", hidden=576, layers=30, heads=9,
                                         kv_heads=3, head_dim=64, intermediate=1536, max_pos=8192,
                                         tie=True, dtype="bfloat16")
-        h = headless(model, mode, k)
-        t = asyncio.run(with_tui(model, mode, Path(tmp) / "data", k))
-    hm, tm = statistics.median(h), statistics.median(t)
-    print(f"mode {mode} K {k}: headless ITL median {hm:.3f} ms {['%.3f' % x for x in h]}")
-    print(f"mode {mode} K {k}: TUI ITL median      {tm:.3f} ms {['%.3f' % x for x in t]}")
-    print(f"RESULT mode={mode} k={k} headless_ms={hm:.4f} tui_ms={tm:.4f} ratio={tm / hm:.3f} (target <= 1.05)")
+        runs = {"headless": headless(model, mode, k), "child": child(model, mode, k),
+                "tui": asyncio.run(with_tui(model, mode, Path(tmp) / "data", k))}
+    med = {}
+    for way, (itl, launch) in runs.items():
+        med[way] = statistics.median(itl)
+        print(f"mode {mode} K {k}: {way:8s} ITL median {med[way]:.3f} ms {['%.3f' % x for x in itl]}, "
+              f"host launch {statistics.median(launch):.3f} ms")
+    print(f"RESULT mode={mode} k={k} headless_ms={med['headless']:.4f} child_ms={med['child']:.4f} "
+          f"tui_ms={med['tui']:.4f} ratio={med['tui'] / med['headless']:.3f} (target <= 1.05)")
 
 
 if __name__ == "__main__":
