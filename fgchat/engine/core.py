@@ -5,10 +5,12 @@ from __future__ import annotations
 import os
 import time
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 
+from fgchat.engine.admission import share_prompts
 from fgchat.engine.kv_cache import NUM_SLOTS, KVCache, choose_max_context
 from fgchat.engine.loader import LoadedModel, load_model, load_random, pick_device, pick_dtype
 from fgchat.engine.model.decoder import Decoder
@@ -323,12 +325,18 @@ class Engine:
         return events
 
     def _admit(self) -> None:
-        seqs = self.scheduler.admit()
-        batched = self._prefill_together(seqs) if len(seqs) > 1 and self.device.type == "cpu" else None
-        admitted = batched if batched is not None else [(seq, self._prefill(seq)) for seq in seqs]
+        """Prefill the newly admitted requests, each distinct prompt once (engine.admission),
+        and start them with their first tokens."""
+        firsts: list[tuple[Sequence, torch.Tensor]] = []
+        for group, logits in self._prefill_groups(share_prompts(self.scheduler.admit())):
+            if logits is None:
+                continue
+            lead = group[0]
+            self.cache.copy_prefix(lead.slot, [s.slot for s in group[1:]], len(lead.prompt_ids))
+            # the logits may live in a prefill graph's output buffer: consumed before the next prefill
+            firsts += [(seq, self._first_token(seq, logits)) for seq in group]
         # First tokens of one admission round are read with one sync and emitted together, so
         # a request's decode latencies never include the prefills of requests admitted with it.
-        firsts = [(seq, tok) for seq, tok in admitted if tok is not None]
         if firsts:
             ids = torch.cat([tok for _, tok in firsts]).tolist()
             for (seq, _), token in zip(firsts, ids):
@@ -346,31 +354,47 @@ class Engine:
         return out
 
     # ---- internals ----
-    def _prefill(self, seq: Sequence) -> torch.Tensor | None:
-        """Prefill into the sequence's slot; returns its first token [1] on the device."""
-        ids = torch.tensor(seq.prompt_ids, dtype=torch.int64, device=self.device)
+    def _prefill_groups(
+        self, groups: list[list[Sequence]]
+    ) -> Iterator[tuple[list[Sequence], torch.Tensor | None]]:
+        """Each group with the last logits [V] of its prompt, prefilled into group[0]'s slot
+        (None when that failed: the group is finished with the error). One pass over all the
+        prompts where `_prefill_together` can, else one prefill per group, lazily: a group's
+        logits are consumed before the next group is prefilled."""
+        together = self._prefill_together([g[0] for g in groups]) if len(groups) > 1 else None
+        if together is not None:
+            yield from zip(groups, together)
+            return
+        for group in groups:
+            yield group, self._prefill(group)
+
+    def _prefill(self, group: list[Sequence]) -> torch.Tensor | None:
+        """Prefill group[0]'s prompt into its slot; returns the last logits [V]."""
+        lead = group[0]
+        ids = torch.tensor(lead.prompt_ids, dtype=torch.int64, device=self.device)
         try:
-            logits = self.modes.prefill_logits(self.mode, ids, seq.slot)
+            return self.modes.prefill_logits(self.mode, ids, lead.slot)
         except torch.OutOfMemoryError:
-            self._pending.append(EngineError("out of memory during prefill", seq.request_id))
-            self._finish(seq, "error")
+            for seq in group:
+                self._pending.append(EngineError("out of memory during prefill", seq.request_id))
+                self._finish(seq, "error")
             return None
-        return self._first_token(seq, logits)
 
-    def _prefill_together(self, seqs: list[Sequence]) -> list[tuple[Sequence, torch.Tensor]] | None:
-        """CPU (unfused) prefill of several prompts in one pass (larger matrix products: 8 x 64
-        tokens of SmolLM2 in 0.69 s instead of 1.04 s). None when it cannot run: the caller then
-        prefills one by one, as on CUDA, where prefill graphs serve single prompts."""
-        if self.decoder.fused:
+    def _prefill_together(self, seqs: list[Sequence]) -> list[torch.Tensor] | None:
+        """Several prompts in one pass, their last logits [V] each: stacked rows make larger
+        matrix products (CPU, unfused: 8 x 64 tokens of SmolLM2 in 0.69 s instead of 1.04 s).
+        None when it cannot run (fused without FGCHAT_BATCHED_PREFILL, or no memory for the
+        stacked rows): the caller then prefills one by one."""
+        from fgchat.engine.model import prefill as pf
+
+        if self.decoder.fused and not self.tuning.batched_prefill:
             return None
-        from fgchat.engine.model.prefill import prefill_many
-
+        run = pf.prefill_many_fused if self.decoder.fused else pf.prefill_many
         prompts = [(torch.tensor(s.prompt_ids, dtype=torch.int64, device=self.device), s.slot) for s in seqs]
         try:
-            logits = prefill_many(self.decoder, prompts, self.cache.k, self.cache.v)
+            return run(self.decoder, prompts, self.cache.k, self.cache.v)
         except (RuntimeError, MemoryError):  # e.g. no memory for the stacked rows: one by one
             return None
-        return [(seq, self._first_token(seq, lg)) for seq, lg in zip(seqs, logits)]
 
     def _first_token(self, seq: Sequence, logits: torch.Tensor) -> torch.Tensor:
         """The request's first token [1] from its prompt's last logits [V]."""

@@ -71,6 +71,15 @@ class KVCache:
                 "lower --max-context"
             ) from None
 
+    def copy_prefix(self, src: int, dst: list[int], length: int) -> None:
+        """Positions [0, length) of slot `src` into each slot of `dst`, every layer (one indexed
+        write per tensor). Positions >= length of `dst` are left as they are."""
+        if not dst:
+            return
+        index = torch.tensor(dst, dtype=torch.int64, device=self.k[0].device) if self.k else None
+        for cache in (*self.k, *self.v):
+            cache[index, :length] = cache[src, :length]
+
     @property
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.k + self.v)

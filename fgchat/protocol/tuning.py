@@ -15,6 +15,7 @@ EngineConfig (which holds a Tuning) without loading torch.
 | FGCHAT_L2_PREFETCH_MB=n | 16 | full graphs: weights prefetched into L2 beside attention (0: none) |
 | FGCHAT_PREFILL_GRAPHS=0 | on | full mode prefills eagerly instead of replaying prefill graphs |
 | FGCHAT_EAGER_LAUNCH_LIST=0 | on | eager runs every step through the Python stages, not a recorded launch list |
+| FGCHAT_BATCHED_PREFILL=0 | on | CUDA: distinct prompts admitted together are prefilled one by one, not in one pass |
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ class Tuning:
     l2_prefetch_mb: int = 16
     prefill_graphs: bool = True
     eager_launch_list: bool = True
+    batched_prefill: bool = True
 
     @classmethod
     def from_env(cls) -> Tuning:
@@ -67,6 +69,7 @@ class Tuning:
             l2_prefetch_mb=_int("FGCHAT_L2_PREFETCH_MB", d.l2_prefetch_mb),
             prefill_graphs=_flag("FGCHAT_PREFILL_GRAPHS", d.prefill_graphs),
             eager_launch_list=_flag("FGCHAT_EAGER_LAUNCH_LIST", d.eager_launch_list),
+            batched_prefill=_flag("FGCHAT_BATCHED_PREFILL", d.batched_prefill),
         )
 
     def proj_config_texts(self) -> dict[str, str]:

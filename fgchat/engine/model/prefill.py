@@ -5,7 +5,8 @@ Two paths, chosen by `dec.fused`:
   transformers; `prefill_many` runs several prompts in one pass (the engine's CPU admission);
 - fused (CUDA with Triton): the decode stages' Triton kernels over all T rows — add_rms_norm
   (which also adds the previous sublayer's output into the residual), rope_kv_write (RoPE of q
-  and k, and the K/V cache write) and silu_mul — so a layer is ~10 launches instead of ~40.
+  and k, and the K/V cache write) and silu_mul — so a layer is ~10 launches instead of ~40;
+  `prefill_many_fused` runs several prompts in one pass (the engine's CUDA admission).
 
 Attention is causal SDPA over the fresh k and v: k RoPE'd by the same kernel that writes the
 cache, v a strided view of the qkv rows (no copies), so the slot is only ever a device index and a
@@ -207,24 +208,69 @@ def prefill_rows(dec: Decoder, ids: torch.Tensor, slot_dev: torch.Tensor, k_cach
     """Per layer add_rms_norm, qkv, rope_kv_write (K/V to the cache and RoPE'd k to a scratch),
     causal SDPA over the fresh k and v, wo, add_rms_norm, gate_up, silu_mul, down. Returns the
     residual h and the last MLP output `delta` not yet added to it, for every row."""
+    t = ids.shape[0]
+    pos = torch.arange(t, dtype=torch.int64, device=dec.device)
+    return _fused_layers(dec, ids, pos, slot_dev.expand(t), None, k_caches, v_caches)
+
+
+def prefill_many_fused(
+    dec: Decoder,
+    prompts: list[tuple[torch.Tensor, int]],
+    k_caches: list[torch.Tensor],
+    v_caches: list[torch.Tensor],
+) -> list[torch.Tensor]:
+    """Fused path, several prompts in one pass: [(ids [T_i], slot_i)] -> last logits [V] of each
+    (float32). The per-token kernels and projections run once over all prompts' rows stacked
+    (one GEMM of sum T_i rows per weight instead of one per prompt); causal attention runs per
+    prompt on its own rows. Eager only (the row count varies), no padding."""
+    cache_len = k_caches[0].shape[1]
+    for ids, slot in prompts:
+        if ids.shape[0] > cache_len or ids.shape[0] > dec.cos.shape[0]:
+            raise ValueError(f"prompt of {ids.shape[0]} tokens exceeds the context of {cache_len}")
+        if not 0 <= slot < k_caches[0].shape[0]:
+            raise ValueError(f"slot {slot} out of range")
+    lens = [int(ids.shape[0]) for ids, _ in prompts]
+    starts = [sum(lens[:j]) for j in range(len(lens))]
+    dev = dec.device
+    # positions, slots and last rows built on the host, one copy each
+    pos = torch.cat([torch.arange(t, dtype=torch.int64) for t in lens]).to(dev, non_blocking=True)
+    slots = torch.cat([torch.full((t,), s, dtype=torch.int64) for t, (_, s) in zip(lens, prompts)])
+    last = torch.tensor([s0 + t - 1 for s0, t in zip(starts, lens)], dtype=torch.int64)
+    ids = torch.cat([p[0].to(dev) for p in prompts])
+    h, delta = _fused_layers(dec, ids, pos, slots.to(dev, non_blocking=True), list(zip(starts, lens)),
+                             k_caches, v_caches)
+    last = last.to(dev, non_blocking=True)
+    return list(final_logits(dec, h.index_select(0, last), delta.index_select(0, last)).unbind(0))
+
+
+def _fused_layers(dec: Decoder, ids: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor,
+                  spans: list[tuple[int, int]] | None, k_caches: list[torch.Tensor],
+                  v_caches: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The decoder layers over rows `ids` at positions `pos` of cache slots `slots` (per row).
+    spans None: the rows are one prompt; else [(first row, length)] per prompt, each attending
+    causally to its own rows only."""
     from fgchat.engine.kernels import fused as fk
 
     c, w = dec.cfg, dec.w
-    t = ids.shape[0]
+    n = ids.shape[0]
     dev = dec.device
-    pos = torch.arange(t, dtype=torch.int64, device=dev)
-    slots = slot_dev.expand(t)
     h = F.embedding(ids, w.embed)
     delta: torch.Tensor | None = None
     v_at = c.q_size + c.kv_size
     for i, lw in enumerate(w.layers):
         h, x = fk.add_rms_norm(h, delta, lw.attn_norm, c.rms_eps, residual_dtype=dec.residual_dtype)
         qkv = F.linear(x, lw.wqkv, lw.bqkv)
-        k = torch.empty((t, c.num_kv_heads, c.head_dim), dtype=qkv.dtype, device=dev)
+        k = torch.empty((n, c.num_kv_heads, c.head_dim), dtype=qkv.dtype, device=dev)
         q = fk.rope_kv_write(qkv, dec.cos, dec.sin, pos, slots, k_caches[i], v_caches[i],
                              c.num_heads, c.num_kv_heads, c.head_dim, k_out=k)
-        v = qkv[:, v_at:].view(t, c.num_kv_heads, c.head_dim)  # a strided view: no copy
-        a = sdpa_causal(heads_first(q), heads_first(k), heads_first(v), dec.scale)
+        v = qkv[:, v_at:].view(n, c.num_kv_heads, c.head_dim)  # a strided view: no copy
+        if spans is None:
+            a = sdpa_causal(heads_first(q), heads_first(k), heads_first(v), dec.scale)
+        else:
+            a = torch.empty((n, c.q_size), dtype=qkv.dtype, device=dev)
+            for s0, t in spans:
+                r = slice(s0, s0 + t)
+                a[r] = sdpa_causal(heads_first(q[r]), heads_first(k[r]), heads_first(v[r]), dec.scale)
         h, x = fk.add_rms_norm(h, F.linear(a, lw.wo), lw.mlp_norm, c.rms_eps, residual_dtype=dec.residual_dtype)
         delta = F.linear(fk.silu_mul(F.linear(x, lw.w_gate_up)), lw.w_down)
     return h, delta

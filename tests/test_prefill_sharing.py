@@ -1,0 +1,217 @@
+"""One admission round: identical prompts share one prefill (engine.admission), and distinct
+prompts run through one fused prefill pass (prefill_many_fused, Triton kernels under the
+interpreter on CPU). References: transformers in float32 and the unfused float32 prefill."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from fgchat.engine.admission import share_prompts
+from fgchat.engine.core import Engine, EngineConfig
+from fgchat.engine.kv_cache import KVCache
+from fgchat.engine.model.config import parse_config
+from fgchat.engine.requests import Sequence
+from fgchat.protocol.events import RequestFinished, SamplingParams, TokenEvent
+
+REPO = Path(__file__).resolve().parent.parent
+K = 4
+
+
+def make_engine(path) -> Engine:
+    return Engine(EngineConfig(model=str(path), device="cpu", max_context=256))
+
+
+def prompt_of(n: int, seed: int, vocab: int) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(3, vocab, (n,), generator=g).tolist()
+
+
+def summaries(events) -> dict[int, object]:
+    return {e.summary.request_id: e.summary for e in events if isinstance(e, RequestFinished)}
+
+
+def seq(rid: int, ids: list[int]) -> Sequence:
+    return Sequence(rid, ids, SamplingParams(), frozenset(), 0)
+
+
+def test_share_prompts_groups_identical_prompts_in_admission_order():
+    a, b = [5, 6, 7], [5, 6]
+    seqs = [seq(1, a), seq(2, b), seq(3, list(a)), seq(4, [9]), seq(5, list(b)), seq(6, list(a))]
+    groups = share_prompts(seqs)
+    assert [[s.request_id for s in g] for g in groups] == [[1, 3, 6], [2, 5], [4]]
+    assert share_prompts([]) == []
+
+
+def test_copy_prefix_copies_rows_below_length_into_each_slot_only():
+    cfg = parse_config(dict(architectures=["LlamaForCausalLM"], vocab_size=50, hidden_size=32,
+                            intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                            num_key_value_heads=2, max_position_embeddings=64))
+    cache = KVCache(cfg, 16, torch.device("cpu"), torch.float32)
+    for t in cache.k + cache.v:
+        t.fill_(float("nan"))
+        t[2] = torch.randn(t.shape[1:])
+    cache.copy_prefix(2, [0, 5], 7)
+    for t in cache.k + cache.v:
+        for d in (0, 5):
+            assert torch.equal(t[d, :7], t[2, :7])
+            assert torch.isnan(t[d, 7:]).all()
+        assert torch.isnan(t[[1, 3, 4, 6, 7]]).all()
+    cache.copy_prefix(2, [], 7)  # nothing to copy is fine
+
+
+def spy_prefills(monkeypatch, eng: Engine) -> list[int]:
+    """Prompts per prefill call: one-prompt prefills and one-pass rounds."""
+    from fgchat.engine.model import prefill as pf
+
+    calls: list[int] = []
+    real_many, real_one = pf.prefill_many, eng.modes.prefill_logits
+
+    def many(dec, prompts, k, v):
+        calls.append(len(prompts))
+        return real_many(dec, prompts, k, v)
+
+    def one(mode, ids, slot):
+        calls.append(1)
+        return real_one(mode, ids, slot)
+
+    monkeypatch.setattr(pf, "prefill_many", many)
+    monkeypatch.setattr(eng.modes, "prefill_logits", one)
+    return calls
+
+
+def test_k_identical_prompts_prefill_once_and_match_transformers(tiny_llama, monkeypatch):
+    """K greedy replies to one prompt: one prefill, K first tokens in one round, the follower
+    slots' K/V bit-equal to the leader's, and every reply equal to transformers' fp32 greedy."""
+    transformers = pytest.importorskip("transformers")
+    eng = make_engine(tiny_llama)
+    calls = spy_prefills(monkeypatch, eng)
+    prompt = prompt_of(19, 3, eng.cfg.vocab_size)
+    rids = [eng.submit(prompt, SamplingParams(max_tokens=12, ignore_eos=True)) for _ in range(K)]
+    first_round = eng.step()
+    assert calls == [1]
+    tokens = [e for e in first_round if isinstance(e, TokenEvent)]
+    assert sorted(e.request_id for e in tokens if e.is_first_token) == sorted(rids)
+    assert {e.batch_size for e in tokens if not e.is_first_token} == {K}  # the first decode step
+    slots = [s.slot for s in eng.scheduler.running]
+    assert len(set(slots)) == K
+    for t in eng.cache.k + eng.cache.v:
+        for s in slots[1:]:
+            assert torch.equal(t[s, :len(prompt)], t[slots[0], :len(prompt)])
+    done = summaries(first_round + eng.run_until_done())
+    ref = transformers.AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.float32).eval()
+    with torch.no_grad():
+        want = ref.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False,
+                            eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
+    assert [done[r].token_ids for r in rids] == [want] * K
+
+
+def test_shared_prefill_samples_each_reply_with_its_own_seed(tiny_llama, monkeypatch):
+    """Sampled replies sharing a prefill equal the same requests run alone (seeded sampling),
+    and differ from each other."""
+    eng = make_engine(tiny_llama)
+    prompt = prompt_of(9, 8, eng.cfg.vocab_size)
+    params = [SamplingParams(max_tokens=10, ignore_eos=True, temperature=1.0, seed=s) for s in range(K)]
+    alone = []
+    for p in params:
+        rid = eng.submit(prompt, p)
+        alone.append(summaries(eng.run_until_done())[rid].token_ids)
+    calls = spy_prefills(monkeypatch, eng)
+    other = prompt_of(6, 9, eng.cfg.vocab_size)
+    rids = [eng.submit(prompt, p) for p in params]
+    lone = eng.submit(other, SamplingParams(max_tokens=10, ignore_eos=True))
+    done = summaries(eng.run_until_done())
+    assert calls == [2]  # two distinct prompts, one pass
+    assert [done[r].token_ids for r in rids] == alone
+    assert len({tuple(t) for t in alone}) == K
+    assert len(done[lone].token_ids) == 10
+
+
+FUSED_MANY_SCRIPT = textwrap.dedent(
+    """
+    import dataclasses, json, sys, torch
+    from fgchat.engine.model.config import parse_config
+    from fgchat.engine.model.decoder import Decoder, DecoderWeights, LayerWeights, random_weights
+    from fgchat.engine.kv_cache import KVCache
+
+    def cast(w, dt):
+        conv = lambda t: None if t is None else t.to(dt)
+        layers = [LayerWeights(**{f.name: conv(getattr(lw, f.name)) for f in dataclasses.fields(lw)})
+                  for lw in w.layers]
+        return DecoderWeights(conv(w.embed), layers, conv(w.final_norm), conv(w.lm_head))
+
+    out = []
+    lens_slots = [(5, 6), (33, 1), (17, 3)]
+    for heads, kv_heads, bias, dtype in json.loads(sys.argv[1]):
+        dtype = getattr(torch, dtype)
+        cfg = parse_config(dict(architectures=["Qwen2ForCausalLM" if bias else "LlamaForCausalLM"],
+                                vocab_size=300, hidden_size=16 * heads, intermediate_size=96,
+                                num_hidden_layers=2, num_attention_heads=heads,
+                                num_key_value_heads=kv_heads, head_dim=16, rope_theta=10000.0,
+                                max_position_embeddings=512))
+        w = random_weights(cfg, torch.device("cpu"), torch.float32, 3)
+        for lw in w.layers:  # larger than the default init so the logits are not all ties
+            for t in (lw.wqkv, lw.wo, lw.w_gate_up, lw.w_down):
+                t.mul_(4)
+        w = cast(w, dtype)
+        w32 = cast(w, torch.float32)  # the reference: the same (rounded) weights in float32
+        g = torch.Generator().manual_seed(1)
+        prompts = [(torch.randint(0, 300, (t,), generator=g), s) for t, s in lens_slots]
+        fused = Decoder(cfg, w, 64, fused=True)
+        cache = KVCache(cfg, 64, torch.device("cpu"), dtype)
+        for t in cache.k + cache.v:
+            t.fill_(float("nan"))
+        from fgchat.engine.model.prefill import prefill_many_fused
+        many = prefill_many_fused(fused, prompts, cache.k, cache.v)
+        ref = Decoder(cfg, w32, 64, fused=False)
+        rcache = KVCache(cfg, 64, torch.device("cpu"), torch.float32)
+        res = dict(logits=0.0, scale=0.0, kv=0.0, kv_scale=0.0, finite=True, argmax=True)
+        for (ids, slot), got in zip(prompts, many):
+            want = ref.prefill(ids, slot, rcache.k, rcache.v)
+            res["logits"] = max(res["logits"], (got - want).abs().max().item())
+            res["scale"] = max(res["scale"], want.abs().max().item())
+            res["finite"] &= bool(torch.isfinite(got).all()) and got.dtype == torch.float32
+            res["argmax"] &= int(got.argmax()) == int(want.argmax())
+            t = ids.shape[0]
+            for a, b in zip(cache.k + cache.v, rcache.k + rcache.v):
+                res["kv"] = max(res["kv"], (a[slot, :t].float() - b[slot, :t]).abs().max().item())
+                res["kv_scale"] = max(res["kv_scale"], b[slot, :t].abs().max().item())
+        used = torch.tensor([s for _, s in lens_slots])
+        free = torch.ones(8, dtype=torch.bool)
+        free[used] = False
+        res["untouched"] = all(torch.isnan(t[free]).all().item() for t in cache.k + cache.v)
+        res["past_prompt"] = all(torch.isnan(t[s, n:]).all().item()
+                                 for t in cache.k + cache.v for n, s in lens_slots)
+        out.append(res)
+    print("RESULT " + json.dumps(out))
+    """
+)
+
+
+def test_fused_prefill_of_several_prompts_matches_fp32_reference_interpreted():
+    """prefill_many_fused (Triton kernels under the interpreter) against each prompt prefilled
+    alone by the unfused path in float32 from the same weights: last logits and the K/V rows
+    of each prompt's slot; no other slot and no row past a prompt is written."""
+    pytest.importorskip("triton")
+    cases = [(4, 2, False, "float32"), (6, 2, True, "float32"), (4, 2, False, "bfloat16")]
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    proc = subprocess.run([sys.executable, "-c", FUSED_MANY_SCRIPT, json.dumps(cases)], cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=500)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
+    for case, r in zip(cases, json.loads(line[len("RESULT "):])):
+        assert r["finite"] and r["untouched"] and r["past_prompt"], (case, r)
+        if case[3] == "float32":
+            assert r["logits"] <= 1e-4 * max(r["scale"], 1.0), (case, r)
+            assert r["kv"] <= 1e-5 * max(r["kv_scale"], 1.0), (case, r)
+            assert r["argmax"], (case, r)
+        else:  # bf16 operands against fp32: relative error of a few 1e-3
+            assert r["logits"] <= 0.03 * r["scale"], (case, r)
+            assert r["kv"] <= 0.02 * r["kv_scale"], (case, r)
