@@ -1,7 +1,7 @@
 """Argument parsing and orchestration for `fgchat bench`.
 
 Every option value is checked before anything is loaded: choices and ranges while parsing, the
-combinations and the writability of --json / --csv at the start of run_bench.
+combinations and the writability of --json / --csv / --chart at the start of run_bench.
 """
 
 from __future__ import annotations
@@ -117,6 +117,12 @@ def add_bench_parser(sub) -> None:
     b.add_argument("--csv", default=None, metavar="PATH",
                    help="write one row per (runner, batch size) here (checked for writability before the "
                    "run; default: not written)")
+    b.add_argument("--chart", default=None, metavar="PATH",
+                   help="write an SVG bar chart of ms per decode step by batch size and runner here after "
+                   "the run (checked for writability before it; default: not written)")
+    b.add_argument("--from-json", nargs="+", default=None, metavar="PATH",
+                   help="with --chart: draw the chart from these `--json` results instead of running "
+                   "(one panel per model; the other options are not used; default: run)")
     b.add_argument("--attention", default="auto", choices=ATTENTION_BACKENDS, help="decode-attention backend")
     b.add_argument("--device", type=device_arg, default=None,
                    help="auto | cpu | cuda | cuda:N (default: auto, CUDA when available)")
@@ -169,15 +175,52 @@ def check_bench_args(args: argparse.Namespace) -> None:
     if args.max_context is not None and args.max_context < need:
         raise FgchatError(f"--max-context {args.max_context} is too small for --prompt-len + --output-len "
                           f"(needs {need} tokens)")
-    for option, path in (("--json", args.json), ("--csv", args.csv)):
+    outputs = [("--json", args.json), ("--csv", args.csv), ("--chart", args.chart)]
+    for option, path in outputs:
         if path is not None:
             check_writable(path, option, replace=True)
-    if args.json is not None and args.csv is not None and Path(args.json).expanduser().resolve() == Path(
-            args.csv).expanduser().resolve():
-        raise FgchatError("--json and --csv name the same file")
+    named = [(option, Path(path).expanduser().resolve()) for option, path in outputs if path is not None]
+    for i, (option, path) in enumerate(named):
+        for other, other_path in named[i + 1:]:
+            if path == other_path:
+                raise FgchatError(f"{option} and {other} name the same file")
+
+
+def check_chart_args(args: argparse.Namespace) -> None:
+    """--from-json draws existing results: it needs --chart, and writes no run output."""
+    from fgchat.cli_args import check_writable
+
+    if args.chart is None:
+        raise FgchatError("--from-json needs --chart PATH (the SVG to write)")
+    for option, given in (("--json", args.json), ("--csv", args.csv), ("--endpoint", args.endpoint)):
+        if given is not None:
+            raise FgchatError(f"--from-json draws existing results and runs nothing: leave out {option}")
+    check_writable(args.chart, "--chart", replace=True)
+    chart = Path(args.chart).expanduser().resolve()
+    if any(Path(p).expanduser().resolve() == chart for p in args.from_json):
+        raise FgchatError(f"--chart {args.chart} is one of the --from-json files")
+
+
+def write_chart(results: list[dict], path: str) -> None:
+    """Render results as the SVG chart at `path` (atomically); one line on stdout says where."""
+    from fgchat.bench.chart import bar_chart_svg
+    from fgchat.metrics.csv_export import atomic_write_text
+
+    atomic_write_text(Path(path).expanduser(), bar_chart_svg(results))
+    print(f"chart written to {path}")
+
+
+def run_chart(args: argparse.Namespace) -> int:
+    check_chart_args(args)
+    from fgchat.bench.chart import load_results
+
+    write_chart(load_results(args.from_json), args.chart)
+    return 0
 
 
 def run_bench(args: argparse.Namespace) -> int:
+    if args.from_json is not None:
+        return run_chart(args)
     check_bench_args(args)
     if args.no_progress:
         silence_progress_bars()  # before the runner imports transformers
@@ -204,4 +247,6 @@ def run_bench(args: argparse.Namespace) -> int:
                 write(result, Path(path).expanduser())
             except OSError as e:  # e.g. the disk filled up during the run
                 raise FgchatError(f"cannot write {option} {path}: {e.strerror or e}") from None
+    if args.chart:
+        write_chart([result], args.chart)
     return 0
