@@ -156,22 +156,16 @@ def test_causal_attention_matches_sdpa(dtype, hq, hkv):
 FUSED_SCRIPT = textwrap.dedent(
     """
     import json, sys, torch
-    from fgchat.engine.model.config import parse_config
-    from fgchat.engine.model.decoder import Decoder, random_weights
+    sys.path.insert(0, "tests")
+    from small_decoders import scaled_weights, small_config
+    from fgchat.engine.model.decoder import Decoder
     from fgchat.engine.kv_cache import KVCache
 
     out = []
     for heads, kv_heads, bias, dtype in json.loads(sys.argv[1]):
         dtype = getattr(torch, dtype)
-        cfg = parse_config(dict(architectures=["Qwen2ForCausalLM" if bias else "LlamaForCausalLM"],
-                                vocab_size=300, hidden_size=16 * heads, intermediate_size=96,
-                                num_hidden_layers=2, num_attention_heads=heads,
-                                num_key_value_heads=kv_heads, head_dim=16, rope_theta=10000.0,
-                                max_position_embeddings=512))
-        w = random_weights(cfg, torch.device("cpu"), dtype, 3)
-        for lw in w.layers:  # larger than the default init so the logits are not all ties
-            for t in (lw.wqkv, lw.wo, lw.w_gate_up, lw.w_down):
-                t.mul_(4)
+        cfg = small_config(heads, kv_heads, bias)
+        w = scaled_weights(cfg, dtype)
         res = {}
         ids = torch.randint(0, 300, (33,), generator=torch.Generator().manual_seed(1))
         for fused in (False, True):

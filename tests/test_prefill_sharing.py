@@ -137,8 +137,9 @@ def test_shared_prefill_samples_each_reply_with_its_own_seed(tiny_llama, monkeyp
 FUSED_MANY_SCRIPT = textwrap.dedent(
     """
     import dataclasses, json, sys, torch
-    from fgchat.engine.model.config import parse_config
-    from fgchat.engine.model.decoder import Decoder, DecoderWeights, LayerWeights, random_weights
+    sys.path.insert(0, "tests")
+    from small_decoders import scaled_weights, small_config
+    from fgchat.engine.model.decoder import Decoder, DecoderWeights, LayerWeights
     from fgchat.engine.kv_cache import KVCache
 
     def cast(w, dt):
@@ -151,15 +152,8 @@ FUSED_MANY_SCRIPT = textwrap.dedent(
     lens_slots = [(5, 6), (33, 1), (17, 3)]
     for heads, kv_heads, bias, dtype in json.loads(sys.argv[1]):
         dtype = getattr(torch, dtype)
-        cfg = parse_config(dict(architectures=["Qwen2ForCausalLM" if bias else "LlamaForCausalLM"],
-                                vocab_size=300, hidden_size=16 * heads, intermediate_size=96,
-                                num_hidden_layers=2, num_attention_heads=heads,
-                                num_key_value_heads=kv_heads, head_dim=16, rope_theta=10000.0,
-                                max_position_embeddings=512))
-        w = random_weights(cfg, torch.device("cpu"), torch.float32, 3)
-        for lw in w.layers:  # larger than the default init so the logits are not all ties
-            for t in (lw.wqkv, lw.wo, lw.w_gate_up, lw.w_down):
-                t.mul_(4)
+        cfg = small_config(heads, kv_heads, bias)
+        w = scaled_weights(cfg, torch.float32)
         w = cast(w, dtype)
         w32 = cast(w, torch.float32)  # the reference: the same (rounded) weights in float32
         g = torch.Generator().manual_seed(1)
