@@ -14,7 +14,8 @@
 #   real    the README's Correctness table (scripts/check_real_weights.py) on the real weights
 #   bench   fgchat bench: the embedded model (real weights), the 1B and SmolLM2 presets; with
 #           .old/fgchat carried (`git archive <sha> fgchat | tar -x -C .old`) the old and this
-#           tree alternate process by process; BENCH_8B=1 adds the 8B preset
+#           tree alternate process by process (OLD_COMMIT=<sha> labels the old runs' JSON);
+#           BENCH_8B=1 adds the 8B preset
 #   tui     ITL median in the TUI vs headless per mode, batch 1 and 8 (scripts/tui_vs_headless.py)
 #   penalties  cost per decode step of repetition/presence/frequency penalties (1B, batch 1, 8)
 set -u -o pipefail
@@ -55,8 +56,9 @@ grep -m1 "model name" /proc/cpuinfo | tee -a "$OUT/run.log"
 echo "commit ${FGCHAT_COMMIT:-unknown} (FGCHAT_COMMIT: the device copy's git metadata may be stale)" | tee -a "$OUT/run.log"
 bench() {  # tree (new|old), name, args...
   local tree=$1 name=$2; shift 2
-  local pp=$PYTHONPATH; [[ $tree == old ]] && pp="$PWD/.old:/tmp/site"
-  PYTHONPATH=$pp timeout "${BENCH_TIMEOUT:-240}" python3 -m fgchat.cli bench --no-progress \
+  local pp=$PYTHONPATH commit=${FGCHAT_COMMIT:-}
+  [[ $tree == old ]] && pp="$PWD/.old:/tmp/site" commit=${OLD_COMMIT:-old}  # the .old tree's sha
+  PYTHONPATH=$pp FGCHAT_COMMIT=$commit timeout "${BENCH_TIMEOUT:-240}" python3 -m fgchat.cli bench --no-progress \
     --json "$JSON/bench_${tree}_$name.json" "$@" 2>&1 | tee -a "$OUT/bench.log" | grep -E "^(│|\||fgchat|startup)" | tail -14
 }
 for what in "$@"; do
