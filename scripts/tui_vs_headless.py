@@ -105,10 +105,16 @@ async def with_tui(model: Path, mode: str, data: Path, k: int) -> Rounds:
         assert app.link.state == "ready", app.link.error
         app.set_samples(k)
         for i in range(REPS + 1):
+            if i == 1:
+                cpu0, wall0, tok0 = time.process_time(), time.monotonic(), len(app.latency.log.tokens())
             await app.send_prompt(PROMPT)
             while app.latency.log.request_count < (i + 1) * k:
                 await pilot.pause(0.05)
         log = app.latency.log
+        cpu, wall = time.process_time() - cpu0, time.monotonic() - wall0
+        streamed = len(log.tokens()) - tok0
+        print(f"mode {mode} K {k}: UI process CPU {1e3 * cpu / wall:.0f} ms/s while streaming, "
+              f"{1e6 * cpu / streamed:.0f} us per token ({streamed} tokens)")
         rounds = [[r.request_id for r in log.requests()][j * k:(j + 1) * k] for j in range(REPS + 1)]
         tokens = log.tokens()
         medians = [_medians([t for t in tokens if t.request_id in ids]) for ids in map(set, rounds)]

@@ -105,6 +105,42 @@ def test_fused_prefill_matches_unfused(name):
         assert torch.isnan(kf[~written]).all(), i  # nothing outside the slot's rows touched
 
 
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_one_pass_prefill_of_several_prompts_matches_float32(name):
+    """prefill_many_fused (the round's prompts stacked, attention per prompt) against each prompt
+    prefilled alone by the unfused path in float32 from the same weights: as close as the
+    bf16 unfused path alone is; every prompt's K/V rows written, nothing else."""
+    from fgchat.engine.model.prefill import prefill_many_fused
+
+    cfg, w = build(name)
+    lens_slots = [(7, 6), (300, 1), (129, 3), (1, 0)]
+    prompts = [(ids_of(cfg, n, seed=10 + n), s) for n, s in lens_slots]
+    dec = Decoder(cfg, w, CTX, fused=True)
+    cache = KVCache(cfg, CTX, torch.device("cuda"), w.embed.dtype)
+    for t in cache.k + cache.v:
+        t.fill_(float("nan"))
+    got = prefill_many_fused(dec, prompts, cache.k, cache.v)
+    torch.cuda.synchronize()
+    ref_dec, plain = Decoder(cfg, as_float32(w), CTX, fused=False), Decoder(cfg, w, CTX, fused=False)
+    rcache = KVCache(cfg, CTX, torch.device("cuda"), torch.float32)
+    pcache = KVCache(cfg, CTX, torch.device("cuda"), w.embed.dtype)
+    written = torch.zeros(cache.k[0].shape[:2], dtype=torch.bool, device="cuda")
+    for (ids, slot), g in zip(prompts, got):
+        want = ref_dec.prefill(ids, slot, rcache.k, rcache.v)
+        bf16 = plain.prefill(ids, slot, pcache.k, pcache.v)
+        scale = want.abs().max().item()
+        assert g.dtype == torch.float32 and g.shape == (cfg.vocab_size,) and torch.isfinite(g).all()
+        err, err_plain = (g - want).abs().max().item(), (bf16 - want).abs().max().item()
+        assert err <= 2.0 * err_plain + 1e-2 * scale, (slot, err, err_plain, scale)
+        n = ids.shape[0]
+        written[slot, :n] = True
+        for kc, pc, rc in zip(cache.k + cache.v, pcache.k + pcache.v, rcache.k + rcache.v):
+            a, b, r = kc[slot, :n].float(), pc[slot, :n].float(), rc[slot, :n]
+            e, e_plain = (a - r).abs().max().item(), (b - r).abs().max().item()
+            assert e <= 2.0 * e_plain + 1e-2 * r.abs().max().item(), (slot, e, e_plain)
+    assert all(torch.isnan(t[~written]).all() for t in cache.k + cache.v)
+
+
 def test_fused_prefill_runs_a_fused_attention_backend():
     """Our strided q/k/v views with enable_gqa are eligible for flash and for cuDNN, and the
     default dispatch picks one of them (same bits as restricted to those two), not math."""

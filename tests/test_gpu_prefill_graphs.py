@@ -67,10 +67,15 @@ def test_graph_prefill_same_bits_as_eager(engine, n):
 
 
 def _tokens(eng: Engine, mode: str, prompts, sp) -> list[list[int]]:
+    """Each prompt's tokens, the prompts submitted one at a time (each prefilled alone: in full
+    mode through its bucket's prefill graph)."""
     eng.set_mode(mode)
-    rids = [eng.submit(p, sp) for p in prompts]
-    done = {e.summary.request_id: e.summary for e in eng.run_until_done() if isinstance(e, RequestFinished)}
-    return [done[r].token_ids for r in rids]
+    out = []
+    for p in prompts:
+        rid = eng.submit(p, sp)
+        done = {e.summary.request_id: e.summary for e in eng.run_until_done() if isinstance(e, RequestFinished)}
+        out.append(done[rid].token_ids)
+    return out
 
 
 def test_full_mode_tokens_equal_eager_with_prefill_graphs(engine):
