@@ -50,7 +50,8 @@ def test_every_mode_matches_transformers_on_real_weights(table):
     from fgchat.bench.real_weights import equal_counts
 
     counts = equal_counts(table)
-    assert set(counts) >= {f"fgchat {m} {d}" for m in ("eager", "piecewise", "full") for d in ("bfloat16", "float16")}
+    assert set(counts) >= {f"fgchat {m} {d}" for m in ("eager", "piecewise", "full", "full, 8 together")
+                           for d in ("bfloat16", "float16")}
     assert all(n >= 7 for n in counts.values()), counts
 
 

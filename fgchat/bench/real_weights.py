@@ -1,8 +1,10 @@
 """fgchat on real weights against transformers and against float32 (CUDA): the correctness table.
 
 Eight fixed chat prompts; for each dtype, transformers' greedy `generate` and fgchat's engine in
-every mode (and on the plain path, fused kernels off), the first N tokens of each; plus the last
-prompt position's logits of each fgchat path against fgchat's CPU float32 logits. Used by
+every mode (and on the plain path, fused kernels off), the first N tokens of each, one prompt at a
+time; in full mode also the eight submitted together (one admission round: the one-pass prefill,
+then decode at batch 8); plus the last prompt position's logits of each fgchat path (and of the
+one-pass prefill of all eight) against fgchat's CPU float32 logits. Used by
 scripts/check_real_weights.py (the README's Correctness table) and tests/test_gpu_real_weights.py.
 """
 
@@ -68,6 +70,26 @@ def fgchat_tokens(engine, prompts: list[list[int]], n: int, mode: str) -> list[l
     return out
 
 
+def fgchat_tokens_together(engine, prompts: list[list[int]], n: int, mode: str) -> list[list[int]]:
+    """Every prompt submitted before the first step: admitted, prefilled and decoded together."""
+    from fgchat.protocol.events import SamplingParams, TokenEvent
+
+    engine.set_mode(mode)
+    rids = [engine.submit(ids, SamplingParams(max_tokens=n)) for ids in prompts]
+    events = engine.run_until_done()
+    return [[e.token_id for e in events if isinstance(e, TokenEvent) and e.request_id == r] for r in rids]
+
+
+def one_pass_logits(engine, prompts: list[list[int]]) -> list[torch.Tensor]:
+    """Last logits of every prompt from one prefill pass over all of them (slots 0..n-1)."""
+    from fgchat.engine.model.prefill import prefill_many, prefill_many_fused
+
+    run = prefill_many_fused if engine.decoder.fused else prefill_many
+    batch = [(torch.tensor(ids, device=engine.device), slot) for slot, ids in enumerate(prompts)]
+    with torch.inference_mode():
+        return [lg.float().cpu() for lg in run(engine.decoder, batch, engine.cache.k, engine.cache.v)]
+
+
 def prefill_logits(engine, ids: list[int]) -> torch.Tensor:
     t = torch.tensor(ids, device=engine.device)
     with torch.inference_mode():
@@ -118,6 +140,11 @@ def run_all(model: str, tokens: int = 16, dtypes: tuple[str, ...] = DTYPES) -> d
                                                      "startup_check": info.startup_check}
             for mode in (MODES if fused else (Mode.FULL,)):
                 result["runs"][f"fgchat {mode}{label} {dt_name}"] = fgchat_tokens(engine, prompts, tokens, mode)
+            if fused:
+                result["runs"][f"fgchat full, 8 together {dt_name}"] = fgchat_tokens_together(
+                    engine, prompts, tokens, Mode.FULL)
+                result["logits"][f"fgchat one pass of 8 {dt_name}"] = [
+                    compare_logits(lg, ref) for lg, ref in zip(one_pass_logits(engine, prompts), ref_logits)]
             result["logits"][f"fgchat{label} {dt_name}"] = [
                 compare_logits(prefill_logits(engine, ids), ref) for ids, ref in zip(prompts, ref_logits)]
             del engine
