@@ -20,6 +20,8 @@
 #   penalties  cost per decode step of repetition/presence/frequency penalties (1B, batch 1, 8)
 #   switches   FGCHAT_NORM_IN_PROJECTION off / on alternating (1B, SmolLM2, the real weights + their table)
 #   admission  TTFT of 8 prompts admitted together: shared prefill, one pass, one by one (1B)
+#   llamacpp   llama.cpp built from .llamacpp/src.tgz (carry it) and benched on random 1B / SmolLM2
+#              GGUFs (the build takes ~5 min: run it in a call of its own)
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
@@ -122,6 +124,8 @@ for what in "$@"; do
         timeout 300 python3 tools/ttft_admission.py --preset llama-3.2-1b --k 8 --prompt-len $len --rounds 5 \
           2>&1 | tee -a "$OUT/admission.log" | tail -4
       done ;;
+    llamacpp)  # the llama.cpp peer, built from the carried .llamacpp/src.tgz (scripts/llama_cpp.sh)
+      bash scripts/llama_cpp.sh build cuda && bash scripts/llama_cpp.sh bench llama-3.2-1b smollm2-135m ;;
     *) echo "unknown target $what" ;;
   esac
 done
