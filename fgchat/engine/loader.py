@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from fgchat.engine.process import startup_mark
 from fgchat.protocol.errors import FgchatError, ModelLoadError, is_out_of_memory
 from fgchat.engine.model.config import ModelConfig, parse_config
 from fgchat.engine.model.decoder import DecoderWeights, random_weights, weights_from_state_dict
@@ -113,4 +114,5 @@ def load_model(arg: str | None, device: torch.device, dtype: torch.dtype) -> Loa
             raise ModelLoadError(_oom_message(device, f"model {resolved.name}", exc)) from None
         raise
     gen, note = read_generation_config(resolved.path)
+    startup_mark("engine: model loaded")
     return LoadedModel(resolved.name, cfg, weights, tokenizer, gen, [note] if note else [])

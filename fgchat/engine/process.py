@@ -15,11 +15,16 @@ Invariants:
 - A fatal `EngineError` is the last thing a healthy child sends. A child that dies without one
   (killed, crashed) is reported once by the parent as
   `EngineError("engine process exited ...", fatal=True)`, after every batch it did send.
-- Nothing here imports Textual or Rich.
+- Nothing here imports Textual, Rich or torch: the UI process imports this module, and the
+  child imports torch only once it runs (so a spawn returns at once and the child's imports
+  overlap the UI's own start-up).
+- With $FGCHAT_STARTUP_TRACE set, both processes append "label<TAB>time.monotonic()" lines to
+  that file at each start-up phase (scripts/startup_time.py reads them); unset, nothing is written.
 """
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import queue
@@ -27,7 +32,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,6 +88,41 @@ SEND_INTERVAL_S = 0.008  # token events are sent at most this often while genera
 COMMAND_POLL_S = 0.002  # commands (stop, mode switch) are picked up within this while busy
 
 
+STARTUP_TRACE_ENV = "FGCHAT_STARTUP_TRACE"
+
+
+def startup_mark(label: str) -> None:
+    """Append `label` and the monotonic time (one clock for every process of the machine) to the
+    file $FGCHAT_STARTUP_TRACE names; a no-op when it is unset. Never raises."""
+    path = os.environ.get(STARTUP_TRACE_ENV)
+    if not path:
+        return
+    try:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(f"{label}\t{time.monotonic():.6f}\n")
+    except OSError:
+        pass
+
+
+@contextlib.contextmanager
+def terminal_signals_blocked() -> Iterator[None]:
+    """Block SIGHUP and SIGINT in this thread while a child is started: the mask is inherited
+    through fork and exec, so the engine child never sees a hangup or a Ctrl-C, not even before
+    its entry point runs (it is stopped by the app, or exits when the app is gone; the child may
+    be spawned before the UI owns the terminal, while Ctrl-C still sends SIGINT). A signal for
+    the app meanwhile is taken by another thread or stays pending until the block ends: never
+    lost."""
+    try:
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP, signal.SIGINT})
+    except (AttributeError, OSError, ValueError):
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
 def one_line(exc: BaseException) -> str:
     text = str(exc).strip() or type(exc).__name__
     return " ".join(text.split())[:300]
@@ -125,7 +165,10 @@ def serve(
     except Exception as exc:  # anything else while loading is still "the model did not load"
         send([EngineError(f"model failed to load: {type(exc).__name__}: {one_line(exc)}", fatal=True)])
         return
-    send([engine.info(), *engine.step()])  # step() with no work only returns the initial ModeChanged
+    startup_mark("engine: built")
+    first = [engine.info(), *engine.step()]  # step() with no work only returns the initial ModeChanged
+    startup_mark("engine: info sent")  # before send: the UI may handle it before a later mark
+    send(first)
     batch: list = []  # token events waiting to be sent (coalesced: IPC per step would add latency)
     last_send = last_poll = time.monotonic()
     while True:
@@ -286,6 +329,7 @@ class _EngineHandle:
 
 def _process_main(config: Any, commands: Any, events: Any, log_path: str | None) -> None:
     """Child entry point (spawned): quiet stdio, ignore Ctrl-C (the UI owns it), serve."""
+    startup_mark("engine: child started")
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _redirect_stdio(log_path)
     parent = mp.parent_process()
@@ -309,6 +353,7 @@ def _process_main(config: Any, commands: Any, events: Any, log_path: str | None)
     def make_engine() -> Any:
         from fgchat.engine.core import Engine
 
+        startup_mark("engine: imports done")
         return Engine(config)
 
     try:
@@ -360,10 +405,14 @@ class EngineProcess(_EngineHandle):
         self._proc: Any = None
         self._eof = False
         self._lock = threading.Lock()  # serialises command sends from several threads
+        self.started_at: float | None = None  # time.monotonic() when start() was called
 
     def start(self) -> None:
+        """Spawn the child and return at once: it imports torch and builds the engine on its own,
+        then sends EngineInfo (or a fatal EngineError)."""
         if self._proc is not None:
             raise RuntimeError("engine process already started")
+        self.started_at = time.monotonic()
         # multiprocessing hands sys.stderr's fd to its helper processes; a UI (Textual) or a test
         # runner may have replaced sys.stderr with an object without a real fd: use the originals.
         saved = sys.stdout, sys.stderr
@@ -373,6 +422,7 @@ class EngineProcess(_EngineHandle):
             self._start()
         finally:
             sys.stdout, sys.stderr = saved
+        startup_mark("ui: engine spawned")
 
     def _start(self) -> None:
         self._commands = self._ctx.Queue()
@@ -554,4 +604,6 @@ __all__ = [
     "SubmitChat",
     "SubmitChats",
     "serve",
+    "startup_mark",
+    "terminal_signals_blocked",
 ]

@@ -1,11 +1,54 @@
-"""Terminal UI. `run_tui` is what the CLI calls."""
+"""Terminal UI. `run_tui` is what the CLI calls; `build_app` is its start-up, on its own for
+scripts that run the app headless (scripts/startup_time.py).
+
+Start-up order (invariant): the engine is started before Textual and the app are imported, so
+the engine child's imports and model load (seconds) overlap the UI's own imports and
+construction instead of following them. Nothing between the engine's start and `app.run()`
+may leave the engine running if it fails: `build_app` stops it and re-raises.
+"""
 
 from __future__ import annotations
 
 import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from fgchat.tui.app import FgchatApp
+
+# a start time older than this is not believed (a clock or /proc oddity): the caller's "now" is used
+MAX_LAUNCH_AGE_S = 600.0
 
 
-def run_tui(
+def launch_time() -> float:
+    """time.monotonic() at which this process started (Linux: /proc/self/stat, 10 ms steps),
+    so "ready in X s" includes the interpreter's own start-up; elsewhere, now."""
+    now = time.monotonic()
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            stat = f.read()
+        after_name = stat[stat.rindex(b")") + 2:].split()
+        started = int(after_name[19]) / os.sysconf("SC_CLK_TCK")  # field 22: starttime, since boot
+        age = time.clock_gettime(time.CLOCK_BOOTTIME) - started
+    except (OSError, ValueError, IndexError, AttributeError):
+        return now
+    return now - age if 0.0 <= age <= MAX_LAUNCH_AGE_S else now
+
+
+def _engine_log_path() -> Path:
+    """Where the app's default engine writes its log (FgchatApp: <data dir>/engine.log)."""
+    from fgchat.protocol.errors import FgchatError
+    from fgchat.tui.store import data_dir, data_dir_path
+
+    try:
+        return data_dir() / "engine.log"
+    except FgchatError:  # the app reports the data directory; the engine then logs nowhere
+        return data_dir_path() / "engine.log"
+
+
+def build_app(
     *,
     model: str | None = None,
     mode: str | None = None,
@@ -16,32 +59,66 @@ def run_tui(
     dtype: str | None = None,
     lazy_capture: bool = False,
     max_tokens: int = 1024,
-) -> int:
-    """Run the chat + latency console until the user quits; returns the exit status.
+    engine_factory: Callable[..., object] | None = None,
+    launched_at: float | None = None,
+) -> FgchatApp:
+    """The app with its engine already started: an EngineProcess, or `engine_factory(config)`'s
+    handle (e.g. a remote endpoint's client), started before the UI is imported.
 
-    mode None lets the engine pick "full" where CUDA graphs work, else "eager". Errors the user can fix
-    before start-up (an unwritable --log-csv, or one written by an older fgchat without the
-    session_id column) raise FgchatError (one line); a model that fails to load and a chat store
-    that cannot be opened are shown inside the UI instead.
+    mode None lets the engine pick "full" where CUDA graphs work, else "eager". Errors the user
+    can fix before start-up (an unwritable --log-csv, or one written by an older fgchat without
+    the session_id column) raise FgchatError (one line), the engine stopped again; a model that
+    fails to load and a chat store that cannot be opened are shown inside the UI instead.
+    `launched_at` (time.monotonic()) is when "ready in X s" counts from; default this process's
+    start."""
+    from fgchat.engine.process import EngineProcess, startup_mark, terminal_signals_blocked
+    from fgchat.protocol.config import EngineConfig
+    from fgchat.protocol.errors import FgchatError
+
+    if launched_at is None:
+        launched_at = launch_time()
+    config = EngineConfig(
+        model=model, device=device, dtype=dtype, max_context=max_context, mode=mode,
+        attention=attention or "auto", lazy_capture=lazy_capture,
+    )
+    engine = engine_factory(config) if engine_factory is not None else EngineProcess(
+        config, log_path=_engine_log_path())
+    try:
+        with terminal_signals_blocked():
+            engine.start()
+    except OSError as exc:  # no process could be made (limits, memory)
+        raise FgchatError(f"cannot start the engine: {exc.strerror or exc}") from None
+    try:
+        from fgchat.metrics import CsvAppender, new_session_id
+        from fgchat.protocol.events import SamplingParams
+        from fgchat.tui.app import FgchatApp
+
+        startup_mark("ui: app imported")
+        session_id = new_session_id()
+        appender = CsvAppender(log_csv, session_id=session_id) if log_csv else None
+        app = FgchatApp(config, engine_factory=engine_factory, engine=engine, launched_at=launched_at,
+                        log_csv=appender, sampling=SamplingParams(max_tokens=max_tokens),
+                        session_id=session_id)
+    except BaseException:
+        engine.shutdown(timeout=0.0)  # nothing to keep yet: stop it at once
+        raise
+    startup_mark("ui: app built")
+    return app
+
+
+def run_tui(*, engine_factory: Callable[..., object] | None = None, **options: Any) -> int:
+    """Run the chat + latency console until the user quits; returns the exit status. `options`
+    are build_app's (model, mode, attention, max_context, log_csv, device, dtype, lazy_capture,
+    max_tokens); engine_factory as there.
 
     SIGTERM / SIGHUP end the app like ctrl+q (partial replies stored as "interrupted", --log-csv
     flushed, engine stopped); the exit status is then 128 + the signal number (143 / 129).
     """
     import signal
 
-    from fgchat.protocol.config import EngineConfig
-    from fgchat.protocol.events import SamplingParams
-    from fgchat.metrics import CsvAppender, new_session_id
-    from fgchat.tui.app import EXIT_SIGNALS, FgchatApp
+    app = build_app(engine_factory=engine_factory, **options)
+    from fgchat.tui.app import EXIT_SIGNALS
 
-    config = EngineConfig(
-        model=model, device=device, dtype=dtype, max_context=max_context, mode=mode,
-        attention=attention or "auto", lazy_capture=lazy_capture,
-    )
-    session_id = new_session_id()
-    appender = CsvAppender(log_csv, session_id=session_id) if log_csv else None
-    app = FgchatApp(config, log_csv=appender, sampling=SamplingParams(max_tokens=max_tokens),
-                    session_id=session_id)
     app.exit_watchdog = True
     late: list[int] = []
     try:
@@ -68,4 +145,4 @@ def run_tui(
     return int(result or 0)
 
 
-__all__ = ["run_tui"]
+__all__ = ["build_app", "launch_time", "run_tui"]

@@ -48,7 +48,7 @@ from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.widgets import Footer, Header, Input, Static, TabbedContent
 
-from fgchat.engine.process import EngineProcess
+from fgchat.engine.process import EngineProcess, startup_mark
 from fgchat.metrics import CsvAppender, new_session_id
 from fgchat.protocol.errors import FgchatError
 from fgchat.protocol.events import MODES, EngineError, SamplingParams
@@ -146,7 +146,13 @@ class FgchatApp(App[int]):
         sampling: SamplingParams | None = None,
         data_path: Path | None = None,
         session_id: str | None = None,
+        engine: object | None = None,
+        launched_at: float | None = None,
     ) -> None:
+        """`engine`: a handle already started (fgchat.tui.build_app spawns it before importing the
+        UI), used for the first start instead of one from `engine_factory`. `launched_at`: the
+        time.monotonic() the start-up time ("ready in X s") counts from; default the engine's
+        own start (the app's mount when it makes the engine)."""
         super().__init__()
         self.startup_warnings: list[str] = []  # shown once the app is mounted
         dir_problem = ""
@@ -167,8 +173,11 @@ class FgchatApp(App[int]):
         # one id per app run, on every latency row it writes: rows of two sessions never collide
         self.session_id = session_id or getattr(log_csv, "session_id", None) or new_session_id()
         self.latency = LatencyConsole(self.session_id)
+        if launched_at is None and engine is not None:
+            launched_at = getattr(engine, "started_at", None)
         self.link = EngineLink(self, config, engine_factory or (
-            lambda cfg: EngineProcess(cfg, log_path=self.data_path / "engine.log")))
+            lambda cfg: EngineProcess(cfg, log_path=self.data_path / "engine.log")),
+            handle=engine, started_at=launched_at)
         self.replies = Replies(self.link, self.sampling, self.guard)
         self.log_files = LogFiles(self.latency.log, self.settings, self.data_path, log_csv, self.notify)
         self._flushed = False
@@ -214,6 +223,7 @@ class FgchatApp(App[int]):
             self.set_interval(SYNC_S, self.log_files.sync)
         self._update_subtitle()
         self.query_one("#prompt", Input).focus()
+        startup_mark("ui: mounted")
 
     @property
     def chats(self) -> ChatTabs:
@@ -272,10 +282,13 @@ class FgchatApp(App[int]):
                 self.notify(ev.message, title="request failed", severity="error", timeout=8)
 
     def _engine_ready(self) -> None:
+        startup_mark("ui: ready")
         info = self.link.info
         self.sampling.set_defaults(info.sampling_defaults, info.sampling_source)
         self.refresh_bindings()  # mode keys of an endpoint
         self._update_subtitle()
+        if self.link.ready_s is not None:
+            self.notify(f"{info.model_name} ready in {self.link.ready_s:.1f} s", timeout=4)
         check = info.startup_check
         if check is not None and not check.passed:
             self.notify(check.message, title="startup check failed", severity="warning", timeout=30)
@@ -309,7 +322,8 @@ class FgchatApp(App[int]):
             samples=self.sampling.samples, sampling=self.sampling.label(),
             active_replies=len(self.replies), info=link.info, engine_state=link.state,
             engine_error=link.error, engine_phase=link.phase,
-            starting_s=time.monotonic() - link.started_at, last_export=self.log_files.last_export,
+            starting_s=time.monotonic() - link.started_at, ready_s=link.ready_s,
+            last_export=self.log_files.last_export,
         )
 
     def _redraw(self) -> None:

@@ -9,15 +9,18 @@ Invariants:
 - Each start bumps `generation`; batches of a replaced engine are dropped by `apply`.
 - `state` is "starting" until the engine's EngineInfo arrives ("ready"), "failed" from its
   first fatal EngineError until a restart; `error` says why in one line.
-- The engine child starts with SIGHUP blocked: a hangup (closed terminal, dropped SSH session)
-  reaches the whole foreground process group, and the child must outlive it until the app has
-  stored the replies in flight as "interrupted" and stops it.
+- The engine child starts with SIGHUP (and SIGINT) blocked: a hangup (closed terminal, dropped
+  SSH session) reaches the whole foreground process group, and the child must outlive it until
+  the app has stored the replies in flight as "interrupted" and stops it.
+- A handle given at construction was started before the app existed (fgchat.tui.build_app
+  spawns the engine first, so its imports and model load overlap the UI's); the first `start`
+  adopts it instead of making one, and `started_at` is then the launch time it was given.
+- `ready_s` is the time from `started_at` to the EngineInfo that made the engine ready, taken
+  when `apply` handles it (the moment a prompt can be sent); None until then.
 """
 
 from __future__ import annotations
 
-import contextlib
-import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,6 +29,7 @@ from functools import partial
 from textual.app import App
 from textual.worker import get_current_worker
 
+from fgchat.engine.process import terminal_signals_blocked
 from fgchat.protocol.events import (
     MODES,
     EngineError,
@@ -44,23 +48,6 @@ POLL_S = 0.05
 REMOTE_MODES = "the server decides how it runs"  # why a mode is unavailable on an endpoint
 
 
-@contextlib.contextmanager
-def _hangup_blocked():
-    """Block SIGHUP in this thread while a child is started: the mask is inherited through fork
-    and exec, so the engine child never sees a hangup (it is stopped by the app, or exits when
-    the app is gone). A SIGHUP for the app meanwhile is taken by another thread or
-    stays pending until the block ends: never lost."""
-    try:
-        old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP})
-    except (AttributeError, OSError, ValueError):
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
-
-
 @dataclass
 class EngineUpdate:
     """One batch of engine events, sorted. `endings` keeps RequestFinished and EngineError in
@@ -75,19 +62,23 @@ class EngineUpdate:
 
 
 class EngineLink:
-    """Engine lifecycle and state. `factory(config)` makes the handle."""
+    """Engine lifecycle and state. `factory(config)` makes the handle; `handle`, when given, is
+    one already started at `started_at` (time.monotonic()), adopted by the first `start`."""
 
-    def __init__(self, app: App, config, factory: Callable[..., object]) -> None:
+    def __init__(self, app: App, config, factory: Callable[..., object], handle: object | None = None,
+                 started_at: float | None = None) -> None:
         self.app = app
         self.config = config
         self._factory = factory
-        self.handle = None
+        self.handle = handle
+        self._adopt = handle is not None
         self.generation = 0
         self.state = "starting"  # starting | ready | failed
         self.error = ""
         self.info: EngineInfo | None = None
         self.phase = ""  # what a starting engine is doing (EngineProgress)
-        self.started_at = time.monotonic()
+        self.started_at = started_at if started_at is not None else time.monotonic()
+        self.ready_s: float | None = None
         self.mode: Mode = Mode.EAGER
         configured = getattr(config, "mode", None)
         self.requested_mode: Mode | None = Mode(configured) if configured in MODES else None
@@ -100,10 +91,14 @@ class EngineLink:
         self.state = "starting"
         self.error = ""
         self.phase = ""
-        self.started_at = time.monotonic()
-        self.handle = self._factory(self.config)
-        with _hangup_blocked():
-            self.handle.start()
+        self.ready_s = None
+        if self._adopt:  # started before the app: keep its start time
+            self._adopt = False
+        else:
+            self.started_at = time.monotonic()
+            self.handle = self._factory(self.config)
+            with terminal_signals_blocked():
+                self.handle.start()
         self.app.run_worker(partial(self._poll, self.handle, self.generation), thread=True,
                             exclusive=True, group="engine-poll", exit_on_error=False)
 
@@ -196,6 +191,7 @@ class EngineLink:
                 self.mode = ev.mode
                 if self.state == "starting":
                     self.state = "ready"
+                    self.ready_s = time.monotonic() - self.started_at
                     update.ready = ev
             elif isinstance(ev, EngineProgress):
                 self.phase = ev.phase

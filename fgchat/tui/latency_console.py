@@ -47,6 +47,7 @@ class PanelStatus:
     engine_error: str = ""
     engine_phase: str = ""
     starting_s: float = 0.0
+    ready_s: float | None = None
     last_export: str = ""
 
 

@@ -51,6 +51,7 @@ class PanelView:
     engine_error: str = ""
     engine_phase: str = ""  # what a starting engine is doing (EngineProgress)
     starting_s: float = 0.0  # seconds since the engine was started
+    ready_s: float | None = None  # seconds from launch (or restart) to the engine being ready
     last_export: str = ""  # path of the latest ctrl+s export (tokens CSV); "" before any
 
 
@@ -299,4 +300,5 @@ class LatencyPanel(VerticalScroll):
         sampling = [("\nsampling ", "$text-muted"), (view.sampling, "")] if view.sampling else []
         where = (f"\n{info.endpoint} · measured at client" if info.endpoint else
                  f"\n{info.device} · {info.dtype} · {info.attention_backend} · ctx {info.max_context}")
-        return Content.assemble((f"{info.model_name}", "bold"), (where, "$text-muted"), *sampling)
+        ready = [(f"\nready in {view.ready_s:.1f} s", "$text-muted")] if view.ready_s is not None else []
+        return Content.assemble((f"{info.model_name}", "bold"), (where, "$text-muted"), *ready, *sampling)
