@@ -3,6 +3,12 @@ interpreter in a subprocess (tests/test_prefill.py, tests/test_prefill_sharing.p
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import torch
 
 from fgchat.engine.model.config import ModelConfig, parse_config
@@ -25,3 +31,15 @@ def scaled_weights(cfg: ModelConfig, dtype: torch.dtype, seed: int = 3) -> Decod
         for t in (lw.wqkv, lw.wo, lw.w_gate_up, lw.w_down):
             t.mul_(4)
     return w
+
+
+def run_interpreted(script: str, cases: list) -> list[dict]:
+    """Run `script` (python -c, cases as its JSON argument) under TRITON_INTERPRET=1 from the
+    repository root; the dicts of the line it prints as "RESULT <json list>"."""
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    proc = subprocess.run([sys.executable, "-c", script, json.dumps(cases)],
+                          cwd=Path(__file__).resolve().parent.parent, env=env, capture_output=True,
+                          text=True, timeout=500)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
+    return json.loads(line[len("RESULT "):])

@@ -3,10 +3,6 @@ path (Triton kernels run by the interpreter, TRITON_INTERPRET=1) against the unf
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 from types import SimpleNamespace
@@ -19,9 +15,9 @@ from fgchat.engine.kv_cache import KVCache
 from fgchat.engine.loader import load_model
 from fgchat.engine.model.decoder import Decoder, StepState
 from fgchat.engine.model.prefill import causal_attention
+from small_decoders import run_interpreted
 
 CPU = torch.device("cpu")
-REPO = Path(__file__).resolve().parent.parent
 
 
 def prompt_of(n: int, seed: int, vocab: int) -> torch.Tensor:
@@ -203,12 +199,7 @@ def test_fused_prefill_matches_unfused_interpreted():
     pytest.importorskip("triton")
     cases = [(4, 2, False, "float32"), (4, 4, False, "float32"), (6, 2, True, "float32"),
              (4, 2, False, "bfloat16")]
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run([sys.executable, "-c", FUSED_SCRIPT, json.dumps(cases)], cwd=REPO,
-                          env=env, capture_output=True, text=True, timeout=500)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
-    for case, r in zip(cases, json.loads(line[len("RESULT "):])):
+    for case, r in zip(cases, run_interpreted(FUSED_SCRIPT, cases)):
         assert r["finite"] and r["untouched"] and r["too_long"] == "ValueError", (case, r)
         if case[3] == "float32":
             tol = 1e-5 * max(r["scale"], 1.0)

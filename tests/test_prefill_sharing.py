@@ -4,12 +4,7 @@ interpreter on CPU). References: transformers in float32 and the unfused float32
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 import torch
@@ -20,8 +15,8 @@ from fgchat.engine.kv_cache import KVCache
 from fgchat.engine.model.config import parse_config
 from fgchat.engine.requests import Sequence
 from fgchat.protocol.events import RequestFinished, SamplingParams, TokenEvent
+from small_decoders import run_interpreted
 
-REPO = Path(__file__).resolve().parent.parent
 K = 4
 
 
@@ -195,12 +190,7 @@ def test_fused_prefill_of_several_prompts_matches_fp32_reference_interpreted():
     of each prompt's slot; no other slot and no row past a prompt is written."""
     pytest.importorskip("triton")
     cases = [(4, 2, False, "float32"), (6, 2, True, "float32"), (4, 2, False, "bfloat16")]
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run([sys.executable, "-c", FUSED_MANY_SCRIPT, json.dumps(cases)], cwd=REPO,
-                          env=env, capture_output=True, text=True, timeout=500)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
-    for case, r in zip(cases, json.loads(line[len("RESULT "):])):
+    for case, r in zip(cases, run_interpreted(FUSED_MANY_SCRIPT, cases)):
         assert r["finite"] and r["untouched"] and r["past_prompt"], (case, r)
         if case[3] == "float32":
             assert r["logits"] <= 1e-4 * max(r["scale"], 1.0), (case, r)

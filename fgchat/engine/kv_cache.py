@@ -76,7 +76,7 @@ class KVCache:
         write per tensor). Positions >= length of `dst` are left as they are."""
         if not dst:
             return
-        index = torch.tensor(dst, dtype=torch.int64, device=self.k[0].device) if self.k else None
+        index = torch.tensor(dst, dtype=torch.int64, device=self.k[0].device)
         for cache in (*self.k, *self.v):
             cache[index, :length] = cache[src, :length]
 

@@ -75,8 +75,8 @@ class FusedStages:
         parts = max(self.o.split, self.down.split)
         self.norm_qkv = self._norm_in(tuning, self.qkv, lw.wqkv, parts)
         self.norm_gate_up = self._norm_in(tuning, self.gate_up, lw.w_gate_up, parts)
-        self.norm_head = tuning.norm_in_projection and self.head_ours and gemv.norm_stages(
-            self.head_config or gemv.pick_config(*dec.w.lm_head.shape), False, parts) >= NORM_MIN_STAGES
+        self.norm_head = tuning.norm_in_projection and self._norm_in(
+            tuning, Route(self.head_ours, config=self.head_config), dec.w.lm_head, parts)
         self.attention_ours = False
         self.rope_in_attention = False
         budget = tuning.l2_prefetch_mb * 2**20

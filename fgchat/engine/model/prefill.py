@@ -179,11 +179,7 @@ def _prefill_fused(
     (rows >= T of the slot then hold padding K/V, which decode overwrites before reading)."""
     t = ids.shape[0]
     cache_len = k_caches[0].shape[1]
-    # the kernel writes rows unchecked: keep them inside the slot (host ints, no sync)
-    if t > cache_len or t > dec.cos.shape[0]:
-        raise ValueError(f"prompt of {t} tokens exceeds the context of {cache_len}")
-    if not 0 <= slot < k_caches[0].shape[0]:
-        raise ValueError(f"slot {slot} out of range")
+    _check_prompt(dec, t, slot, k_caches)
     dev = dec.device
     slot_dev = torch.full((1,), slot, dtype=torch.int64, device=dev)
     if all_logits:
@@ -193,6 +189,16 @@ def _prefill_fused(
     padded[:t] = ids
     last = torch.full((1,), t - 1, dtype=torch.int64, device=dev)
     return prefill_last(dec, padded, slot_dev, last, k_caches, v_caches)[0]
+
+
+def _check_prompt(dec: Decoder, t: int, slot: int, k_caches: list[torch.Tensor]) -> None:
+    """The fused kernels write rows unchecked: a prompt of t tokens must fit the slot's rows and
+    the RoPE tables, and the slot must exist (host ints, no sync)."""
+    cache_len = k_caches[0].shape[1]
+    if t > cache_len or t > dec.cos.shape[0]:
+        raise ValueError(f"prompt of {t} tokens exceeds the context of {cache_len}")
+    if not 0 <= slot < k_caches[0].shape[0]:
+        raise ValueError(f"slot {slot} out of range")
 
 
 def prefill_last(dec: Decoder, ids: torch.Tensor, slot_dev: torch.Tensor, last: torch.Tensor,
@@ -223,12 +229,8 @@ def prefill_many_fused(
     (float32). The per-token kernels and projections run once over all prompts' rows stacked
     (one GEMM of sum T_i rows per weight instead of one per prompt); causal attention runs per
     prompt on its own rows. Eager only (the row count varies), no padding."""
-    cache_len = k_caches[0].shape[1]
     for ids, slot in prompts:
-        if ids.shape[0] > cache_len or ids.shape[0] > dec.cos.shape[0]:
-            raise ValueError(f"prompt of {ids.shape[0]} tokens exceeds the context of {cache_len}")
-        if not 0 <= slot < k_caches[0].shape[0]:
-            raise ValueError(f"slot {slot} out of range")
+        _check_prompt(dec, ids.shape[0], slot, k_caches)
     lens = [int(ids.shape[0]) for ids, _ in prompts]
     starts = [sum(lens[:j]) for j in range(len(lens))]
     dev = dec.device
