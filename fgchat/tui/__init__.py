@@ -39,13 +39,9 @@ def launch_time() -> float:
 
 def _engine_log_path() -> Path:
     """Where the app's default engine writes its log (FgchatApp: <data dir>/engine.log)."""
-    from fgchat.protocol.errors import FgchatError
-    from fgchat.tui.store import data_dir, data_dir_path
+    from fgchat.tui.store import usable_data_dir
 
-    try:
-        return data_dir() / "engine.log"
-    except FgchatError:  # the app reports the data directory; the engine then logs nowhere
-        return data_dir_path() / "engine.log"
+    return usable_data_dir()[0] / "engine.log"  # a problem with it is the app's to report
 
 
 def build_app(

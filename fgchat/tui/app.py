@@ -64,7 +64,7 @@ from fgchat.tui.messages import EngineEvents
 from fgchat.tui.palette import fgchat_commands
 from fgchat.tui.replies import Replies
 from fgchat.tui.sampling import MAX_SAMPLES, SamplingChoice
-from fgchat.tui.store import ChatStore, Settings, data_dir, data_dir_path
+from fgchat.tui.store import ChatStore, Settings, usable_data_dir
 from fgchat.tui.store_guard import StoreGuard, log_problem
 from fgchat.tui.themes import BUILTIN_THEME_DIR, DEFAULT_THEME, load_themes
 
@@ -157,10 +157,7 @@ class FgchatApp(App[int]):
         self.startup_warnings: list[str] = []  # shown once the app is mounted
         dir_problem = ""
         if data_path is None:
-            try:
-                data_path = data_dir()
-            except FgchatError as exc:
-                data_path, dir_problem = data_dir_path(), str(exc)
+            data_path, dir_problem = usable_data_dir()
         self.data_path = data_path
         self.settings = Settings(self.data_path / "settings.json")
         self.store, store_problem = open_store(self.data_path / "chats.sqlite3", dir_problem)

@@ -87,6 +87,15 @@ def data_dir() -> Path:
     return path
 
 
+
+def usable_data_dir() -> tuple[Path, str]:
+    """`data_dir()`, or where it should be with the one-line reason it cannot be made ("" when
+    it can): the app shows the reason and carries on without stored chats."""
+    try:
+        return data_dir(), ""
+    except FgchatError as exc:
+        return data_dir_path(), str(exc)
+
 def tighten_mode(path: str | os.PathLike[str], fd: int | None = None) -> None:
     """Remove group/other permission bits from a file or directory the user owns (else leave it)."""
     try:
