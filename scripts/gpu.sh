@@ -93,9 +93,9 @@ for what in "$@"; do
         grep -H . /sys/devices/system/cpu/cpu*/topology/thread_siblings_list 2>/dev/null | head -16; } \
         | tee "$OUT/tui-host.txt"
       for k in 1 8; do
-        for mode in eager piecewise full; do
+        for mode in piecewise full eager; do
           FGCHAT_TOKENS=${TUI_TOKENS:-256} timeout -s KILL "${TUI_TIMEOUT:-200}" python3 scripts/tui_vs_headless.py \
-            "$mode" $k 2>&1 | tee -a "$OUT/tui.log" | grep -E "RESULT|Error" | tail -2
+            "$mode" $k 2>&1 | tee -a "$OUT/tui.log" | grep -E "RESULT|Error|ITL median|starts at|UI process" | tail -8
         done
       done ;;
     penalties)  # plain greedy and greedy with penalties, alternating processes

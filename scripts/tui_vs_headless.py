@@ -130,18 +130,21 @@ def main() -> None:
     except ImportError:
         sys.exit("tui_vs_headless: textual is not installed (pip install textual, or from wheels: "
                  "pip install --no-index --find-links DIR textual)")
+    t0 = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "data").mkdir()
         model = tiny_models.build_model(Path(tmp) / "m", "llama", hidden=576, layers=30, heads=9,
                                         kv_heads=3, head_dim=64, intermediate=1536, max_pos=8192,
                                         tie=True, dtype="bfloat16")
-        runs = {"headless": headless(model, mode, k), "child": child(model, mode, k),
-                "tui": asyncio.run(with_tui(model, mode, Path(tmp) / "data", k))}
-    med = {}
-    for way, (itl, launch) in runs.items():
-        med[way] = statistics.median(itl)
-        print(f"mode {mode} K {k}: {way:8s} ITL median {med[way]:.3f} ms {['%.3f' % x for x in itl]}, "
-              f"host launch {statistics.median(launch):.3f} ms")
+        ways = {"headless": lambda: headless(model, mode, k), "child": lambda: child(model, mode, k),
+                "tui": lambda: asyncio.run(with_tui(model, mode, Path(tmp) / "data", k))}
+        med = {}
+        for way, run in ways.items():  # each way's line as soon as it ends: a killed run keeps them
+            print(f"mode {mode} K {k}: {way} starts at {time.monotonic() - t0:.1f} s", flush=True)
+            itl, launch = run()
+            med[way] = statistics.median(itl)
+            print(f"mode {mode} K {k}: {way:8s} ITL median {med[way]:.3f} ms {['%.3f' % x for x in itl]}, "
+                  f"host launch {statistics.median(launch):.3f} ms", flush=True)
     print(f"RESULT mode={mode} k={k} headless_ms={med['headless']:.4f} child_ms={med['child']:.4f} "
           f"tui_ms={med['tui']:.4f} ratio={med['tui'] / med['headless']:.3f} (target <= 1.05)")
 
