@@ -16,7 +16,8 @@
 #           .old/fgchat carried (`git archive <sha> fgchat | tar -x -C .old`) the old and this
 #           tree alternate process by process (OLD_COMMIT=<sha> labels the old runs' JSON);
 #           BENCH_8B=1 adds the 8B preset
-#   tui     ITL median in the TUI vs headless per mode, batch 1 and 8 (scripts/tui_vs_headless.py)
+#   tui     ITL median in the TUI vs headless per mode, batch 1 and 8 (scripts/tui_vs_headless.py;
+#           on the real weights when the put calls left them, else a random SmolLM2-shaped model)
 #   penalties  cost per decode step of repetition/presence/frequency penalties (1B, batch 1, 8)
 #   switches   FGCHAT_NORM_IN_PROJECTION off / on alternating (1B, SmolLM2, the real weights + their table)
 #   admission  TTFT of 8 prompts admitted together: shared prefill, one pass, one by one (1B)
@@ -95,7 +96,7 @@ for what in "$@"; do
       for k in 1 8; do
         for mode in piecewise full eager; do
           FGCHAT_TOKENS=${TUI_TOKENS:-256} timeout -s KILL "${TUI_TIMEOUT:-200}" python3 scripts/tui_vs_headless.py \
-            "$mode" $k 2>&1 | tee -a "$OUT/tui.log" | grep -E "RESULT|Error|ITL median|starts at|UI process" | tail -8
+            "$mode" $k ${GGUF:+--model=$GGUF} 2>&1 | tee -a "$OUT/tui.log" | grep -E "RESULT|Error|ITL median|starts at|UI process|decode path|tui round" | tail -12
         done
       done ;;
     penalties)  # plain greedy and greedy with penalties, alternating processes

@@ -10,7 +10,9 @@ TUI / headless ratio. headless vs child isolates the process; child vs TUI the U
 Needs textual (installed from wheels where there is no network: pip install --no-index
 --find-links DIR textual); without it, one line says so.
 Batch K > 1: K replies to one prompt (the TUI's F4), sampled at temperature 0.7 in both.
-Usage: python scripts/tui_vs_headless.py [mode] [K]
+Usage: python scripts/tui_vs_headless.py [mode] [K] [--model=PATH]  (PATH: any model fgchat loads,
+e.g. the embedded GGUF; random weights can fail the startup check and run the plain torch ops, so
+real weights measure the fused path the user gets)
 """
 
 from __future__ import annotations
@@ -55,6 +57,9 @@ def _split(rounds: list[tuple[float, float]]) -> Rounds:
 
 def headless(model: Path, mode: str, k: int) -> Rounds:
     eng = Engine(EngineConfig(model=str(model), mode=mode, max_context=2048))
+    check = eng.startup_check
+    print(f"decode path: {'fused Triton kernels' if eng.decoder.fused else 'plain torch ops'}; startup check "
+          f"{'not run' if check is None else ('passed' if check.passed else 'FAILED: ' + check.message)}", flush=True)
     ids = eng.tokenizer.apply_chat_template([{"role": "user", "content": PROMPT}])
     out = []
     for _ in range(REPS + 1):
@@ -108,8 +113,14 @@ async def with_tui(model: Path, mode: str, data: Path, k: int) -> Rounds:
             if i == 1:
                 cpu0, wall0, tok0 = time.process_time(), time.monotonic(), len(app.latency.log.tokens())
             await app.send_prompt(PROMPT)
+            shown = time.monotonic()
             while app.latency.log.request_count < (i + 1) * k:
                 await pilot.pause(0.05)
+                if time.monotonic() - shown > 5:  # where a slow run is: a killed run keeps these lines
+                    shown = time.monotonic()
+                    print(f"tui round {i}: {app.latency.log.request_count} requests, "
+                          f"{len(app.latency.log.tokens())} tokens logged, replies in flight {len(app.replies)}",
+                          flush=True)
         log = app.latency.log
         cpu, wall = time.process_time() - cpu0, time.monotonic() - wall0
         streamed = len(log.tokens()) - tok0
@@ -123,8 +134,10 @@ async def with_tui(model: Path, mode: str, data: Path, k: int) -> Rounds:
 
 
 def main() -> None:
-    mode = sys.argv[1] if len(sys.argv) > 1 else "full"
-    k = int(sys.argv[2]) if len(sys.argv) > 2 else 1
+    args = [a for a in sys.argv[1:] if not a.startswith("--model=")]
+    given = [a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--model=")]
+    mode = args[0] if args else "full"
+    k = int(args[1]) if len(args) > 1 else 1
     try:
         import textual  # noqa: F401
     except ImportError:
@@ -133,9 +146,9 @@ def main() -> None:
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "data").mkdir()
-        model = tiny_models.build_model(Path(tmp) / "m", "llama", hidden=576, layers=30, heads=9,
-                                        kv_heads=3, head_dim=64, intermediate=1536, max_pos=8192,
-                                        tie=True, dtype="bfloat16")
+        model = Path(given[0]) if given else tiny_models.build_model(
+            Path(tmp) / "m", "llama", hidden=576, layers=30, heads=9, kv_heads=3, head_dim=64,
+            intermediate=1536, max_pos=8192, tie=True, dtype="bfloat16")
         ways = {"headless": lambda: headless(model, mode, k), "child": lambda: child(model, mode, k),
                 "tui": lambda: asyncio.run(with_tui(model, mode, Path(tmp) / "data", k))}
         med = {}
