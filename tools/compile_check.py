@@ -39,59 +39,27 @@ def _loads_before_wait(ptx: str) -> str:
     return ",".join(f"{k}:{kinds.count(k)}" for k in sorted(set(kinds))) or "-"
 
 
-# the projection's NORM inputs: absent (constexpr None) unless a build passes them
-NO_NORM = dict(h_ptr=None, d_ptr=None, nw_ptr=None, h_out_ptr=None, eps=None, stride_part=None)
-NORM = {"h_ptr": "*fp32", "d_ptr": "*fp32", "nw_ptr": "*bf16", "h_out_ptr": "*fp32", "eps": "fp32",
-        "stride_part": "i32"}
-
-
-def build_proj(signature: dict, constexprs: dict, **options) -> None:
-    """_proj_kernel; with NORM=True in constexprs its norm inputs are real arguments."""
-    if constexprs.get("NORM"):
-        build(gemv._proj_kernel, dict(signature, **NORM), constexprs, **options)
-    else:
-        build(gemv._proj_kernel, signature, dict(constexprs, **NO_NORM), **options)
-
-
 def main() -> None:
     for pdl in (False, True):
         proj = {"x_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*fp32", "M": "i32", "stride_y": "i32",
                 "stride_split": "i32", "pmax_ptr": "*fp32", "pidx_ptr": "*i32", "stride_p": "i32"}
-        # add + RMSNorm in the prologue (FGCHAT_NORM_IN_PROJECTION), stages as gemv.norm_stages
-        # caps them: 1B qkv after o's 4 partial sums, SmolLM2 gate/up + SiLU after o's 3, the LM head
-        norm = dict(NORM=True, HAS_DELTA=True, PARTS=4, K_POW2=2048)
-        build_proj(dict(proj, y_ptr="*bf16"),
-                   dict(N=3072, K=2048, EVEN_K=True, EVEN_N=True, BLOCK_M=16, BLOCK_N=32, BLOCK_K=128,
-                        DOT_PRECISION="tf32", USE_PDL=pdl, SPLIT_K=1, **norm),
-                   num_warps=4, num_stages=4, launch_pdl=pdl)
-        build_proj(dict(proj, y_ptr="*bf16"),
-                   dict(N=1536, K=576, EVEN_K=False, EVEN_N=True, BLOCK_M=16, BLOCK_N=16, BLOCK_K=128,
-                        DOT_PRECISION="tf32", USE_PDL=pdl, SPLIT_K=1, GLU=True,
-                        **dict(norm, PARTS=3, K_POW2=1024)),
-                   num_warps=4, num_stages=4, launch_pdl=pdl)
-        build_proj(proj,
-                   dict(N=128256, K=2048, EVEN_K=True, EVEN_N=True, BLOCK_M=16, BLOCK_N=64, BLOCK_K=128,
-                        DOT_PRECISION="tf32", USE_PDL=pdl, SPLIT_K=1, ARGMAX=True, ROUND=False,
-                        **dict(norm, PARTS=2)),
-                   num_warps=4, num_stages=4, launch_pdl=pdl)
-        build_proj(proj,
+        build(gemv._proj_kernel, proj,
               dict(N=128256, K=2048, EVEN_K=True, EVEN_N=True, BLOCK_M=16, BLOCK_N=64, BLOCK_K=128,
                    DOT_PRECISION="tf32", USE_PDL=pdl, SPLIT_K=1, ARGMAX=True), num_warps=4, num_stages=4,
               launch_pdl=pdl)
         for tile in ("16,512,4,4", "64,128,4,4,1", "128,64,4,4,1"):  # gate/up + SiLU, 1B
             c = gemv.ProjConfig.parse(tile)
-            build_proj(dict(proj, y_ptr="*bf16"),
-                       dict(N=8192, K=2048, EVEN_K=True, EVEN_N=True, BLOCK_M=16, BLOCK_N=c.block_n,
-                            BLOCK_K=c.block_k, DOT_PRECISION="tf32", USE_PDL=pdl, SPLIT_K=1, GLU=True,
-                            SWAP=c.swap),
-                       num_warps=c.num_warps, num_stages=c.num_stages, launch_pdl=pdl)
+            build(gemv._proj_kernel, dict(proj, y_ptr="*bf16"),
+                  dict(N=8192, K=2048, EVEN_K=True, EVEN_N=True, BLOCK_M=16, BLOCK_N=c.block_n,
+                       BLOCK_K=c.block_k, DOT_PRECISION="tf32", USE_PDL=pdl, SPLIT_K=1, GLU=True, SWAP=c.swap),
+                  num_warps=c.num_warps, num_stages=c.num_stages, launch_pdl=pdl)
         build(gemv._argmax_finish_kernel, {"pmax_ptr": "*fp32", "pidx_ptr": "*i32", "out_ptr": "*i64", "P": "i32",
                                            "stride_p": "i32"}, dict(BLOCK_P=2048, USE_PDL=pdl), num_warps=4,
               launch_pdl=pdl)
-        build_proj(proj,
-                   dict(N=2048, K=8192, EVEN_K=True, EVEN_N=True, BLOCK_M=16, BLOCK_N=16, BLOCK_K=512,
-                        DOT_PRECISION="tf32", USE_PDL=pdl, SPLIT_K=4), num_warps=4, num_stages=4, launch_pdl=pdl)
-        build_proj(dict(proj, y_ptr="*bf16"),
+        build(gemv._proj_kernel, proj,
+              dict(N=2048, K=8192, EVEN_K=True, EVEN_N=True, BLOCK_M=16, BLOCK_N=16, BLOCK_K=512,
+                   DOT_PRECISION="tf32", USE_PDL=pdl, SPLIT_K=4), num_warps=4, num_stages=4, launch_pdl=pdl)
+        build(gemv._proj_kernel, dict(proj, y_ptr="*bf16"),
               dict(N=960, K=576, EVEN_K=False, EVEN_N=True, BLOCK_M=16, BLOCK_N=16, BLOCK_K=128,
                    DOT_PRECISION="tf32", USE_PDL=pdl, SPLIT_K=1), num_warps=4, num_stages=4, launch_pdl=pdl)
         build(fused._add_rms_norm_kernel, {"x_ptr": "*bf16", "d_ptr": "*bf16", "w_ptr": "*bf16", "h_out_ptr": "*bf16",

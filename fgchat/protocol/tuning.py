@@ -16,7 +16,6 @@ EngineConfig (which holds a Tuning) without loading torch.
 | FGCHAT_PREFILL_GRAPHS=0 | on | full mode prefills eagerly instead of replaying prefill graphs |
 | FGCHAT_EAGER_LAUNCH_LIST=0 | on | eager runs every step through the Python stages, not a recorded launch list |
 | FGCHAT_BATCHED_PREFILL=0 | on | CUDA: distinct prompts admitted together are prefilled one by one, not in one pass |
-| FGCHAT_NORM_IN_PROJECTION=1 | off | the qkv, gate/up and LM head projections compute their add + RMSNorm themselves (one launch less each) |
 """
 
 from __future__ import annotations
@@ -56,7 +55,6 @@ class Tuning:
     prefill_graphs: bool = True
     eager_launch_list: bool = True
     batched_prefill: bool = True
-    norm_in_projection: bool = False  # not yet measured on the H200 (decode-step notes, V29)
 
     @classmethod
     def from_env(cls) -> Tuning:
@@ -72,7 +70,6 @@ class Tuning:
             prefill_graphs=_flag("FGCHAT_PREFILL_GRAPHS", d.prefill_graphs),
             eager_launch_list=_flag("FGCHAT_EAGER_LAUNCH_LIST", d.eager_launch_list),
             batched_prefill=_flag("FGCHAT_BATCHED_PREFILL", d.batched_prefill),
-            norm_in_projection=_flag("FGCHAT_NORM_IN_PROJECTION", d.norm_in_projection),
         )
 
     def proj_config_texts(self) -> dict[str, str]:

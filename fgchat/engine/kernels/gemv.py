@@ -36,71 +36,15 @@ def _tile_product(x, w, SWAP: tl.constexpr, DOT_PRECISION: tl.constexpr):
 
 
 @triton.jit
-def _residual(h_ptr, d_ptr, h_out_ptr, nw_ptr, offs, mask, stride_part,
-              HAS_DELTA: tl.constexpr, PARTS: tl.constexpr):
-    """h + delta at flat offsets `offs`, rounded as fused.add_rms_norm rounds it: the delta (PARTS
-    float32 slabs added in order, rounded to the model's dtype, or one tensor) added in float32,
-    the sum in the residual's dtype (h_out's). Returned as float32."""
-    r = tl.load(h_ptr + offs, mask=mask, other=0.0)
-    if HAS_DELTA:
-        if PARTS == 1:
-            d = tl.load(d_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        else:
-            d = tl.load(d_ptr + offs, mask=mask, other=0.0)
-            for p in tl.static_range(1, PARTS):
-                d += tl.load(d_ptr + p * stride_part + offs, mask=mask, other=0.0)
-            d = d.to(nw_ptr.dtype.element_ty).to(tl.float32)
-        r = (r.to(tl.float32) + d).to(h_out_ptr.dtype.element_ty)
-    return r.to(tl.float32)
-
-
-@triton.jit
-def _norm_rows(h_ptr, d_ptr, h_out_ptr, nw_ptr, M, eps, stride_part, offs_m, write_h,
-               K: tl.constexpr, K_POW2: tl.constexpr, BLOCK_M: tl.constexpr,
-               HAS_DELTA: tl.constexpr, PARTS: tl.constexpr):
-    """1 / rms of each row's residual (h + delta), [BLOCK_M] (0 past M), over the whole row as
-    fused.add_rms_norm takes it; write_h: the residual rows also go to h_out."""
-    cols = tl.arange(0, K_POW2)
-    cmask = cols < K
-    rstd = tl.zeros([BLOCK_M], dtype=tl.float32)
-    for m in range(0, BLOCK_M):  # a loop, not unrolled; rows past M skip their body
-        if m < M:
-            r = _residual(h_ptr, d_ptr, h_out_ptr, nw_ptr, m * K + cols, cmask, stride_part, HAS_DELTA, PARTS)
-            if write_h:
-                tl.store(h_out_ptr + m * K + cols, r.to(h_out_ptr.dtype.element_ty), mask=cmask)
-            var = tl.sum(r * r, axis=0) / K
-            rstd = tl.where(offs_m == m, 1.0 / tl.sqrt(var + eps), rstd)
-    return rstd
-
-
-@triton.jit
-def _x_tile(x_rows, offs_m, offs_k, mask, NORM: tl.constexpr, h_ptr, d_ptr, h_out_ptr, nw_ptr, rstd,
-            stride_part, K: tl.constexpr, HAS_DELTA: tl.constexpr, PARTS: tl.constexpr):
-    """The activation tile [BLOCK_M, BLOCK_K] at columns offs_k: loaded from x, or (NORM) the
-    normalised residual rms_norm(h + delta) * nw computed in place, rounded as add_rms_norm's y."""
-    if NORM:
-        r = _residual(h_ptr, d_ptr, h_out_ptr, nw_ptr, offs_m[:, None] * K + offs_k[None, :], mask,
-                      stride_part, HAS_DELTA, PARTS)
-        y = (r * rstd[:, None]).to(nw_ptr.dtype.element_ty).to(tl.float32)
-        nw = tl.load(nw_ptr + offs_k, mask=offs_k < K, other=0.0).to(tl.float32)
-        return (nw[None, :] * y).to(nw_ptr.dtype.element_ty)
-    else:
-        return tl.load(x_rows + offs_k[None, :], mask=mask, other=0.0)
-
-
-@triton.jit
 def _proj_kernel(
     x_ptr, w_ptr, y_ptr, M, stride_y, stride_split,
     pmax_ptr, pidx_ptr, stride_p,  # ARGMAX outputs (None without)
-    h_ptr, d_ptr, nw_ptr, h_out_ptr, eps, stride_part,  # NORM inputs (None without)
     N: tl.constexpr, K: tl.constexpr,
     EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     DOT_PRECISION: tl.constexpr, USE_PDL: tl.constexpr = False,
     SPLIT_K: tl.constexpr = 1, ARGMAX: tl.constexpr = False,
     GLU: tl.constexpr = False, SWAP: tl.constexpr = False, ROUND: tl.constexpr = True,
-    NORM: tl.constexpr = False, HAS_DELTA: tl.constexpr = False, PARTS: tl.constexpr = 1,
-    K_POW2: tl.constexpr = 1,
 ):
     """Program (pid, ks) owns columns [pid*BLOCK_N, +BLOCK_N) over K slice ks of SPLIT_K. With
     SPLIT_K > 1 it stores its float32 partial sum in slab ks of y [SPLIT_K, M, N] (the consumer
@@ -109,10 +53,7 @@ def _proj_kernel(
     its first column, at [row, pid] of pmax / pidx (finished by _argmax_finish_kernel).
     GLU (SPLIT_K == 1): w is [2N, K], rows gate | up; y = silu(x.gate) * (x.up), each product
     rounded to x's dtype first, the activation as fused.silu_mul computes it.
-    ROUND False (float32 y): the float32 sum is stored as it is (LM head logits: no bf16 ties).
-    NORM (SPLIT_K == 1): x is rms_norm(h + delta) * nw, computed by each program from h and the
-    delta (fused.add_rms_norm's inputs and rounding; x_ptr only gives the dtype); program 0
-    also stores h + delta to h_out (HAS_DELTA), which must not alias h."""
+    ROUND False (float32 y): the float32 sum is stored as it is (LM head logits: no bf16 ties)."""
     pid = tl.program_id(0)
     K_PART: tl.constexpr = K // SPLIT_K
     k_base = tl.program_id(1) * K_PART
@@ -137,20 +78,14 @@ def _proj_kernel(
         if GLU:
             wu = tl.load(u_rows + offs_k0[None, :], mask=w0_mask, other=0.0)
     pdl_enter(USE_PDL)
-    rstd = None
-    if NORM:
-        rstd = _norm_rows(h_ptr, d_ptr, h_out_ptr, nw_ptr, M, eps, stride_part, offs_m,
-                          HAS_DELTA and pid == 0, K, K_POW2, BLOCK_M, HAS_DELTA, PARTS)
-    x = _x_tile(x_rows, offs_m, offs_k0, m_mask[:, None] & (offs_k0[None, :] < K_PART), NORM,
-                h_ptr, d_ptr, h_out_ptr, nw_ptr, rstd, stride_part, K, HAS_DELTA, PARTS)
+    x = tl.load(x_rows + offs_k0[None, :], mask=m_mask[:, None] & (offs_k0[None, :] < K_PART), other=0.0)
     acc = _tile_product(x, w, SWAP, DOT_PRECISION)
     if GLU:
         acc_u = _tile_product(x, wu, SWAP, DOT_PRECISION)
     for k0 in range(BLOCK_K, K_PART, BLOCK_K):
         offs_k = k0 + offs_k0
         if EVEN_K:
-            x = _x_tile(x_rows, offs_m, offs_k, m_mask[:, None], NORM,
-                        h_ptr, d_ptr, h_out_ptr, nw_ptr, rstd, stride_part, K, HAS_DELTA, PARTS)
+            x = tl.load(x_rows + offs_k[None, :], mask=m_mask[:, None], other=0.0)
             if EVEN_N:
                 w = tl.load(w_rows + offs_k[None, :])
                 if GLU:
@@ -161,8 +96,7 @@ def _proj_kernel(
                     wu = tl.load(u_rows + offs_k[None, :], mask=n_mask[:, None], other=0.0)
         else:
             k_mask = offs_k[None, :] < K_PART
-            x = _x_tile(x_rows, offs_m, offs_k, m_mask[:, None] & k_mask, NORM,
-                        h_ptr, d_ptr, h_out_ptr, nw_ptr, rstd, stride_part, K, HAS_DELTA, PARTS)
+            x = tl.load(x_rows + offs_k[None, :], mask=m_mask[:, None] & k_mask, other=0.0)
             w = tl.load(w_rows + offs_k[None, :], mask=n_mask[:, None] & k_mask, other=0.0)
             if GLU:
                 wu = tl.load(u_rows + offs_k[None, :], mask=n_mask[:, None] & k_mask, other=0.0)
@@ -292,7 +226,16 @@ def project_argmax(x: torch.Tensor, w: torch.Tensor, config: ProjConfig | None =
                    pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """LM head + greedy pick: float32 logits [M, N] as `project_logits` and, per row, the first
     index of its maximum (torch.argmax's choice) as int64 [M]. Two launches."""
-    _, logits, tokens = _head_argmax(x, w, config, pdl, None)
+    m, n = x.shape[0], w.shape[0]
+    plan = _plan(m, n, x.shape[1], x.dtype, w.dtype, torch.float32, 1, True, pdl, config, exact=True)
+    programs = plan.grid[0]
+    pmax = torch.empty((m, programs), dtype=torch.float32, device=x.device)
+    pidx = torch.empty((m, programs), dtype=torch.int32, device=x.device)
+    logits = _launch(x, w, config, torch.float32, pdl, 1, argmax=(pmax, pidx), exact=True)
+    tokens = torch.empty(m, dtype=torch.int64, device=x.device)
+    fast(_argmax_finish_kernel)[(m,)](pmax, pidx, tokens, programs, programs,
+                                      BLOCK_P=max(16, next_pow2(programs)), USE_PDL=pdl,
+                                      num_warps=4, launch_pdl=pdl)
     return logits, tokens
 
 
@@ -316,58 +259,6 @@ def project_partials(x: torch.Tensor, w: torch.Tensor, split: int, config: ProjC
 
 
 @dataclass(frozen=True)
-class Norm:
-    """The add + RMSNorm a projection computes for itself (its x = rms_norm(h + delta) * weight):
-    fused.add_rms_norm's arguments. delta None: x = rms_norm(h) * weight, h passed on as it is."""
-
-    h: torch.Tensor  # [M, K] residual stream
-    delta: torch.Tensor | None  # [M, K] in the model's dtype, or float32 partial sums [S, M, K]
-    weight: torch.Tensor  # [K] the norm's weight (the model's dtype)
-    eps: float
-    residual_dtype: torch.dtype | None = None  # of h + delta (default h's)
-
-
-def project_norm(norm: Norm, w: torch.Tensor, config: ProjConfig | None = None, pdl: bool = False,
-                 glu: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """fused.add_rms_norm and then `project` (glu: `project_glu`) as one launch: returns
-    (h + delta, the projection). Each program normalises the rows itself; program 0 stores h + delta."""
-    if glu and w.shape[0] % 2:
-        raise ValueError("project_glu needs an even number of weight rows (gate | up)")
-    return _launch(None, w, config, None, pdl, 1, glu=glu, norm=norm)
-
-
-def project_norm_argmax(norm: Norm, w: torch.Tensor, config: ProjConfig | None = None,
-                        pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The final norm and `project_argmax` in two launches: (h + delta, float32 logits, tokens)."""
-    return _head_argmax(None, w, config, pdl, norm)
-
-
-def project_norm_logits(norm: Norm, w: torch.Tensor, config: ProjConfig | None = None,
-                        pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """The final norm and `project_logits` in one launch: (h + delta, float32 logits)."""
-    return _launch(None, w, config, torch.float32, pdl, 1, exact=True, norm=norm)
-
-
-def _head_argmax(x: torch.Tensor | None, w: torch.Tensor, config: ProjConfig | None, pdl: bool,
-                 norm: Norm | None) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
-    src = x if norm is None else norm.h
-    m, n = src.shape[0], w.shape[0]
-    x_dtype = x.dtype if norm is None else norm.weight.dtype
-    plan = _plan(m, n, src.shape[1], x_dtype, w.dtype, torch.float32, 1, True, pdl, config, exact=True,
-                 norm=_norm_key(norm))
-    programs = plan.grid[0]
-    pmax = torch.empty((m, programs), dtype=torch.float32, device=w.device)
-    pidx = torch.empty((m, programs), dtype=torch.int32, device=w.device)
-    out = _launch(x, w, config, torch.float32, pdl, 1, argmax=(pmax, pidx), exact=True, norm=norm)
-    h_out, logits = out if norm is not None else (None, out)
-    tokens = torch.empty(m, dtype=torch.int64, device=w.device)
-    fast(_argmax_finish_kernel)[(m,)](pmax, pidx, tokens, programs, programs,
-                                      BLOCK_P=max(16, next_pow2(programs)), USE_PDL=pdl,
-                                      num_warps=4, launch_pdl=pdl)
-    return h_out, logits, tokens
-
-
-@dataclass(frozen=True)
 class _Plan:
     grid: tuple[int, int]
     shape: tuple[int, ...]
@@ -376,39 +267,16 @@ class _Plan:
     kw: dict
 
 
-# Shared memory the pipelined loads of one projection may take (the H200 allows 227 KiB a block)
-NORM_SMEM_BUDGET = 200 * 1024
-
-
-def norm_stages(cfg: ProjConfig, glu: bool, parts: int) -> int:
-    """Pipeline depth of a projection that normalises its input: the config's, capped so that
-    the stages (weight tiles, plus the residual and delta tiles each step of K reloads, all
-    staged at float32 width at most) fit NORM_SMEM_BUDGET. parts: delta slabs (0: no delta)."""
-    weights = cfg.block_n * cfg.block_k * 2 * (2 if glu else 1)
-    activations = MAX_ROWS * cfg.block_k * 4 * (1 + max(parts, 0)) + cfg.block_k * 2
-    return max(1, min(cfg.num_stages, NORM_SMEM_BUDGET // (weights + activations)))
-
-
-def _norm_key(norm: Norm | None) -> tuple[bool, int] | None:
-    """What of a Norm shapes the compiled kernel: (has a delta, partial-sum slabs)."""
-    if norm is None:
-        return None
-    d = norm.delta
-    return (d is not None, d.shape[0] if d is not None and d.dim() == 3 else 1)
-
-
 @functools.lru_cache(maxsize=1024)
 def _plan(m: int, n: int, k: int, x_dtype: torch.dtype, w_dtype: torch.dtype, out_dtype: torch.dtype,
           split: int, argmax: bool, pdl: bool, config: ProjConfig | None, glu: bool = False,
-          exact: bool = False, norm: tuple[bool, int] | None = None) -> _Plan:
+          exact: bool = False) -> _Plan:
     """Grid, output shape and launch options of one call signature (validated once)."""
     if m > MAX_ROWS:
         raise ValueError(f"project handles at most {MAX_ROWS} rows, got {m}")
     cfg = config or pick_config(n, k, glu)
     if k % split or (split > 1 and (k // split) % cfg.block_k):
         raise ValueError(f"split {split} must cut K={k} into whole {cfg.block_k}-wide tiles")
-    if norm is not None and split > 1:
-        raise ValueError("a projection that normalises its input runs unsplit")
     kw = dict(
         N=n, K=k, EVEN_K=(k // split) % cfg.block_k == 0, EVEN_N=n % cfg.block_n == 0,
         BLOCK_M=MAX_ROWS, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
@@ -416,47 +284,24 @@ def _plan(m: int, n: int, k: int, x_dtype: torch.dtype, w_dtype: torch.dtype, ou
         SPLIT_K=split, ARGMAX=argmax, GLU=glu, SWAP=cfg.swap, ROUND=not exact,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=pdl,
     )
-    if norm is not None:
-        kw.update(NORM=True, HAS_DELTA=norm[0], PARTS=norm[1], K_POW2=next_pow2(k),
-                  num_stages=norm_stages(cfg, glu, norm[1] if norm[0] else 0))
     shape = (split, m, n) if split > 1 else (m, n)
     return _Plan((cdiv(n, cfg.block_n), split), shape, n, m * n if split > 1 else 0, kw)
 
 
-def _norm_args(norm: Norm) -> tuple:
-    """(h, delta, weight, h_out, eps, slab stride) of a Norm's launch; h_out is h without a delta."""
-    h, d = norm.h, norm.delta
-    if not (h.is_contiguous() and norm.weight.is_contiguous()) or norm.weight.shape != (h.shape[1],):
-        raise ValueError("the norm needs a contiguous h [M, K] and its weight [K]")
-    if d is None:
-        return h, None, norm.weight, h, norm.eps, 0
-    parts = d.shape[0] if d.dim() == 3 else 1
-    if d.shape[-2:] != h.shape or not d.is_contiguous() or (parts > 1 and d.dtype != torch.float32):
-        raise ValueError("the norm's delta must be contiguous [M, K], or float32 partial sums [S, M, K]")
-    h_out = torch.empty(h.shape, dtype=norm.residual_dtype or h.dtype, device=h.device)
-    return h, d, norm.weight, h_out, norm.eps, h.numel() if parts > 1 else 0
-
-
-def _launch(x: torch.Tensor | None, w: torch.Tensor, config: ProjConfig | None, out_dtype: torch.dtype | None,
+def _launch(x: torch.Tensor, w: torch.Tensor, config: ProjConfig | None, out_dtype: torch.dtype | None,
             pdl: bool, split: int, argmax: tuple[torch.Tensor, torch.Tensor] | None = None,
-            glu: bool = False, exact: bool = False, norm: Norm | None = None):
-    """The projection y; with `norm`, (h + delta, y) and x is computed from the Norm."""
-    src = x if norm is None else norm.h
-    m, k = src.shape
-    x_dtype = x.dtype if norm is None else norm.weight.dtype
+            glu: bool = False, exact: bool = False) -> torch.Tensor:
+    m, k = x.shape
     n = w.shape[0] // 2 if glu else w.shape[0]
-    if w.shape[1] != k or not (src.is_contiguous() and w.is_contiguous()):
+    if w.shape[1] != k or not (x.is_contiguous() and w.is_contiguous()):
         raise ValueError("project needs contiguous x [M, K] and w [N, K]")
-    out_dtype = out_dtype or x_dtype
+    out_dtype = out_dtype or x.dtype
     if exact and out_dtype != torch.float32:
         raise ValueError("unrounded sums need a float32 output")
-    plan = _plan(m, n, k, x_dtype, w.dtype, out_dtype, split, argmax is not None, pdl, config, glu, exact,
-                 _norm_key(norm))
-    y = torch.empty(plan.shape, dtype=out_dtype, device=w.device)
+    plan = _plan(m, n, k, x.dtype, w.dtype, out_dtype, split, argmax is not None, pdl, config, glu, exact)
+    y = torch.empty(plan.shape, dtype=out_dtype, device=x.device)
     pmax, pidx = argmax if argmax is not None else (None, None)
-    h, d, nw, h_out, eps, stride_part = _norm_args(norm) if norm is not None else (None,) * 4 + (0.0, 0)
     # non-constexpr arguments positionally: the fast launcher keys them cheaply
-    fast(_proj_kernel)[plan.grid](x if norm is None else nw, w, y, m, plan.stride_y, plan.stride_split,
-                                  pmax, pidx, pmax.stride(0) if pmax is not None else 0,
-                                  h, d, nw, h_out, eps, stride_part, **plan.kw)
-    return y if norm is None else (h_out, y)
+    fast(_proj_kernel)[plan.grid](x, w, y, m, plan.stride_y, plan.stride_split,
+                                  pmax, pidx, pmax.stride(0) if pmax is not None else 0, **plan.kw)
+    return y

@@ -8,9 +8,6 @@ graphs launch identical kernels (modes stay bit-identical):
   our kernel split along K into float32 partial sums that the norm adds in a fixed order (more
   programs in flight, and no reduce launch);
 - the gate/up projection carries SiLU-and-multiply in its epilogue (one launch);
-- with FGCHAT_NORM_IN_PROJECTION, the projections that follow an add + RMSNorm (qkv, gate/up,
-  the LM head) compute it in their prologue instead of a separate kernel, where our kernel runs
-  them and their pipeline keeps >= NORM_MIN_STAGES stages beside the residual tiles;
 - programmatic dependent launch (kernels.pdl) is used for every Triton launch of the step, the o
   projection's after attention included. Each kernel waits for its predecessor before touching
   its data, so PDL never changes results; it only lets a kernel start (and load weights) while
@@ -39,8 +36,6 @@ if TYPE_CHECKING:
 
 # o / down outputs at most this wide run split-K on our kernel (partial sums the norm adds)
 SPLIT_MAX_N = 4096
-# a projection normalises its own input only if that leaves it this many pipeline stages
-NORM_MIN_STAGES = 3
 
 
 @dataclass(frozen=True)
@@ -71,12 +66,6 @@ class FusedStages:
         self.down = self._route("down", lw.w_down, True, feeds_norm=True, sm_count=sm_count)
         self.head_ours = tuning.gemv
         self.head_config = self.configs.get("head")
-        # which projections take their add + RMSNorm in (delta slabs: the producers' split)
-        parts = max(self.o.split, self.down.split)
-        self.norm_qkv = self._norm_in(tuning, self.qkv, lw.wqkv, parts)
-        self.norm_gate_up = self._norm_in(tuning, self.gate_up, lw.w_gate_up, parts)
-        self.norm_head = tuning.norm_in_projection and self._norm_in(
-            tuning, Route(self.head_ours, config=self.head_config), dec.w.lm_head, parts)
         self.attention_ours = False
         self.rope_in_attention = False
         budget = tuning.l2_prefetch_mb * 2**20
@@ -105,14 +94,6 @@ class FusedStages:
         if feeds_norm and w.shape[0] <= SPLIT_MAX_N and mine:
             return Route(True, gemv.pick_split(w.shape[0], w.shape[1], sm_count, cfg), config=cfg)
         return Route(mine, config=cfg)
-
-    @staticmethod
-    def _norm_in(tuning: Tuning, route: Route, w: torch.Tensor, parts: int) -> bool:
-        if not (tuning.norm_in_projection and route.ours and route.split == 1):
-            return False
-        n = w.shape[0] // 2 if route.glu else w.shape[0]
-        cfg = route.config or gemv.pick_config(n, w.shape[1], route.glu)
-        return gemv.norm_stages(cfg, route.glu, parts) >= NORM_MIN_STAGES
 
     def after(self, predecessor_ours: bool) -> bool:
         """PDL for the next launch, whatever precedes it (H200: PDL after library kernels too
@@ -143,17 +124,13 @@ class FusedStages:
                          k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
         c, lw = self.dec.cfg, self.dec.w.layers[i]
         # layer 0 follows the embedding (a torch kernel); later layers the previous down projection
-        pdl = self.after(i > 0 and self.down.ours)
-        if self.norm_qkv and lw.bqkv is None and self.qkv.serves(st.h.shape[0]):
-            norm = gemv.Norm(st.h, st.delta, lw.attn_norm, c.rms_eps, self.dec.residual_dtype)
-            st.h, qkv = gemv.project_norm(norm, lw.wqkv, self.qkv.config, pdl=pdl)
-        else:
-            st.h, x = fk.add_rms_norm(st.h, st.delta, lw.attn_norm, c.rms_eps, pdl, self.dec.residual_dtype)
-            if lw.bqkv is not None:
-                qkv = F.linear(x, lw.wqkv, lw.bqkv)
-            else:
-                qkv = self._project(x, lw.wqkv, self.qkv, True)
+        st.h, x = fk.add_rms_norm(st.h, st.delta, lw.attn_norm, c.rms_eps, self.after(i > 0 and self.down.ours),
+                                  self.dec.residual_dtype)
         st.delta = None
+        if lw.bqkv is not None:
+            qkv = F.linear(x, lw.wqkv, lw.bqkv)
+        else:
+            qkv = self._project(x, lw.wqkv, self.qkv, True)
         if self.rope_in_attention:  # the attention call applies RoPE and writes K/V
             st.qkv = qkv
             return
@@ -163,12 +140,6 @@ class FusedStages:
     def after_attention(self, i: int, st: StepState, attn_out: torch.Tensor) -> None:
         c, lw = self.dec.cfg, self.dec.w.layers[i]
         o = self._project(attn_out.view(attn_out.shape[0], -1), lw.wo, self.o, self.attention_ours)
-        if self.norm_gate_up and self.gate_up.glu and self.gate_up.serves(st.h.shape[0]):
-            norm = gemv.Norm(st.h, o, lw.mlp_norm, c.rms_eps, self.dec.residual_dtype)
-            st.h, act = gemv.project_norm(norm, lw.w_gate_up, self.gate_up.config, pdl=self.after(self.o.ours),
-                                          glu=True)
-            st.delta = self._project(act, lw.w_down, self.down, True)
-            return
         st.h, x = fk.add_rms_norm(st.h, o, lw.mlp_norm, c.rms_eps, self.after(self.o.ours), self.dec.residual_dtype)
         if self.gate_up.glu and self.gate_up.serves(x.shape[0]):
             act = gemv.project_glu(x, lw.w_gate_up, self.gate_up.config, pdl=self.after(True))
@@ -179,16 +150,8 @@ class FusedStages:
 
     def head(self, st: StepState, greedy: bool) -> None:
         dec = self.dec
-        pdl = self.after(self.down.ours)
-        if self.norm_head and st.h.shape[0] <= gemv.MAX_ROWS:
-            norm = gemv.Norm(st.h, st.delta, dec.w.final_norm, dec.cfg.rms_eps, dec.residual_dtype)
-            st.delta = None
-            if greedy:
-                st.h, st.logits, st.tokens = gemv.project_norm_argmax(norm, dec.w.lm_head, self.head_config, pdl)
-            else:
-                st.h, st.logits = gemv.project_norm_logits(norm, dec.w.lm_head, self.head_config, pdl)
-            return
-        st.h, x = fk.add_rms_norm(st.h, st.delta, dec.w.final_norm, dec.cfg.rms_eps, pdl, dec.residual_dtype)
+        st.h, x = fk.add_rms_norm(st.h, st.delta, dec.w.final_norm, dec.cfg.rms_eps, self.after(self.down.ours),
+                                  dec.residual_dtype)
         st.delta = None
         if greedy and self.head_ours and x.shape[0] <= gemv.MAX_ROWS:
             st.logits, st.tokens = gemv.project_argmax(x, dec.w.lm_head, self.head_config, pdl=self.after(True))
