@@ -105,12 +105,18 @@ def test_fused_prefill_matches_unfused(name):
         assert torch.isnan(kf[~written]).all(), i  # nothing outside the slot's rows touched
 
 
+@pytest.mark.parametrize("padded", [True, False], ids=["padded-sdpa", "sdpa-per-prompt"])
 @pytest.mark.parametrize("name", list(CONFIGS))
-def test_one_pass_prefill_of_several_prompts_matches_float32(name):
-    """prefill_many_fused (the round's prompts stacked, attention per prompt) against each prompt
-    prefilled alone by the unfused path in float32 from the same weights: as close as the
-    bf16 unfused path alone is; every prompt's K/V rows written, nothing else."""
+def test_one_pass_prefill_of_several_prompts_matches_float32(name, padded, monkeypatch):
+    """prefill_many_fused (the round's prompts stacked; attention as one SDPA over the
+    right-padded prompts, or prompt by prompt) against each prompt prefilled alone by the
+    unfused path in float32 from the same weights: as close as the bf16 unfused path alone is;
+    every prompt's K/V rows written, nothing else."""
+    from fgchat.engine.model import prefill as pf
     from fgchat.engine.model.prefill import prefill_many_fused
+
+    monkeypatch.setattr(pf, "PAD_SHORT_TMAX", 10**9 if padded else 0)
+    monkeypatch.setattr(pf, "PAD_WASTE_LIMIT", 0.0)
 
     cfg, w = build(name)
     lens_slots = [(7, 6), (300, 1), (129, 3), (1, 0)]

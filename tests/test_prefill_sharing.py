@@ -145,8 +145,15 @@ FUSED_MANY_SCRIPT = textwrap.dedent(
 
     out = []
     lens_slots = [(5, 6), (33, 1), (17, 3)]
-    for heads, kv_heads, bias, dtype in json.loads(sys.argv[1]):
+    from fgchat.engine.model import prefill as pf
+    attention = pf.PaddedPrompts.attention
+    padded_calls = []
+    pf.PaddedPrompts.attention = lambda self, *a: padded_calls.append(1) or attention(self, *a)
+    for heads, kv_heads, bias, dtype, padded in json.loads(sys.argv[1]):
         dtype = getattr(torch, dtype)
+        # padded: one batched SDPA over right-padded prompts; else attention prompt by prompt
+        pf.PAD_SHORT_TMAX, pf.PAD_WASTE_LIMIT = (256, 2.0) if padded else (0, 0.0)
+        padded_calls.clear()
         cfg = small_config(heads, kv_heads, bias)
         w = scaled_weights(cfg, torch.float32)
         w = cast(w, dtype)
@@ -161,7 +168,8 @@ FUSED_MANY_SCRIPT = textwrap.dedent(
         many = prefill_many_fused(fused, prompts, cache.k, cache.v)
         ref = Decoder(cfg, w32, 64, fused=False)
         rcache = KVCache(cfg, 64, torch.device("cpu"), torch.float32)
-        res = dict(logits=0.0, scale=0.0, kv=0.0, kv_scale=0.0, finite=True, argmax=True)
+        res = dict(logits=0.0, scale=0.0, kv=0.0, kv_scale=0.0, finite=True, argmax=True,
+                   padded_calls=len(padded_calls), layers=cfg.num_layers)
         for (ids, slot), got in zip(prompts, many):
             want = ref.prefill(ids, slot, rcache.k, rcache.v)
             res["logits"] = max(res["logits"], (got - want).abs().max().item())
@@ -187,10 +195,13 @@ FUSED_MANY_SCRIPT = textwrap.dedent(
 def test_fused_prefill_of_several_prompts_matches_fp32_reference_interpreted():
     """prefill_many_fused (Triton kernels under the interpreter) against each prompt prefilled
     alone by the unfused path in float32 from the same weights: last logits and the K/V rows
-    of each prompt's slot; no other slot and no row past a prompt is written."""
+    of each prompt's slot; no other slot and no row past a prompt is written. Attention both as
+    one SDPA over the right-padded prompts and prompt by prompt (prompts of 5, 33 and 17 tokens)."""
     pytest.importorskip("triton")
-    cases = [(4, 2, False, "float32"), (6, 2, True, "float32"), (4, 2, False, "bfloat16")]
+    cases = [(4, 2, False, "float32", True), (4, 2, False, "float32", False), (6, 2, True, "float32", True),
+             (4, 2, False, "bfloat16", True)]
     for case, r in zip(cases, run_interpreted(FUSED_MANY_SCRIPT, cases)):
+        assert r["padded_calls"] == (r["layers"] if case[4] else 0), (case, r)
         assert r["finite"] and r["untouched"] and r["past_prompt"], (case, r)
         if case[3] == "float32":
             assert r["logits"] <= 1e-4 * max(r["scale"], 1.0), (case, r)

@@ -1,5 +1,6 @@
 """TTFT of one admission round of K prompts: identical prompts (K replies, one shared prefill),
-distinct prompts in one pass (batched prefill), distinct prompts one by one
+distinct prompts in one pass (batched prefill; its attention one SDPA over the right-padded
+prompts, and, CUDA only, prompt by prompt as a variant), distinct prompts one by one
 (FGCHAT_BATCHED_PREFILL=0; CUDA only, the CPU path always batches). Alternates the variants
 round by round in one process and prints the median over rounds of each round's mean TTFT.
 
@@ -16,6 +17,7 @@ import statistics
 import torch
 
 from fgchat.engine.core import Engine, EngineConfig
+from fgchat.engine.model import prefill as pf
 from fgchat.protocol.events import RequestFinished, SamplingParams
 
 
@@ -46,20 +48,24 @@ def main() -> None:
     variants = {"identical (shared prefill)": lambda r: [prompt(r, n, vocab)] * k,
                 "distinct, one pass": lambda r: [prompt(1000 * r + i, n, vocab) for i in range(k)]}
     if eng.decoder.fused:
+        variants["distinct, one pass, attention per prompt"] = variants["distinct, one pass"]
         variants["distinct, one by one"] = variants["distinct, one pass"]
+    padding = pf.PAD_SHORT_TMAX, pf.PAD_WASTE_LIMIT
     res: dict[str, list[float]] = {name: [] for name in variants}
     for r in range(a.rounds + 1):  # round 0 warms up
         for name, make in variants.items():
             eng.tuning = dataclasses.replace(batched, batched_prefill="one by one" not in name)
+            pf.PAD_SHORT_TMAX, pf.PAD_WASTE_LIMIT = (0, 0.0) if "per prompt" in name else padding
             t = round_ttft(eng, make(r))
             if r:
                 res[name].append(t)
     eng.tuning = batched
+    pf.PAD_SHORT_TMAX, pf.PAD_WASTE_LIMIT = padding
     info = eng.info()
     print(f"{info.model_name} on {info.device}, {info.dtype}: {k} prompts of {n} tokens, "
           f"median over {a.rounds} rounds of the round's mean TTFT")
     for name, xs in res.items():
-        print(f"  {name:28s} {statistics.median(xs):9.2f} ms   {['%.2f' % x for x in xs]}")
+        print(f"  {name:40s} {statistics.median(xs):9.2f} ms   {['%.2f' % x for x in xs]}")
 
 
 if __name__ == "__main__":

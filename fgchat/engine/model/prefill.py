@@ -227,8 +227,9 @@ def prefill_many_fused(
 ) -> list[torch.Tensor]:
     """Fused path, several prompts in one pass: [(ids [T_i], slot_i)] -> last logits [V] of each
     (float32). The per-token kernels and projections run once over all prompts' rows stacked
-    (one GEMM of sum T_i rows per weight instead of one per prompt); causal attention runs per
-    prompt on its own rows. Eager only (the row count varies), no padding."""
+    (one GEMM of sum T_i rows per weight instead of one per prompt); each prompt attends causally
+    to its own rows only (PaddedPrompts: one batched SDPA, or per prompt when padding would cost
+    too much). Eager only (the row count varies); projections see no padding."""
     for ids, slot in prompts:
         _check_prompt(dec, ids.shape[0], slot, k_caches)
     lens = [int(ids.shape[0]) for ids, _ in prompts]
@@ -259,6 +260,7 @@ def _fused_layers(dec: Decoder, ids: torch.Tensor, pos: torch.Tensor, slots: tor
     h = F.embedding(ids, w.embed)
     delta: torch.Tensor | None = None
     v_at = c.q_size + c.kv_size
+    padded = PaddedPrompts.build(spans, c.num_heads, c.num_kv_heads, c.head_dim, h.dtype, dev)
     for i, lw in enumerate(w.layers):
         h, x = fk.add_rms_norm(h, delta, lw.attn_norm, c.rms_eps, residual_dtype=dec.residual_dtype)
         qkv = F.linear(x, lw.wqkv, lw.bqkv)
@@ -268,6 +270,8 @@ def _fused_layers(dec: Decoder, ids: torch.Tensor, pos: torch.Tensor, slots: tor
         v = qkv[:, v_at:].view(n, c.num_kv_heads, c.head_dim)  # a strided view: no copy
         if spans is None:
             a = sdpa_causal(heads_first(q), heads_first(k), heads_first(v), dec.scale)
+        elif padded is not None:
+            a = padded.attention(q, k, v, dec.scale)
         else:
             a = torch.empty((n, c.q_size), dtype=qkv.dtype, device=dev)
             for s0, t in spans:
@@ -276,6 +280,59 @@ def _fused_layers(dec: Decoder, ids: torch.Tensor, pos: torch.Tensor, slots: tor
         h, x = fk.add_rms_norm(h, F.linear(a, lw.wo), lw.mlp_norm, c.rms_eps, residual_dtype=dec.residual_dtype)
         delta = F.linear(fk.silu_mul(F.linear(x, lw.w_gate_up)), lw.w_down)
     return h, delta
+
+
+# Several prompts' attention runs as one batched SDPA over right-padded prompts when the padding
+# wastes little (B * Tmax^2 <= PAD_WASTE_LIMIT * sum T^2) or the prompts are short (Tmax <=
+# PAD_SHORT_TMAX, where attention is cheap and per-prompt launches dominate); else once per prompt.
+PAD_WASTE_LIMIT = 2.0
+PAD_SHORT_TMAX = 256
+
+
+class PaddedPrompts:
+    """The round's prompts as a [B, Tmax] batch for one causal SDPA.
+
+    Prompt j's rows sit at padded rows j * Tmax + [0, T_j). Right padding is exact under the causal
+    mask: a real row attends only to earlier rows of its own prompt, all real. The pad rows of the
+    q/k/v buffers are zeroed once and never written (stale values there could be NaN, and 0 * NaN
+    is NaN even where the softmax weight is 0); their outputs are never read."""
+
+    def __init__(self, rows: torch.Tensor, b: int, tmax: int, hq: int, hkv: int, d: int,
+                 dtype: torch.dtype, device: torch.device) -> None:
+        self.rows, self.b, self.tmax = rows, b, tmax
+        self.q = torch.zeros((b * tmax, hq, d), dtype=dtype, device=device)
+        self.k = torch.zeros((b * tmax, hkv, d), dtype=dtype, device=device)
+        self.v = torch.zeros((b * tmax, hkv, d), dtype=dtype, device=device)
+
+    @classmethod
+    def build(cls, spans: list[tuple[int, int]] | None, hq: int, hkv: int, d: int, dtype: torch.dtype,
+              device: torch.device) -> PaddedPrompts | None:
+        """None for one prompt, or when padding would waste too much attention work."""
+        if not spans or len(spans) < 2:
+            return None
+        lens = [t for _, t in spans]
+        tmax = max(lens)
+        if tmax > PAD_SHORT_TMAX and len(lens) * tmax * tmax > PAD_WASTE_LIMIT * sum(t * t for t in lens):
+            return None
+        rows = torch.cat([torch.arange(t, dtype=torch.int64) + j * tmax for j, t in enumerate(lens)])
+        return cls(rows.to(device, non_blocking=True), len(lens), tmax, hq, hkv, d, dtype, device)
+
+    def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+        """q [n, Hq, D], k/v [n, Hkv, D] (the prompts' rows stacked) -> [n, Hq*D]."""
+        self.q.index_copy_(0, self.rows, q)
+        self.k.index_copy_(0, self.rows, k)
+        self.v.index_copy_(0, self.rows, v)
+        b, t = self.b, self.tmax
+        hq, hkv, d = self.q.shape[1], self.k.shape[1], self.q.shape[2]
+        q4, k4, v4 = (x.view(b, t, x.shape[1], d).transpose(1, 2) for x in (self.q, self.k, self.v))
+        gqa = hq != hkv
+        if gqa and q4.dtype not in _FLASH_DTYPES:  # as sdpa_causal: no fused float32 GQA backend
+            g = hq // hkv
+            k4 = k4[:, :, None].expand(b, hkv, g, t, d).reshape(b, hq, t, d)
+            v4 = v4[:, :, None].expand(b, hkv, g, t, d).reshape(b, hq, t, d)
+            gqa = False
+        a = F.scaled_dot_product_attention(q4, k4, v4, is_causal=True, scale=scale, enable_gqa=gqa)
+        return a.transpose(1, 2).reshape(b * t, hq * d).index_select(0, self.rows)
 
 
 def final_logits(dec: Decoder, h: torch.Tensor, delta: torch.Tensor | None) -> torch.Tensor:
