@@ -19,8 +19,8 @@
 #   tui     ITL median in the TUI vs headless per mode, batch 1 and 8 (scripts/tui_vs_headless.py;
 #           on the real weights when the put calls left them, else a random SmolLM2-shaped model)
 #   penalties  cost per decode step of repetition/presence/frequency penalties (1B, batch 1, 8)
-#   switches   FGCHAT_NORM_IN_PROJECTION off / on alternating (1B, SmolLM2, the real weights + their table)
-#   admission  TTFT of 8 prompts admitted together: shared prefill, one pass, one by one (1B)
+#   admission  TTFT of 8 prompts admitted together: shared prefill, one pass (attention padded or per
+#              prompt), one by one (1B)
 #   llamacpp   llama.cpp built from .llamacpp/src.tgz (carry it) and benched on random 1B / SmolLM2
 #              GGUFs (the build takes ~5 min: run it in a call of its own)
 set -u -o pipefail
@@ -106,21 +106,7 @@ for what in "$@"; do
             --repeats 2 --modes full,piecewise $pen
         done
       done ;;
-    switches)  # FGCHAT_NORM_IN_PROJECTION off / on, alternating processes, every mode (notes V29)
-      for i in $(seq "${SWITCH_ROUNDS:-2}"); do
-        for on in 0 1; do
-          for preset in llama-3.2-1b smollm2-135m; do
-            FGCHAT_NORM_IN_PROJECTION=$on bench new "norm-in-$on-$preset-$i" --preset $preset --random-weights \
-              --batch-sizes 1,8 --repeats 2
-          done
-          [[ -n $GGUF ]] && FGCHAT_NORM_IN_PROJECTION=$on bench new "norm-in-$on-embedded-$i" --model "$GGUF" \
-            --batch-sizes 1,8 --repeats 2 --modes full
-        done
-      done
-      [[ -n $GGUF ]] && FGCHAT_NORM_IN_PROJECTION=1 timeout 400 python3 scripts/check_real_weights.py \
-        --model "$GGUF" --json "$JSON/correctness-norm-in.json" 2>&1 | grep -v Loading \
-        | tee "$OUT/correctness-norm-in.log" | tail -30 ;;
-    admission)  # TTFT of a round of 8 prompts: shared, one pass, one by one (notes V27, V28)
+    admission)  # TTFT of a round of 8 prompts (notes V27, V28, V30)
       for len in 512 32; do
         timeout 300 python3 tools/ttft_admission.py --preset llama-3.2-1b --k 8 --prompt-len $len --rounds 5 \
           2>&1 | tee -a "$OUT/admission.log" | tail -4
