@@ -59,26 +59,30 @@ class KVCache:
         shape = (NUM_SLOTS, max_context, cfg.num_kv_heads, cfg.head_dim)
         self.max_context = max_context
         alloc = torch.zeros if device.type == "cuda" else torch.empty
+        layers = cfg.num_layers
         try:
-            self.k = [alloc(shape, device=device, dtype=dtype) for _ in range(cfg.num_layers)]
-            self.v = [alloc(shape, device=device, dtype=dtype) for _ in range(cfg.num_layers)]
+            # one allocation [2 x layers, *shape]: k[i] and v[i] are its contiguous views, so a copy
+            # across every layer (copy_prefix) is one indexed write
+            self.all = alloc((2 * layers, *shape), device=device, dtype=dtype)
+            self.k = list(self.all[:layers].unbind(0))
+            self.v = list(self.all[layers:].unbind(0))
         except Exception as exc:  # MemoryError, torch.OutOfMemoryError, CPU allocator RuntimeError
             if not is_out_of_memory(exc):
                 raise
             self.k = self.v = []
+            self.all = None
             raise FgchatError(
                 f"not enough {device.type} memory for a KV cache of {max_context} tokens x {NUM_SLOTS} slots; "
                 "lower --max-context"
             ) from None
 
     def copy_prefix(self, src: int, dst: list[int], length: int) -> None:
-        """Positions [0, length) of slot `src` into each slot of `dst`, every layer (one indexed
-        write per tensor). Positions >= length of `dst` are left as they are."""
+        """Positions [0, length) of slot `src` into each slot of `dst`, every layer, in one indexed
+        write. Positions >= length of `dst` are left as they are."""
         if not dst:
             return
-        index = torch.tensor(dst, dtype=torch.int64, device=self.k[0].device)
-        for cache in (*self.k, *self.v):
-            cache[index, :length] = cache[src, :length]
+        index = torch.tensor(dst, dtype=torch.int64, device=self.all.device)
+        self.all[:, index, :length] = self.all[:, src, :length].unsqueeze(1)
 
     @property
     def nbytes(self) -> int:
