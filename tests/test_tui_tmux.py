@@ -57,7 +57,7 @@ def test_k4_replies_decode_as_one_batch_in_tmux(tmp_path):
         for _ in range(3):
             tmux("send-keys", "-t", SESSION, "F4")
             time.sleep(0.3)
-        wait_until(lambda: "K 4" in screen() or "K=4" in screen(), "K = 4 shown", 10)
+        wait_until(lambda: "K 4" in screen() or "K=4" in screen(), "K = 4 shown", 30)
         tmux("send-keys", "-t", SESSION, "-l", "What is the capital of France?")
         tmux("send-keys", "-t", SESSION, "Enter")
 
