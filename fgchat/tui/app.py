@@ -10,10 +10,13 @@ The app composes components that each own their state:
 - `StoreGuard` (store_guard.py): chat store calls that never end the app.
 The app itself owns the layout, key bindings, the engine-event dispatch and exit.
 
-Data flow: the link's worker thread posts `EngineEvents`; the handler lets the link update its
-state, records every token and finished request in the latency log, then streams text into the
-replies' bubbles. A 10 Hz timer redraws the console when something shown changed (coalesced, so
-a fast stream never makes the UI fall behind); a separate 1 s timer appends --log-csv rows.
+Data flow: the link's worker thread posts `EngineEvents` (a fast stream's batches gathered into
+at most one message per frame); the handler lets the link update its state, records every
+token and finished request in the latency log, then buffers text in the replies' bubbles, drawn
+at most every TEXT_S (replies.py). A 10 Hz timer redraws the console when something shown
+changed (coalesced, so a fast stream never makes the UI fall behind); a separate 1 s timer
+appends --log-csv rows. What a token costs the UI thread is its share of one handler pass;
+redraws (each a layout of the whole screen) are paced by time, not by tokens.
 
 Invariants:
 - Nothing a user produced is lost: user turns are stored when sent, replies when they finish,
@@ -46,6 +49,7 @@ from textual.containers import Horizontal, Vertical
 from textual.content import Content
 from textual.css.query import NoMatches
 from textual.screen import Screen
+from textual.timer import Timer
 from textual.widgets import Footer, Header, Input, Static, TabbedContent
 
 from fgchat.engine.process import EngineProcess, startup_mark
@@ -178,6 +182,7 @@ class FgchatApp(App[int]):
         self.replies = Replies(self.link, self.sampling, self.guard)
         self.log_files = LogFiles(self.latency.log, self.settings, self.data_path, log_csv, self.notify)
         self._flushed = False
+        self._text_timer: Timer | None = None  # draws buffered reply text when it is due
         self.exit_signal: int | None = None  # SIGTERM/SIGHUP that ended the app, if one did
         self._previous_handlers: dict[int, object] = {}
         # run_tui sets it: after a signal, os._exit if the UI has not closed in SHUTDOWN_GRACE_S
@@ -262,10 +267,39 @@ class FgchatApp(App[int]):
                 self.notify(change.reason, title=f"running {change.mode}", severity="warning", timeout=6)
         if update.mode_changes:
             self._update_subtitle()
-        await self.replies.stream(texts)
+        if self.replies.buffer(texts):
+            await self._show_text()
+        else:
+            self._schedule_text()
         await self._apply_endings(update)
         if not self.replies:
             self.latency.idle()
+
+    async def _show_text(self) -> None:
+        """Draw the replies' buffered text (Replies paces it: at most every TEXT_S), and the
+        console when its redraw is due, as one batch: one layout of the screen for all."""
+        if self._text_timer is not None:
+            self._text_timer.stop()
+            self._text_timer = None
+        if self._flushed or not self.screen_stack:  # exiting: replies are stored, nothing to draw
+            return
+        started = time.thread_time()
+        with self.batch_update():
+            await self.replies.show()
+            self._redraw(early=REFRESH_S / 2)  # the console in the same frame when nearly due
+        if self.screen_stack:
+            self.screen.check_idle()  # the frame held back by the batch
+        self.call_after_refresh(lambda: self.replies.drawn(time.thread_time() - started))
+
+    def _schedule_text(self) -> None:
+        """Buffered text not due yet: one timer draws it when it is."""
+        delay = self.replies.show_in()
+        if delay is not None and self._text_timer is None:
+            self._text_timer = self.set_timer(delay, self._text_due)
+
+    async def _text_due(self) -> None:
+        self._text_timer = None
+        await self._show_text()
 
     async def _apply_endings(self, update: EngineUpdate) -> None:
         for ev in update.endings:
@@ -323,10 +357,12 @@ class FgchatApp(App[int]):
             last_export=self.log_files.last_export,
         )
 
-    def _redraw(self) -> None:
+    def _redraw(self, early: float = 0.0) -> None:
+        """The console, when something shown changed and a rebuild is due (or due within
+        `early` seconds)."""
         if self._flushed:
             return
-        view = self.latency.rebuild(self._panel_status())
+        view = self.latency.rebuild(self._panel_status(), early)
         if view is None:
             return
         try:
@@ -493,6 +529,9 @@ class FgchatApp(App[int]):
         if self._flushed:
             return
         self._flushed = True
+        if self._text_timer is not None:
+            self._text_timer.stop()
+            self._text_timer = None
         self.guard.quiet = True
         self.replies.interrupt_all(self._log_problem)
         self.log_files.close()

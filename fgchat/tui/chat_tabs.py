@@ -12,7 +12,7 @@ Invariants:
 
 from __future__ import annotations
 
-from textual.widgets import TabbedContent, TabPane
+from textual.widgets import ContentSwitcher, TabbedContent, TabPane
 
 from fgchat.tui.chat_view import ChatView
 from fgchat.tui.dialogs import OpenChatScreen, SystemPromptScreen
@@ -32,7 +32,10 @@ class ChatTabs(TabbedContent):
 
     # ---- tabs ----------------------------------------------------------------------------
     def views(self) -> list[ChatView]:
-        return list(self.query(ChatView))
+        """The chat views in tab order. Walks the panes only: a query over all descendants
+        would visit every Markdown block of every chat (the console's redraw calls this)."""
+        return [child for pane in self.get_child_by_type(ContentSwitcher).children
+                for child in pane.children if isinstance(child, ChatView)]
 
     @property
     def current(self) -> ChatView | None:

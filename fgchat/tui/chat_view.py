@@ -1,10 +1,22 @@
-"""One conversation on screen: system prompt line, user turns, streaming Markdown replies."""
+"""One conversation on screen: system prompt line, user turns, streaming Markdown replies.
+
+Invariants:
+- A bubble's `text` is everything received for it; `buffer` adds to it without drawing,
+  `show_pending` appends what the Markdown widget has not got yet, so the caller decides how
+  often a streamed reply is redrawn (each redraw lays the screen out again).
+- Every bubble's Markdown uses one shared parser (Textual's default builds a new one for every
+  append, which costs more than parsing a streamed fragment).
+"""
 
 from __future__ import annotations
 
+import asyncio
+
+from markdown_it import MarkdownIt
 from textual.app import ComposeResult
 from textual.containers import Vertical, VerticalScroll
 from textual.content import Content
+from textual.geometry import Size
 from textual.widgets import Markdown, Static
 
 from fgchat.tui.store import Conversation, StoredMessage
@@ -17,6 +29,13 @@ def sanitize(text: str) -> str:
     return text.translate(_CONTROL)
 
 
+_PARSER = MarkdownIt("gfm-like")  # Textual's default parser; parse() keeps no state between calls
+
+
+def _shared_parser() -> MarkdownIt:
+    return _PARSER
+
+
 class MessageBubble(Vertical):
     """A user turn (plain text) or an assistant reply (Markdown, streamed while it is generated)."""
 
@@ -27,22 +46,22 @@ class MessageBubble(Vertical):
         self.text = text  # everything received so far (raw, as the engine produced it)
         self.streaming = streaming
         self.status = "generating…" if streaming else ""
-        self._stream = None
+        self._writing = asyncio.Lock()  # one Markdown append (or update) at a time, in order
         self._body_md: Markdown | None = None
         self._shown = 0  # characters of self.text already handed to the Markdown widget
-        self.appends = 0  # streamed fragments received (each engine poll batch adds one)
+        self.appends = 0  # streamed fragments received (each engine batch with text adds one)
 
     def compose(self) -> ComposeResult:
         yield Static(self._header(), classes="bubble-header")
         if self.role == "user":
             yield Static(Content(sanitize(self.text)), classes="bubble-body")
         else:
-            self._body_md = Markdown(sanitize(self.text), classes="bubble-body")
+            self._body_md = Markdown(sanitize(self.text), classes="bubble-body", parser_factory=_shared_parser)
             self._shown = len(self.text)
             yield self._body_md
 
     def on_mount(self) -> None:
-        self.call_after_refresh(self._write_pending)  # text that arrived while mounting
+        self.call_after_refresh(self.show_pending)  # text that arrived while mounting
 
     def _header(self) -> Content:
         style = "bold $primary" if self.role == "user" else "bold $accent"
@@ -54,25 +73,24 @@ class MessageBubble(Vertical):
         if self.is_mounted:
             self.query_one(".bubble-header", Static).update(self._header())
 
-    async def append(self, text: str) -> None:
-        """Append streamed text (MarkdownStream coalesces when the widget falls behind).
+    def buffer(self, text: str) -> None:
+        """Add streamed text without drawing it (`show_pending` does)."""
+        if text:
+            self.text += text
+            self.appends += 1
 
-        Text that arrives before the Markdown widget is mounted is kept and written later."""
-        if not text:
-            return
-        self.text += text
-        self.appends += 1
-        await self._write_pending()
-
-    async def _write_pending(self) -> None:
-        markdown = self._body_md
-        if markdown is None or not markdown.is_mounted or self._shown >= len(self.text):
-            return
-        if self._stream is None:
-            self._stream = Markdown.get_stream(markdown)
-        fragment = self.text[self._shown:]
-        self._shown = len(self.text)
-        await self._stream.write(sanitize(fragment))
+    async def show_pending(self) -> None:
+        """Append the text not shown yet to the Markdown widget and wait for it to be laid out
+        (the caller paces this; a batch of them shares one frame). Appends of one bubble run
+        one at a time, in order. Text that arrives before the Markdown widget is mounted is
+        kept and written once it is."""
+        async with self._writing:
+            markdown = self._body_md
+            if markdown is None or not markdown.is_mounted or self._shown >= len(self.text):
+                return
+            fragment = self.text[self._shown:]
+            self._shown = len(self.text)
+            await markdown.append(sanitize(fragment))
 
     async def finish(self, status: str, final_text: str | None = None) -> None:
         """Stop streaming; make sure the shown text equals `final_text` (the engine's summary)."""
@@ -80,19 +98,14 @@ class MessageBubble(Vertical):
         self.set_status(status)  # before any await: the bubble's state is final at once
         if final_text is not None and final_text != self.text:
             if final_text.startswith(self.text):
-                await self.append(final_text[len(self.text):])
+                self.buffer(final_text[len(self.text):])
             else:
                 self.text = final_text
-                if self._stream is not None:
-                    await self._stream.stop()
-                    self._stream = None
-                if self._body_md is not None and self._body_md.is_mounted:
-                    await self._body_md.update(sanitize(final_text))
-                    self._shown = len(final_text)
-        await self._write_pending()
-        if self._stream is not None:
-            await self._stream.stop()
-            self._stream = None
+                async with self._writing:
+                    if self._body_md is not None and self._body_md.is_mounted:
+                        await self._body_md.update(sanitize(final_text))
+                        self._shown = len(final_text)
+        await self.show_pending()
 
 
 class ChatView(VerticalScroll):
@@ -114,9 +127,13 @@ class ChatView(VerticalScroll):
         """The view changed size (terminal, panel toggled): keep following the end."""
         self.follow()
 
-    def watch_virtual_size(self) -> None:
+    def watch_virtual_size(self, old: Size, new: Size) -> None:
         """The content changed size (streamed text, Markdown blocks mounted after their parse,
-        a re-wrap): keep following the end once this layout is done."""
+        a re-wrap): keep following the end once this layout is done. Content growing under an
+        anchored view needs nothing (Textual keeps the end in view, and `follow` would change
+        nothing); skipping it saves asking the compositor for regions on every streamed redraw."""
+        if self.is_anchored and new.height >= old.height:
+            return
         self.call_after_refresh(self.follow)
 
     def on_show(self) -> None:

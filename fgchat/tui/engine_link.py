@@ -1,11 +1,15 @@
 """The app's link to the engine: the handle (EngineProcess or anything with its interface), the
 polling thread, and what the engine last said about itself (state, mode, info).
 
-A worker thread polls the handle's event pipe and posts each batch as an `EngineEvents` message
+A worker thread polls the handle's event pipe and posts what it got as an `EngineEvents` message
 to the app; the app's handler calls `apply`, which updates this object's state and returns the
 batch sorted for the other components (`EngineUpdate`).
 
 Invariants:
+- Every event is posted once, in order. Messages go at most every POST_S: events arriving
+  sooner after the previous post are gathered into the next one, so a GPU-rate stream (a step
+  every 2-3 ms) costs the UI one handler pass per frame, not one per step. Events after a quiet
+  POST_S (a first token, a lone event) are posted at once; a fatal error never waits.
 - Each start bumps `generation`; batches of a replaced engine are dropped by `apply`.
 - `state` is "starting" until the engine's EngineInfo arrives ("ready"), "failed" from its
   first fatal EngineError until a restart; `error` says why in one line.
@@ -45,7 +49,12 @@ from fgchat.protocol.events import (
 from fgchat.tui.messages import EngineEvents
 
 POLL_S = 0.05
+POST_S = 0.016  # at most one EngineEvents message per frame (~60 Hz)
 REMOTE_MODES = "the server decides how it runs"  # why a mode is unavailable on an endpoint
+
+
+def _fatal(events: list) -> bool:
+    return any(isinstance(ev, EngineError) and ev.fatal for ev in events)
 
 
 @dataclass
@@ -83,6 +92,7 @@ class EngineLink:
         configured = getattr(config, "mode", None)
         self.requested_mode: Mode | None = Mode(configured) if configured in MODES else None
         self.mode_note = ""  # why the engine did not switch as asked ("" when it did)
+        self.posted = 0  # EngineEvents messages posted (all engines of this link)
 
     # ---- lifecycle -----------------------------------------------------------------------
     def start(self) -> None:
@@ -104,12 +114,21 @@ class EngineLink:
 
     def _poll(self, handle, generation: int) -> None:
         worker = get_current_worker()
+        posted_at = 0.0
         while not worker.is_cancelled:
             events = handle.get_events(POLL_S)
             if not events:
                 continue
+            fatal = _fatal(events)
+            due = posted_at + POST_S
+            while not fatal and not worker.is_cancelled and (wait := due - time.monotonic()) > 0:
+                more = handle.get_events(wait)
+                events.extend(more)
+                fatal = _fatal(more)
+            self.posted += 1
             self.app.post_message(EngineEvents(events, generation))
-            if any(isinstance(ev, EngineError) and ev.fatal for ev in events):
+            posted_at = time.monotonic()
+            if fatal:
                 return
 
     def restart(self) -> None:

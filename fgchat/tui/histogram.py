@@ -140,6 +140,7 @@ class ModeHistograms(Widget):
         self.counts: dict[str, np.ndarray] = {}  # last drawn counts per mode (tests, export)
         self.edges: np.ndarray | None = None  # last drawn edges (+inf last with an overflow bin)
         self.overflow: dict[str, int] = {}  # samples per mode beyond the axis (in the overflow bin)
+        self._height = 0  # lines of the last render
 
     def set_data(
         self, series: Mapping[str, np.ndarray], unavailable: Mapping[str, str], current_mode: str
@@ -147,14 +148,16 @@ class ModeHistograms(Widget):
         self.series = {m: np.asarray(series.get(m, np.empty(0)), dtype=np.float64) for m in MODES}
         self.unavailable = dict(unavailable)
         self.current_mode = current_mode
-        self.refresh(layout=True)
+        self.refresh()  # a repaint; `render` asks for a layout when the height changes
 
     @property
     def total(self) -> int:
         return int(sum(len(v) for v in self.series.values()))
 
     def render(self) -> Content:
-        width = max(self.size.width, LABEL_WIDTH + 8)
+        # outer_size, not size: no gutter here, and `size` asks the compositor for this widget's
+        # region, which rebuilds the whole screen's map after any off-screen widget changed
+        width = max(self.outer_size.width, LABEL_WIDTH + 8)
         bins = max(4, width - LABEL_WIDTH)
         rows = max(1, self.rows_per_mode)
         populated = {m: v for m, v in self.series.items() if v.size}
@@ -194,6 +197,9 @@ class ModeHistograms(Widget):
         lines.append(self._axis(edges, bins, has_overflow))
         if has_overflow:
             lines.append(self._overflow_line(edges, bins))
+        if len(lines) != self._height:  # the overflow line came or went (or rows changed)
+            self._height = len(lines)
+            self.call_later(self.refresh, layout=True)
         return Content("\n").join(lines)
 
     def overflow_label(self) -> str:

@@ -81,12 +81,13 @@ class LatencyConsole:
         self.batch_size_now = 0
 
     # ---- view ----------------------------------------------------------------------------
-    def rebuild(self, status: PanelStatus) -> PanelView | None:
-        """A new view when something shown changed and the throttle allows; else None."""
+    def rebuild(self, status: PanelStatus, early: float = 0.0) -> PanelView | None:
+        """A new view when something shown changed and the throttle allows (a rebuild due
+        within `early` seconds counts as due); else None."""
         now = time.monotonic()
         key = (status, self.log.token_count, self.log.request_count, self.batch_size_now,
                int(status.starting_s) if status.engine_state == "starting" else 0)
-        if key == self._shown or now < self._next_build:
+        if key == self._shown or now + early < self._next_build:
             return None
         self._shown = key
         self.view = self.build(status)

@@ -2,7 +2,9 @@
 tokens per second, a sparkline of recent inter-token latencies, graph capture cost.
 
 The app's `LatencyConsole` computes a `PanelView` at most ~10 times a second (coalesced) and
-hands it over; the panel only formats. Nothing here touches the engine.
+hands it over; the panel only formats. Nothing here touches the engine. A redraw lays the screen
+out only when a line's shape changes (its line count, the panel's width, a line that wraps) or
+the histograms' height does; otherwise it only repaints (a layout visits every widget on screen).
 
 With a remote endpoint (EngineInfo.endpoint) every timing is measured at the client: the panel
 says so on its first line, and lines whose figures the server does not report (GPU time, launch
@@ -15,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from rich.cells import cell_len
 from textual.app import ComposeResult
 from textual.containers import VerticalScroll
 from textual.content import Content
@@ -67,6 +70,7 @@ class LatencyPanel(VerticalScroll):
         super().__init__(id=id)
         self.view = PanelView()
         self._texts: dict[str, str] = {}
+        self._shapes: dict[str, tuple[int, int, bool]] = {}  # per line: (lines, width, too wide)
 
     def compose(self) -> ComposeResult:
         yield Static(id="timing-note")
@@ -87,11 +91,17 @@ class LatencyPanel(VerticalScroll):
         """Re-layout for the new width/height at once, also while idle (no new tokens)."""
         self.show(self.view)
 
+    def content_width(self) -> int:
+        """Columns for text: scrollable_content_region's width, from the size the last layout
+        gave this widget (asking the compositor for the region can rebuild the whole screen's
+        map after any off-screen widget changed)."""
+        return max(0, self.outer_size.width - self.styles.gutter.width - self.scrollbar_gutter.width)
+
     # ---- formatting ---------------------------------------------------------------------
     def show(self, view: PanelView) -> None:
         self.view = view
         available = dict(view.unavailable)
-        width = self.scrollable_content_region.width or 40
+        width = self.content_width() or 40
         endpoint = view.info.endpoint if view.info else ""
         self._set("timing-note", self._timing_note(endpoint))
         self._set("mode-bar", self._mode_bar(view, available, width))
@@ -111,12 +121,18 @@ class LatencyPanel(VerticalScroll):
         self._set("export-line", self._export_line(view.last_export, width))
 
     def _set(self, widget_id: str, content: Content) -> None:
+        """Show `content` in a line's Static. A layout of the screen only when its shape
+        (lines, width) changed or a line wraps: most redraws only change numbers."""
         key = content.markup if isinstance(content, Content) else str(content)
         if self._texts.get(widget_id) == key:
             return
         self._texts[widget_id] = key
+        width = self.content_width()
+        lines = content.plain.split("\n")
+        shape = (len(lines), width, any(cell_len(line) > width for line in lines))
         widget = self.query_one(f"#{widget_id}", Static)
-        widget.update(content)
+        widget.update(content, layout=shape[2] or self._shapes.get(widget_id) != shape)
+        self._shapes[widget_id] = shape
         widget.display = bool(content.plain.strip()) or widget_id not in HIDEABLE
 
     def text_of(self, widget_id: str) -> str:

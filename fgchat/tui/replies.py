@@ -10,10 +10,16 @@ Invariants:
 - The K replies of one prompt go to the engine as one command (`EngineLink.submit`), after all K
   bubbles exist: the engine admits and prefills them in one round, so they decode at batch K
   from their first step.
+- Streamed text is buffered in the bubbles and drawn in one pass for all replies (one layout of
+  the screen for all of them, however fast the tokens come), at most every TEXT_S, and no more
+  often than keeps drawing (the pass and its frame, `drawn`) under DRAW_SHARE of the UI thread;
+  a reply's first text, and text after such a pause, is drawn at once. A reply that ends is
+  drawn complete when it ends.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
@@ -23,6 +29,9 @@ from fgchat.tui.engine_link import EngineLink
 from fgchat.tui.sampling import SamplingChoice
 from fgchat.tui.store import Conversation, StoredMessage
 from fgchat.tui.store_guard import StoreGuard
+
+TEXT_S = 0.05  # streamed text is redrawn at most this often (20 Hz)
+DRAW_SHARE = 0.5  # ... and less often when a redraw costs more than this share of the UI thread
 
 
 @dataclass
@@ -54,6 +63,9 @@ class Replies(Mapping[int, Reply]):
         self._active: dict[int, Reply] = {}
         self._next_rid = 1
         self._rid_chat: dict[int, str] = {}  # every request id ever sent -> its chat id
+        self._unshown: set[int] = set()  # replies whose bubble holds text not drawn yet
+        self._shown_at = 0.0  # time.monotonic() of the last `show`
+        self._gap = TEXT_S  # seconds from one `show` to the next: TEXT_S or more (`drawn`)
 
     # ---- mapping -------------------------------------------------------------------------
     def __getitem__(self, rid: int) -> Reply:
@@ -106,15 +118,41 @@ class Replies(Mapping[int, Reply]):
                     texts.setdefault(ev.request_id, []).append(ev.text)
         return {rid: "".join(parts) for rid, parts in texts.items()}
 
-    async def stream(self, texts: dict[int, str]) -> None:
-        """Show new text in the replies' bubbles (their chat view follows the end)."""
+    def buffer(self, texts: dict[int, str]) -> bool:
+        """Add new text to the replies' bubbles without drawing it. True when it is due now:
+        a reply's first text, or the gap since the last `show` passed; else `show_in()` says when."""
+        first = False
         for rid, text in texts.items():
             reply = self._active.get(rid)
+            if reply is not None and text:
+                first = first or not reply.bubble.text
+                reply.bubble.buffer(text)
+                self._unshown.add(rid)
+        return bool(self._unshown) and (first or self.show_in() == 0.0)
+
+    def show_in(self) -> float | None:
+        """Seconds until buffered text is due (0.0: now); None when nothing waits."""
+        if not self._unshown:
+            return None
+        return max(0.0, self._shown_at + self._gap - time.monotonic())
+
+    def drawn(self, cost_s: float) -> None:
+        """The last `show` and its frame took `cost_s` of the UI thread's CPU: space the next
+        so that drawing stays under DRAW_SHARE of it."""
+        self._gap = max(TEXT_S, cost_s / DRAW_SHARE)
+
+    async def show(self) -> None:
+        """Draw the buffered text of every reply (their chat views follow the end)."""
+        self._shown_at = time.monotonic()
+        unshown, self._unshown = self._unshown, set()
+        for rid in unshown:
+            reply = self._active.get(rid)
             if reply is not None:
-                await reply.bubble.append(text)
+                await reply.bubble.show_pending()
 
     async def finish(self, summary: RequestSummary) -> None:
         reply = self._active.pop(summary.request_id, None)
+        self._unshown.discard(summary.request_id)
         if reply is None:
             return
         # store first (synchronously): nothing is lost if the UI update below is interrupted;
@@ -128,6 +166,7 @@ class Replies(Mapping[int, Reply]):
 
     async def fail(self, rid: int, message: str) -> None:
         reply = self._active.pop(rid, None)
+        self._unshown.discard(rid)
         if reply is None:
             return
         self._persist(reply, reply.bubble.text, {"finish": "error", "error": message, "tokens": reply.tokens})
@@ -152,6 +191,7 @@ class Replies(Mapping[int, Reply]):
             self.link.cancel(reply.rid)
             self._persist(reply, reply.bubble.text, {"finish": "cancelled", "tokens": reply.tokens})
             del self._active[reply.rid]
+            self._unshown.discard(reply.rid)
 
     def interrupt_all(self, log: Callable[[str], None]) -> None:
         """The app exits: store every reply in flight as it is (finish "interrupted")."""
@@ -161,6 +201,7 @@ class Replies(Mapping[int, Reply]):
             except Exception as exc:
                 log(f"could not save an interrupted reply: {exc!r}")
         self._active.clear()
+        self._unshown.clear()
 
     def _persist(self, reply: Reply, text: str, meta: dict) -> None:
         meta = {**meta, "rid": reply.rid}

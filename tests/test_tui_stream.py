@@ -1,0 +1,101 @@
+"""A GPU-rate token stream through the TUI: a fake engine handle emits K=8 replies' tokens a
+step every millisecond, and nothing shown may be lost on the way (every token in the latency
+log, every reply's full text in its Markdown widget), while the poll thread gathers the steps
+into few messages (at most one per POST_S) instead of one per step.
+
+No assertion depends on how fast this machine is: a slower UI only gathers more per message.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from fgchat.engine.core import EngineConfig
+from fgchat.protocol.events import EngineInfo, Mode, RequestFinished, RequestSummary, SamplingParams, TokenEvent
+from fgchat.tui import engine_link
+from fgchat.tui.app import FgchatApp
+from fgchat.tui.messages import EngineEvents
+from test_tui import data_dir, wait_for  # noqa: F401
+from test_tui_endpoint import EndpointHandle
+
+pytestmark = pytest.mark.timeout(90)
+
+K = 8
+N = 160  # tokens per reply
+
+
+def token_text(i: int) -> str:
+    return f"w{i}" + (".\n\n" if i % 40 == 39 else " ")
+
+
+class FastHandle(EndpointHandle):
+    """EngineProcess's interface (the endpoint test's double, local this time); each prompt's
+    replies decode together, one step a millisecond."""
+
+    def start(self) -> None:
+        self.events.put(EngineInfo(
+            model_name="fast", architecture="llama", device="cuda", dtype="bfloat16", max_context=4096,
+            num_layers=2, attention_backend="triton", available_modes={}, mode=Mode.FULL))
+
+    def submit_chats(self, messages, requests) -> None:
+        threading.Thread(target=self._stream, args=([rid for rid, _ in requests],), daemon=True).start()
+
+    def _stream(self, rids: list[int]) -> None:
+        for i in range(N):
+            time.sleep(0.001)
+            now = time.monotonic_ns()
+            for rid in rids:
+                self.events.put(TokenEvent(
+                    request_id=rid, token_index=i, token_id=100 + i, text=token_text(i), mode=Mode.FULL,
+                    batch_size=len(rids), t_ns=now, itl_ms=None if i == 0 else 1.0, gpu_step_ms=0.9,
+                    is_first_token=i == 0, position=5 + i, graph=f"full/b{len(rids)}",
+                    launch_ms=None if i == 0 else 0.02))
+        text = "".join(token_text(i) for i in range(N))
+        for rid in rids:
+            self.events.put(RequestFinished(RequestSummary(
+                request_id=rid, prompt_tokens=5, output_tokens=N, ttft_ms=2.0, tpot_ms=1.0,
+                e2e_ms=2.0 + N - 1, finish_reason="length", text=text)))
+
+
+async def test_every_token_of_a_fast_k8_stream_is_logged_and_shown_from_few_messages(data_dir):
+    app = FgchatApp(EngineConfig(model="fast"), engine_factory=lambda cfg: FastHandle(),
+                    sampling=SamplingParams(max_tokens=N, ignore_eos=True))
+    posted_at: list[float] = []
+    post = app.post_message
+
+    def post_message(message) -> bool:  # called on the poll thread
+        if isinstance(message, EngineEvents):
+            posted_at.append(time.monotonic())
+        return post(message)
+
+    app.post_message = post_message
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: app.link.state == "ready", "the engine's info", 10)
+        app.set_samples(K)
+        first_post = len(posted_at)
+        assert await app.send_prompt("go")
+        await wait_for(pilot, lambda: app.latency.log.request_count == K and not app.replies, "the replies", 60)
+
+        tokens = app.latency.log.tokens_since(0)
+        assert len(tokens) == K * N
+        by_request: dict[int, list[int]] = {}
+        for t in tokens:
+            by_request.setdefault(t.request_id, []).append(t.token_index)
+        assert len(by_request) == K
+        assert all(indices == list(range(N)) for indices in by_request.values())
+
+        expected = "".join(token_text(i) for i in range(N))
+        bubbles = [b for b in app.chats.current.bubbles() if b.role == "assistant"]
+        assert len(bubbles) == K
+        for bubble in bubbles:
+            assert bubble.text == expected
+            assert bubble._body_md.source == expected  # all of it handed to the Markdown widget
+
+        stream_posts = posted_at[first_post:]
+        assert len(stream_posts) < N / 2, "the poll thread should gather steps into fewer messages"
+        gaps = [b - a for a, b in zip(stream_posts, stream_posts[1:])]
+        assert min(gaps) >= engine_link.POST_S * 0.9, "messages come at most every POST_S"
+        assert app.link.posted == len(posted_at)
