@@ -66,7 +66,8 @@ class PtyApp:
     def __init__(self, model: Path, data: Path, log_csv: Path) -> None:
         self.master, slave = pty.openpty()
         fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
-        env = dict(os.environ, FGCHAT_DATA_DIR=str(data), TERM="xterm-256color")
+        # slow-steps: the tiny model's reply outlasts --log-csv's 1 s sync, so a signal lands mid-reply
+        env = dict(os.environ, FGCHAT_DATA_DIR=str(data), TERM="xterm-256color", FGCHAT_FAULT="slow-steps")
         for name in ("TEXTUAL", "COLUMNS", "LINES"):
             env.pop(name, None)
 

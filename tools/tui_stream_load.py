@@ -22,6 +22,7 @@ Headless: the compositor renders every frame but nothing is written to a termina
 of a real terminal's output is not included.
 
 Usage: python tools/tui_stream_load.py [--itl-ms 3] [--tokens 256] [--k 8] [--rounds 3]
+       [--device-name cpu]
 """
 
 from __future__ import annotations
@@ -57,9 +58,9 @@ def token_text(i: int) -> str:
     return text + (".\n\n" if i % PARAGRAPH == PARAGRAPH - 1 else "")
 
 
-def _engine_main(commands, events, itl_ms: float, tokens: int) -> None:
+def _engine_main(commands, events, itl_ms: float, tokens: int, device: str) -> None:
     """Child process: EngineInfo, then a paced stream for each SubmitChats, until Shutdown."""
-    events.send([EngineInfo(model_name="paced", architecture="llama", device="cuda", dtype="bfloat16",
+    events.send([EngineInfo(model_name="paced", architecture="llama", device=device, dtype="bfloat16",
                             max_context=4096, num_layers=16, attention_backend="triton",
                             available_modes={}, mode=Mode.FULL)])
     step_ns = int(itl_ms * 1e6)
@@ -96,9 +97,9 @@ class PacedEngine(EngineProcess):
     """EngineProcess with `_engine_main` as its child instead of the engine: the UI side (command
     queue, event pipe, receiving, shutdown) is EngineProcess's own."""
 
-    def __init__(self, itl_ms: float, tokens: int) -> None:
+    def __init__(self, itl_ms: float, tokens: int, device: str) -> None:
         super().__init__(config=None)
-        self.stream = (itl_ms, tokens)
+        self.stream = (itl_ms, tokens, device)
 
     def _start(self) -> None:
         self._commands = self._ctx.Queue()
@@ -151,7 +152,7 @@ class RoundProbe:
 
 
 async def run(args: argparse.Namespace) -> list[dict[str, float]]:
-    handle = PacedEngine(args.itl_ms, args.tokens)
+    handle = PacedEngine(args.itl_ms, args.tokens, args.device_name)
     data = Path(tempfile.mkdtemp(prefix="fgchat-load-"))
     app = FgchatApp(EngineConfig(model="paced"), engine_factory=lambda cfg: handle, data_path=data,
                     sampling=SamplingParams(max_tokens=args.tokens, ignore_eos=True))
@@ -203,6 +204,8 @@ def main() -> None:
                         help="every round in the first chat (it grows) instead of a new chat each")
     parser.add_argument("--width", type=int, default=160, help="terminal size of the headless app")
     parser.add_argument("--height", type=int, default=48)
+    parser.add_argument("--device-name", default="NVIDIA H200",
+                        help="the device the fake engine reports ('cpu': the UI paces itself as beside a CPU engine)")
     args = parser.parse_args()
     rows = asyncio.run(run(args))
     if len(rows) > 1:

@@ -115,6 +115,11 @@ class Engine:
             self.notes.append(f"{exc}; running {ev.mode}")
         if ev.reason:
             self.notes.append(ev.reason)
+        # test fault injection (FGCHAT_FAULT=slow-steps): each step takes 5 ms longer, so a small
+        # model's reply lasts long enough for tests that act while it streams
+        from fgchat.engine.startup_check import FAULT_ENV
+
+        self._step_delay_s = 0.005 if os.environ.get(FAULT_ENV, "") == "slow-steps" else 0.0
         self.startup_check: StartupCheck | None = None
         if self._wants_startup_check():
             from fgchat.engine import startup_check
@@ -299,6 +304,8 @@ class Engine:
         launched first, fed the in-flight step's tokens on the device, and the in-flight step is
         read afterwards, so host work overlaps GPU work. Its events then arrive one call later.
         """
+        if self._step_delay_s:
+            time.sleep(self._step_delay_s)
         if self.scheduler.waiting and self.scheduler.free_slots:
             self._drain()  # host staging and prefill need the in-flight step's tokens
             self._admit()

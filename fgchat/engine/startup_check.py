@@ -35,7 +35,8 @@ CHECK_MESSAGE = "Hi! In one sentence, what can you do?"
 # measured 0.5-6% against float32 (SmolLM2-135M, 8 prompts); a wrong kernel gives tens of percent.
 MAX_REL_ERR = {torch.float32: 0.01, torch.float16: 0.12, torch.bfloat16: 0.12}
 MIN_TOP5_OVERLAP = 3
-# Fault injection for tests: FGCHAT_FAULT=startup-check perturbs the first checked path's logits.
+# Fault injection for tests: FGCHAT_FAULT=startup-check perturbs the first checked path's logits;
+# FGCHAT_FAULT=slow-steps makes every engine step 5 ms longer (Engine.step).
 FAULT_ENV = "FGCHAT_FAULT"
 
 

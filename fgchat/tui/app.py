@@ -61,12 +61,12 @@ from fgchat.tui.chat_tabs import ChatTabs
 from fgchat.tui.dialogs import ExportScreen, SamplingScreen
 from fgchat.tui.engine_link import EngineLink, EngineUpdate
 from fgchat.tui.help_screen import HelpScreen
-from fgchat.tui.latency_console import REFRESH_S, LatencyConsole, PanelStatus
+from fgchat.tui.latency_console import CPU_REFRESH_S, REFRESH_S, LatencyConsole, PanelStatus
 from fgchat.tui.latency_panel import LatencyPanel
 from fgchat.tui.log_files import SYNC_S, LogFiles
 from fgchat.tui.messages import EngineEvents
 from fgchat.tui.palette import fgchat_commands
-from fgchat.tui.replies import Replies
+from fgchat.tui.replies import CPU_DRAW_SHARE, Replies
 from fgchat.tui.sampling import MAX_SAMPLES, SamplingChoice
 from fgchat.tui.store import ChatStore, Settings, usable_data_dir
 from fgchat.tui.store_guard import StoreGuard, log_problem
@@ -315,6 +315,8 @@ class FgchatApp(App[int]):
     def _engine_ready(self) -> None:
         startup_mark("ui: ready")
         info = self.link.info
+        if info.device == "cpu":  # the engine computes on the cores this UI runs on: draw less often
+            self.replies.draw_share, self.latency.refresh_s = CPU_DRAW_SHARE, CPU_REFRESH_S
         self.sampling.set_defaults(info.sampling_defaults, info.sampling_source)
         self.refresh_bindings()  # mode keys of an endpoint
         self._update_subtitle()

@@ -6,7 +6,8 @@ Invariants:
   sparkline are all windows of its records (`LatencyLog.recent_itl`, `tokens_since`); nothing
   keeps a second copy of the ITLs.
 - Every token and finished request is recorded here before any UI shows it.
-- Rebuilding is coalesced and throttled: only when something shown changed, and at most ~20% of
+- Rebuilding is coalesced and throttled: only when something shown changed, at most every
+  `refresh_s` (longer while the engine computes on this machine's CPU), and at most ~20% of
   the UI thread, so a fast token stream never makes the UI fall behind; the windows keep each
   rebuild O(window), whatever the log's length.
 """
@@ -28,6 +29,7 @@ STATS_WINDOW_REQUESTS = 1_000
 HIST_WINDOW = 5_000  # each mode's histogram shows that mode's latest inter-token latencies
 RECENT_ITL = 240  # the sparkline's latest inter-token latencies (any mode)
 REFRESH_S = 0.1
+CPU_REFRESH_S = 0.5  # while the engine computes on this machine's CPU (it needs the cores)
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,7 @@ class LatencyConsole:
         self.view = PanelView()
         self._shown: tuple | None = None  # what the current view was built from
         self._next_build = 0.0  # monotonic time before which no rebuild starts
+        self.refresh_s = REFRESH_S  # shortest time between rebuilds (CPU_REFRESH_S: engine on CPU)
 
     # ---- recording -----------------------------------------------------------------------
     def record_tokens(self, tokens: list[TokenEvent], chat_of, endpoint: str = "") -> None:
@@ -92,7 +95,7 @@ class LatencyConsole:
         self._shown = key
         self.view = self.build(status)
         # keep recomputation under ~20% of the UI thread even with a long, fast log
-        self._next_build = now + max(REFRESH_S, 5 * (time.monotonic() - now))
+        self._next_build = now + max(self.refresh_s, 5 * (time.monotonic() - now))
         return self.view
 
     def build(self, status: PanelStatus) -> PanelView:

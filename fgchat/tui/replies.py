@@ -12,7 +12,8 @@ Invariants:
   from their first step.
 - Streamed text is buffered in the bubbles and drawn in one pass for all replies (one layout of
   the screen for all of them, however fast the tokens come), at most every TEXT_S, and no more
-  often than keeps drawing (the pass and its frame, `drawn`) under DRAW_SHARE of the UI thread;
+  often than keeps drawing (the pass and its frame, `drawn`) under `draw_share` of the UI thread
+  (DRAW_SHARE; CPU_DRAW_SHARE while the engine computes on this machine's CPU);
   a reply's first text, and text after such a pause, is drawn at once. A reply that ends is
   drawn complete when it ends.
 """
@@ -32,6 +33,7 @@ from fgchat.tui.store_guard import StoreGuard
 
 TEXT_S = 0.05  # streamed text is redrawn at most this often (20 Hz)
 DRAW_SHARE = 0.5  # ... and less often when a redraw costs more than this share of the UI thread
+CPU_DRAW_SHARE = 0.1  # the share while the engine computes on this machine's CPU (it needs the cores)
 
 
 @dataclass
@@ -66,6 +68,7 @@ class Replies(Mapping[int, Reply]):
         self._unshown: set[int] = set()  # replies whose bubble holds text not drawn yet
         self._shown_at = 0.0  # time.monotonic() of the last `show`
         self._gap = TEXT_S  # seconds from one `show` to the next: TEXT_S or more (`drawn`)
+        self.draw_share = DRAW_SHARE
 
     # ---- mapping -------------------------------------------------------------------------
     def __getitem__(self, rid: int) -> Reply:
@@ -138,8 +141,8 @@ class Replies(Mapping[int, Reply]):
 
     def drawn(self, cost_s: float) -> None:
         """The last `show` and its frame took `cost_s` of the UI thread's CPU: space the next
-        so that drawing stays under DRAW_SHARE of it."""
-        self._gap = max(TEXT_S, cost_s / DRAW_SHARE)
+        so that drawing stays under `draw_share` of it."""
+        self._gap = max(TEXT_S, cost_s / self.draw_share)
 
     async def show(self) -> None:
         """Draw the buffered text of every reply (their chat views follow the end)."""
