@@ -96,7 +96,7 @@ for what in "$@"; do
       for k in 1 8; do
         for mode in piecewise full eager; do
           FGCHAT_TOKENS=${TUI_TOKENS:-256} timeout -s KILL "${TUI_TIMEOUT:-200}" python3 scripts/tui_vs_headless.py \
-            "$mode" $k ${GGUF:+--model=$GGUF} 2>&1 | tee -a "$OUT/tui.log" | grep -E "RESULT|Error|ITL median|starts at|UI process|decode path|tui round" | tail -12
+            "$mode" $k ${GGUF:+--model=$GGUF} 2>&1 | tee -a "$OUT/tui.log" | grep -E "RESULT|Error|ITL median|starts at|UI process|decode path|tui " | tail -14
         done
       done ;;
     penalties)  # plain greedy and greedy with penalties, alternating processes

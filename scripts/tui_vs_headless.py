@@ -103,11 +103,22 @@ async def with_tui(model: Path, mode: str, data: Path, k: int) -> Rounds:
 
     app = FgchatApp(EngineConfig(model=str(model), mode=mode, max_context=2048),
                     sampling=SamplingParams(max_tokens=N, ignore_eos=True), data_path=data)
-    async with app.run_test(size=(120, 40)) as pilot:
-        deadline = time.monotonic() + 300
+    engine_log = data / "engine.log"  # the app's engine child writes its stderr there
+
+    def where() -> str:
+        lines = engine_log.read_text(errors="replace").splitlines() if engine_log.exists() else []
+        return f"engine {app.link.state} {app.link.phase!r}; engine.log: {lines[-1][:160] if lines else '-'}"
+
+    async with app.run_test(size=(120, 40)):
+        deadline = shown = time.monotonic()
+        deadline += 300
         while app.link.state == "starting" and time.monotonic() < deadline:
-            await pilot.pause(0.1)
-        assert app.link.state == "ready", app.link.error
+            await asyncio.sleep(0.1)
+            if time.monotonic() - shown > 5:
+                shown = time.monotonic()
+                print(f"tui start: {where()}", flush=True)
+        assert app.link.state == "ready", f"{app.link.error}; {where()}"
+        print(f"tui ready: {where()}", flush=True)
         app.set_samples(k)
         for i in range(REPS + 1):
             if i == 1:
@@ -119,8 +130,8 @@ async def with_tui(model: Path, mode: str, data: Path, k: int) -> Rounds:
                 if time.monotonic() - shown > 5:  # where a slow run is: a killed run keeps these lines
                     shown = time.monotonic()
                     print(f"tui round {i}: {app.latency.log.request_count} requests, "
-                          f"{len(app.latency.log.tokens())} tokens logged, replies in flight {len(app.replies)}",
-                          flush=True)
+                          f"{len(app.latency.log.tokens())} tokens logged, replies in flight {len(app.replies)}; "
+                          f"{where()}", flush=True)
         log = app.latency.log
         cpu, wall = time.process_time() - cpu0, time.monotonic() - wall0
         streamed = len(log.tokens()) - tok0
