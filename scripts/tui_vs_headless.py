@@ -17,6 +17,7 @@ real weights measure the fused path the user gets)
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import os
 import statistics
@@ -145,10 +146,12 @@ async def with_tui(model: Path, mode: str, data: Path, k: int) -> Rounds:
 
 
 def main() -> None:
-    args = [a for a in sys.argv[1:] if not a.startswith("--model=")]
-    given = [a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--model=")]
-    mode = args[0] if args else "full"
-    k = int(args[1]) if len(args) > 1 else 1
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("mode", nargs="?", default="full", choices=("eager", "piecewise", "full"))
+    ap.add_argument("k", nargs="?", type=int, default=1, help="replies per prompt (the batch)")
+    ap.add_argument("--model", type=Path, help="a model fgchat loads (default: a random SmolLM2-shaped one)")
+    a = ap.parse_args()
+    mode, k = a.mode, a.k
     try:
         import textual  # noqa: F401
     except ImportError:
@@ -157,7 +160,7 @@ def main() -> None:
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "data").mkdir()
-        model = Path(given[0]) if given else tiny_models.build_model(
+        model = a.model or tiny_models.build_model(
             Path(tmp) / "m", "llama", hidden=576, layers=30, heads=9, kv_heads=3, head_dim=64,
             intermediate=1536, max_pos=8192, tie=True, dtype="bfloat16")
         ways = {"headless": lambda: headless(model, mode, k), "child": lambda: child(model, mode, k),

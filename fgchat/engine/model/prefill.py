@@ -134,17 +134,24 @@ def sdpa_causal(q4: torch.Tensor, k4: torch.Tensor, v4: torch.Tensor, scale: flo
     since no fused backend takes grouped float32 heads and enable_gqa would run the math one.
     """
     _, hq, t, d = q4.shape
+    a = _causal_sdpa(q4, k4, v4, scale)
+    if a.stride() == (t * hq * d, d, hq * d, 1):  # [1, T, Hq, D] memory (flash, cuDNN): a view
+        return a.as_strided((t, hq * d), (hq * d, 1))
+    return a.transpose(1, 2).reshape(t, hq * d)
+
+
+def _causal_sdpa(q4: torch.Tensor, k4: torch.Tensor, v4: torch.Tensor, scale: float) -> torch.Tensor:
+    """Causal SDPA of [B, Hq, T, D] over [B, Hkv, T, D] -> [B, Hq, T, D], grouped heads as
+    `sdpa_causal` says (bf16/fp16 as they are, float32 expanded first)."""
+    b, hq, t, d = q4.shape
     hkv = k4.shape[1]
     gqa = hq != hkv
     if gqa and q4.dtype not in _FLASH_DTYPES:
         g = hq // hkv
-        k4 = k4[:, :, None].expand(1, hkv, g, t, d).reshape(1, hq, t, d)
-        v4 = v4[:, :, None].expand(1, hkv, g, t, d).reshape(1, hq, t, d)
+        k4 = k4[:, :, None].expand(b, hkv, g, t, d).reshape(b, hq, t, d)
+        v4 = v4[:, :, None].expand(b, hkv, g, t, d).reshape(b, hq, t, d)
         gqa = False
-    a = F.scaled_dot_product_attention(q4, k4, v4, is_causal=True, scale=scale, enable_gqa=gqa)
-    if a.stride() == (t * hq * d, d, hq * d, 1):  # [1, T, Hq, D] memory (flash, cuDNN): a view
-        return a.as_strided((t, hq * d), (hq * d, 1))
-    return a.transpose(1, 2).reshape(t, hq * d)
+    return F.scaled_dot_product_attention(q4, k4, v4, is_causal=True, scale=scale, enable_gqa=gqa)
 
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
@@ -323,15 +330,9 @@ class PaddedPrompts:
         self.k.index_copy_(0, self.rows, k)
         self.v.index_copy_(0, self.rows, v)
         b, t = self.b, self.tmax
-        hq, hkv, d = self.q.shape[1], self.k.shape[1], self.q.shape[2]
+        hq, d = self.q.shape[1], self.q.shape[2]
         q4, k4, v4 = (x.view(b, t, x.shape[1], d).transpose(1, 2) for x in (self.q, self.k, self.v))
-        gqa = hq != hkv
-        if gqa and q4.dtype not in _FLASH_DTYPES:  # as sdpa_causal: no fused float32 GQA backend
-            g = hq // hkv
-            k4 = k4[:, :, None].expand(b, hkv, g, t, d).reshape(b, hq, t, d)
-            v4 = v4[:, :, None].expand(b, hkv, g, t, d).reshape(b, hq, t, d)
-            gqa = False
-        a = F.scaled_dot_product_attention(q4, k4, v4, is_causal=True, scale=scale, enable_gqa=gqa)
+        a = _causal_sdpa(q4, k4, v4, scale)
         return a.transpose(1, 2).reshape(b * t, hq * d).index_select(0, self.rows)
 
 
