@@ -6,8 +6,9 @@
 #   here:    bash scripts/gpu.sh split        -> .gguf/part.0 .. part.3 + .gguf/sha256
 #   call 1:  carry .gguf/part.0 .gguf/part.1                    command: bash scripts/gpu.sh put
 #   call 2:  carry .gguf/part.2 .gguf/part.3 .gguf/sha256 .whl  command: bash scripts/gpu.sh put TARGET...
-# .whl holds the pure-Python wheels the machine lacks (gguf, platformdirs; textual and
-# mdit-py-plugins for the tui target): `pip download --no-deps -d .whl gguf platformdirs ...`.
+# .whl holds the pure-Python wheels the machine lacks (gguf, platformdirs; for the tui target
+# textual, mdit-py-plugins, markdown-it-py, linkify-it-py and uc-micro-py: without linkify the
+# app dies on its first reply): `pip download --no-deps -d .whl gguf platformdirs ...`.
 #
 # Targets (after put):
 #   tests   every GPU test (pytest -m gpu; the TUI's only where textual imports)
@@ -17,7 +18,8 @@
 #           tree alternate process by process (OLD_COMMIT=<sha> labels the old runs' JSON);
 #           BENCH_8B=1 adds the 8B preset
 #   tui     ITL median in the TUI vs headless per mode, batch 1 and 8 (scripts/tui_vs_headless.py;
-#           on the real weights when the put calls left them, else a random SmolLM2-shaped model)
+#           on the real weights when the put calls left them, else a random SmolLM2-shaped model);
+#           TUI_RUNS='mode:K ...' and TUI_WAYS=way,way,... (the script's --ways) narrow or reorder it
 #   penalties  cost per decode step of repetition/presence/frequency penalties (1B, batch 1, 8)
 #   admission  TTFT of 8 prompts admitted together: shared prefill, one pass (attention padded or per
 #              prompt), one by one (1B)
@@ -93,11 +95,14 @@ for what in "$@"; do
       { nproc; lscpu 2>/dev/null | grep -E "Model name|Thread|Core|Socket|NUMA|MHz"
         grep -H . /sys/devices/system/cpu/cpu*/topology/thread_siblings_list 2>/dev/null | head -16; } \
         | tee "$OUT/tui-host.txt"
-      for k in 1 8; do
-        for mode in piecewise full eager; do
-          FGCHAT_TOKENS=${TUI_TOKENS:-256} timeout -s KILL "${TUI_TIMEOUT:-200}" python3 scripts/tui_vs_headless.py \
-            "$mode" $k ${GGUF:+--model=$GGUF} 2>&1 | tee -a "$OUT/tui.log" | grep -E "RESULT|Error|ITL median|starts at|UI process|decode path|tui " | tail -14
-        done
+      python3 -c "import textual, rich, markdown_it; print('textual', textual.__version__, 'rich', \
+        __import__('importlib.metadata').metadata.version('rich'), 'markdown-it', markdown_it.__version__)" \
+        2>&1 | tee -a "$OUT/tui-host.txt"
+      for run in ${TUI_RUNS:-piecewise:1 full:1 eager:1 piecewise:8 full:8 eager:8}; do  # mode:K
+        FGCHAT_TOKENS=${TUI_TOKENS:-256} timeout -s KILL "${TUI_TIMEOUT:-200}" python3 scripts/tui_vs_headless.py \
+          "${run%:*}" "${run#*:}" ${GGUF:+--model=$GGUF} --ways="${TUI_WAYS:-headless,child,tui}" 2>&1 \
+          | tee -a "$OUT/tui.log" | grep -E "RESULT|Error|failed|ITL median|starts at|UI process|decode path|tui " \
+          | tail -16
       done ;;
     penalties)  # plain greedy and greedy with penalties, alternating processes
       for i in $(seq "${PENALTY_ROUNDS:-2}"); do

@@ -1,37 +1,44 @@
 """ITL median while the TUI streams vs the same model and mode headless (engine isolation check).
 
-Builds a SmolLM2-135M-shaped model with a small trained tokenizer (tests/tiny_models.py), then
-runs REPS rounds of N tokens (FGCHAT_TOKENS, default 256) three ways, after one warm-up round
-each: headless (Engine in this process), child (EngineProcess, the engine in its own process as
-the TUI runs it, no UI) and TUI (the Textual app: engine child + UI rendering in this process).
+Builds a SmolLM2-135M-shaped model with a small trained tokenizer (tests/tiny_models.py), or
+loads --model, then runs REPS rounds of N tokens (FGCHAT_TOKENS, default 256) several ways, after
+one warm-up round each (--ways picks them and their order):
+  headless  Engine in this process, stepped directly
+  spawned   the same in a spawned process (a process of its own, no command/event loop)
+  thread    the engine's command/event loop (EngineThread) on a thread of this process
+  child     EngineProcess: the engine process exactly as the TUI runs it, no UI
+  tui       the Textual app: engine child + UI rendering in this process
 Per round it takes the median inter-token latency (the TUI's from its latency log, the one the
-console shows) and the median host launch time per step, and prints both per way and the
-TUI / headless ratio. headless vs child isolates the process; child vs TUI the UI beside it.
-Needs textual (installed from wheels where there is no network: pip install --no-index
---find-links DIR textual); without it, one line says so.
-Batch K > 1: K replies to one prompt (the TUI's F4), sampled at temperature 0.7 in both.
-Usage: python scripts/tui_vs_headless.py [mode] [K] [--model=PATH]  (PATH: any model fgchat loads,
-e.g. the embedded GGUF; random weights can fail the startup check and run the plain torch ops, so
-real weights measure the fused path the user gets)
+console shows) and the median host launch time per step; it prints both per way and each way's
+ratio to the first. headless vs spawned isolates the process, spawned vs child the loop,
+child vs tui the UI beside it. The tui way needs textual (from wheels where there is no network:
+pip install --no-index --find-links DIR textual); without it, one line says so.
+Batch K > 1: K replies to one prompt (the TUI's F4), sampled at temperature 0.7 in every way.
+Usage: python scripts/tui_vs_headless.py [mode] [K] [--model=PATH] [--ways=headless,child,tui]
+(PATH: any model fgchat loads, e.g. the embedded GGUF; random weights can fail the startup check
+and run the plain torch ops, so real weights measure the fused path the user gets)
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
+import multiprocessing as mp
 import os
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 import tiny_models  # noqa: E402
 
 from fgchat.engine.core import Engine, EngineConfig  # noqa: E402
-from fgchat.engine.process import EngineProcess  # noqa: E402
+from fgchat.engine.process import EngineProcess, EngineThread  # noqa: E402
 from fgchat.protocol.events import EngineInfo, RequestFinished, SamplingParams, TokenEvent  # noqa: E402
 
 N, REPS = int(os.environ.get("FGCHAT_TOKENS", 256)), 3
@@ -70,15 +77,35 @@ def headless(model: Path, mode: str, k: int) -> Rounds:
     return _split(out)
 
 
-def child(model: Path, mode: str, k: int) -> Rounds:
-    """The engine in its own process, driven as the TUI drives it (one SubmitChats per round)."""
-    proc = EngineProcess(EngineConfig(model=str(model), mode=mode, max_context=2048))
+def _spawned_headless(model: Path, mode: str, k: int, out: Any) -> None:
+    out.send(headless(model, mode, k))
+
+
+def spawned(model: Path, mode: str, k: int) -> Rounds:
+    """headless() in a spawned process: the process without the engine's command/event loop."""
+    ctx = mp.get_context("spawn")
+    reader, writer = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_spawned_headless, args=(model, mode, k, writer))
+    proc.start()
+    writer.close()
+    try:
+        return reader.recv()
+    except EOFError:
+        sys.exit("tui_vs_headless: the spawned headless run failed")
+    finally:
+        proc.join()
+
+
+def driven(model: Path, mode: str, k: int, handle_type: type = EngineProcess) -> Rounds:
+    """The engine behind the handle the TUI uses (EngineProcess: its own process; EngineThread: a
+    thread of this one), driven as the TUI drives it (one SubmitChats per round), no UI."""
+    proc = handle_type(EngineConfig(model=str(model), mode=mode, max_context=2048))
     proc.start()
     try:
         deadline = time.monotonic() + 300
         while not any(isinstance(e, EngineInfo) for e in proc.get_events(0.5)):
             if proc.failed or time.monotonic() > deadline:
-                sys.exit("tui_vs_headless: the engine process did not start")
+                sys.exit("tui_vs_headless: the engine did not start")
         out, rid = [], 0
         for _ in range(REPS + 1):
             reqs = [(rid + i, _params(k, i)) for i in range(k)]
@@ -92,7 +119,7 @@ def child(model: Path, mode: str, k: int) -> Rounds:
                     elif isinstance(e, RequestFinished):
                         finished += 1
                 if proc.failed:
-                    sys.exit("tui_vs_headless: the engine process failed")
+                    sys.exit("tui_vs_headless: the engine failed")
             out.append(_medians(tokens))
         return _split(out)
     finally:
@@ -110,11 +137,16 @@ async def with_tui(model: Path, mode: str, data: Path, k: int) -> Rounds:
         lines = engine_log.read_text(errors="replace").splitlines() if engine_log.exists() else []
         return f"engine {app.link.state} {app.link.phase!r}; engine.log: {lines[-1][:160] if lines else '-'}"
 
+    def alive() -> None:  # a crashed app handles no more messages: exit with its error, do not wait
+        if app._exception is not None:
+            sys.exit(f"tui_vs_headless: the app failed: {type(app._exception).__name__}: {app._exception}")
+
     async with app.run_test(size=(120, 40)):
         deadline = shown = time.monotonic()
         deadline += 300
         while app.link.state == "starting" and time.monotonic() < deadline:
             await asyncio.sleep(0.1)
+            alive()
             if time.monotonic() - shown > 5:
                 shown = time.monotonic()
                 print(f"tui start: {where()}", flush=True)
@@ -128,6 +160,7 @@ async def with_tui(model: Path, mode: str, data: Path, k: int) -> Rounds:
             shown = time.monotonic()
             while app.latency.log.request_count < (i + 1) * k:
                 await asyncio.sleep(0.25)  # not pilot.pause: it walks every widget's queue each call
+                alive()
                 if time.monotonic() - shown > 5:  # where a slow run is: a killed run keeps these lines
                     shown = time.monotonic()
                     print(f"tui round {i}: {app.latency.log.request_count} requests, "
@@ -150,11 +183,13 @@ def main() -> None:
     ap.add_argument("mode", nargs="?", default="full", choices=("eager", "piecewise", "full"))
     ap.add_argument("k", nargs="?", type=int, default=1, help="replies per prompt (the batch)")
     ap.add_argument("--model", type=Path, help="a model fgchat loads (default: a random SmolLM2-shaped one)")
+    ap.add_argument("--ways", default="headless,child,tui",
+                    help="comma-separated, run in this order: headless (this process), spawned (headless in "
+                         "a spawned process), thread (the engine loop on a thread here), child (the engine "
+                         "process the TUI uses), tui (the app); the first is the ratio's base")
     a = ap.parse_args()
     mode, k = a.mode, a.k
-    try:
-        import textual  # noqa: F401
-    except ImportError:
+    if "tui" in a.ways.split(",") and importlib.util.find_spec("textual") is None:
         sys.exit("tui_vs_headless: textual is not installed (pip install textual, or from wheels: "
                  "pip install --no-index --find-links DIR textual)")
     t0 = time.monotonic()
@@ -163,17 +198,24 @@ def main() -> None:
         model = a.model or tiny_models.build_model(
             Path(tmp) / "m", "llama", hidden=576, layers=30, heads=9, kv_heads=3, head_dim=64,
             intermediate=1536, max_pos=8192, tie=True, dtype="bfloat16")
-        ways = {"headless": lambda: headless(model, mode, k), "child": lambda: child(model, mode, k),
+        ways = {"headless": lambda: headless(model, mode, k), "spawned": lambda: spawned(model, mode, k),
+                "thread": lambda: driven(model, mode, k, EngineThread), "child": lambda: driven(model, mode, k),
                 "tui": lambda: asyncio.run(with_tui(model, mode, Path(tmp) / "data", k))}
+        order = a.ways.split(",")
+        if not order or set(order) - set(ways):
+            ap.error(f"--ways: pick from {', '.join(ways)}")
         med = {}
-        for way, run in ways.items():  # each way's line as soon as it ends: a killed run keeps them
+        for way in order:
+            run = ways[way]  # each way's line as soon as it ends: a killed run keeps them
             print(f"mode {mode} K {k}: {way} starts at {time.monotonic() - t0:.1f} s", flush=True)
             itl, launch = run()
             med[way] = statistics.median(itl)
             print(f"mode {mode} K {k}: {way:8s} ITL median {med[way]:.3f} ms {['%.3f' % x for x in itl]}, "
                   f"host launch {statistics.median(launch):.3f} ms", flush=True)
-    print(f"RESULT mode={mode} k={k} headless_ms={med['headless']:.4f} child_ms={med['child']:.4f} "
-          f"tui_ms={med['tui']:.4f} ratio={med['tui'] / med['headless']:.3f} (target <= 1.05)")
+    base = order[0]
+    print(f"RESULT mode={mode} k={k} " + " ".join(f"{w}_ms={m:.4f}" for w, m in med.items())
+          + " " + " ".join(f"{w}/{base}={m / med[base]:.3f}" for w, m in med.items() if w != base)
+          + " (target <= 1.05)")
 
 
 if __name__ == "__main__":
