@@ -1,18 +1,19 @@
 """ITL median while the TUI streams vs the same model and mode headless (engine isolation check).
 
 Builds a SmolLM2-135M-shaped model with a small trained tokenizer (tests/tiny_models.py), or
-loads --model, then runs REPS rounds of N tokens (FGCHAT_TOKENS, default 256) several ways, after
-one warm-up round each (--ways picks them and their order):
-  headless  Engine in this process, stepped directly
-  spawned   the same in a spawned process (a process of its own, no command/event loop)
+loads --model, and starts each of these ways (--ways picks them; the first is the ratios' base):
+  headless  Engine stepped directly, in a spawned process of its own (as `fgchat bench` runs it)
+  inprocess the same in this process (beside the app and the other ways' threads, if any)
   thread    the engine's command/event loop (EngineThread) on a thread of this process
   child     EngineProcess: the engine process exactly as the TUI runs it, no UI
-  tui       the Textual app: engine child + UI rendering in this process
-Per round it takes the median inter-token latency (the TUI's from its latency log, the one the
-console shows) and the median host launch time per step; it prints both per way and each way's
-ratio to the first. headless vs spawned isolates the process, spawned vs child the loop,
-child vs tui the UI beside it. The tui way needs textual (from wheels where there is no network:
-pip install --no-index --find-links DIR textual); without it, one line says so.
+  tui       the Textual app: its engine child + UI rendering in this process
+Then REPS + 1 rounds of N tokens (FGCHAT_TOKENS, default 256): in each round every way runs once,
+the order rotating round by round, so a host CPU whose speed drifts (shared cloud hosts do, by tens
+of percent within a minute) moves every way alike; the first round is warm-up. Per round it takes
+the median inter-token latency (the TUI's from its latency log, the one the console shows) and the
+median host launch time per step, and prints both per way and each way's ratio to the first.
+headless vs child isolates the process, child vs tui the UI beside it. The tui way needs textual
+(from wheels where there is no network: pip install --no-index --find-links DIR textual).
 Batch K > 1: K replies to one prompt (the TUI's F4), sampled at temperature 0.7 in every way.
 Usage: python scripts/tui_vs_headless.py [mode] [K] [--model=PATH] [--ways=headless,child,tui]
 (PATH: any model fgchat loads, e.g. the embedded GGUF; random weights can fail the startup check
@@ -23,8 +24,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.util
 import multiprocessing as mp
+import importlib.util
 import os
 import statistics
 import sys
@@ -45,6 +46,7 @@ N, REPS = int(os.environ.get("FGCHAT_TOKENS", 256)), 3
 PROMPT = "Tell me about latency."
 
 
+WAYS = {"headless", "inprocess", "thread", "child", "tui"}
 Rounds = tuple[list[float], list[float]]  # per round after the warm-up: ITL median, launch median
 
 
@@ -77,105 +79,179 @@ def headless(model: Path, mode: str, k: int) -> Rounds:
     return _split(out)
 
 
-def _spawned_headless(model: Path, mode: str, k: int, out: Any) -> None:
-    out.send(headless(model, mode, k))
+class Headless:
+    """Engine in this process, stepped directly."""
+
+    def __init__(self, model: Path, mode: str, k: int) -> None:
+        self.k, self.eng = k, Engine(EngineConfig(model=str(model), mode=mode, max_context=2048))
+        check = self.eng.startup_check
+        print(f"decode path: {'fused Triton kernels' if self.eng.decoder.fused else 'plain torch ops'}; "
+              f"startup check {'not run' if check is None else ('passed' if check.passed else 'FAILED: ' + check.message)}",
+              flush=True)
+        self.ids = self.eng.tokenizer.apply_chat_template([{"role": "user", "content": PROMPT}])
+        self.seed = 0
+
+    async def round(self) -> tuple[float, float]:
+        for _ in range(self.k):
+            self.seed += 1
+            self.eng.submit(self.ids, _params(self.k, self.seed))
+        return _medians([e for e in self.eng.run_until_done() if isinstance(e, TokenEvent)])
+
+    async def close(self) -> None:
+        pass
 
 
-def spawned(model: Path, mode: str, k: int) -> Rounds:
-    """headless() in a spawned process: the process without the engine's command/event loop."""
-    ctx = mp.get_context("spawn")
-    reader, writer = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_spawned_headless, args=(model, mode, k, writer))
-    proc.start()
-    writer.close()
-    try:
-        return reader.recv()
-    except EOFError:
-        sys.exit("tui_vs_headless: the spawned headless run failed")
-    finally:
-        proc.join()
+def _headless_process(model: Path, mode: str, k: int, conn: Any) -> None:
+    async def serve() -> None:
+        runner = Headless(model, mode, k)
+        conn.send("ready")
+        while conn.recv() == "round":
+            conn.send(await runner.round())
+
+    asyncio.run(serve())
 
 
-def driven(model: Path, mode: str, k: int, handle_type: type = EngineProcess) -> Rounds:
+class Spawned:
+    """Headless in a spawned process of its own (this one may hold the app and its threads), one
+    round per request over a pipe."""
+
+    def __init__(self, model: Path, mode: str, k: int) -> None:
+        ctx = mp.get_context("spawn")
+        self.conn, theirs = ctx.Pipe()
+        self.proc = ctx.Process(target=_headless_process, args=(model, mode, k, theirs), daemon=True)
+        self.proc.start()
+        theirs.close()
+        if self.conn.recv() != "ready":
+            sys.exit("tui_vs_headless: the headless process did not start")
+
+    async def round(self) -> tuple[float, float]:
+        self.conn.send("round")
+        return self.conn.recv()
+
+    async def close(self) -> None:
+        self.conn.send("stop")
+        self.proc.join(30)
+
+
+class Driven:
     """The engine behind the handle the TUI uses (EngineProcess: its own process; EngineThread: a
     thread of this one), driven as the TUI drives it (one SubmitChats per round), no UI."""
-    proc = handle_type(EngineConfig(model=str(model), mode=mode, max_context=2048))
-    proc.start()
-    try:
+
+    def __init__(self, model: Path, mode: str, k: int, handle_type: type) -> None:
+        self.k, self.rid = k, 0
+        self.proc = handle_type(EngineConfig(model=str(model), mode=mode, max_context=2048))
+        self.proc.start()
         deadline = time.monotonic() + 300
-        while not any(isinstance(e, EngineInfo) for e in proc.get_events(0.5)):
-            if proc.failed or time.monotonic() > deadline:
+        while not any(isinstance(e, EngineInfo) for e in self.proc.get_events(0.5)):
+            if self.proc.failed or time.monotonic() > deadline:
                 sys.exit("tui_vs_headless: the engine did not start")
-        out, rid = [], 0
-        for _ in range(REPS + 1):
-            reqs = [(rid + i, _params(k, i)) for i in range(k)]
-            rid += k
-            proc.submit_chats([{"role": "user", "content": PROMPT}], reqs)
-            tokens, finished = [], 0
-            while finished < k:
-                for e in proc.get_events(0.1):
-                    if isinstance(e, TokenEvent):
-                        tokens.append(e)
-                    elif isinstance(e, RequestFinished):
-                        finished += 1
-                if proc.failed:
-                    sys.exit("tui_vs_headless: the engine failed")
-            out.append(_medians(tokens))
-        return _split(out)
-    finally:
-        proc.shutdown()
+
+    async def round(self) -> tuple[float, float]:
+        reqs = [(self.rid + i, _params(self.k, self.rid + i)) for i in range(self.k)]
+        self.rid += self.k
+        self.proc.submit_chats([{"role": "user", "content": PROMPT}], reqs)
+        tokens, finished = [], 0
+        while finished < self.k:
+            for e in self.proc.get_events(0.1):
+                if isinstance(e, TokenEvent):
+                    tokens.append(e)
+                elif isinstance(e, RequestFinished):
+                    finished += 1
+            if self.proc.failed:
+                sys.exit("tui_vs_headless: the engine failed")
+        return _medians(tokens)
+
+    async def close(self) -> None:
+        self.proc.shutdown()
 
 
-async def with_tui(model: Path, mode: str, data: Path, k: int) -> Rounds:
-    from fgchat.tui.app import FgchatApp
+class Tui:
+    """The Textual app (its engine child + the UI in this process), prompts sent as a user would."""
 
-    app = FgchatApp(EngineConfig(model=str(model), mode=mode, max_context=2048),
-                    sampling=SamplingParams(max_tokens=N, ignore_eos=True), data_path=data)
-    engine_log = data / "engine.log"  # the app's engine child writes its stderr there
+    async def start(self, model: Path, mode: str, k: int, data: Path) -> Tui:
+        from fgchat.tui.app import FgchatApp
 
-    def where() -> str:
-        lines = engine_log.read_text(errors="replace").splitlines() if engine_log.exists() else []
-        return f"engine {app.link.state} {app.link.phase!r}; engine.log: {lines[-1][:160] if lines else '-'}"
-
-    def alive() -> None:  # a crashed app handles no more messages: exit with its error, do not wait
-        if app._exception is not None:
-            sys.exit(f"tui_vs_headless: the app failed: {type(app._exception).__name__}: {app._exception}")
-
-    async with app.run_test(size=(120, 40)):
+        self.k, self.engine_log = k, data / "engine.log"  # the app's engine child writes its stderr there
+        self.app = app = FgchatApp(EngineConfig(model=str(model), mode=mode, max_context=2048),
+                                   sampling=SamplingParams(max_tokens=N, ignore_eos=True), data_path=data)
+        self.test = app.run_test(size=(120, 40))
+        await self.test.__aenter__()
         deadline = shown = time.monotonic()
         deadline += 300
         while app.link.state == "starting" and time.monotonic() < deadline:
             await asyncio.sleep(0.1)
-            alive()
+            self.alive()
             if time.monotonic() - shown > 5:
                 shown = time.monotonic()
-                print(f"tui start: {where()}", flush=True)
-        assert app.link.state == "ready", f"{app.link.error}; {where()}"
-        print(f"tui ready: {where()}", flush=True)
+                print(f"tui start: {self.where()}", flush=True)
+        assert app.link.state == "ready", f"{app.link.error}; {self.where()}"
         app.set_samples(k)
-        for i in range(REPS + 1):
-            if i == 1:
-                cpu0, wall0, tok0 = time.process_time(), time.monotonic(), len(app.latency.log.tokens())
-            await app.send_prompt(PROMPT)
-            shown = time.monotonic()
-            while app.latency.log.request_count < (i + 1) * k:
-                await asyncio.sleep(0.25)  # not pilot.pause: it walks every widget's queue each call
-                alive()
-                if time.monotonic() - shown > 5:  # where a slow run is: a killed run keeps these lines
-                    shown = time.monotonic()
-                    print(f"tui round {i}: {app.latency.log.request_count} requests, "
-                          f"{len(app.latency.log.tokens())} tokens logged, replies in flight {len(app.replies)}; "
-                          f"{where()}", flush=True)
-        log = app.latency.log
-        cpu, wall = time.process_time() - cpu0, time.monotonic() - wall0
-        streamed = len(log.tokens()) - tok0
-        print(f"mode {mode} K {k}: UI process CPU {1e3 * cpu / wall:.0f} ms/s while streaming, "
-              f"{1e6 * cpu / streamed:.0f} us per token ({streamed} tokens)")
-        rounds = [[r.request_id for r in log.requests()][j * k:(j + 1) * k] for j in range(REPS + 1)]
-        tokens = log.tokens()
-        medians = [_medians([t for t in tokens if t.request_id in ids]) for ids in map(set, rounds)]
-        app.exit()
-    return _split(medians)
+        self.cpu = self.wall = 0.0
+        self.tokens = 0
+        return self
+
+    def where(self) -> str:
+        log = self.engine_log
+        lines = log.read_text(errors="replace").splitlines() if log.exists() else []
+        return f"engine {self.app.link.state} {self.app.link.phase!r}; engine.log: {lines[-1][:160] if lines else '-'}"
+
+    def alive(self) -> None:  # a crashed app handles no more messages: exit with its error, do not wait
+        if self.app._exception is not None:
+            exc = self.app._exception
+            sys.exit(f"tui_vs_headless: the app failed: {type(exc).__name__}: {exc}")
+
+    async def round(self) -> tuple[float, float]:
+        app, log = self.app, self.app.latency.log
+        cpu0, wall0, tok0, done = time.process_time(), time.monotonic(), len(log.tokens()), log.request_count
+        shown = time.monotonic()
+        while not await app.send_prompt(PROMPT):  # refused while the last reply still draws
+            await asyncio.sleep(0.05)
+            self.alive()
+        while log.request_count < done + self.k:
+            await asyncio.sleep(0.05)  # not pilot.pause: it walks every widget's queue each call
+            self.alive()
+            if time.monotonic() - shown > 5:  # where a slow run is: a killed run keeps these lines
+                shown = time.monotonic()
+                print(f"tui: {log.request_count - done}/{self.k} replies done, {len(log.tokens()) - tok0} tokens "
+                      f"logged; {self.where()}", flush=True)
+        self.cpu += time.process_time() - cpu0
+        self.wall += time.monotonic() - wall0
+        self.tokens += len(log.tokens()) - tok0
+        ids = {r.request_id for r in log.requests()[done:done + self.k]}
+        return _medians([t for t in log.tokens() if t.request_id in ids])
+
+    async def close(self) -> None:
+        if self.tokens:
+            print(f"tui: UI process CPU {1e3 * self.cpu / self.wall:.0f} ms/s while streaming, "
+                  f"{1e6 * self.cpu / self.tokens:.0f} us per token ({self.tokens} tokens)")
+        self.app.exit()
+        await self.test.__aexit__(None, None, None)
+
+
+async def measure(model: Path, mode: str, k: int, ways: list[str], data: Path) -> dict[str, Rounds]:
+    """Start every way, then REPS + 1 rounds in which each way runs once, the order rotating from
+    round to round (a drifting host CPU then moves every way alike); the first round is warm-up."""
+    t0 = time.monotonic()
+    runners: dict[str, Any] = {}
+    try:
+        for way in ways:
+            print(f"mode {mode} K {k}: {way} starts at {time.monotonic() - t0:.1f} s", flush=True)
+            if way == "headless":
+                runners[way] = Spawned(model, mode, k)
+            elif way == "inprocess":
+                runners[way] = Headless(model, mode, k)
+            elif way in ("thread", "child"):
+                runners[way] = Driven(model, mode, k, EngineThread if way == "thread" else EngineProcess)
+            else:
+                runners[way] = await Tui().start(model, mode, k, data)
+        rounds: dict[str, list[tuple[float, float]]] = {w: [] for w in ways}
+        for r in range(REPS + 1):
+            for way in ways[r % len(ways):] + ways[:r % len(ways)]:
+                rounds[way].append(await runners[way].round())
+        return {w: _split(rounds[w]) for w in ways}
+    finally:
+        for runner in runners.values():
+            await runner.close()
 
 
 def main() -> None:
@@ -184,35 +260,26 @@ def main() -> None:
     ap.add_argument("k", nargs="?", type=int, default=1, help="replies per prompt (the batch)")
     ap.add_argument("--model", type=Path, help="a model fgchat loads (default: a random SmolLM2-shaped one)")
     ap.add_argument("--ways", default="headless,child,tui",
-                    help="comma-separated, run in this order: headless (this process), spawned (headless in "
-                         "a spawned process), thread (the engine loop on a thread here), child (the engine "
-                         "process the TUI uses), tui (the app); the first is the ratio's base")
+                    help=f"comma-separated from {', '.join(sorted(WAYS))}; the first is the ratios' base")
     a = ap.parse_args()
-    mode, k = a.mode, a.k
-    if "tui" in a.ways.split(",") and importlib.util.find_spec("textual") is None:
+    mode, k, ways = a.mode, a.k, a.ways.split(",")
+    if set(ways) - WAYS or len(set(ways)) != len(ways):
+        ap.error(f"--ways: each of {', '.join(sorted(WAYS))} at most once")
+    if "tui" in ways and importlib.util.find_spec("textual") is None:
         sys.exit("tui_vs_headless: textual is not installed (pip install textual, or from wheels: "
                  "pip install --no-index --find-links DIR textual)")
-    t0 = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "data").mkdir()
         model = a.model or tiny_models.build_model(
             Path(tmp) / "m", "llama", hidden=576, layers=30, heads=9, kv_heads=3, head_dim=64,
             intermediate=1536, max_pos=8192, tie=True, dtype="bfloat16")
-        ways = {"headless": lambda: headless(model, mode, k), "spawned": lambda: spawned(model, mode, k),
-                "thread": lambda: driven(model, mode, k, EngineThread), "child": lambda: driven(model, mode, k),
-                "tui": lambda: asyncio.run(with_tui(model, mode, Path(tmp) / "data", k))}
-        order = a.ways.split(",")
-        if not order or set(order) - set(ways):
-            ap.error(f"--ways: pick from {', '.join(ways)}")
-        med = {}
-        for way in order:
-            run = ways[way]  # each way's line as soon as it ends: a killed run keeps them
-            print(f"mode {mode} K {k}: {way} starts at {time.monotonic() - t0:.1f} s", flush=True)
-            itl, launch = run()
-            med[way] = statistics.median(itl)
-            print(f"mode {mode} K {k}: {way:8s} ITL median {med[way]:.3f} ms {['%.3f' % x for x in itl]}, "
-                  f"host launch {statistics.median(launch):.3f} ms", flush=True)
-    base = order[0]
+        rounds = asyncio.run(measure(model, mode, k, ways, Path(tmp) / "data"))
+    med = {}
+    for way, (itl, launch) in rounds.items():
+        med[way] = statistics.median(itl)
+        print(f"mode {mode} K {k}: {way:8s} ITL median {med[way]:.3f} ms {['%.3f' % x for x in itl]}, "
+              f"host launch {statistics.median(launch):.3f} ms", flush=True)
+    base = ways[0]
     print(f"RESULT mode={mode} k={k} " + " ".join(f"{w}_ms={m:.4f}" for w, m in med.items())
           + " " + " ".join(f"{w}/{base}={m / med[base]:.3f}" for w, m in med.items() if w != base)
           + " (target <= 1.05)")
