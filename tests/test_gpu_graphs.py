@@ -258,19 +258,26 @@ def test_piecewise_recorded_attention_same_tokens(gqa_model, monkeypatch):
     assert all(getattr(a, "__self__", None) is not None for a in graph.attends), graph.attends
 
 
-def test_eager_launch_list_same_tokens(gqa_model, monkeypatch):
-    """Eager replaying the launch list recorded from its first greedy step at each batch size
-    (the default) gives the tokens of eager through the stages (FGCHAT_EAGER_LAUNCH_LIST=0) and
-    of the full graphs."""
+@pytest.mark.parametrize("variant", ["greedy", "sampled", "penalized"])
+def test_eager_launch_list_same_tokens(gqa_model, monkeypatch, variant):
+    """Eager replaying the launch list recorded from its first step at each batch size and step
+    variant (the default) gives the tokens of eager through the stages
+    (FGCHAT_EAGER_LAUNCH_LIST=0) and of the full graphs. Greedy and sampled steps record whole."""
+    from fgchat.engine.step import Variant
+
     plain, eng = engines_off_and_on(gqa_model, monkeypatch, "FGCHAT_EAGER_LAUNCH_LIST", "eager")
     v = eng.cfg.vocab_size
-    sp = SamplingParams(max_tokens=40, ignore_eos=True)
+    extra = {"greedy": {}, "sampled": dict(temperature=0.8, top_p=0.9, top_k=40),
+             "penalized": dict(repetition_penalty=1.5, presence_penalty=0.3)}[variant]
+    key = {"greedy": Variant.GREEDY, "sampled": Variant.SAMPLED, "penalized": Variant.PENALIZED}[variant]
     for batch in (1, 3, 8):
         prompts = [prompt_of(13 + 31 * i, 700 + batch + i, v) for i in range(batch)]
+        sp = [SamplingParams(max_tokens=40, ignore_eos=True, seed=5 + i, **extra) for i in range(batch)]
         want, _, _ = run(plain, "eager", prompts, sp)
         assert run(eng, "eager", prompts, sp)[0] == want, batch
         assert run(eng, "full", prompts, sp)[0] == want, batch
-        assert eng.modes.eager.launch_lists.get(batch) is not None, eng.notes
+        if variant != "penalized":
+            assert eng.modes.eager.launch_lists.get((batch, key)) is not None, eng.notes
     assert not plain.modes.eager.launch_lists
 
 

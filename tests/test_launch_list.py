@@ -48,18 +48,73 @@ def test_replay_recomputes_from_inputs_changed_in_place():
     assert torch.equal(hist, torch.full((3,), 7.0))
 
 
-@pytest.mark.parametrize("bad", ["item", "sort", "max_dim"])
+@pytest.mark.parametrize("bad", ["item", "nonzero", "masked_select"])
 def test_unreplayable_ops_leave_no_list(bad):
     x, _ = _inputs(4)
     ops = {
         "item": lambda: x.sum().item(),  # a host sync
-        "sort": lambda: torch.sort(x, -1),  # two results
-        "max_dim": lambda: torch.max(x, 1),
+        "nonzero": lambda: torch.nonzero(x > 0),  # a shape the data decides
+        "masked_select": lambda: x.masked_select(x > 0),
     }
     with torch.inference_mode():
         result, lst, why = record(ops[bad])
     assert lst is None and why
     assert result is not None  # the step itself still ran
+
+
+def test_ops_with_several_results_replay_into_each():
+    x, _ = _inputs(6)
+
+    def step():
+        values, order = torch.sort(x, -1, descending=True)
+        best, where = torch.max(x, 1)
+        return values, order, best, where
+
+    with torch.inference_mode():
+        first, lst, why = record(step)
+        assert lst is not None, why
+        for seed in (7, 8):
+            x.copy_(_inputs(seed)[0])
+            got = [t.clone() for t in lst.replay()]
+            for a, b in zip(got, step()):
+                assert torch.equal(a, b)
+            assert not torch.equal(got[0], first[0].new_zeros(first[0].shape))
+
+
+def test_the_sampling_step_replays_bit_for_bit():
+    """kernels.sampling.sample (the SAMPLED variant's last stage: sort, cumsum, noise from the
+    seeds) recorded once and replayed over new logits, temperatures and seeds."""
+    from fgchat.engine.kernels import sampling
+
+    b, v = 4, 50
+    logits = torch.zeros(b, v)
+    temp, top_p, top_k = torch.zeros(b), torch.zeros(b), torch.zeros(b, dtype=torch.int64)
+    seeds, pos = torch.zeros(b, dtype=torch.int64), torch.zeros(b, dtype=torch.int64)
+
+    def load(seed: int) -> None:
+        g = torch.Generator().manual_seed(seed)
+        logits.copy_(torch.randn(b, v, generator=g) * 3)
+        temp.copy_(torch.tensor([0.0, 0.7, 1.0, 1.3]))
+        top_p.copy_(torch.tensor([1.0, 0.9, 0.5, 1.0]))
+        top_k.copy_(torch.tensor([0, 0, 5, 20]))
+        seeds.copy_(torch.randint(0, 2**31, (b,), generator=g))
+        pos.copy_(torch.randint(0, 100, (b,), generator=g))
+
+    def step():
+        return sampling.sample(logits, temp, top_p, top_k, seeds, pos + 1)
+
+    with torch.inference_mode():
+        load(0)
+        _, lst, why = record(step)
+        assert lst is not None, why
+        picks = set()
+        for seed in (1, 2, 3):
+            load(seed)
+            got = lst.replay().clone()
+            assert torch.equal(got, step())
+            assert got[0] == torch.argmax(logits[0])  # temperature 0: greedy
+            picks.add(tuple(got.tolist()))
+        assert len(picks) > 1  # the replays follow the new inputs
 
 
 def test_a_step_that_fails_leaves_no_recording_behind():
@@ -72,3 +127,43 @@ def test_a_step_that_fails_leaves_no_recording_behind():
     x, w = _inputs(5)
     _, lst, why = record(lambda: F.linear(x, w))  # recording can start again
     assert lst is not None, why
+
+
+def test_eager_mode_keeps_one_list_per_batch_size_and_variant():
+    """EagerMode records the first step of each (batch size, variant) and replays it after; a
+    variant that cannot be recorded runs through its own stages every time (not greedy's)."""
+    from fgchat.engine.modes.eager import EagerMode
+    from fgchat.engine.step import StepOutputs, Variant
+
+    x = torch.zeros(8, 6)
+    runs: list[tuple[int, int]] = []
+
+    class Program:
+        def run_eager(self, b: int, variant: int) -> StepOutputs:
+            runs.append((b, int(variant)))
+            logits = x[:b] * 2.0
+            if variant == Variant.SAMPLED:
+                tokens = torch.sort(logits, -1).indices[:, 0]  # several results: recordable
+            elif variant == Variant.PENALIZED:
+                tokens = torch.argmax(logits - logits.sum().item(), -1)  # a host sync: not
+            else:
+                tokens = torch.argmax(logits, -1)
+            return StepOutputs(tokens, logits)
+
+    notes: list[str] = []
+    mode = EagerMode(Program(), True, notes.append)
+    with torch.inference_mode():
+        for step in range(3):
+            x.copy_(torch.randn(8, 6, generator=torch.Generator().manual_seed(step)))
+            for b, variant in ((2, Variant.GREEDY), (2, Variant.SAMPLED), (5, Variant.SAMPLED),
+                               (2, Variant.PENALIZED)):
+                got = mode.run(b, variant).tokens.clone()
+                want = Program().run_eager(b, variant).tokens
+                runs.pop()  # the reference run
+                assert torch.equal(got, want), (step, b, variant)
+    assert set(mode.launch_lists) == {(2, 0), (2, 1), (5, 1), (2, 2)}
+    assert mode.launch_lists[(2, Variant.PENALIZED)] is None
+    assert len(notes) == 1 and "penalized" in notes[0]
+    # recorded steps ran through the stages once; the unrecordable one every time, as itself
+    assert runs.count((2, 0)) == 1 and runs.count((2, 1)) == 1 and runs.count((5, 1)) == 1
+    assert runs.count((2, 2)) == 3

@@ -10,10 +10,11 @@ order with the same arguments: same kernels, same bits, still one host launch pe
 Invariants:
 - Everything the recorded step launched is in the list, or no list is made: Triton launches
   through FastLauncher (counted against a launch hook that sees every Triton launch), torch ops
-  through a dispatch mode (in-place and `out=` ops replayed as called; other ops with one
-  tensor result re-run and copied into that result, so the same kernel produces the same bits;
-  views of an input and allocations skipped). Any other op (host syncs included) makes the step
-  unrecordable, and eager keeps running it through the stages.
+  through a dispatch mode (in-place and `out=` ops replayed as called; other ops with tensor
+  results re-run and copied into those results, so the same kernel produces the same bits;
+  views of an input and allocations skipped). An op whose result or shape the data decides
+  (host syncs such as item(), nonzero, masked_select) makes the step unrecordable, and eager
+  keeps running it through the stages.
 - The list holds every tensor its launches touch, so none is freed or reused while it exists:
   the recorded step's outputs and intermediates keep their addresses, as a graph's pool does.
 """
@@ -80,6 +81,10 @@ class _OpRecorder(TorchDispatchMode):
     def _record(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
         if func in _ALLOCATIONS:
             return
+        tags = func.tags
+        if torch.Tag.data_dependent_output in tags or torch.Tag.dynamic_output_shape in tags:
+            self.failed = f"{func} depends on the data (a host sync, or a shape the data decides)"
+            return
         if func._schema.is_mutable:  # in-place and out= forms: the same call writes the same tensors
             self.calls.append(partial(func, *args, **kwargs))
             return
@@ -87,16 +92,19 @@ class _OpRecorder(TorchDispatchMode):
             inputs = {t.untyped_storage().data_ptr() for t in _tensors((args, kwargs))}
             if out.untyped_storage().data_ptr() in inputs:
                 return  # a view: reads what its input holds at the time
-        if not isinstance(out, torch.Tensor):
-            self.failed = f"{func} does not return one tensor"
+        outs = out if isinstance(out, (tuple, list)) else (out,)
+        if not outs or not all(isinstance(t, torch.Tensor) for t in outs):
+            self.failed = f"{func} does not return tensors"
             return
-        # the same op on the same inputs (same kernel, same bits), its result copied into the
-        # recorded one; an op's out= form may take another path (linear.out with a bias does)
-        self.calls.append(partial(_into, out, func, args, kwargs))
+        # the same op on the same inputs (same kernel, same bits), its results copied into the
+        # recorded ones; an op's out= form may take another path (linear.out with a bias does)
+        self.calls.append(partial(_into, tuple(outs), func, args, kwargs))
 
 
-def _into(out: torch.Tensor, func: Any, args: tuple, kwargs: dict) -> None:
-    out.copy_(func(*args, **kwargs))
+def _into(outs: tuple[torch.Tensor, ...], func: Any, args: tuple, kwargs: dict) -> None:
+    new = func(*args, **kwargs)
+    for out, got in zip(outs, new if isinstance(new, (tuple, list)) else (new,)):
+        out.copy_(got)
 
 
 def record(step: Callable[[], T]) -> tuple[T, LaunchList[T] | None, str]:

@@ -1,8 +1,9 @@
 """Eager mode: every kernel of the step launched from the host.
 
-With the fused stages on CUDA, a greedy step at batch size B replays the launch list recorded from
-the first such step (engine.launch_list): the same launches with the same arguments, without the
-stages' Python. A step the recorder cannot capture whole runs through the stages every time.
+With the fused stages on CUDA, a step at batch size B and variant V (greedy, sampled, penalized)
+replays the launch list recorded from the first such step (engine.launch_list): the same launches
+with the same arguments, without the stages' Python. A step the recorder cannot capture whole runs
+through the stages every time.
 """
 
 from __future__ import annotations
@@ -23,18 +24,20 @@ class EagerMode(StepMode):
         self.program = program
         self.launch_lists_on = launch_lists
         self.note = note
-        self.launch_lists: dict[int, LaunchList[StepOutputs] | None] = {}  # batch size -> list
+        # (batch size, variant) -> its list, None where the step cannot be recorded
+        self.launch_lists: dict[tuple[int, int], LaunchList[StepOutputs] | None] = {}
 
     def run(self, b: int, variant: int) -> StepOutputs:
-        if variant != Variant.GREEDY or not self.launch_lists_on:
+        if not self.launch_lists_on:
             return self.program.run_eager(b, variant)
-        if b in self.launch_lists:
-            lst = self.launch_lists[b]
-            return lst.replay() if lst is not None else self.program.run_eager(b, False)
-        out, lst, why = record(lambda: self.program.run_eager(b, False))
-        self.launch_lists[b] = lst
+        key = (b, int(variant))
+        if key in self.launch_lists:
+            lst = self.launch_lists[key]
+            return lst.replay() if lst is not None else self.program.run_eager(b, variant)
+        out, lst, why = record(lambda: self.program.run_eager(b, variant))
+        self.launch_lists[key] = lst
         if lst is None:
-            self.note(f"eager batch {b} runs through the stages: {why}")
+            self.note(f"eager batch {b} ({Variant(variant).name.lower()}) runs through the stages: {why}")
         return out
 
     def drop(self) -> None:
