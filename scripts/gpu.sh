@@ -18,8 +18,8 @@
 #           tree alternate process by process (OLD_COMMIT=<sha> labels the old runs' JSON);
 #           BENCH_8B=1 adds the 8B preset
 #   tui     ITL median in the TUI vs headless per mode, batch 1 and 8 (scripts/tui_vs_headless.py;
-#           on the real weights when the put calls left them, else a random SmolLM2-shaped model);
-#           TUI_RUNS='mode:K ...' and TUI_WAYS=way,way,... (the script's --ways) narrow or reorder it
+#           on the real weights the put calls left; TUI_RANDOM=1 allows a random SmolLM2-shaped model);
+#           TUI_RUNS='mode:K ...' and TUI_WAYS=way,way,... (the script's --ways) narrow it
 #   penalties  cost per decode step of repetition/presence/frequency penalties (1B, batch 1, 8)
 #   admission  TTFT of 8 prompts admitted together: shared prefill, one pass (attention padded or per
 #              prompt), one by one (1B)
@@ -91,7 +91,8 @@ for what in "$@"; do
       if [[ ${BENCH_8B:-0} == 1 ]]; then
         bench new 8b --preset llama-3.1-8b --random-weights --batch-sizes 1,8 --repeats 2 --modes full
       fi ;;
-    tui)
+    tui)  # random weights fail the startup check and measure the plain torch ops: not the user's path
+      [[ -n $GGUF || ${TUI_RANDOM:-0} == 1 ]] || { echo "tui: needs the real weights (TUI_RANDOM=1: a random model)"; continue; }
       { nproc; lscpu 2>/dev/null | grep -E "Model name|Thread|Core|Socket|NUMA|MHz"
         grep -H . /sys/devices/system/cpu/cpu*/topology/thread_siblings_list 2>/dev/null | head -16; } \
         | tee "$OUT/tui-host.txt"
