@@ -3,6 +3,7 @@ interpreter in a subprocess (tests/test_prefill.py, tests/test_prefill_sharing.p
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -12,7 +13,7 @@ from pathlib import Path
 import torch
 
 from fgchat.engine.model.config import ModelConfig, parse_config
-from fgchat.engine.model.decoder import DecoderWeights, random_weights
+from fgchat.engine.model.decoder import DecoderWeights, LayerWeights, random_weights
 
 
 def small_config(heads: int, kv_heads: int, bias: bool) -> ModelConfig:
@@ -43,3 +44,13 @@ def run_interpreted(script: str, cases: list) -> list[dict]:
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
     return json.loads(line[len("RESULT "):])
+
+
+def as_float32(w: DecoderWeights) -> DecoderWeights:
+    """The same (bf16-representable) weights in float32: the reference both paths aim at."""
+    f = lambda t: None if t is None else t.float()  # noqa: E731
+    layers = [LayerWeights(*(f(getattr(lw, k.name)) for k in dataclasses.fields(LayerWeights)))
+              for lw in w.layers]
+    embed = f(w.embed)
+    head = embed if w.lm_head is w.embed else f(w.lm_head)
+    return DecoderWeights(embed, layers, f(w.final_norm), head)

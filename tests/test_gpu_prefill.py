@@ -5,15 +5,14 @@ Run on the H200 (skipped without CUDA): pytest -m gpu tests/test_gpu_prefill.py
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 
 from fgchat.engine.kv_cache import KVCache
 from fgchat.engine.model.config import parse_config
-from fgchat.engine.model.decoder import Decoder, DecoderWeights, LayerWeights, random_weights
+from fgchat.engine.model.decoder import Decoder, random_weights
 from fgchat.engine.model.prefill import bucket_for
+from small_decoders import as_float32
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -52,16 +51,6 @@ def run(cfg, w, fused: bool, ids: torch.Tensor):
 def ids_of(cfg, n=T, seed=0):
     g = torch.Generator().manual_seed(seed)
     return torch.randint(0, cfg.vocab_size, (n,), generator=g).cuda()
-
-
-def as_float32(w: DecoderWeights) -> DecoderWeights:
-    """The same (bf16-representable) weights in float32: the reference both paths aim at."""
-    f = lambda t: None if t is None else t.float()  # noqa: E731
-    layers = [LayerWeights(*(f(getattr(lw, k.name)) for k in dataclasses.fields(LayerWeights)))
-              for lw in w.layers]
-    embed = f(w.embed)
-    head = embed if w.lm_head is w.embed else f(w.lm_head)
-    return DecoderWeights(embed, layers, f(w.final_norm), head)
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))

@@ -111,3 +111,82 @@ def test_lazy_capture_while_another_request_decodes(model):
     assert done[ra].token_ids == alone
     assert done[rb].token_ids == _tokens(eng, "eager", [b], sp)[0]
     assert set(eng.modes.prefill_graphs.graphs) - before == {bucket_for(100, CTX), bucket_for(900, CTX)}
+
+
+@pytest.fixture(scope="module")
+def batch_engine(model):
+    import os
+
+    os.environ["FGCHAT_PREFILL_BATCH_ROUTE"] = "1"
+    try:
+        return Engine(EngineConfig(model=str(model), device="cuda", dtype="bfloat16", max_context=CTX, mode="full"))
+    finally:
+        del os.environ["FGCHAT_PREFILL_BATCH_ROUTE"]
+
+
+@pytest.mark.parametrize("lens", [(32, 32), (5, 31, 17, 9, 30, 1, 12, 32), (100, 70, 128), (200, 250, 256, 3)])
+def test_batch_route_graph_same_bits_as_eager(batch_engine, lens):
+    """The batch route's graph (B prompts padded to one bucket, captured on first use) gives the
+    eager batch route's logits and cache rows bit for bit, writes only rows [0, tb) of the
+    prompts' slots, and each prompt's logits are as close to a float32 prefill of it alone as the
+    one-prompt bf16 prefill is."""
+    from fgchat.engine.model.prefill import batch_bucket, prefill_batch
+
+    eng = batch_engine
+    graphs = eng.modes.prefill_graphs
+    tb = batch_bucket(list(lens), CTX)
+    assert tb is not None
+    slots = list(range(len(lens)))[::-1]
+    prompts = [(ids_of(n, 70 + n + j, eng.cfg.vocab_size), s) for j, (n, s) in enumerate(zip(lens, slots))]
+    k, v = eng.cache.k, eng.cache.v
+    for t in k + v:
+        t.fill_(float("nan"))
+    want = [x.clone() for x in prefill_batch(eng.decoder, prompts, tb, k, v)]
+    want_kv = [t.clone() for t in k + v]
+    for t in k + v:
+        t.fill_(float("nan"))
+    got = [x.clone() for x in graphs.run_batch(prompts, tb)]
+    torch.cuda.synchronize()
+    assert (len(lens), tb) in graphs.batch_graphs
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    for t, w in zip(k + v, want_kv):
+        assert torch.equal(torch.nan_to_num(t, 7.0), torch.nan_to_num(w, 7.0))
+        assert torch.isnan(t[:, tb:]).all()
+    unused = [s for s in range(k[0].shape[0]) if s not in slots]
+    assert all(torch.isnan(t[unused]).all() for t in k + v)
+    for (ids, slot), g in zip(prompts, got):  # against float32 of the same prompt alone
+        ref = _float32_prefill(eng, ids)
+        alone = eng.decoder.prefill(ids, 7, k, v).float()
+        scale = ref.abs().max().item()
+        err, err_alone = (g - ref).abs().max().item(), (alone - ref).abs().max().item()
+        assert torch.isfinite(g).all() and err <= 2.0 * err_alone + 1e-2 * scale, (slot, err, err_alone)
+
+
+def _float32_prefill(eng: Engine, ids: torch.Tensor) -> torch.Tensor:
+    """Last logits of `ids` prefilled alone by the unfused path in float32 from the engine's
+    (rounded) weights."""
+    from small_decoders import as_float32
+
+    from fgchat.engine.kv_cache import KVCache
+    from fgchat.engine.model.decoder import Decoder
+
+    dec = Decoder(eng.cfg, as_float32(eng.model.weights), CTX, fused=False)
+    cache = KVCache(eng.cfg, ids.shape[0] + 1, torch.device("cuda"), torch.float32)
+    return dec.prefill(ids, 0, cache.k, cache.v)
+
+
+def test_batch_route_tokens_equal_in_full_and_eager(batch_engine):
+    """Eight distinct prompts admitted in one round take the batch route (a graph in full mode,
+    the same kernels eagerly otherwise): every mode gives the same tokens."""
+    eng = batch_engine
+    v = eng.cfg.vocab_size
+    prompts = [ids_of(n, 300 + n, v).tolist() for n in (20, 32, 7, 31, 16, 25, 3, 29)]
+    sp = SamplingParams(max_tokens=24, ignore_eos=True)
+    out = {}
+    for mode in ("full", "eager", "piecewise"):
+        eng.set_mode(mode)
+        rids = [eng.submit(p, sp) for p in prompts]
+        done = {e.summary.request_id: e.summary for e in eng.run_until_done() if isinstance(e, RequestFinished)}
+        out[mode] = [done[r].token_ids for r in rids]
+    assert (8, 32) in eng.modes.prefill_graphs.batch_graphs
+    assert out["full"] == out["eager"] == out["piecewise"]

@@ -209,3 +209,20 @@ def test_fused_prefill_matches_unfused_interpreted():
             assert r["all"] <= 0.05 * r["scale"] and r["last"] <= 0.05 * r["scale"], (case, r)
             assert r["kv"] <= 0.02 * r["kv_scale"], (case, r)
         assert r["last_vs_all"] <= 1e-5 * max(r["scale"], 1.0), (case, r)
+
+
+def test_batch_bucket_takes_short_prompts_with_little_padding():
+    """The batch route pads every prompt to the longest one's bucket: two or more prompts, that
+    bucket at most BATCH_MAX_T tokens and within the cache, few rows or little padding."""
+    from fgchat.engine.model.prefill import batch_bucket
+
+    assert batch_bucket([32] * 8, 4096) == 32
+    assert batch_bucket([5, 31, 17], 4096) == 32
+    assert batch_bucket([33, 2], 4096) == 64
+    assert batch_bucket([200, 250, 256, 3], 4096) == 256  # 1024 rows: small enough
+    assert batch_bucket([256, 3, 3, 3, 3, 3, 3, 3], 4096) is None  # 2048 rows for 277 tokens
+    assert batch_bucket([256] * 8, 4096) == 256  # 2048 rows, no padding
+    assert batch_bucket([257, 10], 4096) is None  # past BATCH_MAX_T
+    assert batch_bucket([40], 4096) is None  # one prompt: the one-prompt graphs
+    assert batch_bucket([40, 0], 4096) is None
+    assert batch_bucket([40, 50], 48) is None  # the bucket would not fit the cache

@@ -149,10 +149,11 @@ FUSED_MANY_SCRIPT = textwrap.dedent(
     attention = pf.PaddedPrompts.attention
     padded_calls = []
     pf.PaddedPrompts.attention = lambda self, *a: padded_calls.append(1) or attention(self, *a)
-    for heads, kv_heads, bias, dtype, padded in json.loads(sys.argv[1]):
+    for heads, kv_heads, bias, dtype, route in json.loads(sys.argv[1]):
         dtype = getattr(torch, dtype)
-        # padded: one batched SDPA over right-padded prompts; else attention prompt by prompt
-        pf.PAD_SHORT_TMAX, pf.PAD_WASTE_LIMIT = (256, 2.0) if padded else (0, 0.0)
+        # padded: one batched SDPA over right-padded prompts; per-prompt: attention prompt by
+        # prompt; batch: the whole prefill as one batch of equal padded length (batch_bucket)
+        pf.PAD_SHORT_TMAX, pf.PAD_WASTE_LIMIT = (256, 2.0) if route == "padded" else (0, 0.0)
         padded_calls.clear()
         cfg = small_config(heads, kv_heads, bias)
         w = scaled_weights(cfg, torch.float32)
@@ -165,7 +166,11 @@ FUSED_MANY_SCRIPT = textwrap.dedent(
         for t in cache.k + cache.v:
             t.fill_(float("nan"))
         from fgchat.engine.model.prefill import prefill_many_fused
-        many = prefill_many_fused(fused, prompts, cache.k, cache.v)
+        tb = pf.batch_bucket([t for t, _ in lens_slots], 64)
+        if route == "batch":
+            many = pf.prefill_batch(fused, prompts, tb, cache.k, cache.v)
+        else:
+            many = prefill_many_fused(fused, prompts, cache.k, cache.v)
         ref = Decoder(cfg, w32, 64, fused=False)
         rcache = KVCache(cfg, 64, torch.device("cpu"), torch.float32)
         res = dict(logits=0.0, scale=0.0, kv=0.0, kv_scale=0.0, finite=True, argmax=True,
@@ -184,8 +189,10 @@ FUSED_MANY_SCRIPT = textwrap.dedent(
         free = torch.ones(8, dtype=torch.bool)
         free[used] = False
         res["untouched"] = all(torch.isnan(t[free]).all().item() for t in cache.k + cache.v)
-        res["past_prompt"] = all(torch.isnan(t[s, n:]).all().item()
+        # the batch route writes its padding rows [T, tb) too (decode overwrites them first)
+        res["past_prompt"] = all(torch.isnan(t[s, tb if route == "batch" else n:]).all().item()
                                  for t in cache.k + cache.v for n, s in lens_slots)
+        res["tb"] = tb
         out.append(res)
     print("RESULT " + json.dumps(out))
     """
@@ -196,12 +203,16 @@ def test_fused_prefill_of_several_prompts_matches_fp32_reference_interpreted():
     """prefill_many_fused (Triton kernels under the interpreter) against each prompt prefilled
     alone by the unfused path in float32 from the same weights: last logits and the K/V rows
     of each prompt's slot; no other slot and no row past a prompt is written. Attention both as
-    one SDPA over the right-padded prompts and prompt by prompt (prompts of 5, 33 and 17 tokens)."""
+    one SDPA over the right-padded prompts and prompt by prompt (prompts of 5, 33 and 17 tokens);
+    and the batch route (prefill_batch: every prompt padded to 64 rows, one batch)."""
     pytest.importorskip("triton")
-    cases = [(4, 2, False, "float32", True), (4, 2, False, "float32", False), (6, 2, True, "float32", True),
-             (4, 2, False, "bfloat16", True)]
+    cases = [(4, 2, False, "float32", "padded"), (4, 2, False, "float32", "per-prompt"),
+             (6, 2, True, "float32", "padded"), (4, 2, False, "bfloat16", "padded"),
+             (4, 2, False, "float32", "batch"), (6, 2, True, "float32", "batch"),
+             (4, 2, False, "bfloat16", "batch")]
     for case, r in zip(cases, run_interpreted(FUSED_MANY_SCRIPT, cases)):
-        assert r["padded_calls"] == (r["layers"] if case[4] else 0), (case, r)
+        assert r["tb"] == 64, r
+        assert r["padded_calls"] == (r["layers"] if case[4] == "padded" else 0), (case, r)
         assert r["finite"] and r["untouched"] and r["past_prompt"], (case, r)
         if case[3] == "float32":
             assert r["logits"] <= 1e-4 * max(r["scale"], 1.0), (case, r)

@@ -1,7 +1,8 @@
 """TTFT of one admission round of K prompts: identical prompts (K replies, one shared prefill),
 distinct prompts in one pass (batched prefill; its attention one SDPA over the right-padded
-prompts, and, CUDA only, prompt by prompt as a variant), distinct prompts one by one
-(FGCHAT_BATCHED_PREFILL=0; CUDA only, the CPU path always batches). Alternates the variants
+prompts, and, CUDA only, prompt by prompt as a variant), CUDA only: distinct prompts on the batch
+route (FGCHAT_PREFILL_BATCH_ROUTE: one padded batch, a graph per shape in full mode; where the
+lengths allow it) and one by one (FGCHAT_BATCHED_PREFILL=0; the CPU path always batches). Alternates the variants
 round by round in one process and prints the median over rounds of each round's mean TTFT.
 
 Usage: python tools/ttft_admission.py [--preset NAME (random weights) | --model PATH]
@@ -49,6 +50,7 @@ def main() -> None:
                 "distinct, one pass": lambda r: [prompt(1000 * r + i, n, vocab) for i in range(k)]}
     if eng.decoder.fused:
         variants["distinct, one pass, attention per prompt"] = variants["distinct, one pass"]
+        variants["distinct, batch route"] = variants["distinct, one pass"]
         variants["distinct, one by one"] = variants["distinct, one pass"]
     padding = pf.PAD_SHORT_TMAX, pf.PAD_WASTE_LIMIT
     res: dict[str, list[float]] = {name: [] for name in variants}
@@ -56,10 +58,12 @@ def main() -> None:
         for name, make in variants.items():
             eng.tuning = dataclasses.replace(batched, batched_prefill="one by one" not in name)
             pf.PAD_SHORT_TMAX, pf.PAD_WASTE_LIMIT = (0, 0.0) if "per prompt" in name else padding
+            eng.modes.batch_route = eng.decoder.fused and "batch route" in name
             t = round_ttft(eng, make(r))
             if r:
                 res[name].append(t)
     eng.tuning = batched
+    eng.modes.batch_route = eng.decoder.fused and batched.prefill_batch_route
     pf.PAD_SHORT_TMAX, pf.PAD_WASTE_LIMIT = padding
     info = eng.info()
     print(f"{info.model_name} on {info.device}, {info.dtype}: {k} prompts of {n} tokens, "

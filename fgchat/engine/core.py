@@ -399,6 +399,9 @@ class Engine:
         run = pf.prefill_many_fused if self.decoder.fused else pf.prefill_many
         prompts = [(torch.tensor(s.prompt_ids, dtype=torch.int64, device=self.device), s.slot) for s in seqs]
         try:
+            batch = self.modes.prefill_many_logits(self.mode, prompts)
+            if batch is not None:
+                return batch
             return run(self.decoder, prompts, self.cache.k, self.cache.v)
         except (RuntimeError, MemoryError):  # e.g. no memory for the stacked rows: one by one
             return None

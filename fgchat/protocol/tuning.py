@@ -55,6 +55,9 @@ class Tuning:
     prefill_graphs: bool = True
     eager_launch_list: bool = True
     batched_prefill: bool = True
+    # prompts admitted together as one padded batch (model.prefill.batch_bucket), a CUDA graph per
+    # shape in full mode; off until measured on the GPU (notes: decode-step.md, V33)
+    prefill_batch_route: bool = False
 
     @classmethod
     def from_env(cls) -> Tuning:
@@ -70,6 +73,7 @@ class Tuning:
             prefill_graphs=_flag("FGCHAT_PREFILL_GRAPHS", d.prefill_graphs),
             eager_launch_list=_flag("FGCHAT_EAGER_LAUNCH_LIST", d.eager_launch_list),
             batched_prefill=_flag("FGCHAT_BATCHED_PREFILL", d.batched_prefill),
+            prefill_batch_route=_flag("FGCHAT_PREFILL_BATCH_ROUTE", d.prefill_batch_route),
         )
 
     def proj_config_texts(self) -> dict[str, str]:

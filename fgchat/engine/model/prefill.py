@@ -253,12 +253,88 @@ def prefill_many_fused(
     return list(final_logits(dec, h.index_select(0, last), delta.index_select(0, last)).unbind(0))
 
 
+# Several prompts prefilled as one batch of equal padded length tb = bucket_for(longest) (the
+# route the batch prefill graphs capture): used when tb <= BATCH_MAX_T and the padded rows are few
+# (b * tb <= BATCH_SMALL_ROWS) or waste at most BATCH_ROW_WASTE x the real ones. The route is a
+# function of the prompt lengths alone, so eager and graph replay run the same shapes and bits.
+BATCH_MAX_T = 256
+BATCH_SMALL_ROWS = 1024
+BATCH_ROW_WASTE = 2.0
+
+
+def batch_bucket(lens: list[int], cache_len: int) -> int | None:
+    """The padded length of the batch route for prompts of `lens` tokens, or None where it does
+    not apply (one prompt, long prompts, too much padding)."""
+    if len(lens) < 2 or min(lens) < 1:
+        return None
+    tb = bucket_for(max(lens), cache_len)
+    if tb not in PREFILL_BUCKETS or tb > BATCH_MAX_T:
+        return None
+    rows = len(lens) * tb
+    return tb if rows <= BATCH_SMALL_ROWS or rows <= BATCH_ROW_WASTE * sum(lens) else None
+
+
+def prefill_batch_last(dec: Decoder, ids: torch.Tensor, slots: torch.Tensor, last: torch.Tensor,
+                       k_caches: list[torch.Tensor], v_caches: list[torch.Tensor]) -> torch.Tensor:
+    """Logits [B, V] (float32) of rows `last` (device [B], prompt j's last row j * tb + T_j - 1)
+    of B prompts right-padded to tb tokens each, ids [B * tb], prefilled into cache slots `slots`
+    (device int64 [B]). Pad rows write K/V at positions [T_j, tb) of their slot, which decode
+    overwrites before reading. Graph-capturable: no host values but shapes."""
+    b = slots.shape[0]
+    tb = ids.shape[0] // b
+    pos = torch.arange(tb, dtype=torch.int64, device=dec.device).repeat(b)
+    row_slots = slots[:, None].expand(b, tb).reshape(b * tb)
+    h, delta = _fused_layers(dec, ids, pos, row_slots, None, k_caches, v_caches, batch=b)
+    return final_logits(dec, h.index_select(0, last), delta.index_select(0, last))
+
+
+def pack_batch(prompts: list[tuple[torch.Tensor, int]], tb: int, ids: torch.Tensor, slots: torch.Tensor,
+               last: torch.Tensor) -> None:
+    """Write the prompts [(ids [T_j], slot_j)] into the batch route's device inputs: the first
+    B * tb entries of ids (prompt j at rows j * tb + [0, T_j), zeros after it), and the first B
+    of slots and of last (prompt j's last row)."""
+    b = len(prompts)
+    ids[:b * tb].zero_()
+    rows = ids[:b * tb].view(b, tb)
+    for j, (p, _) in enumerate(prompts):
+        rows[j, :p.shape[0]].copy_(p)
+    lens = [int(p.shape[0]) for p, _ in prompts]
+    host = torch.tensor([[s for _, s in prompts], [j * tb + t - 1 for j, t in enumerate(lens)]],
+                        dtype=torch.int64)
+    slots[:b].copy_(host[0], non_blocking=True)
+    last[:b].copy_(host[1], non_blocking=True)
+
+
+def prefill_batch(dec: Decoder, prompts: list[tuple[torch.Tensor, int]], tb: int,
+                  k_caches: list[torch.Tensor], v_caches: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The batch route run eagerly: [(ids [T_j], slot_j)] -> last logits [V] of each (float32)."""
+    for p, slot in prompts:
+        _check_prompt(dec, p.shape[0], slot, k_caches)
+    b, dev = len(prompts), dec.device
+    ids = torch.empty(b * tb, dtype=torch.int64, device=dev)
+    slots = torch.empty(b, dtype=torch.int64, device=dev)
+    last = torch.empty(b, dtype=torch.int64, device=dev)
+    pack_batch(prompts, tb, ids, slots, last)
+    return list(prefill_batch_last(dec, ids, slots, last, k_caches, v_caches).unbind(0))
+
+
+def _batched_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, b: int, scale: float) -> torch.Tensor:
+    """Causal attention of b equal-length prompts stacked as rows: q [n, Hq, D], k/v [n, Hkv, D]
+    (any row strides, unit last stride) -> [n, Hq*D]. Right padding is exact under the causal
+    mask: a prompt's real rows see only earlier rows of the same prompt."""
+    n, hq, d = q.shape
+    t = n // b
+    q4, k4, v4 = (x.view(b, t, x.shape[1], d).transpose(1, 2) for x in (q, k, v))
+    return _causal_sdpa(q4, k4, v4, scale).transpose(1, 2).reshape(n, hq * d)
+
+
 def _fused_layers(dec: Decoder, ids: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor,
                   spans: list[tuple[int, int]] | None, k_caches: list[torch.Tensor],
-                  v_caches: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+                  v_caches: list[torch.Tensor], batch: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """The decoder layers over rows `ids` at positions `pos` of cache slots `slots` (per row).
-    spans None: the rows are one prompt; else [(first row, length)] per prompt, each attending
-    causally to its own rows only."""
+    spans None: the rows are `batch` prompts of n / batch rows each (right-padded), each attending
+    causally to its own rows; else [(first row, length)] per prompt, each attending causally to
+    its own rows only."""
     from fgchat.engine.kernels import fused as fk
 
     c, w = dec.cfg, dec.w
@@ -275,7 +351,9 @@ def _fused_layers(dec: Decoder, ids: torch.Tensor, pos: torch.Tensor, slots: tor
         q = fk.rope_kv_write(qkv, dec.cos, dec.sin, pos, slots, k_caches[i], v_caches[i],
                              c.num_heads, c.num_kv_heads, c.head_dim, k_out=k)
         v = qkv[:, v_at:].view(n, c.num_kv_heads, c.head_dim)  # a strided view: no copy
-        if spans is None:
+        if spans is None and batch > 1:
+            a = _batched_sdpa(q, k, v, batch, dec.scale)
+        elif spans is None:
             a = sdpa_causal(heads_first(q), heads_first(k), heads_first(v), dec.scale)
         elif padded is not None:
             a = padded.attention(q, k, v, dec.scale)

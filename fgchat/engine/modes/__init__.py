@@ -16,6 +16,7 @@ Invariants:
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TypeVar
 
 import torch
 
@@ -25,6 +26,8 @@ from fgchat.engine.modes.eager import EagerMode
 from fgchat.engine.step import StepOutputs, StepProgram
 from fgchat.protocol.events import CaptureReport, Mode
 from fgchat.protocol.tuning import Tuning
+
+T = TypeVar("T")
 
 GRAPH_MODES = (Mode.PIECEWISE, Mode.FULL)
 
@@ -39,6 +42,7 @@ class ModeSet:
         self.modes: dict[Mode, StepMode] = {Mode.EAGER: self.eager}
         self.unavailable: dict[Mode, str] = {Mode.EAGER: ""}
         self.prefill_graphs = None  # PrefillGraphs in full mode (fused decoders on CUDA)
+        self.batch_route = dec.fused and tuning.prefill_batch_route
         self.kernel_warmup_s: float | None = None
         self.cap = None
         if not cuda:
@@ -164,11 +168,38 @@ class ModeSet:
         the same kernels at the same padded length."""
         graphs = self.prefill_graphs
         if mode == Mode.FULL and graphs is not None and graphs.covers(ids.shape[0]):
-            try:
-                return graphs.run(ids, slot)
-            except torch.OutOfMemoryError:
-                raise
-            except RuntimeError as exc:  # a capture failure
-                self._drop_prefill_graphs(exc)
+            out = self._graph_prefill(lambda: graphs.run(ids, slot))
+            if out is not None:
+                return out
         prog = self.program
         return prog.dec.prefill(ids, slot, prog.cache.k, prog.cache.v)
+
+    def prefill_many_logits(self, mode: Mode, prompts: list[tuple[torch.Tensor, int]]) -> list[torch.Tensor] | None:
+        """Prompts admitted together [(ids [T_j], slot_j)] on the batch route (one padded batch;
+        a graph per shape in full mode, the same kernels eagerly otherwise): each prompt's last
+        logits [V]; None where the route is off or does not apply to these lengths."""
+        from fgchat.engine.model.prefill import batch_bucket, prefill_batch
+
+        if not self.batch_route:
+            return None
+        prog = self.program
+        tb = batch_bucket([int(p.shape[0]) for p, _ in prompts], prog.cache.max_context)
+        if tb is None:
+            return None
+        graphs = self.prefill_graphs
+        if mode == Mode.FULL and graphs is not None:
+            out = self._graph_prefill(lambda: graphs.run_batch(prompts, tb))
+            if out is not None:
+                return out
+        return prefill_batch(prog.dec, prompts, tb, prog.cache.k, prog.cache.v)
+
+    def _graph_prefill(self, replay: Callable[[], T]) -> T | None:
+        """A prefill graph's replay (captured first where new), or None when capturing failed:
+        prefill graphs are then dropped and the caller prefills eagerly (same bits)."""
+        try:
+            return replay()
+        except torch.OutOfMemoryError:
+            raise
+        except RuntimeError as exc:  # a capture failure
+            self._drop_prefill_graphs(exc)
+            return None

@@ -1,8 +1,10 @@
-"""CUDA graphs of the fused prefill, one per token bucket (model.prefill.PREFILL_BUCKETS).
+"""CUDA graphs of the fused prefill, one per token bucket (model.prefill.PREFILL_BUCKETS), and
+of the batch route (model.prefill.batch_bucket), one per (prompts, padded length).
 
 A prompt of T tokens runs the graph of bucket_for(T): its ids (zero-padded), the slot and the
 last row index are copied into fixed input buffers, and the graph replays the same kernels as
-the eager fused prefill at that bucket, so both give the same bits.
+the eager fused prefill at that bucket, so both give the same bits. B prompts admitted together
+run the graph of (B, tb) the same way (captured on first use: up to 7 x 4 shapes).
 
 Invariants:
 - graphs share the decode graphs' memory pool (modes.capture); a prefill replay only runs when no decode step is
@@ -19,7 +21,8 @@ from dataclasses import dataclass
 import torch
 
 from fgchat.engine.model.decoder import Decoder
-from fgchat.engine.model.prefill import PREFILL_BUCKETS, bucket_for, prefill_last
+from fgchat.engine.model.prefill import (BATCH_MAX_T, PREFILL_BUCKETS, bucket_for, pack_batch,
+                                        prefill_batch_last, prefill_last)
 from fgchat.engine.modes.capture import GraphCapture
 from fgchat.protocol.events import CaptureReport, Mode
 
@@ -27,7 +30,7 @@ from fgchat.protocol.events import CaptureReport, Mode
 @dataclass
 class _Graph:
     graph: torch.cuda.CUDAGraph
-    logits: torch.Tensor  # [1, V] float32, written by each replay
+    logits: torch.Tensor  # [1, V] (one prompt) or [B, V] (batch route) float32, written by each replay
 
 
 class PrefillGraphs:
@@ -45,6 +48,11 @@ class PrefillGraphs:
         self.last = torch.zeros(1, dtype=torch.int64, device=dev)
         self.graphs: dict[int, _Graph] = {}
         self.reports: list[CaptureReport] = []
+        n = k_caches[0].shape[0]  # slots: at most this many prompts in one batch
+        self.batch_ids = torch.zeros(n * min(top, BATCH_MAX_T), dtype=torch.int64, device=dev)
+        self.batch_slots = torch.zeros(n, dtype=torch.int64, device=dev)
+        self.batch_last = torch.zeros(n, dtype=torch.int64, device=dev)
+        self.batch_graphs: dict[tuple[int, int], _Graph] = {}
 
     def covers(self, t: int) -> bool:
         """A graph serves prompts of t tokens (longer ones run eagerly)."""
@@ -84,3 +92,28 @@ class PrefillGraphs:
         entry = self.graphs.get(bucket) or self.capture(bucket)  # inputs first: see capture
         entry.graph.replay()
         return entry.logits[0]
+
+    def run_batch(self, prompts: list[tuple[torch.Tensor, int]], tb: int) -> list[torch.Tensor]:
+        """The batch route (model.prefill.batch_bucket gave tb) for [(ids [T_j], slot_j)]; returns
+        each prompt's last logits [V]. The graph of (B, tb) is captured on first use, after the
+        inputs are written: its warm-up run prefills these very prompts."""
+        b = len(prompts)
+        pack_batch(prompts, tb, self.batch_ids, self.batch_slots, self.batch_last)
+        entry = self.batch_graphs.get((b, tb)) or self._capture_batch(b, tb)
+        entry.graph.replay()
+        return list(entry.logits.unbind(0))
+
+    @torch.inference_mode()
+    def _capture_batch(self, b: int, tb: int) -> _Graph:
+        cap = self.cap
+        args = (self.dec, self.batch_ids[:b * tb], self.batch_slots[:b], self.batch_last[:b], self.k, self.v)
+        with cap.measured(Mode.FULL, b * tb, self.reports, kind="prefill"):
+            with torch.cuda.stream(cap.stream):
+                prefill_batch_last(*args)
+            cap.stream.synchronize()
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, pool=cap.pool, stream=cap.stream):
+                logits = prefill_batch_last(*args)
+            entry = _Graph(g, logits)
+            self.batch_graphs[(b, tb)] = entry
+        return entry
