@@ -23,6 +23,8 @@
 #   penalties  cost per decode step of repetition/presence/frequency penalties (1B, batch 1, 8)
 #   admission  TTFT of 8 prompts admitted together: shared prefill, one pass (attention padded or per
 #              prompt), one by one (1B)
+#   startup    launch -> ready to send in the TUI on the real weights, FGCHAT_IDLE_CAPTURE 0 / 1
+#              alternating (needs the tui wheels in .whl)
 #   llamacpp   llama.cpp built from .llamacpp/src.tgz (carry it) and benched on random 1B / SmolLM2
 #              GGUFs (the build takes ~5 min: run it in a call of its own)
 set -u -o pipefail
@@ -116,6 +118,16 @@ for what in "$@"; do
       for len in 512 32; do
         timeout 300 python3 tools/ttft_admission.py --preset llama-3.2-1b --k 8 --prompt-len $len --rounds 5 \
           2>&1 | tee -a "$OUT/admission.log" | tail -4
+      done ;;
+    startup)  # launch -> ready to send in the TUI (scripts/startup_time.py), captures at start vs idle
+      [[ -n $GGUF ]] || { echo "startup: needs the real weights"; continue; }
+      timeout 300 python3 scripts/startup_time.py --model "$GGUF" --runs 1 2>&1 | tail -3  # converts, compiles
+      for i in $(seq "${STARTUP_ROUNDS:-2}"); do
+        for idle in 0 1; do
+          echo "FGCHAT_IDLE_CAPTURE=$idle round $i" | tee -a "$OUT/startup.log"
+          FGCHAT_IDLE_CAPTURE=$idle timeout 300 python3 scripts/startup_time.py --model "$GGUF" --runs 2 \
+            --json "$JSON/startup_idle${idle}_$i.json" 2>&1 | tee -a "$OUT/startup.log" | tail -20
+        done
       done ;;
     llamacpp)  # the llama.cpp peer, built from the carried .llamacpp/src.tgz (scripts/llama_cpp.sh)
       bash scripts/llama_cpp.sh build cuda && bash scripts/llama_cpp.sh bench llama-3.2-1b smollm2-135m ;;

@@ -340,3 +340,32 @@ def test_penalized_step_matches_a_float64_reference(engine):
             tok = int(outs[mode][1][lane])
             assert after[slot, tok] == counts[slot, tok] + 1, (mode, lane)
     assert all(torch.equal(outs["eager"][0], outs[m][0]) for m in ("piecewise", "full"))
+
+
+def test_idle_capture_defers_all_but_batch_one_and_matches(gqa_model, monkeypatch):
+    """FGCHAT_IDLE_CAPTURE=1: the engine starts with full mode's batch-1 graph only; the idle
+    captures (Engine.capture_idle, one per call) bring every size of both modes and every prefill
+    bucket, self-checked, and the tokens equal those of an engine that captured at start."""
+    monkeypatch.setenv("FGCHAT_IDLE_CAPTURE", "1")
+    eng = Engine(EngineConfig(model=str(gqa_model), device="cuda", dtype="bfloat16", max_context=4096, mode="full"))
+    monkeypatch.delenv("FGCHAT_IDLE_CAPTURE")
+    ref = Engine(EngineConfig(model=str(gqa_model), device="cuda", dtype="bfloat16", max_context=4096, mode="full"))
+    full = eng.modes.modes[Mode.FULL]
+    assert set(full.graphs) == {(1, False)}, sorted(full.graphs)
+    assert not eng.modes.modes[Mode.PIECEWISE].graphs
+    pre = len(eng.modes.prefill_graphs.graphs)
+    n = 0
+    while eng.capture_idle():
+        n += 1
+    # 7 full and 8 piecewise sizes, and the prefill buckets the start-up check did not capture
+    assert n == 15 + len(eng.modes.prefill_graphs.buckets) - pre, n
+    assert {b for b, _ in full.graphs} == set(range(1, 9))
+    assert {b for b, _ in eng.modes.modes[Mode.PIECEWISE].graphs} == set(range(1, 9))
+    assert set(eng.modes.prefill_graphs.graphs) == set(eng.modes.prefill_graphs.buckets)
+    assert not any(eng.modes.unavailable.values()), eng.modes.unavailable
+    v = eng.cfg.vocab_size
+    sp = SamplingParams(max_tokens=32, ignore_eos=True)
+    for batch in (1, 3, 8):
+        prompts = [prompt_of(17 + 29 * i, 800 + batch + i, v) for i in range(batch)]
+        for mode in ("full", "piecewise"):
+            assert run(eng, mode, prompts, sp)[0] == run(ref, mode, prompts, sp)[0], (mode, batch)

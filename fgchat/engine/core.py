@@ -148,7 +148,15 @@ class Engine:
         self.attention.pdl_entry = entry_pdl and self.attention.pdl
         self.program = StepProgram(self.decoder, self.cache, self.bufs, self.attention)
         self.modes = self._make_modes()
-        if not self.config.lazy_capture:
+        if self.config.lazy_capture:
+            return
+        if self.tuning.idle_capture:
+            try:
+                first = Mode(self.config.mode or Mode.FULL)
+            except ValueError:  # set_mode reports it
+                first = Mode.FULL
+            self.modes.capture_start(self.config.self_check, first)
+        else:
             self.modes.capture_all(self.config.self_check)
 
     def _make_modes(self) -> ModeSet:
@@ -250,6 +258,16 @@ class Engine:
         self._pending.append(ev)
         self._info_due = True
         return ev
+
+    def capture_idle(self) -> bool:
+        """While no request runs, one capture that start-up deferred (Tuning.idle_capture); True
+        when one ran. A mode whose capture or self-check failed is left for eager then (its
+        ModeChanged comes out of the next step())."""
+        if self.has_work() or not self.modes.capture_next():
+            return False
+        if self.modes.unavailable.get(self.mode):
+            self.set_mode(self.mode)
+        return True
 
     def submit(
         self, prompt_ids: list[int], params: SamplingParams | None = None, request_id: int | None = None

@@ -7,7 +7,9 @@ event batches come back up a one-way pipe, one batch per engine step.
 Child loop (`serve`): build the engine (a failure sends `EngineError(fatal=True)` with the one-line
 reason and ends the child), send `[EngineInfo, ModeChanged]`, then forever: take commands (block
 when the engine is idle, only drain when it has work), apply them, run one `engine.step()`, send
-its events as one list. Tokenization and the chat template run in the child.
+its events as one list. Tokenization and the chat template run in the child. While idle, an engine
+with deferred graph captures (`capture_idle`) takes them one at a time, each after checking for a
+command, and sends one EngineInfo when they are done.
 
 Invariants:
 - Every batch is a list of engine events (TokenEvent, RequestFinished, ModeChanged, EngineError,
@@ -171,13 +173,24 @@ def serve(
     send(first)
     batch: list = []  # token events waiting to be sent (coalesced: IPC per step would add latency)
     last_send = last_poll = time.monotonic()
+    capture_idle = getattr(engine, "capture_idle", None)
+    captured = False  # deferred captures ran since the last EngineInfo
     while True:
         commands: list[Command] = []
         if not engine.has_work():
             if batch:
                 send(batch)
                 batch = []
-            cmd = next_command(None)
+            # idle: deferred captures one at a time, a waiting command first
+            cmd = next_command(0) if capture_idle is not None else None
+            if cmd is None and capture_idle is not None and capture_idle():
+                captured = True
+                continue
+            if captured:  # the last deferred capture is done: EngineInfo lists them all
+                captured = False
+                send(engine.step())
+            if cmd is None:
+                cmd = next_command(None)
             if cmd is None:
                 if not keep_going():
                     return

@@ -58,6 +58,9 @@ class Tuning:
     # prompts admitted together as one padded batch (model.prefill.batch_bucket), a CUDA graph per
     # shape in full mode; off until measured on the GPU (notes: decode-step.md, V33)
     prefill_batch_route: bool = False
+    # capture only the first mode's batch-1 graph before the engine is ready, the rest while idle
+    # (start-up); off until measured on the GPU (notes: startup.md)
+    idle_capture: bool = False
 
     @classmethod
     def from_env(cls) -> Tuning:
@@ -74,6 +77,7 @@ class Tuning:
             eager_launch_list=_flag("FGCHAT_EAGER_LAUNCH_LIST", d.eager_launch_list),
             batched_prefill=_flag("FGCHAT_BATCHED_PREFILL", d.batched_prefill),
             prefill_batch_route=_flag("FGCHAT_PREFILL_BATCH_ROUTE", d.prefill_batch_route),
+            idle_capture=_flag("FGCHAT_IDLE_CAPTURE", d.idle_capture),
         )
 
     def proj_config_texts(self) -> dict[str, str]:

@@ -15,7 +15,7 @@ Invariants:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TypeVar
 
 import torch
@@ -45,6 +45,9 @@ class ModeSet:
         self.batch_route = dec.fused and tuning.prefill_batch_route
         self.kernel_warmup_s: float | None = None
         self.cap = None
+        # captures deferred by capture_start, taken by capture_next: (mode or "prefill", size)
+        self._queue: list[tuple[str, int]] = []
+        self._self_check = False
         if not cuda:
             reason = "CUDA graphs need a CUDA device; this engine runs on CPU"
             self.unavailable.update({m: reason for m in GRAPH_MODES})
@@ -81,23 +84,68 @@ class ModeSet:
         """Warm the kernels, then capture prefill graphs and every batch size of each graph mode."""
         if self.cap is None:
             return
-        try:
-            self.kernel_warmup_s = self.cap.warm_kernels(range(1, NUM_SLOTS + 1))
-        except RuntimeError as exc:  # the captures below meet the same failure and disable modes
-            self.note(f"kernel warm-up failed: {str(exc).splitlines()[0][:160]}")
+        self._warm()
         # prefill graphs first (H100, one run: 1B full decode 1.170 ms, 1.203 captured after)
         if self.prefill_graphs is not None:
             self._capture_prefill()
         for mode in GRAPH_MODES:
             self._capture_mode(mode, self_check)
 
+    def capture_start(self, self_check: bool, first: Mode) -> None:
+        """Warm the kernels and capture what a first request needs, `first` at batch size 1 (when
+        it is a graph mode); queue every other capture for `capture_next`, which the engine runs
+        while idle (uncaptured shapes are still captured on first use)."""
+        if self.cap is None:
+            return
+        self._warm()
+        order = [first, *(m for m in GRAPH_MODES if m != first)]
+        self._queue = [(m, b) for m in order if m in GRAPH_MODES for b in range(1, NUM_SLOTS + 1)]
+        if self.prefill_graphs is not None:
+            self._queue += [("prefill", n) for n in self.prefill_graphs.buckets]
+        self._self_check = self_check
+        if first in GRAPH_MODES:
+            self.capture_next()
+
+    def capture_next(self) -> bool:
+        """The next queued capture (with its self-check); False when none is left to do."""
+        while self._queue:
+            what, n = self._queue.pop(0)
+            if what == "prefill":
+                graphs = self.prefill_graphs
+                if graphs is None or n in graphs.graphs:
+                    continue
+                try:
+                    graphs.capture(n)
+                except (torch.OutOfMemoryError, RuntimeError) as exc:
+                    self._drop_prefill_graphs(exc)
+                return True
+            mode = Mode(what)
+            if self.unavailable.get(mode) or self.modes[mode].has(n, False):
+                continue
+            self._capture_sizes(mode, [n], self._self_check)
+            return True
+        return False
+
+    def _warm(self) -> None:
+        assert self.cap is not None
+        try:
+            self.kernel_warmup_s = self.cap.warm_kernels(range(1, NUM_SLOTS + 1))
+        except RuntimeError as exc:  # the captures meet the same failure and disable modes
+            self.note(f"kernel warm-up failed: {str(exc).splitlines()[0][:160]}")
+
     def _capture_mode(self, mode: Mode, self_check: bool) -> None:
+        self._capture_sizes(mode, range(1, NUM_SLOTS + 1), self_check)
+
+    def _capture_sizes(self, mode: Mode, sizes: Iterable[int], self_check: bool) -> None:
+        """Capture `mode` at each batch size (then self-check each); a failure disables the mode."""
         runner = self.modes[mode]
         try:
-            for b in range(1, NUM_SLOTS + 1):
-                runner.capture(b, False)
-            if self_check:
-                self.self_check(mode)
+            for b in sizes:
+                if not runner.has(b, False):
+                    runner.capture(b, False)
+                if self_check and not self.check_size(mode, b):
+                    self.disable(mode, f"self-check mismatch at batch size {b}")
+                    return
         except torch.OutOfMemoryError:
             self.disable(mode, "out of GPU memory while capturing graphs")
         except RuntimeError as exc:  # capture failures surface as RuntimeError
@@ -130,24 +178,29 @@ class ModeSet:
             runner.drop()
         self.prefill_graphs = None
 
-    @torch.inference_mode()
     def self_check(self, mode: Mode) -> None:
-        """Replay each captured size at lengths unlike capture's and compare with eager."""
-        prog = self.program
-        g = torch.Generator().manual_seed(1234)
-        top = max(prog.cache.max_context - 1, 2)
+        """Every batch size of `mode` against eager (check_size); disables the mode at the first
+        mismatch."""
         for b in range(1, NUM_SLOTS + 1):
-            pos = torch.randint(1, min(top, 4096), (b,), generator=g).tolist()
-            ids = torch.randint(0, prog.dec.cfg.vocab_size, (b,), generator=g).tolist()
-            prog.bufs.stage(ids, pos, list(range(b)), [0.0] * b, [1.0] * b, [0] * b, [0] * b)
-            ref = prog.run_eager(b, False)
-            ref_tokens, ref_logits = ref.tokens.clone(), ref.logits.clone()
-            out = self.modes[mode].run(b, False)
-            ok = torch.equal(out.tokens, ref_tokens) and bool(torch.isfinite(out.logits).all()) and (
-                torch.allclose(out.logits, ref_logits, rtol=2e-2, atol=2e-2))
-            if not ok:
+            if not self.check_size(mode, b):
                 self.disable(mode, f"self-check mismatch at batch size {b}")
                 return
+
+    @torch.inference_mode()
+    def check_size(self, mode: Mode, b: int) -> bool:
+        """Replay `mode`'s graph of batch size b at lengths unlike capture's (random, from a seed
+        of b) and compare with eager: same tokens, finite logits close to eager's."""
+        prog = self.program
+        g = torch.Generator().manual_seed(1234 + b)
+        top = max(prog.cache.max_context - 1, 2)
+        pos = torch.randint(1, min(top, 4096), (b,), generator=g).tolist()
+        ids = torch.randint(0, prog.dec.cfg.vocab_size, (b,), generator=g).tolist()
+        prog.bufs.stage(ids, pos, list(range(b)), [0.0] * b, [1.0] * b, [0] * b, [0] * b)
+        ref = prog.run_eager(b, False)
+        ref_tokens, ref_logits = ref.tokens.clone(), ref.logits.clone()
+        out = self.modes[mode].run(b, False)
+        return torch.equal(out.tokens, ref_tokens) and bool(torch.isfinite(out.logits).all()) and (
+            torch.allclose(out.logits, ref_logits, rtol=2e-2, atol=2e-2))
 
     def run(self, mode: Mode, b: int, variant: int) -> tuple[StepOutputs, Mode]:
         """One decode step in `mode`; returns its outputs and the mode that ran it (eager when

@@ -1,0 +1,168 @@
+"""Deferred graph capture (Tuning.idle_capture): ModeSet's queue, Engine.capture_idle and the
+engine loop that runs them while idle. On CPU with stand-in graph runners; the real captures are
+the GPU tests' (tests/test_gpu_graphs.py)."""
+
+from __future__ import annotations
+
+import queue
+
+from fgchat.engine.core import Engine, EngineConfig
+from fgchat.engine.modes.base import StepMode
+from fgchat.engine.process import GetInfo, serve
+from fgchat.protocol.events import EngineInfo, Mode, ModeChanged, SamplingParams
+
+
+class _Runner(StepMode):
+    """A graph mode's stand-in: "captures" by remembering the size and replays eager, except at
+    `bad` batch sizes, where its tokens are wrong (a broken graph)."""
+
+    def __init__(self, mode: Mode, program, bad: tuple[int, ...] = ()) -> None:
+        super().__init__()
+        self.mode, self.program, self.bad = mode, program, bad
+        self.captured: list[int] = []
+
+    def has(self, b: int, variant: int) -> bool:
+        return b in self.captured
+
+    def capture(self, b: int, variant: int) -> None:
+        self.captured.append(b)
+
+    def run(self, b: int, variant: int):
+        out = self.program.run_eager(b, variant)
+        if b in self.bad:
+            out.tokens.add_(1)
+        return out
+
+    def drop(self) -> None:
+        self.captured.clear()
+
+
+class _Cap:
+    def warm_kernels(self, sizes) -> float:
+        return 0.0
+
+
+class _PrefillGraphs:
+    buckets = [32, 64]
+
+    def __init__(self) -> None:
+        self.graphs: dict[int, object] = {}
+        self.reports: list = []
+
+    def capture(self, n: int) -> None:
+        self.graphs[n] = object()
+
+
+def _engine_with_stand_ins(tiny_llama, bad_full: tuple[int, ...] = ()) -> tuple[Engine, _Runner, _Runner]:
+    eng = Engine(EngineConfig(model=str(tiny_llama), device="cpu", max_context=128))
+    for t in eng.cache.k + eng.cache.v:  # the CPU cache starts uninitialized; the self-check
+        t.zero_()  # reads rows at random positions, as on CUDA (where the cache starts zeroed)
+    ms = eng.modes
+    full, piecewise = _Runner(Mode.FULL, eng.program, bad_full), _Runner(Mode.PIECEWISE, eng.program)
+    ms.install(Mode.FULL, full)
+    ms.install(Mode.PIECEWISE, piecewise)
+    ms.cap = _Cap()
+    ms.prefill_graphs = _PrefillGraphs()
+    return eng, full, piecewise
+
+
+def test_start_captures_batch_one_of_the_first_mode_and_queues_the_rest(tiny_llama):
+    eng, full, piecewise = _engine_with_stand_ins(tiny_llama)
+    ms = eng.modes
+    ms.capture_start(True, Mode.PIECEWISE)
+    assert piecewise.captured == [1] and full.captured == []
+    steps = 0
+    while ms.capture_next():
+        steps += 1
+    assert piecewise.captured == list(range(1, 9)) and full.captured == list(range(1, 9))
+    assert set(ms.prefill_graphs.graphs) == {32, 64}
+    assert steps == 7 + 8 + 2  # one capture per call
+    assert not ms.capture_next()
+
+
+def test_a_size_failing_its_self_check_disables_the_mode_and_skips_its_queue(tiny_llama):
+    eng, full, piecewise = _engine_with_stand_ins(tiny_llama, bad_full=(3,))
+    ms = eng.modes
+    ms.capture_start(True, Mode.FULL)
+    eng.set_mode("full")
+    assert eng.capture_idle() and eng.mode == Mode.FULL  # batch 2
+    assert eng.capture_idle()  # batch 3: its replay differs from eager
+    assert "self-check mismatch at batch size 3" in ms.unavailable[Mode.FULL]
+    assert eng.mode == Mode.EAGER  # the engine left the broken mode
+    changed = [e for e in eng.step() if isinstance(e, ModeChanged)]
+    assert changed and changed[-1].mode == Mode.EAGER and "batch size 3" in changed[-1].reason
+    while eng.capture_idle():
+        pass
+    assert full.captured == []  # dropped when disabled, the rest of its sizes skipped
+    assert piecewise.captured == list(range(1, 9))
+
+
+def test_no_capture_while_a_request_runs(tiny_llama):
+    eng, full, _ = _engine_with_stand_ins(tiny_llama)
+    eng.modes.capture_start(False, Mode.FULL)
+    eng.submit([5, 6, 7], SamplingParams(max_tokens=3, ignore_eos=True))
+    assert not eng.capture_idle() and full.captured == [1]
+    eng.run_until_done()
+    assert eng.capture_idle() and full.captured == [1, 2]
+
+
+class _LoopEngine:
+    """An engine for the loop alone: `pending` deferred captures, a log of what happened."""
+
+    def __init__(self, pending: int, log: list) -> None:
+        self.pending, self.log, self.infos = pending, log, 0
+
+    def info(self):
+        self.infos += 1
+        return EngineInfo.__new__(EngineInfo)
+
+    def has_work(self) -> bool:
+        return False
+
+    def step(self) -> list:
+        self.log.append("step")
+        return [self.info()] if self.log.count("capture") else []
+
+    def capture_idle(self) -> bool:
+        if not self.pending:
+            return False
+        self.pending -= 1
+        self.log.append("capture")
+        return True
+
+
+def test_the_loop_captures_while_idle_takes_commands_first_and_reports_once():
+    log: list = []
+    eng = _LoopEngine(3, log)
+    commands: queue.Queue = queue.Queue()
+    commands.put(GetInfo())  # waiting before the first idle pass: applied before any capture
+    sent: list[list] = []
+    idle_waits = []
+
+    def next_command(timeout):
+        try:
+            cmd = commands.get_nowait()
+        except queue.Empty:
+            if timeout is None:
+                idle_waits.append(len(log))
+                if len(idle_waits) > 1:
+                    raise SystemExit  # stop the loop: it is blocking while idle with nothing left
+            return None
+        log.append(type(cmd).__name__)
+        return cmd
+
+    try:
+        serve(lambda: eng, next_command, sent.append)
+    except SystemExit:
+        pass
+    # startup step; GetInfo applied (its step); three captures; one step whose EngineInfo lists
+    # them; then blocking waits only
+    assert log == ["step", "GetInfo", "step", "capture", "capture", "capture", "step"], log
+    assert sum(isinstance(e, EngineInfo) for batch in sent[-1:] for e in batch) == 1
+    assert idle_waits[0] == len(log)
+
+
+def test_an_engine_without_deferred_captures_keeps_its_idle_loop(tiny_llama):
+    eng = Engine(EngineConfig(model=str(tiny_llama), device="cpu", max_context=128))
+    assert not eng.capture_idle()  # CPU: nothing queued
+    assert not eng.modes.capture_next()
