@@ -31,6 +31,7 @@ from fgchat.metrics.stats import (
     summarize,
     summarize_records,
 )
+from fgchat.metrics.window_summary import WindowSummary
 
 __all__ = [
     "HOST_BOUND_FRACTION",
@@ -42,6 +43,7 @@ __all__ = [
     "RequestRecord",
     "Stats",
     "TokenRecord",
+    "WindowSummary",
     "histogram",
     "host_bound",
     "itl_by_mode",

@@ -235,6 +235,11 @@ class LatencyLog:
             tokens = self._tokens
             return [tokens[i].itl_ms for i in rows[-limit:]]  # type: ignore[misc]
 
+    def requests_since(self, index: int) -> list[RequestRecord]:
+        """Request records with position >= index in the order they were added."""
+        with self._lock:
+            return self._requests[max(0, index) :]
+
     def requests(self) -> list[RequestRecord]:
         """Snapshot of all finished-request records, in the order they were added."""
         with self._lock:

@@ -49,7 +49,11 @@ def clean(values: Iterable[float | None]) -> np.ndarray:
 
 def summarize(values: Iterable[float | None]) -> Stats:
     """Stats of the finite values in `values`; safe on None entries and on empty input."""
-    arr = clean(values)
+    return finite_stats(clean(values))
+
+
+def finite_stats(arr: np.ndarray) -> Stats:
+    """Stats of a float64 array that holds only finite values (as `clean` returns)."""
     if arr.size == 0:
         return Stats(None, None, None, None, 0)
     p50, p90, p99 = np.percentile(arr, [50.0, 90.0, 99.0])
@@ -121,19 +125,44 @@ def summarize_records(
         if (mode is None or t.mode == mode) and (batch_size is None or t.batch_size == batch_size)
     ]
     ttft_values, tpot_values = _request_values(tokens, requests, mode, batch_size)
-
     decode = [t for t in selected if not t.is_first_token and t.itl_ms is not None]
-    itl = clean(t.itl_ms for t in decode)
-    both = [
-        (t.itl_ms, t.gpu_step_ms)
-        for t in decode
-        if t.gpu_step_ms is not None and math.isfinite(t.itl_ms) and math.isfinite(t.gpu_step_ms)
-    ]
-    gpu = clean(t.gpu_step_ms for t in decode)
-
     out: dict[str, Any] = {"mode": mode, "batch_size": batch_size, "tokens": len(selected)}
-    for name, values in (("ttft", ttft_values), ("tpot", tpot_values), ("itl", itl)):
-        stats = summarize(values)
+    out.update(summary_figures(
+        ttft=clean(ttft_values),
+        tpot=clean(tpot_values),
+        itl=_floats(t.itl_ms for t in decode),
+        gpu=_floats(t.gpu_step_ms for t in decode),
+        launch=_floats(t.launch_ms for t in decode),
+        batch=np.asarray([t.batch_size for t in decode], dtype=np.int64),
+    ))
+    return out
+
+
+def _floats(values: Iterable[float | None]) -> np.ndarray:
+    """Float64 array of `values` in order, None as NaN (positions kept, unlike `clean`)."""
+    return np.asarray([math.nan if v is None else v for v in values], dtype=np.float64)
+
+
+def summary_figures(
+    *,
+    ttft: np.ndarray,
+    tpot: np.ndarray,
+    itl: np.ndarray,
+    gpu: np.ndarray,
+    launch: np.ndarray,
+    batch: np.ndarray,
+) -> dict[str, Any]:
+    """`summarize_records`' figures besides mode, batch_size and tokens.
+
+    ttft, tpot: the requests' values, finite only. itl, gpu, launch, batch: one entry per decode
+    token (non-first, ITL not None) in arrival order, a missing value as NaN; non-finite entries
+    are left out of each figure that uses them.
+    """
+    out: dict[str, Any] = {}
+    finite_itl = np.isfinite(itl)
+    itl_values = itl[finite_itl]
+    for name, values in (("ttft", ttft), ("tpot", tpot), ("itl", itl_values)):
+        stats = finite_stats(values)
         for stat in STAT_NAMES:
             out[f"{name}_ms_{stat}"] = getattr(stats, stat)
         out[f"{name}_count"] = stats.count
@@ -141,13 +170,17 @@ def summarize_records(
     itl_mean = out["itl_ms_mean"]
     out["tokens_per_s"] = 1000.0 / itl_mean if itl_mean else None
     # each token owns itl/batch of wall time: a step of batch b emits b tokens at once
-    owned_ms = float(sum(t.itl_ms / max(t.batch_size, 1) for t in decode if math.isfinite(t.itl_ms)))
-    out["throughput_tokens_per_s"] = len(itl) * 1000.0 / owned_ms if owned_ms > 0 else None
-    out["gpu_step_ms_mean"] = float(gpu.mean()) if gpu.size else None
-    launch = clean(t.launch_ms for t in decode)
-    out["launch_ms_mean"] = float(launch.mean()) if launch.size else None
-    if both:
-        pairs = np.asarray(both, dtype=np.float64)
+    # (summed by Python's sum in arrival order: the same inputs give the same float everywhere)
+    owned_ms = float(sum((itl_values / np.maximum(batch[finite_itl], 1)).tolist()))
+    out["throughput_tokens_per_s"] = itl_values.size * 1000.0 / owned_ms if owned_ms > 0 else None
+    gpu_values = gpu[np.isfinite(gpu)]
+    out["gpu_step_ms_mean"] = float(gpu_values.mean()) if gpu_values.size else None
+    launch_values = launch[np.isfinite(launch)]
+    out["launch_ms_mean"] = float(launch_values.mean()) if launch_values.size else None
+    both = finite_itl & np.isfinite(gpu)
+    if both.any():
+        pairs = np.empty((int(both.sum()), 2), dtype=np.float64)
+        pairs[:, 0], pairs[:, 1] = itl[both], gpu[both]
         out["host_overhead_ms_mean"] = float((pairs[:, 0] - pairs[:, 1]).mean())
         itl_sum = float(pairs[:, 0].sum())
         out["gpu_fraction"] = float(pairs[:, 1].sum()) / itl_sum if itl_sum > 0 else None

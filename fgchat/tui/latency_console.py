@@ -3,13 +3,13 @@ panel draws, rebuilt from bounded windows of the log.
 
 Invariants:
 - The log is the one source of latencies: the stats table, the per-mode histograms and the
-  sparkline are all windows of its records (`LatencyLog.recent_itl`, `tokens_since`); nothing
-  keeps a second copy of the ITLs.
+  sparkline are all windows of its records (`WindowSummary`, `LatencyLog.recent_itl`); the
+  stats table's columns only ever take the log's records in arrival order and drop the oldest.
 - Every token and finished request is recorded here before any UI shows it.
 - Rebuilding is coalesced and throttled: only when something shown changed, at most every
   `refresh_s` (longer while the engine computes on this machine's CPU), and at most ~20% of
   the UI thread, so a fast token stream never makes the UI fall behind; the windows keep each
-  rebuild O(window), whatever the log's length.
+  rebuild O(window), whatever the log's length, and the stats table converts each record once.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from fgchat.metrics import LatencyLog, summarize_records
+from fgchat.metrics import LatencyLog, WindowSummary
 from fgchat.protocol.events import MODES, EngineInfo, RequestSummary, TokenEvent
 from fgchat.tui.latency_panel import PanelView
 
@@ -58,6 +58,7 @@ class LatencyConsole:
 
     def __init__(self, session_id: str = "") -> None:
         self.log = LatencyLog(session_id=session_id)
+        self.stats = WindowSummary(self.log, STATS_WINDOW_TOKENS, STATS_WINDOW_REQUESTS)
         self.batch_size_now = 0  # batch of the latest decode step; 0 once no reply is in flight
         self.last_batch_size = 0
         self.batch_sizes_seen: Counter[int] = Counter()  # decode batch sizes of tokens received
@@ -99,17 +100,15 @@ class LatencyConsole:
         return self.view
 
     def build(self, status: PanelStatus) -> PanelView:
-        count = self.log.token_count
-        start = max(0, count - STATS_WINDOW_TOKENS)
-        tokens = self.log.tokens_since(start)
-        requests = self.log.requests()[-STATS_WINDOW_REQUESTS:]
+        summary = self.stats.summary()
+        count = self.stats.tokens_seen
         return PanelView(
             **{f.name: getattr(status, f.name) for f in fields(status)},
             batch_size=self.batch_size_now,
             last_batch_size=self.last_batch_size,
-            summary=summarize_records(tokens, requests),
+            summary=summary,
             itl_by_mode={m: np.asarray(self.log.recent_itl(HIST_WINDOW, m), dtype=np.float64) for m in MODES},
             recent_itl=self.log.recent_itl(RECENT_ITL),
-            windowed=len(tokens) if start else 0,
+            windowed=self.stats.window_tokens if count > STATS_WINDOW_TOKENS else 0,
             total_tokens=count,
         )

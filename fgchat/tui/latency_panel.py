@@ -101,33 +101,34 @@ class LatencyPanel(VerticalScroll):
     def show(self, view: PanelView) -> None:
         self.view = view
         available = dict(view.unavailable)
-        width = self.content_width() or 40
+        columns = self.content_width()  # 0 before the first layout
+        width = columns or 40
         endpoint = view.info.endpoint if view.info else ""
-        self._set("timing-note", self._timing_note(endpoint))
-        self._set("mode-bar", self._mode_bar(view, available, width))
-        self._set("batch-line", self._batch_line(view, width))
-        self._set("mode-note", self._note(view))
+        self._set("timing-note", self._timing_note(endpoint), columns)
+        self._set("mode-bar", self._mode_bar(view, available, width), columns)
+        self._set("batch-line", self._batch_line(view, width), columns)
+        self._set("mode-note", self._note(view), columns)
         hist = self.query_one(ModeHistograms)
         height = self.app.size.height
         hist.rows_per_mode = 1 if height < 34 else (2 if height < 50 else 3)
         hist.set_data(view.itl_by_mode, available, view.mode)
-        self._set("stats", self._stats(view.summary, width))
-        self._set("throughput", self._throughput(view))
+        self._set("stats", self._stats(view.summary, width), columns)
+        self._set("throughput", self._throughput(view), columns)
         self._set("gpu-host", Content("") if endpoint and self._no_server_timing(view.summary)
-                  else self._gpu_host(view.summary, width))
-        self._set("spark", self._spark(view.recent_itl, width))
-        self._set("captures", self._captures(view.info))
-        self._set("engine-info", self._engine_info(view))
-        self._set("export-line", self._export_line(view.last_export, width))
+                  else self._gpu_host(view.summary, width), columns)
+        self._set("spark", self._spark(view.recent_itl, width), columns)
+        self._set("captures", self._captures(view.info), columns)
+        self._set("engine-info", self._engine_info(view), columns)
+        self._set("export-line", self._export_line(view.last_export, width), columns)
 
-    def _set(self, widget_id: str, content: Content) -> None:
-        """Show `content` in a line's Static. A layout of the screen only when its shape
-        (lines, width) changed or a line wraps: most redraws only change numbers."""
+    def _set(self, widget_id: str, content: Content, width: int) -> None:
+        """Show `content` in a line's Static; `width` is `content_width()` as `show` measured it.
+        A layout of the screen only when its shape (lines, width) changed or a line wraps: most
+        redraws only change numbers."""
         key = content.markup if isinstance(content, Content) else str(content)
         if self._texts.get(widget_id) == key:
             return
         self._texts[widget_id] = key
-        width = self.content_width()
         lines = content.plain.split("\n")
         shape = (len(lines), width, any(cell_len(line) > width for line in lines))
         widget = self.query_one(f"#{widget_id}", Static)
