@@ -319,8 +319,8 @@ async def test_model_load_failure_is_shown(tmp_path, data_dir):
         assert shown.startswith("✖ model failed to load:")
         assert "config.json" in shown, shown
         assert any(sev == "error" for sev, _ in app.notices)
-        await pilot.pause(0.15)
-        assert "engine stopped" in panel(app).text_of("mode-note")
+        # the panel redraws on its refresh timer (up to 0.5 s beside a CPU engine)
+        await wait_for(pilot, lambda: "engine stopped" in panel(app).text_of("mode-note"), "panel note", 5)
         # a prompt is not sent, and the text is not thrown away
         await type_prompt(pilot, "hello?")
         assert app.query_one("#prompt").value == "hello?"
