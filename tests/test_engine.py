@@ -170,6 +170,61 @@ def test_sampling_respects_top_k_and_greedy():
     assert (u > 0).all() and (u < 1).all() and abs(u.mean().item() - 0.5) < 0.05
 
 
+def test_unfiltered_sampling_skips_the_sort_and_picks_the_same_tokens():
+    """filtered=False (no lane has top-k / top-p on) is the Gumbel-max pick over the whole
+    vocabulary without sorting: the same tokens as the filtered path gives rows that filter
+    nothing, also when other rows of the batch do filter; and the same distribution."""
+    from fgchat.engine.kernels import sampling
+
+    g = torch.Generator().manual_seed(3)
+    v = 5000
+    t = torch.tensor([0.0, 0.7, 1.0, 1.6, 0.7, 1.0])
+    off_p, off_k = torch.ones(6), torch.zeros(6, dtype=torch.int64)
+    mixed_p = torch.tensor([1.0, 1.0, 1.0, 1.0, 0.8, 1.0])  # rows 4, 5 filter in the mixed batch
+    mixed_k = torch.tensor([0, 0, 0, 0, 0, 40])
+    seeds = torch.arange(6) * 7 + 1
+    counts = torch.zeros(v)
+    for pos in range(60):
+        logits = torch.randn(6, v, generator=g) * 3
+        positions = torch.full((6,), pos)
+        fast = sampling.sample(logits, t, off_p, off_k, seeds, positions, filtered=False)
+        slow = sampling.sample(logits, t, off_p, off_k, seeds, positions, filtered=True)
+        mixed = sampling.sample(logits, t, mixed_p, mixed_k, seeds, positions, filtered=True)
+        assert torch.equal(fast, slow), pos
+        assert torch.equal(fast[:4], mixed[:4]), pos
+        assert fast[0] == logits[0].argmax()
+        assert mixed[5] in logits[5].topk(40).indices
+    fixed = torch.log_softmax(torch.randn(1, 50, generator=g), -1)  # one distribution, many draws
+    for pos in range(4000):
+        tok = sampling.sample(fixed, torch.ones(1), torch.ones(1), torch.zeros(1, dtype=torch.int64),
+                              torch.tensor([11]), torch.tensor([pos]), filtered=False)
+        counts[tok] += 1
+    freq = counts[:50] / counts.sum()
+    assert (freq - fixed[0].exp()).abs().max() < 0.03
+
+
+def test_the_step_variant_filters_only_when_a_sampled_lane_asks(tiny_llama):
+    from fgchat.engine.step import Variant
+
+    assert Variant.of(False, True) == Variant.SAMPLED and not Variant.SAMPLED.filtered
+    assert Variant.of(False, True, True) == Variant.SAMPLED_FILTERED
+    assert Variant.of(True, True, True) == Variant.PENALIZED_SAMPLED_FILTERED
+    assert Variant.of(True, False, True) == Variant.PENALIZED  # greedy lanes never filter
+    assert all(v.sampled for v in (Variant.SAMPLED, Variant.PENALIZED_SAMPLED, Variant.SAMPLED_FILTERED))
+    eng = make_engine(tiny_llama)
+    ran = []
+    run = eng.modes.run
+    eng.modes.run = lambda mode, b, variant: ran.append(Variant(variant)) or run(mode, b, variant)
+    p = prompt_of(6, 5, eng.cfg.vocab_size)
+    for params, want in ((SamplingParams(temperature=0.7), Variant.SAMPLED),
+                         (SamplingParams(temperature=0.7, top_k=20), Variant.SAMPLED_FILTERED),
+                         (SamplingParams(temperature=0.0, top_p=0.5), Variant.GREEDY)):
+        ran.clear()
+        eng.submit(p, SamplingParams(**{**params.__dict__, "max_tokens": 3, "ignore_eos": True}))
+        eng.run_until_done()
+        assert ran and set(ran) == {want}, (params, ran)
+
+
 @pytest.mark.parametrize("vocab", [128256, 49152, 151936, 1000, 32003])
 def test_greedy_is_first_argmax_even_with_ties(vocab):
     from fgchat.engine.kernels.sampling import greedy

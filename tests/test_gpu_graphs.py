@@ -258,18 +258,20 @@ def test_piecewise_recorded_attention_same_tokens(gqa_model, monkeypatch):
     assert all(getattr(a, "__self__", None) is not None for a in graph.attends), graph.attends
 
 
-@pytest.mark.parametrize("variant", ["greedy", "sampled", "penalized"])
+@pytest.mark.parametrize("variant", ["greedy", "sampled", "filtered", "penalized"])
 def test_eager_launch_list_same_tokens(gqa_model, monkeypatch, variant):
     """Eager replaying the launch list recorded from its first step at each batch size and step
     variant (the default) gives the tokens of eager through the stages
-    (FGCHAT_EAGER_LAUNCH_LIST=0) and of the full graphs. Greedy and sampled steps record whole."""
+    (FGCHAT_EAGER_LAUNCH_LIST=0) and of the full graphs. Greedy and sampled steps (with and
+    without top-k / top-p) record whole."""
     from fgchat.engine.step import Variant
 
     plain, eng = engines_off_and_on(gqa_model, monkeypatch, "FGCHAT_EAGER_LAUNCH_LIST", "eager")
     v = eng.cfg.vocab_size
-    extra = {"greedy": {}, "sampled": dict(temperature=0.8, top_p=0.9, top_k=40),
+    extra = {"greedy": {}, "sampled": dict(temperature=0.8), "filtered": dict(temperature=0.8, top_p=0.9, top_k=40),
              "penalized": dict(repetition_penalty=1.5, presence_penalty=0.3)}[variant]
-    key = {"greedy": Variant.GREEDY, "sampled": Variant.SAMPLED, "penalized": Variant.PENALIZED}[variant]
+    key = {"greedy": Variant.GREEDY, "sampled": Variant.SAMPLED, "filtered": Variant.SAMPLED_FILTERED,
+           "penalized": Variant.PENALIZED}[variant]
     for batch in (1, 3, 8):
         prompts = [prompt_of(13 + 31 * i, 700 + batch + i, v) for i in range(batch)]
         sp = [SamplingParams(max_tokens=40, ignore_eos=True, seed=5 + i, **extra) for i in range(batch)]

@@ -81,9 +81,11 @@ def test_ops_with_several_results_replay_into_each():
             assert not torch.equal(got[0], first[0].new_zeros(first[0].shape))
 
 
-def test_the_sampling_step_replays_bit_for_bit():
-    """kernels.sampling.sample (the SAMPLED variant's last stage: sort, cumsum, noise from the
-    seeds) recorded once and replayed over new logits, temperatures and seeds."""
+@pytest.mark.parametrize("filtered", [True, False])
+def test_the_sampling_step_replays_bit_for_bit(filtered):
+    """kernels.sampling.sample (the sampled variants' last stage: noise from the seeds; with
+    filtering, sort and cumsum) recorded once and replayed over new logits, temperatures and
+    seeds."""
     from fgchat.engine.kernels import sampling
 
     b, v = 4, 50
@@ -95,13 +97,13 @@ def test_the_sampling_step_replays_bit_for_bit():
         g = torch.Generator().manual_seed(seed)
         logits.copy_(torch.randn(b, v, generator=g) * 3)
         temp.copy_(torch.tensor([0.0, 0.7, 1.0, 1.3]))
-        top_p.copy_(torch.tensor([1.0, 0.9, 0.5, 1.0]))
-        top_k.copy_(torch.tensor([0, 0, 5, 20]))
+        top_p.copy_(torch.tensor([1.0, 0.9, 0.5, 1.0]) if filtered else torch.ones(b))
+        top_k.copy_(torch.tensor([0, 0, 5, 20]) if filtered else torch.zeros(b, dtype=torch.int64))
         seeds.copy_(torch.randint(0, 2**31, (b,), generator=g))
         pos.copy_(torch.randint(0, 100, (b,), generator=g))
 
     def step():
-        return sampling.sample(logits, temp, top_p, top_k, seeds, pos + 1)
+        return sampling.sample(logits, temp, top_p, top_k, seeds, pos + 1, filtered=filtered)
 
     with torch.inference_mode():
         load(0)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from fgchat.engine.admission import share_prompts
+from fgchat.engine.kernels import sampling
 from fgchat.engine.kv_cache import NUM_SLOTS, KVCache, choose_max_context
 from fgchat.engine.loader import LoadedModel, load_model, load_random, pick_device, pick_dtype
 from fgchat.engine.model.decoder import Decoder
@@ -442,12 +443,11 @@ class Engine:
                                       torch.tensor([p.frequency_penalty], device=dev))
             logits = logits[0]
         if p.temperature > 0:
-            from fgchat.engine.kernels import sampling
-
             tok = sampling.sample(
                 logits[None], torch.tensor([p.temperature], device=dev),
                 torch.tensor([p.top_p], device=dev), torch.tensor([p.top_k], device=dev),
                 torch.tensor([p.seed], device=dev), pos,
+                filtered=sampling.needs_filter(p.top_p, p.top_k, self.cfg.vocab_size),
             )
         else:
             tok = torch.argmax(logits)[None]
@@ -485,7 +485,10 @@ class Engine:
                 di[ROW_IDS, :b].copy_(prev.out.tokens)
                 di[ROW_POS, :b].add_(1)
             self.program.max_len_hint = (self.program.max_len_hint or 0) + 1
-        variant = Variant.of(any(s.params.penalized for s in seqs), any(s.params.temperature > 0 for s in seqs))
+        v = self.cfg.vocab_size
+        sampled = [s.params for s in seqs if s.params.temperature > 0]
+        variant = Variant.of(any(s.params.penalized for s in seqs), bool(sampled),
+                             any(sampling.needs_filter(p.top_p, p.top_k, v) for p in sampled))
         mode = self.mode
         cuda = self.device.type == "cuda"
         events = None

@@ -31,20 +31,34 @@ N_FLOAT_ROWS = 5
 
 
 class Variant(IntEnum):
-    """What the step's last piece does with the logits. A batch runs the most general variant any
-    of its lanes needs; the others' lanes are unaffected (temperature 0 is greedy, penalties
-    1 / 0 / 0 keep logits bit for bit). False / True stand for GREEDY / SAMPLED."""
+    """What the step's last piece does with the logits, as flags (1 sampled, 2 penalized, 4 top-k /
+    top-p filtered). A batch runs the most general variant any of its lanes needs; the others'
+    lanes are unaffected (temperature 0 is greedy, penalties 1 / 0 / 0 keep logits bit for bit,
+    top-p 1 and top-k 0 drop nothing in the filtered variant). False / True stand for GREEDY /
+    SAMPLED."""
 
     GREEDY = 0  # argmax (fused into the LM head where our kernel runs it)
-    SAMPLED = 1  # temperature, top-k, top-p
+    SAMPLED = 1  # temperature (Gumbel-max over the whole vocabulary: no sort)
     PENALIZED = 2  # repetition / presence / frequency penalties, then argmax; counts recorded
     PENALIZED_SAMPLED = 3  # penalties, then as SAMPLED; counts recorded
+    SAMPLED_FILTERED = 5  # temperature, top-k, top-p (one sort of the logits)
+    PENALIZED_SAMPLED_FILTERED = 7  # penalties, then as SAMPLED_FILTERED; counts recorded
 
     @classmethod
-    def of(cls, penalized: bool, sampled: bool) -> Variant:
-        if penalized:
-            return cls.PENALIZED_SAMPLED if sampled else cls.PENALIZED
-        return cls.SAMPLED if sampled else cls.GREEDY
+    def of(cls, penalized: bool, sampled: bool, filtered: bool = False) -> Variant:
+        return cls(int(sampled) | 2 * int(penalized) | 4 * int(sampled and filtered))
+
+    @property
+    def sampled(self) -> bool:
+        return bool(self & 1)
+
+    @property
+    def penalized(self) -> bool:
+        return bool(self & 2)
+
+    @property
+    def filtered(self) -> bool:
+        return bool(self & 4)
 
 
 class StepBuffers:
@@ -128,7 +142,7 @@ class StepProgram:
         Each attention reads st.q as left by the preceding piece and writes bufs.attn_out[:b].
         """
         variant = Variant(variant)
-        penalized = variant in (Variant.PENALIZED, Variant.PENALIZED_SAMPLED)
+        penalized = variant.penalized
         dec, bufs, cache = self.dec, self.bufs, self.cache
         di, df, i32 = bufs.dev_i, bufs.dev_f, bufs.dev_i32
         ids, pos, slots = di[ROW_IDS, :b], di[ROW_POS, :b], di[ROW_SLOT, :b]
@@ -158,10 +172,10 @@ class StepProgram:
             if penalized:
                 penalties.apply_penalties(st.logits, self.counts, self.prompt_mask, slots,
                                           df[ROW_REP, :b], df[ROW_PRES, :b], df[ROW_FREQ, :b])
-            if variant in (Variant.SAMPLED, Variant.PENALIZED_SAMPLED):
+            if variant.sampled:
                 st.tokens = sampling.sample(
                     st.logits, df[ROW_TEMP, :b], df[ROW_TOPP, :b], di[ROW_TOPK, :b],
-                    di[ROW_SEED, :b], pos + 1,
+                    di[ROW_SEED, :b], pos + 1, filtered=variant.filtered,
                 )
             elif st.tokens is None:
                 st.tokens = sampling.greedy(st.logits)

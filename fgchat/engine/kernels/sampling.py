@@ -61,25 +61,39 @@ def sample(
     top_k: torch.Tensor,
     seeds: torch.Tensor,
     positions: torch.Tensor,
+    filtered: bool = True,
 ) -> torch.Tensor:
     """Per-row sampling of logits [B, V] (float32). Rows with temperature <= 0 are greedy.
 
     top_k <= 0 disables top-k; top_p >= 1 disables top-p. The top token always survives filtering.
+    The token is the Gumbel-max pick: argmax over the kept tokens of logit / T + Gumbel noise of
+    (seed, position, token id). filtered=False (no row has top-k or top-p on) skips the sort that
+    filtering needs; a row without filtering picks the same token either way (up to exact float
+    ties of logit + noise, which the unstable sort may break differently).
     """
     b, v = logits.shape
     is_greedy = temperature <= 0
     t = torch.where(is_greedy, torch.ones_like(temperature), temperature)
     scaled = logits / t[:, None]
+    u = uniform_noise(seeds, positions, v)
+    if not filtered:
+        sampled = torch.argmax(scaled + -torch.log(-torch.log(u)), dim=-1)
+        return torch.where(is_greedy, greedy(logits), sampled)
     sorted_logits, order = torch.sort(scaled, dim=-1, descending=True)
     probs = torch.softmax(sorted_logits, dim=-1)
     before = torch.cumsum(probs, dim=-1) - probs  # mass strictly above each rank
     rank = torch.arange(v, device=logits.device)[None, :]
     k = torch.where(top_k > 0, top_k, torch.full_like(top_k, v))
-    drop = (before > top_p[:, None]) | (rank >= k[:, None])
+    # top-p 1 drops nothing (a cumsum may round past 1.0 in the tail)
+    drop = ((before > top_p[:, None]) & (top_p[:, None] < 1.0)) | (rank >= k[:, None])
     drop[:, 0] = False
-    filtered = sorted_logits.masked_fill(drop, float("-inf"))
-    u = uniform_noise(seeds, positions, v).gather(1, order)
-    gumbel = -torch.log(-torch.log(u))
-    pick = torch.argmax(filtered + gumbel, dim=-1, keepdim=True)
+    filtered_logits = sorted_logits.masked_fill(drop, float("-inf"))
+    gumbel = -torch.log(-torch.log(u.gather(1, order)))
+    pick = torch.argmax(filtered_logits + gumbel, dim=-1, keepdim=True)
     sampled = order.gather(1, pick)[:, 0]
     return torch.where(is_greedy, greedy(logits), sampled)
+
+
+def needs_filter(top_p: float, top_k: int, vocab: int) -> bool:
+    """Whether a sampled request's top-p / top-k drop anything (the filtered step variant)."""
+    return top_p < 1.0 or 0 < top_k < vocab
