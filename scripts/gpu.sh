@@ -21,6 +21,7 @@
 #           on the real weights the put calls left; TUI_RANDOM=1 allows a random SmolLM2-shaped model);
 #           TUI_RUNS='mode:K ...' and TUI_WAYS=way,way,... (the script's --ways) narrow it
 #   penalties  cost per decode step of repetition/presence/frequency penalties (1B, batch 1, 8)
+#   sampling   cost per decode step of sampling (T 0.7) and of filtering (T 0.7, top-k 50) vs greedy
 #   admission  TTFT of 8 prompts admitted together: shared prefill, one pass (attention padded or per
 #              prompt), one by one (1B)
 #   startup    launch -> ready to send in the TUI on the real weights, FGCHAT_IDLE_CAPTURE 0 / 1
@@ -112,6 +113,14 @@ for what in "$@"; do
         for pen in "" --penalties; do
           bench new "penalties${pen:+-on}-$i" --preset llama-3.2-1b --random-weights --batch-sizes 1,8 \
             --repeats 2 --modes full,piecewise $pen
+        done
+      done ;;
+    sampling)  # sampled steps without the sort (T 0.7) vs with it (T 0.7, top-k 50) vs greedy (V34)
+      for i in $(seq "${SAMPLING_ROUNDS:-2}"); do
+        for how in greedy t07 t07k50; do
+          case $how in greedy) opt=() ;; t07) opt=(--temperature 0.7) ;; t07k50) opt=(--temperature 0.7 --top-k 50) ;; esac
+          bench new "sampling-$how-$i" --preset llama-3.2-1b --random-weights --batch-sizes 1,8 \
+            --repeats 2 --modes full,piecewise "${opt[@]}"
         done
       done ;;
     admission)  # TTFT of a round of 8 prompts (notes V27, V28, V30)

@@ -126,6 +126,19 @@ def test_bench_smoke_json(tmp_path):
     assert meta["pdl"] is False and meta["kernel_warmup_s"] is None  # CPU: no PDL, no graphs
     assert isinstance(meta["tuning_changed"], dict)
     assert isinstance(meta["host_cpu"], str) and meta["host_cpu"]
+    assert meta["sampling"] is None
+
+
+def test_bench_samples_when_asked(tmp_path):
+    """--temperature / --top-k run fgchat's sampled steps (the meta says so; greedy runs say None)."""
+    out = tmp_path / "bench.json"
+    p = fgchat("bench", "--preset", "tiny", "--random-weights", "--batch-sizes", "2", "--prompt-len", "16",
+               "--output-len", "6", "--repeats", "1", "--warmup", "0", "--json", str(out), "--no-progress",
+               "--temperature", "0.7", "--top-k", "20")
+    assert p.returncode == 0, p.stderr
+    data = json.loads(out.read_text())
+    assert data["meta"]["sampling"] == {"temperature": 0.7, "top_k": 20}
+    assert [r["batch_size"] for r in data["runs"]] == [2] and data["runs"][0]["tpot_ms"]["mean"] > 0
 
 
 def test_bench_report_separates_prefill_graphs():

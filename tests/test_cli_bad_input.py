@@ -140,6 +140,9 @@ BENCH_CASES = [
     (["--max-context", "100"], "--max-context 100 is too small"),
     (["--no-progress=1"], "--no-progress: ignored explicit argument"),
     (["--mode", "bogus"], "ambiguous option: --mode could match --model, --modes"),
+    (["--temperature", "-1"], "--temperature: must be >= 0"),
+    (["--temperature", "0.7", "--peers", "hf"], "--temperature measures fgchat's own sampled steps"),
+    (["--top-k", "50"], "--top-k needs --temperature above 0"),
 ]
 
 CASES = (

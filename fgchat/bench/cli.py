@@ -92,6 +92,10 @@ def add_bench_parser(sub) -> None:
     b.add_argument("--penalties", action="store_true",
                    help="greedy with repetition 1.1, presence 0.5 and frequency 0.25 penalties "
                         "(their cost per step; default: plain greedy)")
+    b.add_argument("--temperature", type=_float_in(0.0, 100.0), default=0.0, metavar="T",
+                   help="sample at temperature T (request i with seed i; default 0: greedy); fgchat only")
+    b.add_argument("--top-k", type=int, default=0, metavar="K",
+                   help="with --temperature: top-k filtering (K > 0 sorts the logits each step; default 0: off)")
     b.add_argument("--modes", type=_choice_list(BENCH_MODES, "mode", False), default="eager,piecewise,full",
                    metavar="LIST", help=f"comma-separated decode modes to run, from {', '.join(BENCH_MODES)}")
     b.add_argument("--batch-sizes", type=_int_list, default="1,2,4,8", metavar="LIST",
@@ -171,6 +175,10 @@ def check_bench_args(args: argparse.Namespace) -> None:
         raise FgchatError("give --model or --preset with --random-weights, not both")
     if args.outliers and not args.random_weights:
         raise FgchatError("--outliers needs --random-weights")
+    if args.temperature > 0 and (args.peers or getattr(args, "endpoint", None)):
+        raise FgchatError("--temperature measures fgchat's own sampled steps: leave out --peers and --endpoint")
+    if args.top_k and not args.temperature > 0:
+        raise FgchatError("--top-k needs --temperature above 0")
     need = args.prompt_len + args.output_len + 8
     if args.max_context is not None and args.max_context < need:
         raise FgchatError(f"--max-context {args.max_context} is too small for --prompt-len + --output-len "
@@ -233,6 +241,7 @@ def run_bench(args: argparse.Namespace) -> int:
         repeats=args.repeats, peers=list(args.peers), attention=args.attention, device=args.device,
         dtype=args.dtype, max_context=args.max_context, progress=not args.no_progress,
         peer_timeout=args.peer_timeout, outliers=args.outliers, penalties=args.penalties,
+        temperature=args.temperature, top_k=max(args.top_k, 0),
     )
     if args.endpoint:
         from fgchat.bench.endpoint import run_endpoint_bench

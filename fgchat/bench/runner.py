@@ -45,15 +45,14 @@ def _git_commit() -> str:
 def measure_engine(engine: Engine, mode: str, batch: int, spec: BenchSpec) -> dict[str, Any]:
     engine.set_mode(mode)
     prompts = prompts_for(batch, spec.prompt_len, engine.cfg.vocab_size)
-    sp = SamplingParams(max_tokens=spec.output_len, ignore_eos=True)
-    if spec.penalties:
-        sp = SamplingParams(max_tokens=spec.output_len, ignore_eos=True, repetition_penalty=PENALTIES[0],
-                            presence_penalty=PENALTIES[1], frequency_penalty=PENALTIES[2])
+    pen = dict(zip(("repetition_penalty", "presence_penalty", "frequency_penalty"), PENALTIES)) if spec.penalties else {}
+    params = [SamplingParams(max_tokens=spec.output_len, ignore_eos=True, temperature=spec.temperature,
+                             top_k=spec.top_k, seed=i, **pen) for i in range(len(prompts))]
     ttft, tpot, itl, gpu, launch, steps_wall = [], [], [], [], [], []
     decode_modes: set[str] = set()
     tok_s = []
     for rep in range(spec.warmup + spec.repeats):
-        for p in prompts:
+        for p, sp in zip(prompts, params):
             engine.submit(p, sp)
         t0 = time.perf_counter()
         events = engine.run_until_done()
@@ -110,6 +109,7 @@ def run_all(spec: BenchSpec) -> dict[str, Any]:
             "torch": torch.__version__, "python": platform.python_version(), "host_cpu": _cpu_name(),
             "prompt_len": spec.prompt_len, "output_len": spec.output_len,
             "penalties": dict(zip(("repetition", "presence", "frequency"), PENALTIES)) if spec.penalties else None,
+            "sampling": {"temperature": spec.temperature, "top_k": spec.top_k} if spec.temperature > 0 else None,
             "warmup": spec.warmup, "repeats": spec.repeats, "time": time.strftime("%Y-%m-%d %H:%M:%S"),
         },
         "captures": [asdict(c) for c in info.captures],

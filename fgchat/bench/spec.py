@@ -31,6 +31,10 @@ class BenchSpec:
     outliers: float = 0.0  # random weights: massive activation channels (decoder.random_weights)
     # greedy with repetition / presence / frequency penalties (the PENALIZED step variant)
     penalties: bool = False
+    # sampled steps (the SAMPLED variant; with top_k > 0 SAMPLED_FILTERED, which sorts the logits);
+    # temperature 0: greedy. Request i of a round samples with seed i.
+    temperature: float = 0.0
+    top_k: int = 0
 
 
 def stats(values: list[float]) -> dict[str, float | None]:
