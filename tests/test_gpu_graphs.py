@@ -262,8 +262,8 @@ def test_piecewise_recorded_attention_same_tokens(gqa_model, monkeypatch):
 def test_eager_launch_list_same_tokens(gqa_model, monkeypatch, variant):
     """Eager replaying the launch list recorded from its first step at each batch size and step
     variant (the default) gives the tokens of eager through the stages
-    (FGCHAT_EAGER_LAUNCH_LIST=0) and of the full graphs. Greedy and sampled steps (with and
-    without top-k / top-p) record whole."""
+    (FGCHAT_EAGER_LAUNCH_LIST=0), bit for bit in the logits, and of the full graphs. Greedy and
+    sampled steps (with and without top-k / top-p) record whole."""
     from fgchat.engine.step import Variant
 
     plain, eng = engines_off_and_on(gqa_model, monkeypatch, "FGCHAT_EAGER_LAUNCH_LIST", "eager")
@@ -275,8 +275,12 @@ def test_eager_launch_list_same_tokens(gqa_model, monkeypatch, variant):
     for batch in (1, 3, 8):
         prompts = [prompt_of(13 + 31 * i, 700 + batch + i, v) for i in range(batch)]
         sp = [SamplingParams(max_tokens=40, ignore_eos=True, seed=5 + i, **extra) for i in range(batch)]
-        want, _, _ = run(plain, "eager", prompts, sp)
-        assert run(eng, "eager", prompts, sp)[0] == want, batch
+        want, _, want_logits = run(plain, "eager", prompts, sp, record_logits=True)
+        got, _, got_logits = run(eng, "eager", prompts, sp, record_logits=True)
+        assert got == want, batch
+        # the replayed launches are the stages' own (cuBLAS projections as mm into their result)
+        assert len(got_logits) == len(want_logits)
+        assert all(torch.equal(a, b) for a, b in zip(got_logits, want_logits)), batch
         assert run(eng, "full", prompts, sp)[0] == want, batch
         if variant != "penalized":
             assert eng.modes.eager.launch_lists.get((batch, key)) is not None, eng.notes

@@ -169,3 +169,24 @@ def test_eager_mode_keeps_one_list_per_batch_size_and_variant():
     # recorded steps ran through the stages once; the unrecordable one every time, as itself
     assert runs.count((2, 0)) == 1 and runs.count((2, 1)) == 1 and runs.count((5, 1)) == 1
     assert runs.count((2, 2)) == 3
+
+
+def test_a_bias_free_linear_replays_as_mm_into_its_result():
+    """F.linear without a bias replays as mm.out into the recorded result (no re-run + copy),
+    with a bias as the functional call re-run; both give the functional call's bits."""
+    x, w = _inputs(9)
+    bias = torch.randn(16, generator=torch.Generator().manual_seed(2))
+
+    def step():
+        return F.linear(x, w), F.linear(x, w, bias)
+
+    with torch.inference_mode():
+        first, lst, why = record(step)
+        assert lst is not None, why
+        funcs = [c.func for c in lst.calls]
+        assert funcs[0] is torch.ops.aten.mm.out and funcs[1] is not torch.ops.aten.mm.out
+        for seed in (10, 11):
+            x.copy_(_inputs(seed)[0])
+            got = [t.clone() for t in lst.replay()]
+            want = step()
+            assert all(torch.equal(a, b) for a, b in zip(got, want))

@@ -10,7 +10,8 @@ order with the same arguments: same kernels, same bits, still one host launch pe
 Invariants:
 - Everything the recorded step launched is in the list, or no list is made: Triton launches
   through FastLauncher (counted against a launch hook that sees every Triton launch), torch ops
-  through a dispatch mode (in-place and `out=` ops replayed as called; other ops with tensor
+  through a dispatch mode (in-place and `out=` ops replayed as called; a bias-free 2-D linear as
+  mm into its recorded result, the kernel the functional call runs; other ops with tensor
   results re-run and copied into those results, so the same kernel produces the same bits;
   views of an input and allocations skipped). An op whose result or shape the data decides
   (host syncs such as item(), nonzero, masked_select) makes the step unrecordable, and eager
@@ -92,6 +93,11 @@ class _OpRecorder(TorchDispatchMode):
             inputs = {t.untyped_storage().data_ptr() for t in _tensors((args, kwargs))}
             if out.untyped_storage().data_ptr() in inputs:
                 return  # a view: reads what its input holds at the time
+        if func is torch.ops.aten.linear.default and _bias_free(args, kwargs) and _plain_matrix(out):
+            # linear without a bias is mm against the weight's transpose (what the functional call
+            # runs): replayed straight into the recorded result, no copy
+            self.calls.append(partial(torch.ops.aten.mm.out, args[0], args[1].t(), out=out))
+            return
         outs = out if isinstance(out, (tuple, list)) else (out,)
         if not outs or not all(isinstance(t, torch.Tensor) for t in outs):
             self.failed = f"{func} does not return tensors"
@@ -99,6 +105,15 @@ class _OpRecorder(TorchDispatchMode):
         # the same op on the same inputs (same kernel, same bits), its results copied into the
         # recorded ones; an op's out= form may take another path (linear.out with a bias does)
         self.calls.append(partial(_into, tuple(outs), func, args, kwargs))
+
+
+def _bias_free(args: tuple, kwargs: dict) -> bool:
+    return len(args) == 2 and kwargs.get("bias") is None and all(isinstance(a, torch.Tensor) and a.dim() == 2
+                                                                   for a in args)
+
+
+def _plain_matrix(out: Any) -> bool:
+    return isinstance(out, torch.Tensor) and out.dim() == 2 and out.is_contiguous()
 
 
 def _into(outs: tuple[torch.Tensor, ...], func: Any, args: tuple, kwargs: dict) -> None:
