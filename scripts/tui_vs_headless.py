@@ -65,20 +65,6 @@ def _split(rounds: list[tuple[float, float]]) -> Rounds:
     return [r[0] for r in rounds[1:]], [r[1] for r in rounds[1:]]
 
 
-def headless(model: Path, mode: str, k: int) -> Rounds:
-    eng = Engine(EngineConfig(model=str(model), mode=mode, max_context=2048))
-    check = eng.startup_check
-    print(f"decode path: {'fused Triton kernels' if eng.decoder.fused else 'plain torch ops'}; startup check "
-          f"{'not run' if check is None else ('passed' if check.passed else 'FAILED: ' + check.message)}", flush=True)
-    ids = eng.tokenizer.apply_chat_template([{"role": "user", "content": PROMPT}])
-    out = []
-    for _ in range(REPS + 1):
-        for i in range(k):
-            eng.submit(ids, _params(k, i))
-        out.append(_medians([e for e in eng.run_until_done() if isinstance(e, TokenEvent)]))
-    return _split(out)
-
-
 class Headless:
     """Engine in this process, stepped directly."""
 

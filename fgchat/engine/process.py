@@ -181,11 +181,12 @@ def serve(
             if batch:
                 send(batch)
                 batch = []
-            # idle: deferred captures one at a time, a waiting command first
-            cmd = next_command(0) if capture_idle is not None else None
-            if cmd is None and capture_idle is not None and capture_idle():
-                captured = True
-                continue
+            cmd = None
+            if capture_idle is not None:  # idle: deferred captures one at a time, a waiting command first
+                cmd = next_command(0)
+                if cmd is None and capture_idle():
+                    captured = True
+                    continue
             if captured:  # the last deferred capture is done: EngineInfo lists them all
                 captured = False
                 send(engine.step())

@@ -130,15 +130,15 @@ def summarize_records(
     out.update(summary_figures(
         ttft=clean(ttft_values),
         tpot=clean(tpot_values),
-        itl=_floats(t.itl_ms for t in decode),
-        gpu=_floats(t.gpu_step_ms for t in decode),
-        launch=_floats(t.launch_ms for t in decode),
+        itl=floats(t.itl_ms for t in decode),
+        gpu=floats(t.gpu_step_ms for t in decode),
+        launch=floats(t.launch_ms for t in decode),
         batch=np.asarray([t.batch_size for t in decode], dtype=np.int64),
     ))
     return out
 
 
-def _floats(values: Iterable[float | None]) -> np.ndarray:
+def floats(values: Iterable[float | None]) -> np.ndarray:
     """Float64 array of `values` in order, None as NaN (positions kept, unlike `clean`)."""
     return np.asarray([math.nan if v is None else v for v in values], dtype=np.float64)
 

@@ -10,17 +10,12 @@ Invariants:
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
 
 from fgchat.metrics.records import LatencyLog
-from fgchat.metrics.stats import summary_figures, request_tpot_ms
-
-
-def _nan_if_none(value: float | None) -> float:
-    return math.nan if value is None else value
+from fgchat.metrics.stats import floats, request_tpot_ms, summary_figures
 
 
 class WindowSummary:
@@ -73,9 +68,9 @@ class WindowSummary:
         if tokens:
             keep = self.token_window
             shown = tokens[-keep:]
-            self._itl = _tail(self._itl, [_nan_if_none(t.itl_ms) for t in shown], keep)
-            self._gpu = _tail(self._gpu, [_nan_if_none(t.gpu_step_ms) for t in shown], keep)
-            self._launch = _tail(self._launch, [_nan_if_none(t.launch_ms) for t in shown], keep)
+            self._itl = _tail(self._itl, floats(t.itl_ms for t in shown), keep)
+            self._gpu = _tail(self._gpu, floats(t.gpu_step_ms for t in shown), keep)
+            self._launch = _tail(self._launch, floats(t.launch_ms for t in shown), keep)
             self._batch = _tail(self._batch, [t.batch_size for t in shown], keep)
             self._decode = _tail(
                 self._decode, [not t.is_first_token and t.itl_ms is not None for t in shown], keep
@@ -84,11 +79,11 @@ class WindowSummary:
             keep = self.request_window
             shown_requests = requests[-keep:]
             self._ttft = _tail(self._ttft, [r.ttft_ms for r in shown_requests], keep)
-            self._tpot = _tail(self._tpot, [_nan_if_none(request_tpot_ms(r)) for r in shown_requests], keep)
+            self._tpot = _tail(self._tpot, floats(request_tpot_ms(r) for r in shown_requests), keep)
         return bool(tokens or requests)
 
 
-def _tail(column: np.ndarray, new: list[Any], keep: int) -> np.ndarray:
+def _tail(column: np.ndarray, new: list[Any] | np.ndarray, keep: int) -> np.ndarray:
     """The latest `keep` entries of `column` followed by `new`."""
     joined = np.concatenate([column, np.asarray(new, dtype=column.dtype)])
     return joined[-keep:] if joined.size > keep else joined

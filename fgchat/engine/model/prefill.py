@@ -384,7 +384,7 @@ class PaddedPrompts:
 
     def __init__(self, rows: torch.Tensor, b: int, tmax: int, hq: int, hkv: int, d: int,
                  dtype: torch.dtype, device: torch.device) -> None:
-        self.rows, self.b, self.tmax = rows, b, tmax
+        self.rows, self.b = rows, b
         self.q = torch.zeros((b * tmax, hq, d), dtype=dtype, device=device)
         self.k = torch.zeros((b * tmax, hkv, d), dtype=dtype, device=device)
         self.v = torch.zeros((b * tmax, hkv, d), dtype=dtype, device=device)
@@ -407,11 +407,7 @@ class PaddedPrompts:
         self.q.index_copy_(0, self.rows, q)
         self.k.index_copy_(0, self.rows, k)
         self.v.index_copy_(0, self.rows, v)
-        b, t = self.b, self.tmax
-        hq, d = self.q.shape[1], self.q.shape[2]
-        q4, k4, v4 = (x.view(b, t, x.shape[1], d).transpose(1, 2) for x in (self.q, self.k, self.v))
-        a = _causal_sdpa(q4, k4, v4, scale)
-        return a.transpose(1, 2).reshape(b * t, hq * d).index_select(0, self.rows)
+        return _batched_sdpa(self.q, self.k, self.v, self.b, scale).index_select(0, self.rows)
 
 
 def final_logits(dec: Decoder, h: torch.Tensor, delta: torch.Tensor | None) -> torch.Tensor:
