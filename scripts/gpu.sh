@@ -19,7 +19,7 @@
 #           BENCH_8B=1 adds the 8B preset
 #   tui     ITL median in the TUI vs headless per mode, batch 1 and 8 (scripts/tui_vs_headless.py;
 #           on the real weights the put calls left; TUI_RANDOM=1 allows a random SmolLM2-shaped model);
-#           TUI_RUNS='mode:K ...' and TUI_WAYS=way,way,... (the script's --ways) narrow it
+#           TUI_RUNS='mode:K ...' and TUI_WAYS=way,way,... (the script's --ways) narrow it; TUI_ROUNDS rounds each
 #   penalties  cost per decode step of repetition/presence/frequency penalties (1B, batch 1, 8)
 #   sampling   cost per decode step of sampling (T 0.7) and of filtering (T 0.7, top-k 50) vs greedy
 #   admission  TTFT of 8 prompts admitted together: shared prefill, one pass (attention padded or per
@@ -103,7 +103,7 @@ for what in "$@"; do
         __import__('importlib.metadata').metadata.version('rich'), 'markdown-it', markdown_it.__version__)" \
         2>&1 | tee -a "$OUT/tui-host.txt"
       for run in ${TUI_RUNS:-piecewise:1 full:1 eager:1 piecewise:8 full:8 eager:8}; do  # mode:K
-        FGCHAT_TOKENS=${TUI_TOKENS:-256} timeout -s KILL "${TUI_TIMEOUT:-200}" python3 scripts/tui_vs_headless.py \
+        FGCHAT_TOKENS=${TUI_TOKENS:-256} FGCHAT_ROUNDS=${TUI_ROUNDS:-3} timeout -s KILL "${TUI_TIMEOUT:-200}" python3 scripts/tui_vs_headless.py \
           "${run%:*}" "${run#*:}" ${GGUF:+--model=$GGUF} --ways="${TUI_WAYS:-headless,child,tui}" 2>&1 \
           | tee -a "$OUT/tui.log" | grep -E "RESULT|Error|failed|ITL median|starts at|UI process|decode path|tui " \
           | tail -16

@@ -7,11 +7,12 @@ loads --model, and starts each of these ways (--ways picks them; the first is th
   thread    the engine's command/event loop (EngineThread) on a thread of this process
   child     EngineProcess: the engine process exactly as the TUI runs it, no UI
   tui       the Textual app: its engine child + UI rendering in this process
-Then REPS + 1 rounds of N tokens (FGCHAT_TOKENS, default 256): in each round every way runs once,
+Then REPS + 1 rounds (FGCHAT_ROUNDS, default 3) of N tokens (FGCHAT_TOKENS, default 256): in each round every way runs once,
 the order rotating round by round, so a host CPU whose speed drifts (shared cloud hosts do, by tens
 of percent within a minute) moves every way alike; the first round is warm-up. Per round it takes
 the median inter-token latency (the TUI's from its latency log, the one the console shows) and the
-median host launch time per step, and prints both per way and each way's ratio to the first.
+median host launch time per step, and prints both per way and each way's ratio to the first: the
+ratio of the medians, and the median of the ratios within a round (paired: both ran in that round).
 headless vs child isolates the process, child vs tui the UI beside it. The tui way needs textual
 (from wheels where there is no network: pip install --no-index --find-links DIR textual).
 Batch K > 1: K replies to one prompt (the TUI's F4), sampled at temperature 0.7 in every way.
@@ -42,7 +43,7 @@ from fgchat.engine.core import Engine, EngineConfig  # noqa: E402
 from fgchat.engine.process import EngineProcess, EngineThread  # noqa: E402
 from fgchat.protocol.events import EngineInfo, RequestFinished, SamplingParams, TokenEvent  # noqa: E402
 
-N, REPS = int(os.environ.get("FGCHAT_TOKENS", 256)), 3
+N, REPS = int(os.environ.get("FGCHAT_TOKENS", 256)), int(os.environ.get("FGCHAT_ROUNDS", 3))
 PROMPT = "Tell me about latency."
 
 
@@ -266,8 +267,10 @@ def main() -> None:
         print(f"mode {mode} K {k}: {way:8s} ITL median {med[way]:.3f} ms {['%.3f' % x for x in itl]}, "
               f"host launch {statistics.median(launch):.3f} ms", flush=True)
     base = ways[0]
+    paired = {w: statistics.median(x / y for x, y in zip(rounds[w][0], rounds[base][0])) for w in ways if w != base}
     print(f"RESULT mode={mode} k={k} " + " ".join(f"{w}_ms={m:.4f}" for w, m in med.items())
           + " " + " ".join(f"{w}/{base}={m / med[base]:.3f}" for w, m in med.items() if w != base)
+          + " " + " ".join(f"{w}/{base}_paired={r:.3f}" for w, r in paired.items())
           + " (target <= 1.05)")
 
 

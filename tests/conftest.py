@@ -22,6 +22,13 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def pytest_runtest_logreport(report):
+    """A failed GPU test's report is printed at once: a CUDA error can abort the process (in a
+    later teardown) before pytest's summary would show it."""
+    if report.failed and "gpu" in report.keywords:
+        print(f"\nFAILED {report.nodeid} ({report.when})\n{report.longreprtext}", file=sys.stderr, flush=True)
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dirs(tmp_path_factory) -> dict[str, Path]:
     """One tiny model per supported family (different seeds so they differ)."""

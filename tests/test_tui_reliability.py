@@ -543,3 +543,24 @@ def test_session_ids_are_unique_and_sortable():
     for sid in ids:
         stamp, _, suffix = sid.partition("-")
         assert len(stamp) == 16 and stamp.endswith("Z") and len(suffix) == 8
+
+
+async def test_reply_ending_while_its_bubble_is_torn_down():
+    """A reply can end while the app exits and removes its widgets (seen on the H200 at K 8):
+    finishing a bubble whose header is gone must not raise; its status and text stay recorded."""
+    from textual.app import App
+
+    from fgchat.tui.chat_view import MessageBubble
+
+    bubble = MessageBubble("assistant", "partial", streaming=True)
+
+    class One(App):
+        def compose(self):
+            yield bubble
+
+    async with One().run_test() as pilot:
+        await pilot.pause()
+        assert "generating" in str(bubble.query_one(".bubble-header").render())
+        await bubble.remove_children()
+        await bubble.finish("12 tok", final_text="partial reply")
+        assert bubble.status == "12 tok" and bubble.text == "partial reply" and not bubble.streaming

@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def test_every_way_measures_and_the_result_line_has_the_ratios(tiny_llama):
-    env = {**os.environ, "FGCHAT_TOKENS": "12"}
+    env = {**os.environ, "FGCHAT_TOKENS": "12", "FGCHAT_ROUNDS": "2"}
     out = subprocess.run(
         [sys.executable, str(REPO / "scripts" / "tui_vs_headless.py"), "full", "2", f"--model={tiny_llama}",
          "--ways=headless,thread,child,tui"],
@@ -33,6 +33,7 @@ def test_every_way_measures_and_the_result_line_has_the_ratios(tiny_llama):
     for way in ("thread", "child", "tui"):
         ratio = float(values[f"{way}/headless"])
         assert ratio == pytest.approx(float(values[f"{way}_ms"]) / float(values["headless_ms"]), rel=2e-3)
+        assert float(values[f"{way}/headless_paired"]) > 0, values
     assert "tui: UI process CPU" in out.stdout
 
 

@@ -56,8 +56,8 @@ class Tuning:
     eager_launch_list: bool = True
     batched_prefill: bool = True
     # prompts admitted together as one padded batch (model.prefill.batch_bucket), a CUDA graph per
-    # shape in full mode; off until measured on the GPU (notes: decode-step.md, V33)
-    prefill_batch_route: bool = False
+    # shape in full mode (notes: decode-step.md, V33); fused decoders only
+    prefill_batch_route: bool = True
     # capture only the first mode's batch-1 graph before the engine is ready, the rest while idle
     # (start-up); off until measured on the GPU (notes: startup.md)
     idle_capture: bool = False

@@ -69,9 +69,11 @@ class MessageBubble(Vertical):
         return Content.assemble((self.heading, style), ("  " if self.status else "", ""), (self.status, status_style))
 
     def set_status(self, status: str) -> None:
+        """Record `status` and redraw the header where one is shown. A bubble whose children are
+        being removed (the app exiting while a reply ends) has none: nothing to draw then."""
         self.status = status
-        if self.is_mounted:
-            self.query_one(".bubble-header", Static).update(self._header())
+        for header in self.query(".bubble-header").results(Static):
+            header.update(self._header())
 
     def buffer(self, text: str) -> None:
         """Add streamed text without drawing it (`show_pending` does)."""
