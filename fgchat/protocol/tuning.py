@@ -59,8 +59,8 @@ class Tuning:
     # shape in full mode (notes: decode-step.md, V33); fused decoders only
     prefill_batch_route: bool = True
     # capture only the first mode's batch-1 graph before the engine is ready, the rest while idle
-    # (start-up); off until measured on the GPU (notes: startup.md)
-    idle_capture: bool = False
+    # (start-up; notes: startup.md)
+    idle_capture: bool = True
 
     @classmethod
     def from_env(cls) -> Tuning:

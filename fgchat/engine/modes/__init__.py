@@ -115,7 +115,7 @@ class ModeSet:
                 if graphs is None or n in graphs.graphs:
                     continue
                 try:
-                    graphs.capture(n)
+                    graphs.capture_idle(n)
                 except (torch.OutOfMemoryError, RuntimeError) as exc:
                     self._drop_prefill_graphs(exc)
                 return True

@@ -76,10 +76,19 @@ class PrefillGraphs:
             self.graphs[bucket] = entry
         return entry
 
+    def capture_idle(self, bucket: int) -> _Graph:
+        """Capture `bucket` while no request runs (start-up, idle): the inputs are reset to a
+        prompt of `bucket` tokens in slot 0 first (any slot is free then; the warm-up writes its
+        rows). Inputs left by an earlier, longer prompt would index past the bucket."""
+        self.ids[:bucket].zero_()
+        self.slot.zero_()
+        self.last.fill_(bucket - 1)
+        return self.capture(bucket)
+
     def capture_all(self) -> None:
         for b in self.buckets:
             if b not in self.graphs:
-                self.capture(b)
+                self.capture_idle(b)
 
     def run(self, ids: torch.Tensor, slot: int) -> torch.Tensor:
         """Prefill `ids` [T] (int64, on the device) into `slot`; returns the last logits [V]."""
