@@ -49,7 +49,7 @@ class _PrefillGraphs:
         self.graphs: dict[int, object] = {}
         self.reports: list = []
 
-    def capture(self, n: int) -> None:
+    def capture_idle(self, n: int) -> None:
         self.graphs[n] = object()
 
 
@@ -166,3 +166,21 @@ def test_an_engine_without_deferred_captures_keeps_its_idle_loop(tiny_llama):
     eng = Engine(EngineConfig(model=str(tiny_llama), device="cpu", max_context=128))
     assert not eng.capture_idle()  # CPU: nothing queued
     assert not eng.modes.capture_next()
+
+
+def test_an_idle_prefill_capture_resets_the_inputs_a_longer_prompt_left(tiny_llama, monkeypatch):
+    """A bucket captured while idle warms up and records with a prompt of its own size in slot 0:
+    the last row index a longer prompt left (40 for a 64-token bucket) would read past a 32-token
+    bucket (on the H200: a device-side assert in index_select)."""
+    from fgchat.engine.modes.prefill_graphs import PrefillGraphs
+
+    eng = Engine(EngineConfig(model=str(tiny_llama), device="cpu", max_context=128))
+    graphs = PrefillGraphs(eng.decoder, eng.cache.k, eng.cache.v, cap=None)
+    graphs.ids.fill_(7)
+    graphs.slot.fill_(3)
+    graphs.last.fill_(40)  # what a 41-token prompt run through the 64 bucket leaves
+    seen = []
+    monkeypatch.setattr(graphs, "capture", lambda b: seen.append(
+        (b, graphs.last.item(), graphs.slot.item(), int(graphs.ids[:b].abs().sum()))))
+    graphs.capture_idle(32)
+    assert seen == [(32, 31, 0, 0)]
