@@ -184,3 +184,21 @@ def test_an_idle_prefill_capture_resets_the_inputs_a_longer_prompt_left(tiny_lla
         (b, graphs.last.item(), graphs.slot.item(), int(graphs.ids[:b].abs().sum()))))
     graphs.capture_idle(32)
     assert seen == [(32, 31, 0, 0)]
+
+
+def test_the_engine_process_captures_while_idle_unless_told_otherwise(monkeypatch):
+    """Idle capture is the engine process's default (its serve loop runs the deferred captures);
+    an Engine built directly keeps capturing everything at start."""
+    from fgchat.engine.process import engine_process_config
+    from fgchat.protocol.tuning import Tuning
+
+    monkeypatch.delenv("FGCHAT_IDLE_CAPTURE", raising=False)
+    assert Tuning.from_env().idle_capture is False
+    cfg = EngineConfig(model="m", max_context=128)
+    assert engine_process_config(cfg).tuning.idle_capture is True
+    assert cfg.tuning is None  # the caller's config is not changed
+    monkeypatch.setenv("FGCHAT_IDLE_CAPTURE", "0")
+    assert engine_process_config(cfg).tuning is None  # the environment decides: off
+    monkeypatch.delenv("FGCHAT_IDLE_CAPTURE")
+    own = EngineConfig(model="m", tuning=Tuning(idle_capture=False))
+    assert engine_process_config(own).tuning.idle_capture is False

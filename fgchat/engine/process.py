@@ -27,6 +27,7 @@ Invariants:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import multiprocessing as mp
 import os
 import queue
@@ -368,7 +369,7 @@ def _process_main(config: Any, commands: Any, events: Any, log_path: str | None)
         from fgchat.engine.core import Engine
 
         startup_mark("engine: imports done")
-        return Engine(config)
+        return Engine(engine_process_config(config))
 
     try:
         serve(make_engine, next_command, send, keep_going=lambda: parent is None or parent.is_alive(),
@@ -400,6 +401,16 @@ def _redirect_stdio(log_path: str | None) -> None:
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
+
+
+def engine_process_config(config: Any) -> Any:
+    """`config` as the engine process runs it: captures while idle (Tuning.idle_capture) unless
+    the config brings its own tuning or FGCHAT_IDLE_CAPTURE says otherwise."""
+    if getattr(config, "tuning", None) is not None or os.environ.get("FGCHAT_IDLE_CAPTURE", "").strip():
+        return config
+    from fgchat.protocol.tuning import Tuning
+
+    return dataclasses.replace(config, tuning=dataclasses.replace(Tuning.from_env(), idle_capture=True))
 
 
 class EngineProcess(_EngineHandle):

@@ -59,8 +59,10 @@ class Tuning:
     # shape in full mode (notes: decode-step.md, V33); fused decoders only
     prefill_batch_route: bool = True
     # capture only the first mode's batch-1 graph before the engine is ready, the rest while idle
-    # (start-up; notes: startup.md)
-    idle_capture: bool = True
+    # (start-up; notes: startup.md). Off for an Engine used directly (bench, generate, tests: every
+    # graph captured at start); the engine process turns it on (process.engine_process_config),
+    # its serve loop being what runs the deferred captures
+    idle_capture: bool = False
 
     @classmethod
     def from_env(cls) -> Tuning:
