@@ -198,7 +198,7 @@ def test_the_engine_process_captures_while_idle_unless_told_otherwise(monkeypatc
     assert engine_process_config(cfg).tuning.idle_capture is True
     assert cfg.tuning is None  # the caller's config is not changed
     monkeypatch.setenv("FGCHAT_IDLE_CAPTURE", "0")
-    assert engine_process_config(cfg).tuning is None  # the environment decides: off
+    assert engine_process_config(cfg).tuning.idle_capture is False  # the environment decides: off
     monkeypatch.delenv("FGCHAT_IDLE_CAPTURE")
     own = EngineConfig(model="m", tuning=Tuning(idle_capture=False))
     assert engine_process_config(own).tuning.idle_capture is False

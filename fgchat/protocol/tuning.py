@@ -65,8 +65,9 @@ class Tuning:
     idle_capture: bool = False
 
     @classmethod
-    def from_env(cls) -> Tuning:
-        d = cls()
+    def from_env(cls, defaults: Tuning | None = None) -> Tuning:
+        """The switches the environment sets; the rest from `defaults` (the class defaults)."""
+        d = defaults if defaults is not None else cls()
         return cls(
             fused=_flag("FGCHAT_FUSED", d.fused),
             residual_fp32=_flag("FGCHAT_RESIDUAL_FP32", d.residual_fp32),
