@@ -19,7 +19,8 @@
 #           BENCH_8B=1 adds the 8B preset
 #   tui     ITL median in the TUI vs headless per mode, batch 1 and 8 (scripts/tui_vs_headless.py;
 #           on the real weights the put calls left; TUI_RANDOM=1 allows a random SmolLM2-shaped model);
-#           TUI_RUNS='mode:K ...' and TUI_WAYS=way,way,... (the script's --ways) narrow it; TUI_ROUNDS rounds each
+#           TUI_RUNS='mode:K ...' and TUI_WAYS=way,way,... (the script's --ways) narrow it; TUI_ROUNDS rounds each;
+#           TUI_GATES='0 1' runs each with the event-pipe gate off, then on (engine/event_pipe.py)
 #   penalties  cost per decode step of repetition/presence/frequency penalties (1B, batch 1, 8)
 #   sampling   cost per decode step of sampling (T 0.7) and of filtering (T 0.7, top-k 50) vs greedy
 #   admission  TTFT of 8 prompts admitted together: shared prefill, one pass (attention padded or per
@@ -103,10 +104,12 @@ for what in "$@"; do
         __import__('importlib.metadata').metadata.version('rich'), 'markdown-it', markdown_it.__version__)" \
         2>&1 | tee -a "$OUT/tui-host.txt"
       for run in ${TUI_RUNS:-piecewise:1 full:1 eager:1 piecewise:8 full:8 eager:8}; do  # mode:K
-        FGCHAT_TOKENS=${TUI_TOKENS:-256} FGCHAT_ROUNDS=${TUI_ROUNDS:-3} timeout -s KILL "${TUI_TIMEOUT:-200}" python3 scripts/tui_vs_headless.py \
+       for gate in ${TUI_GATES:-1}; do  # FGCHAT_EVENT_GATE: 0 = plain 64 KiB pipe, writes may wait
+        FGCHAT_EVENT_GATE=$gate FGCHAT_TOKENS=${TUI_TOKENS:-256} FGCHAT_ROUNDS=${TUI_ROUNDS:-3} timeout -s KILL "${TUI_TIMEOUT:-200}" python3 scripts/tui_vs_headless.py \
           "${run%:*}" "${run#*:}" ${GGUF:+--model=$GGUF} --ways="${TUI_WAYS:-headless,child,tui}" 2>&1 \
-          | tee -a "$OUT/tui.log" | grep -E "RESULT|Error|failed|ITL median|starts at|UI process|decode path|tui " \
-          | tail -16
+          | tee -a "$OUT/tui.log" | grep -E "RESULT|Error|failed|ITL median|starts at|UI process|decode path|tui |event pipe" \
+          | tail -18
+       done
       done ;;
     penalties)  # plain greedy and greedy with penalties, alternating processes
       for i in $(seq "${PENALTY_ROUNDS:-2}"); do
@@ -131,6 +134,12 @@ for what in "$@"; do
     startup)  # launch -> ready to send in the TUI (scripts/startup_time.py), captures at start vs idle
       [[ -n $GGUF ]] || { echo "startup: needs the real weights"; continue; }
       timeout 300 python3 scripts/startup_time.py --model "$GGUF" --runs 1 2>&1 | tail -3  # converts, compiles
+      # what the engine child's imports cost here (cumulative us, the largest first), then CUDA's own start
+      python3 -X importtime -c "import fgchat.engine.core, fgchat.engine.loader, triton" 2>&1 \
+        | sort -t'|' -k2 -n -r | head -25 | tee "$OUT/importtime.txt"
+      python3 -c "import time; t=time.perf_counter(); import torch; a=time.perf_counter(); torch.cuda.init(); \
+b=time.perf_counter(); torch.zeros(1, device='cuda'); c=time.perf_counter(); \
+print(f'import torch {a-t:.2f} s, cuda init {b-a:.2f} s, first tensor {c-b:.2f} s')" 2>&1 | tee -a "$OUT/importtime.txt"
       for i in $(seq "${STARTUP_ROUNDS:-2}"); do
         for idle in 0 1; do
           echo "FGCHAT_IDLE_CAPTURE=$idle round $i" | tee -a "$OUT/startup.log"

@@ -39,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 import tiny_models  # noqa: E402
 
+from fgchat.engine import event_pipe  # noqa: E402
 from fgchat.engine.core import Engine, EngineConfig  # noqa: E402
 from fgchat.engine.process import EngineProcess, EngineThread  # noqa: E402
 from fgchat.protocol.events import EngineInfo, RequestFinished, SamplingParams, TokenEvent  # noqa: E402
@@ -64,6 +65,22 @@ def _medians(tokens: list) -> tuple[float, float]:
 
 def _split(rounds: list[tuple[float, float]]) -> Rounds:
     return [r[0] for r in rounds[1:]], [r[1] for r in rounds[1:]]
+
+
+def _trace_file(way: str) -> Path:
+    """Where the engine child spawned next writes its event-pipe totals (inherited through spawn)."""
+    path = Path(tempfile.mkdtemp(prefix="fgchat-send-")) / f"{way}.txt"
+    os.environ[event_pipe.SEND_TRACE_ENV] = str(path)
+    return path
+
+
+def _show_trace(way: str, path: Path) -> None:
+    for _ in range(20):  # the child writes its line as it exits
+        if path.exists():
+            break
+        time.sleep(0.1)
+    text = path.read_text().strip() if path.exists() else "no trace written"
+    print(f"{way}: event pipe {text}", flush=True)
 
 
 class Headless:
@@ -126,6 +143,7 @@ class Driven:
 
     def __init__(self, model: Path, mode: str, k: int, handle_type: type) -> None:
         self.k, self.rid = k, 0
+        self.trace = _trace_file(handle_type.__name__)
         self.proc = handle_type(EngineConfig(model=str(model), mode=mode, max_context=2048))
         self.proc.start()
         deadline = time.monotonic() + 300
@@ -150,6 +168,7 @@ class Driven:
 
     async def close(self) -> None:
         self.proc.shutdown()
+        _show_trace("child", self.trace)
 
 
 class Tui:
@@ -159,6 +178,7 @@ class Tui:
         from fgchat.tui.app import FgchatApp
 
         self.k, self.engine_log = k, data / "engine.log"  # the app's engine child writes its stderr there
+        self.trace = _trace_file("tui")
         self.app = app = FgchatApp(EngineConfig(model=str(model), mode=mode, max_context=2048),
                                    sampling=SamplingParams(max_tokens=N, ignore_eos=True), data_path=data)
         self.test = app.run_test(size=(120, 40))
@@ -213,6 +233,7 @@ class Tui:
                   f"{1e6 * self.cpu / self.tokens:.0f} us per token ({self.tokens} tokens)")
         self.app.exit()
         await self.test.__aexit__(None, None, None)
+        _show_trace("tui", self.trace)
 
 
 async def measure(model: Path, mode: str, k: int, ways: list[str], data: Path) -> dict[str, Rounds]:
@@ -268,7 +289,7 @@ def main() -> None:
               f"host launch {statistics.median(launch):.3f} ms", flush=True)
     base = ways[0]
     paired = {w: statistics.median(x / y for x, y in zip(rounds[w][0], rounds[base][0])) for w in ways if w != base}
-    print(f"RESULT mode={mode} k={k} " + " ".join(f"{w}_ms={m:.4f}" for w, m in med.items())
+    print(f"RESULT mode={mode} k={k} gate={int(event_pipe.gate_enabled())} " + " ".join(f"{w}_ms={m:.4f}" for w, m in med.items())
           + " " + " ".join(f"{w}/{base}={m / med[base]:.3f}" for w, m in med.items() if w != base)
           + " " + " ".join(f"{w}/{base}_paired={r:.3f}" for w, r in paired.items())
           + " (target <= 1.05)")

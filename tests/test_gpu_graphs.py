@@ -349,8 +349,9 @@ def test_penalized_step_matches_a_float64_reference(engine):
 
 
 def test_idle_capture_defers_all_but_batch_one_and_matches(gqa_model, monkeypatch):
-    """FGCHAT_IDLE_CAPTURE=1: the engine starts with full mode's batch-1 graph only; the idle
-    captures (Engine.capture_idle, one per call) bring every size of both modes and every prefill
+    """FGCHAT_IDLE_CAPTURE=1: the engine starts with full mode's batch-1 graph only and has not run
+    its start-up check; the first idle turn runs the check, the idle captures (Engine.capture_idle,
+    one per call) then bring every size of both modes and every prefill
     bucket, self-checked, and the tokens equal those of an engine that captured at start."""
     monkeypatch.setenv("FGCHAT_IDLE_CAPTURE", "1")
     eng = Engine(EngineConfig(model=str(gqa_model), device="cuda", dtype="bfloat16", max_context=4096, mode="full"))
@@ -359,6 +360,9 @@ def test_idle_capture_defers_all_but_batch_one_and_matches(gqa_model, monkeypatc
     full = eng.modes.modes[Mode.FULL]
     assert set(full.graphs) == {(1, False)}, sorted(full.graphs)
     assert not eng.modes.modes[Mode.PIECEWISE].graphs
+    assert eng.startup_check is None and eng.startup_check_pending  # deferred too, run first
+    assert eng.capture_idle() and eng.startup_check is not None and eng.startup_check.passed
+    assert set(full.graphs) == {(1, False)} and eng.decoder.fused
     pre = len(eng.modes.prefill_graphs.graphs)
     n = 0
     while eng.capture_idle():

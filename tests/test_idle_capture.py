@@ -202,3 +202,43 @@ def test_the_engine_process_captures_while_idle_unless_told_otherwise(monkeypatc
     monkeypatch.delenv("FGCHAT_IDLE_CAPTURE")
     own = EngineConfig(model="m", tuning=Tuning(idle_capture=False))
     assert engine_process_config(own).tuning.idle_capture is False
+
+
+def _checked_engine(tiny_llama, monkeypatch, idle: bool) -> Engine:
+    """A CPU engine that wants the start-up check (FGCHAT_FAULT=startup-check forces one and makes
+    the fast path disagree, so the check also switches the engine to plain torch ops)."""
+    from fgchat.protocol.tuning import Tuning
+
+    monkeypatch.setenv("FGCHAT_FAULT", "startup-check")
+    return Engine(EngineConfig(model=str(tiny_llama), device="cpu", max_context=128,
+                               tuning=Tuning(idle_capture=idle)))
+
+
+def test_idle_capture_defers_the_startup_check_to_the_first_idle_turn(tiny_llama, monkeypatch):
+    eng = _checked_engine(tiny_llama, monkeypatch, idle=True)
+    assert eng.startup_check is None and eng.startup_check_pending
+    first = eng.info()
+    assert first.startup_check is None and first.startup_check_pending
+    assert eng.capture_idle()  # the check, before any capture
+    assert eng.startup_check is not None and not eng.startup_check.passed and not eng.startup_check_pending
+    infos = [e for e in eng.step() if isinstance(e, EngineInfo)]
+    assert len(infos) == 1 and infos[0].startup_check is eng.startup_check
+    assert not infos[0].startup_check_pending
+    assert not eng.capture_idle()  # nothing else deferred on CPU; the check never runs twice
+
+
+def test_a_request_before_the_idle_turn_runs_the_check_first(tiny_llama, monkeypatch):
+    eng = _checked_engine(tiny_llama, monkeypatch, idle=True)
+    ran = []
+    monkeypatch.setattr(eng.scheduler, "add", lambda *a, _add=eng.scheduler.add, **k: (
+        ran.append(eng.startup_check is not None), _add(*a, **k))[1])
+    eng.submit([1, 2, 3], SamplingParams(max_tokens=2))
+    assert ran == [True]  # the check had run when the request reached the scheduler
+    events = eng.run_until_done()
+    assert any(isinstance(e, EngineInfo) and e.startup_check is not None for e in events)
+
+
+def test_without_idle_capture_the_check_runs_while_the_engine_is_built(tiny_llama, monkeypatch):
+    eng = _checked_engine(tiny_llama, monkeypatch, idle=False)
+    assert eng.startup_check is not None and not eng.startup_check_pending
+    assert not eng.capture_idle()

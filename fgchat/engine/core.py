@@ -122,12 +122,11 @@ class Engine:
 
         self._step_delay_s = 0.005 if os.environ.get(FAULT_ENV, "") == "slow-steps" else 0.0
         self.startup_check: StartupCheck | None = None
-        if self._wants_startup_check():
-            from fgchat.engine import startup_check
-
-            self.startup_check = startup_check.run(self)
-            if self.startup_check.message:
-                self.notes.append(self.startup_check.message)
+        # with idle capture the check waits until the engine is idle or a request comes, whichever
+        # is first: it always runs before any request is admitted (submit runs it)
+        self._check_pending = self._wants_startup_check()
+        if not self.tuning.idle_capture:
+            self.run_startup_check()
 
     # ---- setup ----
     def _build(self, fused: bool) -> None:
@@ -188,6 +187,24 @@ class Engine:
             avail = 8 * 2**30
         return int(avail * 0.25)
 
+    def run_startup_check(self) -> bool:
+        """Run the start-up check if it has not run yet (it may switch the engine to plain torch
+        ops); True when it ran. The next step() sends an EngineInfo that carries the result."""
+        if not self._check_pending:
+            return False
+        self._check_pending = False
+        from fgchat.engine import startup_check
+
+        self.startup_check = startup_check.run(self)
+        if self.startup_check.message:
+            self.notes.append(self.startup_check.message)
+        self._info_due = True
+        return True
+
+    @property
+    def startup_check_pending(self) -> bool:
+        return self._check_pending
+
     def _wants_startup_check(self) -> bool:
         """On CUDA, and on CPU in a reduced dtype (float32 on CPU is the reference itself);
         always under FGCHAT_FAULT=startup-check (tests)."""
@@ -232,6 +249,7 @@ class Engine:
             notes=list(self.notes),
             kernel_warmup_s=self.modes.kernel_warmup_s,
             startup_check=self.startup_check,
+            startup_check_pending=self._check_pending,
             sampling_defaults=SamplingParams.from_generation_config(self.model.generation_config),
             sampling_source="generation_config.json" if self.model.generation_config else "",
         )
@@ -261,10 +279,15 @@ class Engine:
         return ev
 
     def capture_idle(self) -> bool:
-        """While no request runs, one capture that start-up deferred (Tuning.idle_capture); True
-        when one ran. A mode whose capture or self-check failed is left for eager then (its
-        ModeChanged comes out of the next step())."""
-        if self.has_work() or not self.modes.capture_next():
+        """While no request runs, one piece of work that start-up deferred (Tuning.idle_capture):
+        the start-up check first, then one capture at a time; True when one ran. A mode whose
+        capture or self-check failed is left for eager then (its ModeChanged comes out of the
+        next step())."""
+        if self.has_work():
+            return False
+        if self.run_startup_check():
+            return True
+        if not self.modes.capture_next():
             return False
         if self.modes.unavailable.get(self.mode):
             self.set_mode(self.mode)
@@ -275,6 +298,7 @@ class Engine:
     ) -> int:
         params = params or SamplingParams()
         params.validate()
+        self.run_startup_check()  # before any request is admitted
         if not prompt_ids:
             raise RequestError("the prompt is empty")
         if len(prompt_ids) >= self.max_context:

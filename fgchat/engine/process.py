@@ -39,6 +39,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from fgchat.engine import event_pipe
 from fgchat.protocol.errors import FgchatError
 from fgchat.protocol.events import EngineError, EngineInfo, EngineProgress, SamplingParams, TokenEvent
 
@@ -152,11 +153,17 @@ def serve(
     send: Callable[[list], None],
     keep_going: Callable[[], bool] = lambda: True,
     phase: str = "",
+    lagging: Callable[[], bool] | None = None,
+    on_hold: Callable[[], None] | None = None,
 ) -> None:
     """Own one engine: apply commands, step while there is work, send one event list per step.
 
     next_command(timeout) returns a command, or None when none arrived within timeout
     (timeout None = wait up to IDLE_POLL_S; 0 = do not wait). keep_going() is asked while idle.
+    lagging() says the reader is behind: token events then keep gathering past SEND_INTERVAL_S
+    (sent once it catches up, or when the engine runs out of work) instead of a write that could
+    wait for the reader; anything but a token event is sent at once regardless. on_hold() is
+    called each time that holds a due send back.
     """
     if phase:
         send([EngineProgress(phase)])
@@ -222,7 +229,12 @@ def serve(
         batch.extend(out)
         now = time.monotonic()
         urgent = any(not isinstance(ev, TokenEvent) for ev in out)
-        if batch and (urgent or now - last_send >= SEND_INTERVAL_S or not engine.has_work()):
+        due = now - last_send >= SEND_INTERVAL_S
+        if due and not urgent and lagging is not None and engine.has_work() and lagging():
+            if on_hold is not None:
+                on_hold()
+            due = False
+        if batch and (urgent or due or not engine.has_work()):
             send(batch)
             batch = []
             last_send = now
@@ -359,11 +371,18 @@ def _process_main(config: Any, commands: Any, events: Any, log_path: str | None)
         except (EOFError, OSError):
             return Shutdown()
 
+    meter = event_pipe.SendMeter()
+
+    @meter.timed
     def send(batch: list) -> None:
         try:
             events.send(batch)
         except (BrokenPipeError, EOFError, OSError):
+            meter.report()
             os._exit(0)  # the parent is gone: nobody to report to
+
+    def held() -> None:
+        meter.held += 1
 
     def make_engine() -> Any:
         from fgchat.engine.core import Engine
@@ -373,8 +392,9 @@ def _process_main(config: Any, commands: Any, events: Any, log_path: str | None)
 
     try:
         serve(make_engine, next_command, send, keep_going=lambda: parent is None or parent.is_alive(),
-              phase=startup_phase(config))
+              phase=startup_phase(config), lagging=event_pipe.backlog_check(events.fileno()), on_hold=held)
     finally:
+        meter.report()
         try:
             events.close()
         except OSError:

@@ -167,6 +167,7 @@ class EngineInfo:
     # seconds of the eager warm-up step per batch size before capture (Triton JIT on a cold cache)
     kernel_warmup_s: float | None = None
     startup_check: StartupCheck | None = None
+    startup_check_pending: bool = False  # deferred until idle; a later EngineInfo brings the result
     # the model's own sampling defaults (generation_config.json); greedy SamplingParams() when it
     # has none. Entry points start from these and apply the user's overrides
     sampling_defaults: SamplingParams = field(default_factory=SamplingParams)

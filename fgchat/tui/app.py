@@ -262,6 +262,9 @@ class FgchatApp(App[int]):
         texts = self.replies.count(update.tokens)
         if update.ready is not None:
             self._engine_ready()
+        check = update.checked
+        if check is not None and not check.passed:
+            self.notify(check.message, title="startup check failed", severity="warning", timeout=30)
         for change in update.mode_changes:
             if change.reason:
                 self.notify(change.reason, title=f"running {change.mode}", severity="warning", timeout=6)
@@ -322,9 +325,6 @@ class FgchatApp(App[int]):
         self._update_subtitle()
         if self.link.ready_s is not None:
             self.notify(f"{info.model_name} ready in {self.link.ready_s:.1f} s", timeout=4)
-        check = info.startup_check
-        if check is not None and not check.passed:
-            self.notify(check.message, title="startup check failed", severity="warning", timeout=30)
 
     def _show_engine_stopped(self, ev: EngineError) -> None:
         loaded = self.link.info is not None

@@ -44,6 +44,7 @@ from fgchat.protocol.events import (
     RequestFinished,
     RequestSummary,
     SamplingParams,
+    StartupCheck,
     TokenEvent,
 )
 from fgchat.tui.messages import EngineEvents
@@ -68,6 +69,7 @@ class EngineUpdate:
     ready: EngineInfo | None = None  # the EngineInfo that made a starting engine ready
     mode_changes: list[ModeChanged] = field(default_factory=list)
     fatal: EngineError | None = None
+    checked: StartupCheck | None = None  # the start-up check's result, in the first info carrying it
 
 
 class EngineLink:
@@ -206,6 +208,8 @@ class EngineLink:
                 self.requested_mode = None
                 update.mode_changes.append(ev)
             elif isinstance(ev, EngineInfo):
+                if ev.startup_check is not None and (self.info is None or self.info.startup_check is None):
+                    update.checked = ev.startup_check
                 self.info = ev
                 self.mode = ev.mode
                 if self.state == "starting":

@@ -291,7 +291,8 @@ class LatencyPanel(VerticalScroll):
         """The start-up check against float32: passed (muted) or failed and what runs instead."""
         sc = info.startup_check
         if sc is None:
-            return []
+            return [("\n check    vs float32 pending (runs before the first reply)", "$text-muted")] \
+                if info.startup_check_pending else []
         if sc.passed:
             return [(f"\n check    vs float32 ok, err {sc.max_rel_err:.3f}, {sc.seconds:.2f} s", "$text-muted")]
         return [(f"\n check    FAILED vs float32: running {sc.fallback or sc.path}", "$warning")]

@@ -97,7 +97,7 @@ class ModeSet:
         while idle (uncaptured shapes are still captured on first use)."""
         if self.cap is None:
             return
-        self._warm()
+        self._warm(range(1, 2))  # each deferred capture warms its own size first (GraphCapture.warmup)
         order = [first, *(m for m in GRAPH_MODES if m != first)]
         self._queue = [(m, b) for m in order if m in GRAPH_MODES for b in range(1, NUM_SLOTS + 1)]
         if self.prefill_graphs is not None:
@@ -126,10 +126,10 @@ class ModeSet:
             return True
         return False
 
-    def _warm(self) -> None:
+    def _warm(self, sizes: range = range(1, NUM_SLOTS + 1)) -> None:
         assert self.cap is not None
         try:
-            self.kernel_warmup_s = self.cap.warm_kernels(range(1, NUM_SLOTS + 1))
+            self.kernel_warmup_s = self.cap.warm_kernels(sizes)
         except RuntimeError as exc:  # the captures meet the same failure and disable modes
             self.note(f"kernel warm-up failed: {str(exc).splitlines()[0][:160]}")
 
