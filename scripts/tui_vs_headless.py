@@ -43,28 +43,34 @@ from fgchat.engine import event_pipe  # noqa: E402
 from fgchat.engine.core import Engine, EngineConfig  # noqa: E402
 from fgchat.engine.process import EngineProcess, EngineThread  # noqa: E402
 from fgchat.protocol.events import EngineInfo, RequestFinished, SamplingParams, TokenEvent  # noqa: E402
+from fgchat.tui.store import DEFAULT_SYSTEM_PROMPT  # noqa: E402  (no Textual import)
 
 N, REPS = int(os.environ.get("FGCHAT_TOKENS", 256)), int(os.environ.get("FGCHAT_ROUNDS", 3))
 PROMPT = "Tell me about latency."
+# every way sends the TUI's first turn of a new chat: its default system prompt and PROMPT (the
+# TUI way opens a new chat per round, so no way's context grows from round to round)
+MESSAGES = [{"role": "system", "content": DEFAULT_SYSTEM_PROMPT}, {"role": "user", "content": PROMPT}]
 
 
 WAYS = {"headless", "inprocess", "thread", "child", "tui"}
-Rounds = tuple[list[float], list[float]]  # per round after the warm-up: ITL median, launch median
+Rounds = tuple[list[float], list[float], list[float]]  # per round after the warm-up: ITL, launch, position medians
 
 
 def _params(k: int, i: int) -> SamplingParams:
     return SamplingParams(max_tokens=N, ignore_eos=True, temperature=0.7 if k > 1 else 0.0, seed=i)
 
 
-def _medians(tokens: list) -> tuple[float, float]:
-    """ITL and host-launch medians (ms) of one round's token events or records."""
+def _medians(tokens: list) -> tuple[float, float, float]:
+    """ITL and host-launch medians (ms) of one round's token events or records, and the median
+    position in the sequence (the context each way's decode attends over)."""
     itl = [t.itl_ms for t in tokens if t.itl_ms is not None]
     launch = [t.launch_ms for t in tokens if t.launch_ms is not None and not t.is_first_token]
-    return statistics.median(itl), (statistics.median(launch) if launch else float("nan"))
+    return (statistics.median(itl), (statistics.median(launch) if launch else float("nan")),
+            statistics.median(t.position for t in tokens))
 
 
-def _split(rounds: list[tuple[float, float]]) -> Rounds:
-    return [r[0] for r in rounds[1:]], [r[1] for r in rounds[1:]]
+def _split(rounds: list[tuple[float, float, float]]) -> Rounds:
+    return [r[0] for r in rounds[1:]], [r[1] for r in rounds[1:]], [r[2] for r in rounds[1:]]
 
 
 def _trace_file(way: str) -> Path:
@@ -92,7 +98,7 @@ class Headless:
         print(f"decode path: {'fused Triton kernels' if self.eng.decoder.fused else 'plain torch ops'}; "
               f"startup check {'not run' if check is None else ('passed' if check.passed else 'FAILED: ' + check.message)}",
               flush=True)
-        self.ids = self.eng.tokenizer.apply_chat_template([{"role": "user", "content": PROMPT}])
+        self.ids = self.eng.tokenizer.apply_chat_template(MESSAGES)
         self.seed = 0
 
     async def round(self) -> tuple[float, float]:
@@ -154,7 +160,7 @@ class Driven:
     async def round(self) -> tuple[float, float]:
         reqs = [(self.rid + i, _params(self.k, self.rid + i)) for i in range(self.k)]
         self.rid += self.k
-        self.proc.submit_chats([{"role": "user", "content": PROMPT}], reqs)
+        self.proc.submit_chats(MESSAGES, reqs)
         tokens, finished = [], 0
         while finished < self.k:
             for e in self.proc.get_events(0.1):
@@ -211,6 +217,7 @@ class Tui:
         app, log = self.app, self.app.latency.log
         cpu0, wall0, tok0, done = time.process_time(), time.monotonic(), len(log.tokens()), log.request_count
         shown = time.monotonic()
+        await app.chats.new_chat()  # the first turn of a new chat, as every other way sends
         while not await app.send_prompt(PROMPT):  # refused while the last reply still draws
             await asyncio.sleep(0.05)
             self.alive()
@@ -252,7 +259,7 @@ async def measure(model: Path, mode: str, k: int, ways: list[str], data: Path) -
                 runners[way] = Driven(model, mode, k, EngineThread if way == "thread" else EngineProcess)
             else:
                 runners[way] = await Tui().start(model, mode, k, data)
-        rounds: dict[str, list[tuple[float, float]]] = {w: [] for w in ways}
+        rounds: dict[str, list[tuple[float, float, float]]] = {w: [] for w in ways}
         for r in range(REPS + 1):
             for way in ways[r % len(ways):] + ways[:r % len(ways)]:
                 rounds[way].append(await runners[way].round())
@@ -283,10 +290,10 @@ def main() -> None:
             intermediate=1536, max_pos=8192, tie=True, dtype="bfloat16")
         rounds = asyncio.run(measure(model, mode, k, ways, Path(tmp) / "data"))
     med = {}
-    for way, (itl, launch) in rounds.items():
+    for way, (itl, launch, pos) in rounds.items():
         med[way] = statistics.median(itl)
         print(f"mode {mode} K {k}: {way:8s} ITL median {med[way]:.3f} ms {['%.3f' % x for x in itl]}, "
-              f"host launch {statistics.median(launch):.3f} ms", flush=True)
+              f"host launch {statistics.median(launch):.3f} ms, position {min(pos):.0f}-{max(pos):.0f}", flush=True)
     base = ways[0]
     paired = {w: statistics.median(x / y for x, y in zip(rounds[w][0], rounds[base][0])) for w in ways if w != base}
     print(f"RESULT mode={mode} k={k} gate={int(event_pipe.gate_enabled())} " + " ".join(f"{w}_ms={m:.4f}" for w, m in med.items())
