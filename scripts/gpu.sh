@@ -22,7 +22,8 @@
 #           TUI_RUNS='mode:K ...' and TUI_WAYS=way,way,... (the script's --ways) narrow it; TUI_ROUNDS rounds each;
 #           TUI_GATES='0 1' runs each with the event-pipe gate off, then on (engine/event_pipe.py)
 #   penalties  cost per decode step of repetition/presence/frequency penalties (1B, batch 1, 8)
-#   sampling   cost per decode step of sampling (T 0.7) and of filtering (T 0.7, top-k 50) vs greedy
+#   sampling   cost per decode step of sampling (T 0.7) and of filtering (T 0.7, top-k 50) vs greedy;
+#              SAMPLING_WAYS narrows it; with .old/fgchat carried, the old tree and this one alternate
 #   admission  TTFT of 8 prompts admitted together: shared prefill, one pass (attention padded or per
 #              prompt), one by one (1B)
 #   startup    launch -> ready to send in the TUI on the real weights, FGCHAT_IDLE_CAPTURE 0 / 1
@@ -118,12 +119,16 @@ for what in "$@"; do
             --repeats 2 --modes full,piecewise $pen
         done
       done ;;
-    sampling)  # sampled steps without the sort (T 0.7) vs with it (T 0.7, top-k 50) vs greedy (V34)
+    sampling)  # sampled steps without the sort (T 0.7) vs with it (T 0.7, top-k 50) vs greedy (V34, V36);
+      # with .old/fgchat carried, the old tree and this one alternate
+      trees=(new); [[ -d .old/fgchat ]] && trees=(old new)
       for i in $(seq "${SAMPLING_ROUNDS:-2}"); do
-        for how in greedy t07 t07k50; do
+        for how in ${SAMPLING_WAYS:-greedy t07 t07k50}; do
           case $how in greedy) opt=() ;; t07) opt=(--temperature 0.7) ;; t07k50) opt=(--temperature 0.7 --top-k 50) ;; esac
-          bench new "sampling-$how-$i" --preset llama-3.2-1b --random-weights --batch-sizes 1,8 \
-            --repeats 2 --modes full,piecewise "${opt[@]}"
+          for tree in "${trees[@]}"; do
+            bench $tree "sampling-$how-$i" --preset llama-3.2-1b --random-weights --batch-sizes 1,8 \
+              --repeats 2 --modes full,piecewise "${opt[@]}"
+          done
         done
       done ;;
     admission)  # TTFT of a round of 8 prompts (notes V27, V28, V30)

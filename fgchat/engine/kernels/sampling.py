@@ -62,6 +62,7 @@ def sample(
     seeds: torch.Tensor,
     positions: torch.Tensor,
     filtered: bool = True,
+    use_triton: bool | None = None,
 ) -> torch.Tensor:
     """Per-row sampling of logits [B, V] (float32). Rows with temperature <= 0 are greedy.
 
@@ -69,8 +70,14 @@ def sample(
     The token is the Gumbel-max pick: argmax over the kept tokens of logit / T + Gumbel noise of
     (seed, position, token id). filtered=False (no row has top-k or top-p on) skips the sort that
     filtering needs; a row without filtering picks the same token either way (up to exact float
-    ties of logit + noise, which the unstable sort may break differently).
+    ties of logit + noise, which the unstable sort may break differently). Unfiltered, on CUDA
+    (use_triton None) or where use_triton says, the pick runs as two Triton kernels
+    (sampling_triton.pick: the same arithmetic, one pass over the logits).
     """
+    if not filtered and (logits.is_cuda if use_triton is None else use_triton):
+        from fgchat.engine.kernels import sampling_triton
+
+        return sampling_triton.pick(logits.float().contiguous(), temperature, seeds, positions)
     b, v = logits.shape
     is_greedy = temperature <= 0
     t = torch.where(is_greedy, torch.ones_like(temperature), temperature)

@@ -1,0 +1,59 @@
+"""The unfiltered sampled pick's Triton kernels on the GPU against the torch composition, which is
+the reference (H200; skipped without CUDA). Run: pytest -m gpu tests/test_gpu_sampling.py
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fgchat.engine.kernels import sampling
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+
+def _lanes(b: int, g: torch.Generator):
+    t = torch.rand(b, device="cuda", generator=g) * 1.5 + 0.05
+    t[0] = 0.0  # a greedy lane in every batch
+    seeds = torch.randint(0, 2**62, (b,), device="cuda", generator=g)
+    return t, seeds
+
+
+@pytest.mark.parametrize("vocab", [49152, 128256, 151936])
+def test_the_kernels_pick_the_torch_tokens_bit_for_bit(vocab):
+    """Every batch size, logits rounded through bf16 as the LM head gives them (many exact ties
+    between ids: the greedy lane must still pick the first), 40 positions each."""
+    g = torch.Generator(device="cuda").manual_seed(vocab)
+    for b in range(1, 9):
+        t, seeds = _lanes(b, g)
+        ones, zeros = torch.ones(b, device="cuda"), torch.zeros(b, dtype=torch.int64, device="cuda")
+        for pos in range(40):
+            logits = (torch.randn(b, vocab, device="cuda", generator=g) * 4).bfloat16().float()
+            positions = torch.full((b,), 100 + pos, device="cuda") + torch.arange(b, device="cuda")
+            args = (logits, t, ones, zeros, seeds, positions)
+            fast = sampling.sample(*args, filtered=False)
+            ref = sampling.sample(*args, filtered=False, use_triton=False)
+            sorted_ref = sampling.sample(*args, filtered=True)  # the sort path, nothing filtered
+            assert torch.equal(fast, ref), (b, pos, fast, ref)
+            assert torch.equal(fast, sorted_ref), (b, pos)
+            assert fast[0] == torch.argmax(logits[0])
+
+
+def test_the_pick_replays_inside_a_cuda_graph():
+    b, vocab = 8, 128256
+    g = torch.Generator(device="cuda").manual_seed(1)
+    t, seeds = _lanes(b, g)
+    ones, zeros = torch.ones(b, device="cuda"), torch.zeros(b, dtype=torch.int64, device="cuda")
+    logits = torch.randn(b, vocab, device="cuda", generator=g)
+    positions = torch.arange(b, device="cuda")
+    sampling.sample(logits, t, ones, zeros, seeds, positions, filtered=False)  # compile before capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = sampling.sample(logits, t, ones, zeros, seeds, positions, filtered=False)
+    for step in range(20):
+        logits.copy_(torch.randn(b, vocab, device="cuda", generator=g) * 3)
+        positions.add_(1)
+        graph.replay()
+        ref = sampling.sample(logits, t, ones, zeros, seeds, positions, filtered=False, use_triton=False)
+        assert torch.equal(out, ref), step
