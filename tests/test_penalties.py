@@ -9,13 +9,10 @@ variable must be set before triton loads). On a GPU: the kernels inside a captur
 from __future__ import annotations
 
 import os
-import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
+from interpreter_rerun import rerun_under_interpreter
 
 from fgchat.engine.kernels import penalties
 from fgchat.engine.kernels.penalties import alloc_state, reset_slot
@@ -180,12 +177,7 @@ def test_penalties_change_greedy_choice():
 @pytest.mark.skipif(TRITON, reason="this is the parent run")
 def test_triton_kernels_under_interpreter():
     """Every CPU test above again, through the Triton kernels in Triton's interpreter."""
-    env = {**os.environ, "TRITON_INTERPRET": "1", "FGCHAT_TEST_PENALTIES_TRITON": "1"}
-    p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__,
-                        "-k", "not interpreter and not cuda"], capture_output=True, text=True, env=env,
-                       cwd=Path(__file__).parent.parent, timeout=600)
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-2000:]
-    assert re.search(r"^8 passed", p.stdout, re.M), p.stdout[-500:]
+    rerun_under_interpreter(__file__, "FGCHAT_TEST_PENALTIES_TRITON", "not interpreter and not cuda", 8)
 
 
 def test_bad_shapes_are_errors():

@@ -9,13 +9,10 @@ bit for bit at real vocabulary sizes and inside a CUDA graph, is tests/test_gpu_
 from __future__ import annotations
 
 import os
-import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
+from interpreter_rerun import rerun_under_interpreter
 
 from fgchat.engine.kernels import sampling
 
@@ -69,9 +66,4 @@ def test_one_lane_and_large_seeds_and_positions():
 @pytest.mark.skipif(TRITON, reason="this is the parent run")
 def test_kernels_under_interpreter():
     """Every test above, through the Triton kernels in Triton's interpreter."""
-    env = {**os.environ, "TRITON_INTERPRET": "1", "FGCHAT_TEST_SAMPLING_TRITON": "1"}
-    p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__,
-                        "-k", "not interpreter"], capture_output=True, text=True, env=env,
-                       cwd=Path(__file__).parent.parent, timeout=600)
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-2000:]
-    assert re.search(r"^5 passed", p.stdout, re.M), p.stdout[-500:]
+    rerun_under_interpreter(__file__, "FGCHAT_TEST_SAMPLING_TRITON", "not interpreter", 5)
