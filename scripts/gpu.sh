@@ -70,7 +70,8 @@ bench() {  # tree (new|old), name, args...
   local tree=$1 name=$2; shift 2
   local pp=$PYTHONPATH commit=${FGCHAT_COMMIT:-}
   [[ $tree == old ]] && pp="$PWD/.old:/tmp/site" commit=${OLD_COMMIT:-old}  # the .old tree's sha
-  PYTHONPATH=$pp FGCHAT_COMMIT=$commit timeout "${BENCH_TIMEOUT:-240}" python3 -m fgchat.cli bench --no-progress \
+  # -P: the working directory stays off sys.path, so PYTHONPATH alone says which tree is imported
+  PYTHONPATH=$pp FGCHAT_COMMIT=$commit timeout "${BENCH_TIMEOUT:-240}" python3 -P -m fgchat.cli bench --no-progress \
     --json "$JSON/bench_${tree}_$name.json" "$@" 2>&1 | tee -a "$OUT/bench.log" | grep -E "^(│|\||fgchat|startup)" | tail -14
 }
 for what in "$@"; do

@@ -203,6 +203,26 @@ def test_unfiltered_sampling_skips_the_sort_and_picks_the_same_tokens():
     assert (freq - fixed[0].exp()).abs().max() < 0.03
 
 
+def test_exact_score_ties_go_to_the_smallest_id_on_both_paths():
+    """Two ids whose logit / T + noise are equal in float32, the later id with the larger logit (so
+    the sort puts it first): the filtered and the unfiltered pick both take the smaller id."""
+    from fgchat.engine.kernels import sampling
+
+    v, seed, pos = 4096, torch.tensor([5]), torch.tensor([9])
+    noise = -torch.log(-torch.log(sampling.uniform_noise(seed, pos, v)[0]))
+    target = torch.tensor(64.0)
+    exact = [i for i in range(v) if (target - noise[i]) + noise[i] == target]
+    pairs = [(a, b) for a in exact[:200] for b in exact[:200] if a < b and noise[b] < noise[a]]
+    assert pairs, "no pair of ids with an exact tie found"
+    a, b = pairs[0]
+    logits = torch.full((1, v), -100.0)
+    logits[0, a], logits[0, b] = target - noise[a], target - noise[b]
+    assert logits[0, b] > logits[0, a]
+    args = (logits, torch.ones(1), torch.ones(1), torch.zeros(1, dtype=torch.int64), seed, pos)
+    assert int(sampling.sample(*args, filtered=False, use_triton=False)) == a
+    assert int(sampling.sample(*args, filtered=True)) == a
+
+
 def test_the_step_variant_filters_only_when_a_sampled_lane_asks(tiny_llama):
     from fgchat.engine.step import Variant
 

@@ -69,8 +69,8 @@ def sample(
     top_k <= 0 disables top-k; top_p >= 1 disables top-p. The top token always survives filtering.
     The token is the Gumbel-max pick: argmax over the kept tokens of logit / T + Gumbel noise of
     (seed, position, token id). filtered=False (no row has top-k or top-p on) skips the sort that
-    filtering needs; a row without filtering picks the same token either way (up to exact float
-    ties of logit + noise, which the unstable sort may break differently). Unfiltered, on CUDA
+    filtering needs; a row without filtering picks the same token either way (exact ties of
+    logit / T + noise go to the smallest id on both paths). Unfiltered, on CUDA
     (use_triton None) or where use_triton says, the pick runs as two Triton kernels
     (sampling_triton.pick: the same arithmetic, one pass over the logits).
     """
@@ -95,9 +95,11 @@ def sample(
     drop = ((before > top_p[:, None]) & (top_p[:, None] < 1.0)) | (rank >= k[:, None])
     drop[:, 0] = False
     filtered_logits = sorted_logits.masked_fill(drop, float("-inf"))
-    gumbel = -torch.log(-torch.log(u.gather(1, order)))
-    pick = torch.argmax(filtered_logits + gumbel, dim=-1, keepdim=True)
-    sampled = order.gather(1, pick)[:, 0]
+    score = filtered_logits - torch.log(-torch.log(u.gather(1, order)))
+    # the smallest id among exact ties of the score, as the unfiltered argmax picks: the sort's
+    # order among equal logits is unspecified, and a token must not depend on it
+    best = score.amax(dim=-1, keepdim=True)
+    sampled = torch.where(score == best, order, v).amin(dim=-1)
     return torch.where(is_greedy, greedy(logits), sampled)
 
 
