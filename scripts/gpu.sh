@@ -14,7 +14,7 @@
 #   tests   every GPU test (pytest -m gpu; the TUI's only where textual imports)
 #   real    the README's Correctness table (scripts/check_real_weights.py) on the real weights
 #   bench   fgchat bench: the embedded model (real weights), the 1B and SmolLM2 presets; with
-#           .old/fgchat carried (`git archive <sha> fgchat | tar -x -C .old`) the old and this
+#           .old/fgchat carried (`git archive <sha> fgchat assets | tar -x -C .old`) the old and this
 #           tree alternate process by process (OLD_COMMIT=<sha> labels the old runs' JSON);
 #           BENCH_8B=1 adds the 8B preset
 #   tui     ITL median in the TUI vs headless per mode, batch 1 and 8 (scripts/tui_vs_headless.py;
