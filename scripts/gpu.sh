@@ -21,6 +21,8 @@
 #           on the real weights the put calls left; TUI_RANDOM=1 allows a random SmolLM2-shaped model);
 #           TUI_RUNS='mode:K ...' and TUI_WAYS=way,way,... (the script's --ways) narrow it; TUI_ROUNDS rounds each;
 #           TUI_GATES='0 1' runs each with the event-pipe gate off, then on (engine/event_pipe.py)
+#   ab      fgchat bench with AB_ARGS (default: the 1B preset, batch 1 and 8), .old's tree and this
+#           one alternating AB_ROUNDS (2) times (OLD_COMMIT labels the old runs)
 #   penalties  cost per decode step of repetition/presence/frequency penalties (1B, batch 1, 8)
 #   sampling   cost per decode step of sampling (T 0.7) and of filtering (T 0.7, top-k 50) vs greedy;
 #              SAMPLING_WAYS narrows it; with .old/fgchat carried, the old tree and this one alternate
@@ -112,6 +114,12 @@ for what in "$@"; do
           | tee -a "$OUT/tui.log" | grep -E "RESULT|Error|failed|ITL median|starts at|UI process|decode path|tui |event pipe" \
           | tail -18
        done
+      done ;;
+    ab)  # fgchat bench with AB_ARGS, the .old tree and this one alternating AB_ROUNDS (2) times
+      [[ -d .old/fgchat ]] || { echo "ab: needs .old/fgchat and .old/assets"; continue; }
+      read -r -a args <<< "${AB_ARGS:---preset llama-3.2-1b --random-weights --batch-sizes 1,8 --repeats 2}"
+      for i in $(seq "${AB_ROUNDS:-2}"); do
+        for tree in old new; do bench $tree "ab-$i" "${args[@]}"; done
       done ;;
     penalties)  # plain greedy and greedy with penalties, alternating processes
       for i in $(seq "${PENALTY_ROUNDS:-2}"); do
