@@ -229,6 +229,32 @@ def test_lm_head_argmax_is_torch_argmax_with_ties():
     assert tokens[2].item() == 0
 
 
+@pytest.mark.parametrize("m,n,cfg", [(1, 200, ProjConfig(16, 64)), (5, 200, ProjConfig(32, 64)), (8, 256, None)])
+def test_lm_head_sampled_pick_is_the_unfiltered_sample(m, n, cfg):
+    """The sampled pick in the LM head's epilogue: per row sampling.sample(filtered=False)'s token
+    on the same logits (torch ops, the reference), T 0 rows the argmax; ragged N included."""
+    from fgchat.engine.kernels import sampling
+    from fgchat.engine.kernels.gemv import project_argmax, project_logits
+
+    x, w = _inputs(m, n, 64, 11 + m)
+    x = x * 8  # logits of a few units, so that the noise and the logits both decide
+    temps = torch.tensor([0.0, 0.7, 1.0, 1.6, 0.05, 0.7, 1.0, 2.0][:m], device=DEV)
+    seeds = torch.tensor([3, 2**40 + 1, 7, 9, 11, 13, 15, 17][:m], device=DEV)
+    for step in range(6):
+        positions = torch.arange(m, device=DEV) * 5 + step
+        logits, tokens = project_argmax(x, w, cfg, sample=(temps, seeds, positions))
+        assert torch.equal(logits, project_logits(x, w, cfg))
+        ones, zeros = torch.ones(m, device=DEV), torch.zeros(m, dtype=torch.int64, device=DEV)
+        ref = sampling.sample(logits, temps, ones, zeros, seeds, positions, filtered=False, use_triton=False)
+        assert torch.equal(tokens, ref), (step, tokens, ref)
+        assert tokens[0] == torch.argmax(logits[0])
+    others = set()  # the pick moves with the position for a T > 0 row, not for the T 0 row
+    for step in range(12):
+        positions = torch.full((m,), step, device=DEV)
+        others.add(int(project_argmax(x, w, cfg, sample=(temps, seeds, positions))[1][min(2, m - 1)]))  # T 1
+    assert len(others) > 1 or m == 1
+
+
 def test_step_inputs_kernel():
     from fgchat.engine.kernels.fused import step_inputs
 

@@ -42,11 +42,13 @@ def _loads_before_wait(ptx: str) -> str:
 def main() -> None:
     for pdl in (False, True):
         proj = {"x_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*fp32", "M": "i32", "stride_y": "i32",
-                "stride_split": "i32", "pmax_ptr": "*fp32", "pidx_ptr": "*i32", "stride_p": "i32"}
-        build(gemv._proj_kernel, proj,
-              dict(N=128256, K=2048, EVEN_K=True, EVEN_N=True, BLOCK_M=16, BLOCK_N=64, BLOCK_K=128,
-                   DOT_PRECISION="tf32", USE_PDL=pdl, SPLIT_K=1, ARGMAX=True), num_warps=4, num_stages=4,
-              launch_pdl=pdl)
+                "stride_split": "i32", "pmax_ptr": "*fp32", "pidx_ptr": "*i32", "stride_p": "i32",
+                "temp_ptr": "*fp32", "seed_ptr": "*i64", "pos_ptr": "*i64"}
+        for sample in (False, True):  # the LM head's greedy pick, then its sampled pick
+            build(gemv._proj_kernel, proj,
+                  dict(N=128256, K=2048, EVEN_K=True, EVEN_N=True, BLOCK_M=16, BLOCK_N=64, BLOCK_K=128,
+                       DOT_PRECISION="tf32", USE_PDL=pdl, SPLIT_K=1, ARGMAX=True, SAMPLE=sample),
+                  num_warps=4, num_stages=4, launch_pdl=pdl)
         for tile in ("16,512,4,4", "64,128,4,4,1", "128,64,4,4,1"):  # gate/up + SiLU, 1B
             c = gemv.ProjConfig.parse(tile)
             build(gemv._proj_kernel, dict(proj, y_ptr="*bf16"),

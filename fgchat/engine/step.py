@@ -168,11 +168,13 @@ class StepProgram:
 
         def last(st: StepState) -> None:
             dec.after_attention(n_layers - 1, st, attn_out)
-            dec.head(st, greedy=variant == Variant.GREEDY)  # may pick the greedy tokens itself
+            # the LM head may pick the tokens itself: greedy, or sampled without filters or penalties
+            head_sample = (df[ROW_TEMP, :b], di[ROW_SEED, :b], pos + 1) if variant == Variant.SAMPLED else None
+            dec.head(st, greedy=variant == Variant.GREEDY, sample=head_sample)
             if penalized:
                 penalties.apply_penalties(st.logits, self.counts, self.prompt_mask, slots,
                                           df[ROW_REP, :b], df[ROW_PRES, :b], df[ROW_FREQ, :b])
-            if variant.sampled:
+            if variant.sampled and st.tokens is None:
                 st.tokens = sampling.sample(
                     st.logits, df[ROW_TEMP, :b], df[ROW_TOPP, :b], di[ROW_TOPK, :b],
                     di[ROW_SEED, :b], pos + 1, filtered=variant.filtered,

@@ -16,6 +16,7 @@ EngineConfig (which holds a Tuning) without loading torch.
 | FGCHAT_PREFILL_GRAPHS=0 | on | full mode prefills eagerly instead of replaying prefill graphs |
 | FGCHAT_EAGER_LAUNCH_LIST=0 | on | eager runs every step through the Python stages, not a recorded launch list |
 | FGCHAT_BATCHED_PREFILL=0 | on | CUDA: distinct prompts admitted together are prefilled one by one, not in one pass |
+| FGCHAT_HEAD_SAMPLE=0 | on | sampled steps pick in separate kernels after the LM head, not in its epilogue |
 """
 
 from __future__ import annotations
@@ -63,6 +64,8 @@ class Tuning:
     # graph captured at start); the engine process turns it on (process.engine_process_config),
     # its serve loop being what runs the deferred captures
     idle_capture: bool = False
+    # the unfiltered, unpenalized sampled pick in the LM head kernel's epilogue (notes V37)
+    head_sample: bool = True
 
     @classmethod
     def from_env(cls, defaults: Tuning | None = None) -> Tuning:
@@ -81,6 +84,7 @@ class Tuning:
             batched_prefill=_flag("FGCHAT_BATCHED_PREFILL", d.batched_prefill),
             prefill_batch_route=_flag("FGCHAT_PREFILL_BATCH_ROUTE", d.prefill_batch_route),
             idle_capture=_flag("FGCHAT_IDLE_CAPTURE", d.idle_capture),
+            head_sample=_flag("FGCHAT_HEAD_SAMPLE", d.head_sample),
         )
 
     def proj_config_texts(self) -> dict[str, str]:

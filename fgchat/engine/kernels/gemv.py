@@ -21,6 +21,7 @@ import triton.language as tl
 from fgchat.engine.intmath import cdiv, next_pow2
 from fgchat.engine.kernels.launch import fast
 from fgchat.engine.kernels.pdl import pdl_enter
+from fgchat.engine.kernels.sampling_triton import LIBDEVICE, gumbel_scores, row_hash
 MAX_ROWS = 16
 # Largest weight (elements) for which the kernel beat cuBLAS in the H200 sweep.
 MAX_WEIGHT_ELEMENTS = 2048 * 2048
@@ -39,18 +40,22 @@ def _tile_product(x, w, SWAP: tl.constexpr, DOT_PRECISION: tl.constexpr):
 def _proj_kernel(
     x_ptr, w_ptr, y_ptr, M, stride_y, stride_split,
     pmax_ptr, pidx_ptr, stride_p,  # ARGMAX outputs (None without)
+    temp_ptr, seed_ptr, pos_ptr,  # SAMPLE: per row temperature, seed, position (None without)
     N: tl.constexpr, K: tl.constexpr,
     EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     DOT_PRECISION: tl.constexpr, USE_PDL: tl.constexpr = False,
     SPLIT_K: tl.constexpr = 1, ARGMAX: tl.constexpr = False,
     GLU: tl.constexpr = False, SWAP: tl.constexpr = False, ROUND: tl.constexpr = True,
+    SAMPLE: tl.constexpr = False, LIBDEVICE: tl.constexpr = True,
 ):
     """Program (pid, ks) owns columns [pid*BLOCK_N, +BLOCK_N) over K slice ks of SPLIT_K. With
     SPLIT_K > 1 it stores its float32 partial sum in slab ks of y [SPLIT_K, M, N] (the consumer
     adds the slabs in order); else the sum rounded to x's dtype, stored in y's dtype. ARGMAX
     (SPLIT_K == 1): also the maximum of each row's stored values over the program's columns and
-    its first column, at [row, pid] of pmax / pidx (finished by _argmax_finish_kernel).
+    its first column, at [row, pid] of pmax / pidx (finished by _argmax_finish_kernel). SAMPLE
+    (with ARGMAX): the maximum is over logit / T + Gumbel noise instead (rows with T > 0), the
+    scores of sampling_triton.gumbel_scores, so the pick is sampling.sample's unfiltered token.
     GLU (SPLIT_K == 1): w is [2N, K], rows gate | up; y = silu(x.gate) * (x.up), each product
     rounded to x's dtype first, the activation as fused.silu_mul computes it.
     ROUND False (float32 y): the float32 sum is stored as it is (LM head logits: no bf16 ties)."""
@@ -119,7 +124,13 @@ def _proj_kernel(
         y = y.to(y_ptr.dtype.element_ty)
         tl.store(out, y, mask=out_mask)
         if ARGMAX:
-            vals = tl.where(n_mask[None, :], y.to(tl.float32), float("-inf"))
+            vals = y.to(tl.float32)
+            if SAMPLE:
+                t = tl.load(temp_ptr + offs_m, mask=m_mask, other=0.0)
+                row = row_hash(tl.load(seed_ptr + offs_m, mask=m_mask, other=0),
+                               tl.load(pos_ptr + offs_m, mask=m_mask, other=0))
+                vals = gumbel_scores(vals, t[:, None], row[:, None], offs_n[None, :], LIBDEVICE)
+            vals = tl.where(n_mask[None, :], vals, float("-inf"))
             best = tl.max(vals, axis=1)
             first = tl.argmax(vals, axis=1, tie_break_left=True)
             tl.store(pmax_ptr + offs_m * stride_p + pid, best, mask=m_mask)
@@ -223,15 +234,19 @@ def project_logits(x: torch.Tensor, w: torch.Tensor, config: ProjConfig | None =
 
 
 def project_argmax(x: torch.Tensor, w: torch.Tensor, config: ProjConfig | None = None,
-                   pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                   pdl: bool = False, sample: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """LM head + greedy pick: float32 logits [M, N] as `project_logits` and, per row, the first
-    index of its maximum (torch.argmax's choice) as int64 [M]. Two launches."""
+    index of its maximum (torch.argmax's choice) as int64 [M]. Two launches. With sample =
+    (temperature float32 [M], seeds int64 [M], positions int64 [M]): per row the unfiltered
+    sampled pick, sampling.sample(filtered=False)'s token (T <= 0 rows: the argmax)."""
     m, n = x.shape[0], w.shape[0]
-    plan = _plan(m, n, x.shape[1], x.dtype, w.dtype, torch.float32, 1, True, pdl, config, exact=True)
+    plan = _plan(m, n, x.shape[1], x.dtype, w.dtype, torch.float32, 1, True, pdl, config, exact=True,
+                 sample=sample is not None)
     programs = plan.grid[0]
     pmax = torch.empty((m, programs), dtype=torch.float32, device=x.device)
     pidx = torch.empty((m, programs), dtype=torch.int32, device=x.device)
-    logits = _launch(x, w, config, torch.float32, pdl, 1, argmax=(pmax, pidx), exact=True)
+    logits = _launch(x, w, config, torch.float32, pdl, 1, argmax=(pmax, pidx), exact=True, sample=sample)
     tokens = torch.empty(m, dtype=torch.int64, device=x.device)
     fast(_argmax_finish_kernel)[(m,)](pmax, pidx, tokens, programs, programs,
                                       BLOCK_P=max(16, next_pow2(programs)), USE_PDL=pdl,
@@ -270,7 +285,7 @@ class _Plan:
 @functools.lru_cache(maxsize=1024)
 def _plan(m: int, n: int, k: int, x_dtype: torch.dtype, w_dtype: torch.dtype, out_dtype: torch.dtype,
           split: int, argmax: bool, pdl: bool, config: ProjConfig | None, glu: bool = False,
-          exact: bool = False) -> _Plan:
+          exact: bool = False, sample: bool = False) -> _Plan:
     """Grid, output shape and launch options of one call signature (validated once)."""
     if m > MAX_ROWS:
         raise ValueError(f"project handles at most {MAX_ROWS} rows, got {m}")
@@ -282,6 +297,7 @@ def _plan(m: int, n: int, k: int, x_dtype: torch.dtype, w_dtype: torch.dtype, ou
         BLOCK_M=MAX_ROWS, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         DOT_PRECISION="ieee" if w_dtype == torch.float32 else "tf32", USE_PDL=pdl,
         SPLIT_K=split, ARGMAX=argmax, GLU=glu, SWAP=cfg.swap, ROUND=not exact,
+        SAMPLE=sample, LIBDEVICE=LIBDEVICE,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=pdl,
     )
     shape = (split, m, n) if split > 1 else (m, n)
@@ -290,7 +306,8 @@ def _plan(m: int, n: int, k: int, x_dtype: torch.dtype, w_dtype: torch.dtype, ou
 
 def _launch(x: torch.Tensor, w: torch.Tensor, config: ProjConfig | None, out_dtype: torch.dtype | None,
             pdl: bool, split: int, argmax: tuple[torch.Tensor, torch.Tensor] | None = None,
-            glu: bool = False, exact: bool = False) -> torch.Tensor:
+            glu: bool = False, exact: bool = False,
+            sample: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     m, k = x.shape
     n = w.shape[0] // 2 if glu else w.shape[0]
     if w.shape[1] != k or not (x.is_contiguous() and w.is_contiguous()):
@@ -298,10 +315,15 @@ def _launch(x: torch.Tensor, w: torch.Tensor, config: ProjConfig | None, out_dty
     out_dtype = out_dtype or x.dtype
     if exact and out_dtype != torch.float32:
         raise ValueError("unrounded sums need a float32 output")
-    plan = _plan(m, n, k, x.dtype, w.dtype, out_dtype, split, argmax is not None, pdl, config, glu, exact)
+    if sample is not None and argmax is None:
+        raise ValueError("sampling in the epilogue needs the argmax outputs")
+    plan = _plan(m, n, k, x.dtype, w.dtype, out_dtype, split, argmax is not None, pdl, config, glu, exact,
+                 sample is not None)
     y = torch.empty(plan.shape, dtype=out_dtype, device=x.device)
     pmax, pidx = argmax if argmax is not None else (None, None)
+    temp, seeds, positions = sample if sample is not None else (None, None, None)
     # non-constexpr arguments positionally: the fast launcher keys them cheaply
     fast(_proj_kernel)[plan.grid](x, w, y, m, plan.stride_y, plan.stride_split,
-                                  pmax, pidx, pmax.stride(0) if pmax is not None else 0, **plan.kw)
+                                  pmax, pidx, pmax.stride(0) if pmax is not None else 0,
+                                  temp, seeds, positions, **plan.kw)
     return y

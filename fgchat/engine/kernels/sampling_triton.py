@@ -30,6 +30,7 @@ from fgchat.engine.kernels.launch import fast
 
 BLOCK = 1024  # vocabulary ids per program of the first kernel
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "") == "1"
+LIBDEVICE = not _INTERPRET  # libdevice's logf on the GPU; the interpreter's (numpy's) log on CPU
 if not _INTERPRET:
     from triton.language.extra import libdevice
 else:  # the interpreter has no extern functions; the branch below never traces this name
@@ -55,24 +56,33 @@ def _log(x, LIBDEVICE: tl.constexpr):
 
 
 @triton.jit
+def row_hash(seed, pos):
+    """The per-(request, position) hash every id's noise starts from (seed, pos int64, any shape)."""
+    golden = tl.full((), 0x9E3779B97F4A7C15, tl.uint64)
+    return _mix64(seed.to(tl.uint64) * golden + _mix64(pos.to(tl.uint64)))
+
+
+@triton.jit
+def gumbel_scores(x, t, row, cols, LIBDEVICE: tl.constexpr):
+    """logit / T + Gumbel noise(row hash, id) where T > 0, the raw logit where T <= 0; x float32,
+    t and row broadcast against cols (the ids)."""
+    golden = tl.full((), 0x9E3779B97F4A7C15, tl.uint64)
+    bits = _mix64(row + cols.to(tl.uint64) * golden)
+    u = ((bits >> 40).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
+    gumbel = -_log(-_log(u, LIBDEVICE), LIBDEVICE)
+    return tl.where(t <= 0.0, x, tl.math.div_rn(x, tl.where(t <= 0.0, 1.0, t)) + gumbel)
+
+
+@triton.jit
 def _chunk_kernel(logits_ptr, temp_ptr, seed_ptr, pos_ptr, part_val_ptr, part_idx_ptr, vocab, chunks,
                   BLOCK: tl.constexpr, LIBDEVICE: tl.constexpr):
     lane = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
     cols = chunk * BLOCK + tl.arange(0, BLOCK)
     m = cols < vocab
-    t = tl.load(temp_ptr + lane)
-    greedy = t <= 0.0
-    t = tl.where(greedy, 1.0, t)
-    seed = tl.load(seed_ptr + lane).to(tl.uint64)
-    pos = tl.load(pos_ptr + lane).to(tl.uint64)
-    golden = tl.full((), 0x9E3779B97F4A7C15, tl.uint64)
-    row = _mix64(seed * golden + _mix64(pos))
-    bits = _mix64(row + cols.to(tl.uint64) * golden)
-    u = ((bits >> 40).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
-    gumbel = -_log(-_log(u, LIBDEVICE), LIBDEVICE)
+    row = row_hash(tl.load(seed_ptr + lane), tl.load(pos_ptr + lane))
     x = tl.load(logits_ptr + lane * vocab + cols, mask=m, other=0.0)
-    val = tl.where(greedy, x, tl.math.div_rn(x, t) + gumbel)
+    val = gumbel_scores(x, tl.load(temp_ptr + lane), row, cols, LIBDEVICE)
     val = tl.where(m, val, float("-inf"))
     best = tl.max(val, 0)
     first = tl.min(tl.where((val == best) & m, cols, vocab), 0)
@@ -102,6 +112,6 @@ def pick(logits: torch.Tensor, temperature: torch.Tensor, seeds: torch.Tensor,
     out = torch.empty(b, dtype=torch.int64, device=logits.device)
     fast(_chunk_kernel)[(b, chunks)](
         logits, temperature.float().contiguous(), seeds.contiguous(), positions.contiguous(), part_val, part_idx,
-        vocab, chunks, BLOCK=BLOCK, LIBDEVICE=not _INTERPRET, num_warps=4)
+        vocab, chunks, BLOCK=BLOCK, LIBDEVICE=LIBDEVICE, num_warps=4)
     fast(_lane_kernel)[(b,)](part_val, part_idx, out, chunks, CHUNKS=triton.next_power_of_2(chunks), num_warps=1)
     return out

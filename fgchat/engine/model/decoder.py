@@ -153,7 +153,7 @@ class StepState:
     q: torch.Tensor  # query of the current layer [B, Hq, D]
     qkv: torch.Tensor  # with rope_in_attention: the layer's q | k | v rows before RoPE
     logits: torch.Tensor  # [B, V] float32
-    tokens: torch.Tensor | None = None  # [B] int64 greedy picks, when head(greedy=True) made them
+    tokens: torch.Tensor | None = None  # [B] int64 picks, when head(greedy=True or sample=...) made them
 
 
 class Decoder:
@@ -259,11 +259,13 @@ class Decoder:
         g, u = gu.chunk(2, dim=-1)
         st.h = h + F.linear(F.silu(g) * u, lw.w_down)
 
-    def head(self, st: StepState, greedy: bool = False) -> None:
+    def head(self, st: StepState, greedy: bool = False,
+             sample: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> None:
         """Final norm and LM head: st.logits. greedy=True lets the fused path also set st.tokens
-        (torch.argmax's pick) in the LM head's own launches."""
+        (torch.argmax's pick) in the LM head's own launches; sample = (temperature, seeds,
+        positions) lets it set the unfiltered sampled pick (sampling.sample(filtered=False)'s)."""
         if self._fused is not None:
-            self._fused.head(st, greedy)
+            self._fused.head(st, greedy, sample)
             return
         x = rms_norm(st.h, self.w.final_norm, self.cfg.rms_eps)
         st.logits = head_logits(x, self.w.lm_head)

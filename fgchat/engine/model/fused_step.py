@@ -65,6 +65,7 @@ class FusedStages:
         self.gate_up = self._route("gate_up", lw.w_gate_up, True, feeds_norm=False, sm_count=sm_count)
         self.down = self._route("down", lw.w_down, True, feeds_norm=True, sm_count=sm_count)
         self.head_ours = tuning.gemv
+        self.head_sample = tuning.head_sample
         self.head_config = self.configs.get("head")
         self.attention_ours = False
         self.rope_in_attention = False
@@ -148,13 +149,16 @@ class FusedStages:
             act = fk.silu_mul(gu, self.after(self.gate_up.serves(x.shape[0])))
         st.delta = self._project(act, lw.w_down, self.down, True)
 
-    def head(self, st: StepState, greedy: bool) -> None:
+    def head(self, st: StepState, greedy: bool,
+             sample: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> None:
         dec = self.dec
         st.h, x = fk.add_rms_norm(st.h, st.delta, dec.w.final_norm, dec.cfg.rms_eps, self.after(self.down.ours),
                                   dec.residual_dtype)
         st.delta = None
-        if greedy and self.head_ours and x.shape[0] <= gemv.MAX_ROWS:
-            st.logits, st.tokens = gemv.project_argmax(x, dec.w.lm_head, self.head_config, pdl=self.after(True))
+        picks = greedy or (sample is not None and self.head_sample)
+        if picks and self.head_ours and x.shape[0] <= gemv.MAX_ROWS:
+            st.logits, st.tokens = gemv.project_argmax(x, dec.w.lm_head, self.head_config, pdl=self.after(True),
+                                                       sample=None if greedy else sample)
         else:
             st.logits = self.logits(x)
 
