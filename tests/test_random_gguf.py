@@ -11,6 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from fgchat.presets import preset_path
+
 gguf = pytest.importorskip("gguf")  # a project dependency; the skip only guards a broken install
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -37,7 +39,7 @@ def _floats(tensor) -> np.ndarray:
 @pytest.mark.parametrize("dtype", ["bf16", "f16"])
 def test_tiny_preset_round_trip(tmp_path, dtype):
     tool = _tool()
-    cfg = json.loads((ROOT / "assets" / "presets" / "tiny.json").read_text())
+    cfg = json.loads(preset_path("tiny").read_text())
     path = tmp_path / f"tiny-{dtype}.gguf"
     tool.write("tiny", path, dtype, quiet=True)
     r = gguf.GGUFReader(str(path))

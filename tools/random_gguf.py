@@ -9,7 +9,7 @@ The file is written tensor by tensor: only the largest tensor is ever held in me
 8B preset's embeddings in bf16), never the whole model.
 
 Usage: python tools/random_gguf.py PRESET [-o FILE] [--dtype bf16|f16] [--seed 0]
-       (PRESET: a name in assets/presets, or a path to a config.json)
+       (PRESET: a name in fgchat/presets, or a path to a config.json)
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ if str(ROOT) not in sys.path:
 import gguf  # noqa: E402
 
 from fgchat.engine.model.config import ModelConfig, parse_config, rope_inv_freq  # noqa: E402
+from fgchat.presets import PRESETS_DIR as PRESETS  # noqa: E402
 
-PRESETS = ROOT / "assets" / "presets"
 DTYPES = {"bf16": (gguf.GGMLQuantizationType.BF16, gguf.LlamaFileType.MOSTLY_BF16),
           "f16": (gguf.GGMLQuantizationType.F16, gguf.LlamaFileType.MOSTLY_F16)}
 CHUNK = 1 << 22  # elements drawn per generator call
@@ -212,7 +212,7 @@ def write(preset: str, path: str | Path, dtype: str = "bf16", seed: int = 0, std
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("preset", help="preset name (assets/presets) or path to a config.json")
+    ap.add_argument("preset", help="preset name (fgchat/presets) or path to a config.json")
     ap.add_argument("-o", "--output", help="GGUF path (default: /tmp/<preset>-<dtype>.gguf)")
     ap.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
     ap.add_argument("--seed", type=int, default=0)

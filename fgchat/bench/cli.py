@@ -12,18 +12,13 @@ import os
 import sys
 from pathlib import Path
 
+from fgchat.presets import preset_names
 from fgchat.protocol.errors import FgchatError
 from fgchat.protocol.events import MODES
 
 BENCH_MODES = tuple(str(m) for m in MODES)
 PEERS = ("hf", "hf-eager", "hf-compile")
-# fgchat.engine.loader.PRESETS_DIR, without importing torch
-PRESETS_DIR = Path(__file__).resolve().parent.parent.parent / "assets" / "presets"
 MAX_OUTLIERS = 6e4  # float16's range
-
-
-def preset_names() -> list[str]:
-    return sorted(p.stem for p in PRESETS_DIR.glob("*.json"))
 
 
 def _int_list(text: str) -> list[int]:
@@ -83,7 +78,8 @@ def add_bench_parser(sub) -> None:
     b.add_argument("--model", type=model_arg, default=None,
                    help="model to load, as for the chat (default: the embedded model, unless --preset)")
     b.add_argument("--preset", type=_preset, default=None, metavar="NAME",
-                   help=f"shape preset from assets/presets, with --random-weights: {', '.join(preset_names())} "
+                   help=f"shape preset (a model's config.json shipped with fgchat), with --random-weights: "
+                        f"{', '.join(preset_names())} "
                    "(default: none)")
     b.add_argument("--random-weights", action="store_true", help="random weights of the preset's shape")
     b.add_argument("--outliers", type=_float_in(0.0, MAX_OUTLIERS), default=0.0, metavar="VALUE",

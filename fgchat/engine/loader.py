@@ -5,16 +5,14 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 
 from fgchat.engine.process import startup_mark
+from fgchat.presets import preset_names, preset_path
 from fgchat.protocol.errors import FgchatError, ModelLoadError, is_out_of_memory
 from fgchat.engine.model.config import ModelConfig, parse_config
 from fgchat.engine.model.decoder import DecoderWeights, random_weights, weights_from_state_dict
-
-PRESETS_DIR = Path(__file__).resolve().parent.parent.parent / "assets" / "presets"
 
 DEVICE_RE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16,
@@ -60,12 +58,8 @@ def pick_dtype(name: str | None, device: torch.device) -> torch.dtype:
     return DTYPES[name]
 
 
-def preset_names() -> list[str]:
-    return sorted(p.stem for p in PRESETS_DIR.glob("*.json"))
-
-
 def load_preset_config(name: str) -> dict:
-    path = PRESETS_DIR / f"{name}.json"
+    path = preset_path(name)
     if not path.is_file():
         raise FgchatError(f"unknown preset '{name}'; known presets: {', '.join(preset_names())}")
     return json.loads(path.read_text())

@@ -15,11 +15,11 @@ from fgchat.tui.sampling import K_TEMPERATURE, MAX_SAMPLES
 if TYPE_CHECKING:
     from fgchat.tui.app import FgchatApp
 
-EXAMPLE_PROMPTS = Path(__file__).resolve().parents[2] / "assets" / "prompts.txt"
+EXAMPLE_PROMPTS = Path(__file__).resolve().parent / "prompts.txt"
 
 
 def example_prompts(path: Path = EXAMPLE_PROMPTS) -> list[str]:
-    """Lines of assets/prompts.txt (comments and blanks skipped); [] when it is not there."""
+    """Lines of tui/prompts.txt (comments and blanks skipped); [] when it is not there."""
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except OSError:
