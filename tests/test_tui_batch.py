@@ -97,7 +97,7 @@ async def test_k8_replies_are_admitted_together_and_decode_at_batch_8(tiny_llama
         await key(pilot, "f5")  # K 1 -> 8 (wraps around)
         assert app.sampling.samples == 8
         assert any("K=8: sampled at T 0.7 (greedy gives K copies)" in text for _, text in app.notices)
-        assert "K 8 · T 0→0.7" in app.sub_title
+        assert "K 8 · T 0.7 (K>1)" in app.sub_title
         conv = app.chats.current.conversation
         await type_prompt(pilot, "Eight replies at once")
         await wait_for(pilot, lambda: len(app.replies) == 8 or len(conv.messages) == 9, "eight replies")

@@ -147,12 +147,13 @@ class SamplingChoice:
         return f"settings + {self.source}" if self.source else "settings"
 
     def label(self) -> str:
-        """e.g. "T 0.7 top-p 0.8 top-k 20 seed 0 rep 1.1 · generation_config.json"; "T 0→0.7"
-        when K > 1 replies are sampled instead of greedy; penalties only when they act."""
+        """e.g. "T 0.7 top-p 0.8 top-k 20 seed 0 rep 1.1 · generation_config.json"; "T 0.7 (K>1)"
+        when the user's T is 0 and K > 1 replies are sampled at 0.7 instead; penalties only when
+        they act."""
         p = self.params
         t = f"T {p.temperature:g}"
         if self.samples > 1 and p.temperature == 0:
-            t += f"→{K_TEMPERATURE:g}"
+            t = f"T {K_TEMPERATURE:g} (K>1)"
         parts = [t, f"top-p {p.top_p:g}", f"top-k {p.top_k}", f"seed {p.seed}"]
         if p.repetition_penalty != 1.0:
             parts.append(f"rep {p.repetition_penalty:g}")
