@@ -32,7 +32,7 @@ if str(ROOT) not in sys.path:
 import gguf  # noqa: E402
 
 from fgchat.engine.model.config import ModelConfig, parse_config, rope_inv_freq  # noqa: E402
-from fgchat.presets import PRESETS_DIR as PRESETS  # noqa: E402
+from fgchat.presets import preset_names, preset_path  # noqa: E402
 
 DTYPES = {"bf16": (gguf.GGMLQuantizationType.BF16, gguf.LlamaFileType.MOSTLY_BF16),
           "f16": (gguf.GGMLQuantizationType.F16, gguf.LlamaFileType.MOSTLY_F16)}
@@ -46,10 +46,9 @@ def load_config(preset: str) -> tuple[ModelConfig, dict]:
     """The parsed config (as fgchat parses it) and the raw JSON, by preset name or file path."""
     path = Path(preset)
     if not path.is_file():
-        path = PRESETS / f"{preset}.json"
+        path = preset_path(preset)
     if not path.is_file():
-        names = ", ".join(sorted(p.stem for p in PRESETS.glob("*.json")))
-        raise SystemExit(f"unknown preset {preset!r}; known presets: {names}")
+        raise SystemExit(f"unknown preset {preset!r}; known presets: {', '.join(preset_names())}")
     raw = json.loads(path.read_text())
     cfg = parse_config(raw)
     if cfg.architecture != "LlamaForCausalLM" or cfg.qkv_bias:

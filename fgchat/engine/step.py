@@ -168,8 +168,9 @@ class StepProgram:
 
         def last(st: StepState) -> None:
             dec.after_attention(n_layers - 1, st, attn_out)
+            next_pos = pos + 1 if variant.sampled else None  # the position the noise is drawn for
             # the LM head may pick the tokens itself: greedy, or sampled without filters or penalties
-            head_sample = (df[ROW_TEMP, :b], di[ROW_SEED, :b], pos + 1) if variant == Variant.SAMPLED else None
+            head_sample = (df[ROW_TEMP, :b], di[ROW_SEED, :b], next_pos) if variant == Variant.SAMPLED else None
             dec.head(st, greedy=variant == Variant.GREEDY, sample=head_sample)
             if penalized:
                 penalties.apply_penalties(st.logits, self.counts, self.prompt_mask, slots,
@@ -177,7 +178,7 @@ class StepProgram:
             if variant.sampled and st.tokens is None:
                 st.tokens = sampling.sample(
                     st.logits, df[ROW_TEMP, :b], df[ROW_TOPP, :b], di[ROW_TOPK, :b],
-                    di[ROW_SEED, :b], pos + 1, filtered=variant.filtered,
+                    di[ROW_SEED, :b], next_pos, filtered=variant.filtered,
                 )
             elif st.tokens is None:
                 st.tokens = sampling.greedy(st.logits)

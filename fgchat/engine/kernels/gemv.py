@@ -23,6 +23,8 @@ from fgchat.engine.kernels.launch import fast
 from fgchat.engine.kernels.pdl import pdl_enter
 from fgchat.engine.kernels.sampling_triton import LIBDEVICE, gumbel_scores, row_hash
 MAX_ROWS = 16
+# the sampled pick's per-row inputs: temperature float32 [M], seeds int64 [M], positions int64 [M]
+SampleArgs = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 # Largest weight (elements) for which the kernel beat cuBLAS in the H200 sweep.
 MAX_WEIGHT_ELEMENTS = 2048 * 2048
 
@@ -234,7 +236,7 @@ def project_logits(x: torch.Tensor, w: torch.Tensor, config: ProjConfig | None =
 
 
 def project_argmax(x: torch.Tensor, w: torch.Tensor, config: ProjConfig | None = None,
-                   pdl: bool = False, sample: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+                   pdl: bool = False, sample: SampleArgs | None = None,
                    ) -> tuple[torch.Tensor, torch.Tensor]:
     """LM head + greedy pick: float32 logits [M, N] as `project_logits` and, per row, the first
     index of its maximum (torch.argmax's choice) as int64 [M]. Two launches. With sample =
@@ -307,7 +309,7 @@ def _plan(m: int, n: int, k: int, x_dtype: torch.dtype, w_dtype: torch.dtype, ou
 def _launch(x: torch.Tensor, w: torch.Tensor, config: ProjConfig | None, out_dtype: torch.dtype | None,
             pdl: bool, split: int, argmax: tuple[torch.Tensor, torch.Tensor] | None = None,
             glu: bool = False, exact: bool = False,
-            sample: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+            sample: SampleArgs | None = None) -> torch.Tensor:
     m, k = x.shape
     n = w.shape[0] // 2 if glu else w.shape[0]
     if w.shape[1] != k or not (x.is_contiguous() and w.is_contiguous()):

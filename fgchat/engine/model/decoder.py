@@ -19,6 +19,7 @@ from fgchat.engine.model.ops import apply_rope, head_logits, rms_norm
 from fgchat.protocol.tuning import Tuning
 
 if TYPE_CHECKING:
+    from fgchat.engine.kernels.gemv import SampleArgs
     from fgchat.engine.model.fused_step import FusedStages
 
 
@@ -260,7 +261,7 @@ class Decoder:
         st.h = h + F.linear(F.silu(g) * u, lw.w_down)
 
     def head(self, st: StepState, greedy: bool = False,
-             sample: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> None:
+             sample: SampleArgs | None = None) -> None:
         """Final norm and LM head: st.logits. greedy=True lets the fused path also set st.tokens
         (torch.argmax's pick) in the LM head's own launches; sample = (temperature, seeds,
         positions) lets it set the unfiltered sampled pick (sampling.sample(filtered=False)'s)."""

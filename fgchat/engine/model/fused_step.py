@@ -150,7 +150,7 @@ class FusedStages:
         st.delta = self._project(act, lw.w_down, self.down, True)
 
     def head(self, st: StepState, greedy: bool,
-             sample: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> None:
+             sample: gemv.SampleArgs | None = None) -> None:
         dec = self.dec
         st.h, x = fk.add_rms_norm(st.h, st.delta, dec.w.final_norm, dec.cfg.rms_eps, self.after(self.down.ours),
                                   dec.residual_dtype)
