@@ -23,6 +23,7 @@
 #           TUI_GATES='0 1' runs each with the event-pipe gate off, then on (engine/event_pipe.py)
 #   ab      fgchat bench with AB_ARGS (default: the 1B preset, batch 1 and 8), .old's tree and this
 #           one alternating AB_ROUNDS (2) times (OLD_COMMIT labels the old runs)
+#   mega    the mega mode beside full (one process per model: embedded, 1B, SmolLM2 presets)
 #   penalties  cost per decode step of repetition/presence/frequency penalties (1B, batch 1, 8)
 #   sampling   cost per decode step of sampling (T 0.7) and of filtering (T 0.7, top-k 50) vs greedy;
 #              SAMPLING_WAYS narrows it; with .old/fgchat carried, the old tree and this one alternate
@@ -120,6 +121,18 @@ for what in "$@"; do
       read -r -a args <<< "${AB_ARGS:---preset llama-3.2-1b --random-weights --batch-sizes 1,8 --repeats 2}"
       for i in $(seq "${AB_ROUNDS:-2}"); do
         for tree in old new; do bench $tree "ab-$i" "${args[@]}"; done
+      done ;;
+    mega)  # the mega mode beside full in one process per model (MEGA_MODES, MEGA_BATCHES, MEGA_ROUNDS)
+      for i in $(seq "${MEGA_ROUNDS:-1}"); do
+        for model in ${MEGA_MODELS:-embedded llama-3.2-1b smollm2-135m}; do
+          if [[ $model == embedded ]]; then
+            [[ -n $GGUF ]] && bench new "mega-embedded-$i" --model "$GGUF" --batch-sizes "${MEGA_BATCHES:-1,8}" \
+              --repeats 2 --modes "${MEGA_MODES:-full,mega}"
+          else
+            bench new "mega-$model-$i" --preset "$model" --random-weights --batch-sizes "${MEGA_BATCHES:-1,8}" \
+              --repeats 2 --modes "${MEGA_MODES:-full,mega}"
+          fi
+        done
       done ;;
     penalties)  # plain greedy and greedy with penalties, alternating processes
       for i in $(seq "${PENALTY_ROUNDS:-2}"); do

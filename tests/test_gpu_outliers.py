@@ -217,7 +217,7 @@ def test_outlier_preset_passes_startup_check(outlier_engine):
     assert sc.seconds < 1.0
 
 
-@pytest.mark.parametrize("mode", ["eager", "piecewise", "full"])
+@pytest.mark.parametrize("mode", ["eager", "piecewise", "full", "mega"])
 def test_outlier_preset_every_step_close_to_float32_reference(outlier_engine, mode):
     """Greedy decode in each mode; each step's logits against the float32 reference forward pass
     over the same tokens (prefix-consistent, so the production path's own choices are followed)."""

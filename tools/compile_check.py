@@ -12,6 +12,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from fgchat.engine.kernels import fused, gemv
+from fgchat.engine.kernels import megakernel as mk
 from fgchat.engine.kernels.attention import triton_decode as td
 
 TARGET = GPUTarget("cuda", 90, 32)
@@ -95,6 +96,25 @@ def main() -> None:
         for c in ("HEAD_DIM", "BLOCK_S", "USE_PDL"):
             comb_sig.pop(c)
         build(td._combine_kernel, comb_sig, dict(HEAD_DIM=64, BLOCK_S=32, USE_PDL=pdl), num_warps=2, launch_pdl=pdl)
+    mega(2048, 32, 8, 64, 8192)  # Llama-3.2-1B
+    mega(576, 9, 3, 64, 1536)  # SmolLM2-135M
+
+
+def mega(hidden: int, heads: int, kv_heads: int, head_dim: int, inter: int) -> None:
+    """The mega kernel at a model's shapes, persistent (grid barriers) as the mega mode launches it."""
+    sig = {n: "i32" for n in mk._decode_layers_kernel.arg_names}
+    for n in ("embed_ptr", "wbase_ptr", "cos_ptr", "sin_ptr", "cache_ptr", "q_ptr", "attn_ptr", "act_ptr"):
+        sig[n] = "*bf16"
+    for n in ("h_ptr", "stats_ptr", "part_ptr", "ml_ptr"):
+        sig[n] = "*fp32"
+    sig.update(ids_ptr="*i64", pos_ptr="*i64", slot_ptr="*i64", woff_ptr="*i64", cnt_ptr="*i32", bar_ptr="*i32",
+               eps="fp32", scale="fp32", stride_layer="i64", stride_slot="i64", stride_pos="i64")
+    t = mk.pick_tiles(hidden, heads * head_dim, inter, head_dim, 132)
+    consts = dict(H=hidden, HQ=heads, HKV=kv_heads, D=head_dim, INTER=inter, BN=t.bn, BNI=t.bni, PB=t.pb,
+                  BKH=t.bkh, BKQ=t.bkq, BKI=t.bki, NP=gemv.next_pow2(mk.cdiv(hidden, t.bn)), PREC="tf32",
+                  SYNC=True, ROUND_H=False)
+    build(mk._decode_layers_kernel, {n: v for n, v in sig.items() if n not in consts}, consts,
+          num_warps=4, num_stages=3)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
@@ -21,6 +21,9 @@ from fgchat.engine.kernels import penalties, sampling
 from fgchat.engine.kernels.attention.base import DecodeAttention
 from fgchat.engine.kv_cache import NUM_SLOTS, KVCache
 from fgchat.engine.model.decoder import Decoder, StepState
+
+if TYPE_CHECKING:
+    from fgchat.engine.kernels.megakernel import DecodeLayers
 
 # rows of the packed int64 staging tensor
 ROW_IDS, ROW_POS, ROW_SLOT, ROW_SEED, ROW_TOPK = range(5)
@@ -142,7 +145,6 @@ class StepProgram:
         Each attention reads st.q as left by the preceding piece and writes bufs.attn_out[:b].
         """
         variant = Variant(variant)
-        penalized = variant.penalized
         dec, bufs, cache = self.dec, self.bufs, self.cache
         di, df, i32 = bufs.dev_i, bufs.dev_f, bufs.dev_i32
         ids, pos, slots = di[ROW_IDS, :b], di[ROW_POS, :b], di[ROW_SLOT, :b]
@@ -168,22 +170,7 @@ class StepProgram:
 
         def last(st: StepState) -> None:
             dec.after_attention(n_layers - 1, st, attn_out)
-            next_pos = pos + 1 if variant.sampled else None  # the position the noise is drawn for
-            # the LM head may pick the tokens itself: greedy, or sampled without filters or penalties
-            head_sample = (df[ROW_TEMP, :b], di[ROW_SEED, :b], next_pos) if variant == Variant.SAMPLED else None
-            dec.head(st, greedy=variant == Variant.GREEDY, sample=head_sample)
-            if penalized:
-                penalties.apply_penalties(st.logits, self.counts, self.prompt_mask, slots,
-                                          df[ROW_REP, :b], df[ROW_PRES, :b], df[ROW_FREQ, :b])
-            if variant.sampled and st.tokens is None:
-                st.tokens = sampling.sample(
-                    st.logits, df[ROW_TEMP, :b], df[ROW_TOPP, :b], di[ROW_TOPK, :b],
-                    di[ROW_SEED, :b], next_pos, filtered=variant.filtered,
-                )
-            elif st.tokens is None:
-                st.tokens = sampling.greedy(st.logits)
-            if penalized:
-                penalties.record_tokens(self.counts, slots, st.tokens)
+            self._finish(st, b, variant)
 
         def attend(i: int) -> Callable[[StepState], None]:
             if dec.rope_in_attention:
@@ -203,6 +190,43 @@ class StepProgram:
             from fgchat.engine.kernels import fused as fused_ops
         pieces = [first] + [middle(i) for i in range(1, n_layers)] + [last]
         return pieces, [attend(i) for i in range(n_layers)]
+
+    def mega_pieces(self, b: int, variant: int, layers: DecodeLayers) -> list[Piece]:
+        """The step as the mega mode runs it: one piece, every decoder layer in one persistent
+        launch (`layers`), then the same last stage as `pieces`."""
+        variant = Variant(variant)
+        di = self.bufs.dev_i
+        ids, pos, slots = di[ROW_IDS, :b], di[ROW_POS, :b], di[ROW_SLOT, :b]
+
+        def whole(st: StepState) -> None:
+            st.h, st.delta = layers.run(ids, pos, slots), None
+            self._finish(st, b, variant)
+
+        return [whole]
+
+    def _finish(self, st: StepState, b: int, variant: Variant) -> None:
+        """The step's last stage after the final layer left st.h (and st.delta): final norm, LM
+        head, penalties and the pick into st.tokens."""
+        dec, bufs = self.dec, self.bufs
+        di, df = bufs.dev_i, bufs.dev_f
+        pos, slots = di[ROW_POS, :b], di[ROW_SLOT, :b]
+        penalized = variant.penalized
+        next_pos = pos + 1 if variant.sampled else None  # the position the noise is drawn for
+        # the LM head may pick the tokens itself: greedy, or sampled without filters or penalties
+        head_sample = (df[ROW_TEMP, :b], di[ROW_SEED, :b], next_pos) if variant == Variant.SAMPLED else None
+        dec.head(st, greedy=variant == Variant.GREEDY, sample=head_sample)
+        if penalized:
+            penalties.apply_penalties(st.logits, self.counts, self.prompt_mask, slots,
+                                      df[ROW_REP, :b], df[ROW_PRES, :b], df[ROW_FREQ, :b])
+        if variant.sampled and st.tokens is None:
+            st.tokens = sampling.sample(
+                st.logits, df[ROW_TEMP, :b], df[ROW_TOPP, :b], di[ROW_TOPK, :b],
+                di[ROW_SEED, :b], next_pos, filtered=variant.filtered,
+            )
+        elif st.tokens is None:
+            st.tokens = sampling.greedy(st.logits)
+        if penalized:
+            penalties.record_tokens(self.counts, slots, st.tokens)
 
     def _attention_args(self, i: int, st: StepState, seq_lens: torch.Tensor, slots32: torch.Tensor,
                         attn_out: torch.Tensor) -> tuple:

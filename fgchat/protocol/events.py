@@ -13,6 +13,7 @@ class Mode(StrEnum):
     EAGER = "eager"  # every kernel launched from the host
     PIECEWISE = "piecewise"  # graphs between attention calls, attention launched from the host
     FULL = "full"  # one graph per batch size for the whole step
+    MEGA = "mega"  # every decoder layer as one persistent kernel, in one graph per batch size
 
 
 MODES: tuple[Mode, ...] = tuple(Mode)

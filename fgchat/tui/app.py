@@ -118,6 +118,8 @@ class FgchatApp(App[int]):
                 tooltip="Mode piecewise: CUDA graphs between attention calls"),
         Binding("f3", "mode('full')", "Full", group=Binding.Group("Mode", compact=True),
                 tooltip="Mode full: the whole decode step as one CUDA graph"),
+        Binding("f7", "mode('mega')", "Mega", group=Binding.Group("Mode", compact=True),
+                tooltip="Mode mega: every decoder layer as one persistent kernel, in one CUDA graph"),
         Binding("f4", "samples(1)", "K+1", group=Binding.Group("Replies", compact=True),
                 tooltip="Ask for one more reply per prompt (K = 1..8 replies generated as one batch)"),
         Binding("f5", "samples(-1)", "K-1", group=Binding.Group("Replies", compact=True),

@@ -13,6 +13,9 @@ MODES_TEXT = """
 - **eager**: every kernel launched from Python (launch overhead and GPU gaps show).
 - **piecewise**: one CUDA graph per segment between attention calls; attention runs eagerly.
 - **full**: the whole decode step is one CUDA graph.
+- **mega** (F7): every decoder layer runs as one persistent kernel (one program per SM, grid
+  barriers between the phases of a layer) inside a CUDA graph; its sums run in another order,
+  so near ties may pick other tokens than the other modes.
 
 A switch applies at the next decode step; replies in flight continue. Without a CUDA device
 only *eager* runs: asking for another mode is answered with a fallback to eager and the reason.

@@ -22,10 +22,11 @@ from textual.widget import Widget
 from fgchat.protocol.events import MODES, Mode
 from fgchat.metrics import histogram
 
-MODE_STYLES: dict[str, str] = {Mode.EAGER: "$error", Mode.PIECEWISE: "$warning", Mode.FULL: "$success"}
+MODE_STYLES: dict[str, str] = {Mode.EAGER: "$error", Mode.PIECEWISE: "$warning", Mode.FULL: "$success",
+                               Mode.MEGA: "$accent"}
 _V_BLOCKS = "▁▂▃▄▅▆▇█"
 LABEL_WIDTH = 11
-_SHORT = {Mode.EAGER: "eager", Mode.PIECEWISE: "piece", Mode.FULL: "full"}
+_SHORT = {Mode.EAGER: "eager", Mode.PIECEWISE: "piece", Mode.FULL: "full", Mode.MEGA: "mega"}
 LOW_PCT, HIGH_PCT = 1.0, 99.0
 # values up to this much of the percentile span beyond p99 (p1) just widen the axis; further out
 # they go to the overflow bin (or the first bin, below)

@@ -27,7 +27,7 @@ from fgchat.protocol.events import MODES, CaptureReport, EngineInfo, Mode
 from fgchat.metrics import host_bound, sparkline
 from fgchat.tui.histogram import MODE_STYLES, ModeHistograms, fmt_ms
 
-MODE_KEYS = {Mode.EAGER: "F1", Mode.PIECEWISE: "F2", Mode.FULL: "F3"}
+MODE_KEYS = {Mode.EAGER: "F1", Mode.PIECEWISE: "F2", Mode.FULL: "F3", Mode.MEGA: "F7"}
 HIDEABLE = frozenset({"timing-note", "mode-note", "gpu-host", "export-line"})  # lines hidden when empty
 
 
@@ -271,7 +271,7 @@ class LatencyPanel(VerticalScroll):
             return Content.assemble(("graphs ", "$text-muted"), ("none captured", "$text-muted"),
                                     *LatencyPanel._check_parts(info))
         parts: list[Any] = [("graphs", "$text-muted")]
-        for mode in (Mode.PIECEWISE, Mode.FULL):
+        for mode in (Mode.PIECEWISE, Mode.FULL, Mode.MEGA):
             mine = [r for r in reports if r.mode == mode and r.kind == "decode"]
             if mine:
                 secs = sum(r.seconds for r in mine)

@@ -30,7 +30,7 @@ def example_prompts(path: Path = EXAMPLE_PROMPTS) -> list[str]:
 def fgchat_commands(app: FgchatApp) -> Iterator[SystemCommand]:
     """Every fgchat command of the palette, in the order shown."""
     unavailable = app.link.unavailable_modes()
-    for key, mode in zip(("F1", "F2", "F3"), MODES):
+    for key, mode in zip(("F1", "F2", "F3", "F7"), MODES):
         why = unavailable.get(mode, "")
         help_text = f"Run decode steps in {mode} mode ({key})" + (f" — unavailable: {why}" if why else "")
         yield SystemCommand(f"Mode: {mode}", help_text, lambda m=mode: app.action_mode(m))

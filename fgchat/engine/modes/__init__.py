@@ -1,4 +1,4 @@
-"""The engine's decode modes, one file each (eager.py, piecewise.py, full.py; prefill graphs
+"""The engine's decode modes, one file each (eager.py, piecewise.py, full.py, mega.py; prefill graphs
 beside full in prefill_graphs.py), held together by `ModeSet`.
 
 `ModeSet.run(mode, B, sampled)` launches one step and returns what ran; the engine keeps its own
@@ -29,7 +29,10 @@ from fgchat.protocol.tuning import Tuning
 
 T = TypeVar("T")
 
-GRAPH_MODES = (Mode.PIECEWISE, Mode.FULL)
+GRAPH_MODES = (Mode.PIECEWISE, Mode.FULL, Mode.MEGA)
+# eager's logits and mega's may differ by this much (bf16 sums in another order); tokens must
+# agree where eager's best logit leads the next by more
+MEGA_TOLERANCE = 5e-2
 
 
 class ModeSet:
@@ -60,10 +63,22 @@ class ModeSet:
         self.modes[Mode.PIECEWISE] = PiecewiseMode(self.cap)
         self.modes[Mode.FULL] = FullMode(self.cap)
         self.unavailable.update({m: "" for m in GRAPH_MODES})
+        self._add_mega(dec.fused)
         if dec.fused and tuning.prefill_graphs:
             from fgchat.engine.modes.prefill_graphs import PrefillGraphs
 
             self.prefill_graphs = PrefillGraphs(dec, program.cache.k, program.cache.v, self.cap)
+
+    def _add_mega(self, fused: bool) -> None:
+        if not fused:
+            self.unavailable[Mode.MEGA] = "the mega kernel needs the fused (Triton) decoder"
+            return
+        from fgchat.engine.modes.mega import MegaMode
+
+        try:
+            self.modes[Mode.MEGA] = MegaMode(self.cap)
+        except ValueError as exc:
+            self.unavailable[Mode.MEGA] = str(exc)
 
     def install(self, mode: Mode, runner: StepMode) -> None:
         """Run `mode` with `runner` (tests: a mode without graphs)."""
@@ -89,7 +104,8 @@ class ModeSet:
         if self.prefill_graphs is not None:
             self._capture_prefill()
         for mode in GRAPH_MODES:
-            self._capture_mode(mode, self_check)
+            if not self.unavailable.get(mode):
+                self._capture_mode(mode, self_check)
 
     def capture_start(self, self_check: bool, first: Mode) -> None:
         """Warm the kernels and capture what a first request needs, `first` at batch size 1 (when
@@ -199,6 +215,8 @@ class ModeSet:
         ref = prog.run_eager(b, False)
         ref_tokens, ref_logits = ref.tokens.clone(), ref.logits.clone()
         out = self.modes[mode].run(b, False)
+        if mode == Mode.MEGA:
+            return _close_with_clear_tokens(out, ref_tokens, ref_logits)
         return torch.equal(out.tokens, ref_tokens) and bool(torch.isfinite(out.logits).all()) and (
             torch.allclose(out.logits, ref_logits, rtol=2e-2, atol=2e-2))
 
@@ -256,3 +274,15 @@ class ModeSet:
         except RuntimeError as exc:  # a capture failure
             self._drop_prefill_graphs(exc)
             return None
+
+
+def _close_with_clear_tokens(out: StepOutputs, ref_tokens: torch.Tensor, ref_logits: torch.Tensor) -> bool:
+    """Finite logits within MEGA_TOLERANCE of eager's, and eager's token wherever it leads the
+    runner-up by more than that."""
+    if not bool(torch.isfinite(out.logits).all()):
+        return False
+    if not torch.allclose(out.logits, ref_logits, rtol=MEGA_TOLERANCE, atol=MEGA_TOLERANCE):
+        return False
+    top2 = ref_logits.topk(2, dim=-1).values
+    clear = (top2[:, 0] - top2[:, 1]) > MEGA_TOLERANCE
+    return bool(torch.equal(out.tokens[clear], ref_tokens[clear]))

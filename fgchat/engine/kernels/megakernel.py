@@ -1,0 +1,416 @@
+"""The decoder layers of one decode step as one persistent Triton kernel (the `mega` mode).
+
+One program per SM loops over the step's phases: the embedding, then per layer
+  qkv    RMSNorm of the residual, the q/k/v projection, RoPE, k and v written to the cache;
+  attn   split attention over the cache; the last split of a (row, kv head) to finish merges
+         the splits (an atomic counter per pair picks it), so the merge needs no phase of its own;
+  o      the o projection added to the residual;
+  gateup RMSNorm, the gate/up projection and SiLU-and-multiply;
+  down   the down projection added to the residual.
+Between phases every program waits at a grid barrier (an atomic counter in global memory), so
+the whole step is one launch where the fused path launches ~8 kernels per layer. The final norm,
+the LM head and the pick stay the fused path's kernels.
+
+Invariants:
+- every program of a persistent launch must be resident at once (the barrier spins): the grid
+  is at most one program per SM and each program fits an SM;
+- a phase reads only what earlier phases wrote (after a barrier) and weights; data written
+  inside the launch is read with `.cg` loads (L2, never a stale L1 line);
+- each residual column is owned by one item of the o / down phases, which also store that
+  column tile's sum of squares per row; the RMSNorm of a row sums those partial sums in item
+  order, so results do not depend on timing: the persistent launch and the phase-by-phase
+  launches (`persistent=False`, the interpreter's way) give the same bits;
+- counters end every launch at zero (the barrier's last arrival and each merging split reset
+  theirs), so a captured graph replays with no memset.
+Roundings follow the fused path (projection outputs rounded to the model dtype, the residual
+stream float32), but sums run in a different order, so tokens may differ from the other modes
+at near ties: this mode is checked against float32, not bit for bit against the others.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from fgchat.engine.intmath import cdiv, next_pow2
+
+PHASES_PER_LAYER = 5
+MAX_ROWS = 8
+ROWS_PAD = 16  # activation rows padded to the MMA's minimum
+GROUP_PAD = 16  # q heads of one kv group, padded likewise
+XM = tl.constexpr(ROWS_PAD)
+GB = tl.constexpr(GROUP_PAD)
+BT = tl.constexpr(64)  # attention positions per block
+MAX_SPLITS = 16
+# columns of the per-layer weight-offset table
+W_QKV, W_O, W_GU, W_DOWN, W_N1, W_N2 = range(6)
+
+
+@triton.jit
+def _grid_barrier(bar_ptr, target, SYNC: tl.constexpr):
+    """Every program arrives, then waits until `target` arrivals in all (targets grow by the
+    grid size per barrier, so the counter is never reset inside a launch)."""
+    if SYNC:
+        tl.debug_barrier()
+        tl.atomic_add(bar_ptr, 1, sem="release", scope="gpu")
+        cur = tl.load(bar_ptr, volatile=True)
+        while cur < target:
+            cur = tl.load(bar_ptr, volatile=True)
+        tl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu")
+        tl.debug_barrier()
+
+
+@triton.jit
+def _inv_rms(stats_ptr, n_parts, H, eps, NP: tl.constexpr):
+    """1 / rms of each (padded) row from the o / down phases' per-item sums of squares."""
+    p = tl.arange(0, NP)
+    rows = tl.arange(0, XM)
+    s = tl.load(stats_ptr + p[:, None] * XM + rows[None, :], mask=p[:, None] < n_parts, other=0.0,
+                cache_modifier=".cg")
+    return 1.0 / tl.sqrt(tl.sum(s, axis=0) / H + eps)
+
+
+@triton.jit
+def _normed_x(h_ptr, nw_ptr, inv, m_mask, offs_k, H: tl.constexpr, DT: tl.constexpr):
+    """x tile [XM, BK] of rms_norm(h) * w, rounded as fused.add_rms_norm rounds."""
+    rows = tl.arange(0, XM)
+    hv = tl.load(h_ptr + rows[:, None] * H + offs_k[None, :], mask=m_mask[:, None], other=0.0,
+                 cache_modifier=".cg")
+    y = (hv * inv[:, None]).to(DT).to(tl.float32)
+    w = tl.load(nw_ptr + offs_k).to(tl.float32)
+    return (w[None, :] * y).to(DT)
+
+
+@triton.jit
+def _residual_add(acc, h_ptr, stats_ptr, item, cols, m_mask, H: tl.constexpr, DT: tl.constexpr,
+                  ROUND_H: tl.constexpr):
+    """h[:, cols] += acc rounded to the model dtype; this tile's sums of squares to stats[item]."""
+    rows = tl.arange(0, XM)
+    ptr = h_ptr + rows[:, None] * H + cols[None, :]
+    hn = tl.load(ptr, mask=m_mask[:, None], other=0.0, cache_modifier=".cg") + acc.to(DT).to(tl.float32)
+    if ROUND_H:
+        hn = hn.to(DT).to(tl.float32)
+    tl.store(ptr, hn, mask=m_mask[:, None])
+    tl.store(stats_ptr + item * XM + rows, tl.sum(hn * hn, axis=1))
+
+
+@triton.jit
+def _decode_layers_kernel(
+    ids_ptr, pos_ptr, slot_ptr, embed_ptr, wbase_ptr, woff_ptr, cos_ptr, sin_ptr, cache_ptr,
+    h_ptr, stats_ptr, q_ptr, part_ptr, ml_ptr, cnt_ptr, attn_ptr, act_ptr, bar_ptr,
+    M, eps, scale, phase_lo, phase_hi, n_layers, n_splits,
+    stride_layer, stride_slot, stride_pos,
+    H: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, INTER: tl.constexpr,
+    BN: tl.constexpr, BNI: tl.constexpr, PB: tl.constexpr,
+    BKH: tl.constexpr, BKQ: tl.constexpr, BKI: tl.constexpr, NP: tl.constexpr,
+    PREC: tl.constexpr, SYNC: tl.constexpr, ROUND_H: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    DT: tl.constexpr = embed_ptr.dtype.element_ty
+    G: tl.constexpr = HQ // HKV
+    HALF: tl.constexpr = D // 2
+    chunks: tl.constexpr = HALF // PB
+    rows = tl.arange(0, XM)
+    m_mask = rows < M
+    n_col_items = tl.cdiv(H, BN)
+    zero = pid * 0  # loop-carried counters start as tensors (an argument of 1 is a constexpr)
+    n_barrier = zero
+    phase = phase_lo + zero
+    while phase < phase_hi:
+        if phase == 0:
+            # the embedding rows into the float32 residual, with their sums of squares
+            tok = tl.load(ids_ptr + rows, mask=m_mask, other=0).to(tl.int64)
+            item = pid
+            while item < n_col_items:
+                cols = item * BN + tl.arange(0, BN)
+                e = tl.load(embed_ptr + tok[:, None] * H + cols[None, :], mask=m_mask[:, None], other=0.0)
+                e = e.to(tl.float32)
+                tl.store(h_ptr + rows[:, None] * H + cols[None, :], e, mask=m_mask[:, None])
+                tl.store(stats_ptr + item * XM + rows, tl.sum(e * e, axis=1))
+                item += nprog
+        else:
+            layer = (phase - 1) // 5
+            step = (phase - 1) % 5
+            woff = woff_ptr + layer * 6
+            if step == 0:
+                # qkv: an item is PB rotary pairs (columns c and c + D/2) of one q, k or v head
+                w_ptr = wbase_ptr + tl.load(woff + 0)
+                nw_ptr = wbase_ptr + tl.load(woff + 4)
+                inv = _inv_rms(stats_ptr, n_col_items, H, eps, NP)
+                pos = tl.load(pos_ptr + rows, mask=m_mask, other=0)
+                slot = tl.load(slot_ptr + rows, mask=m_mask, other=0)
+                item = pid
+                while item < (HQ + 2 * HKV) * chunks:
+                    head = item // chunks
+                    c = (item % chunks) * PB + tl.arange(0, PB)
+                    r1 = (head * D + c).to(tl.int64)
+                    acc1 = tl.zeros((XM, PB), dtype=tl.float32)
+                    acc2 = tl.zeros((XM, PB), dtype=tl.float32)
+                    for k0 in range(0, H, BKH):
+                        offs_k = k0 + tl.arange(0, BKH)
+                        x = _normed_x(h_ptr, nw_ptr, inv, m_mask, offs_k, H, DT)
+                        w1 = tl.load(w_ptr + r1[:, None] * H + offs_k[None, :])
+                        w2 = tl.load(w_ptr + (r1 + HALF)[:, None] * H + offs_k[None, :])
+                        acc1 += tl.dot(x, tl.trans(w1), input_precision=PREC)
+                        acc2 += tl.dot(x, tl.trans(w2), input_precision=PREC)
+                    y1 = acc1.to(DT).to(tl.float32)
+                    y2 = acc2.to(DT).to(tl.float32)
+                    if head < HQ + HKV:  # RoPE, rounded as fused.rope_kv_write
+                        trig = pos[:, None] * D + c[None, :]
+                        c1 = tl.load(cos_ptr + trig, mask=m_mask[:, None], other=0.0).to(tl.float32)
+                        c2 = tl.load(cos_ptr + trig + HALF, mask=m_mask[:, None], other=0.0).to(tl.float32)
+                        s1 = tl.load(sin_ptr + trig, mask=m_mask[:, None], other=0.0).to(tl.float32)
+                        s2 = tl.load(sin_ptr + trig + HALF, mask=m_mask[:, None], other=0.0).to(tl.float32)
+                        o1 = ((y1 * c1).to(DT).to(tl.float32) + (-y2 * s1).to(DT).to(tl.float32)).to(DT)
+                        o2 = ((y2 * c2).to(DT).to(tl.float32) + (y1 * s2).to(DT).to(tl.float32)).to(DT)
+                    else:
+                        o1 = y1.to(DT)
+                        o2 = y2.to(DT)
+                    if head < HQ:
+                        dst = q_ptr + (rows[:, None] * HQ + head) * D + c[None, :]
+                    else:
+                        kv = head - HQ
+                        which = kv // HKV  # 0: k, 1: v
+                        dst = (cache_ptr + (layer + which * n_layers) * stride_layer
+                               + slot[:, None] * stride_slot + pos[:, None] * stride_pos
+                               + (kv % HKV) * D + c[None, :])
+                    tl.store(dst, o1, mask=m_mask[:, None])
+                    tl.store(dst + HALF, o2, mask=m_mask[:, None])
+                    item += nprog
+            elif step == 1:
+                # attention: an item is (row, kv head, split); partial results, then the merge
+                k_base = cache_ptr + layer * stride_layer
+                v_base = cache_ptr + (layer + n_layers) * stride_layer
+                g_rows = tl.arange(0, GB)
+                dims = tl.arange(0, D)
+                item = pid
+                while item < M * HKV * n_splits:
+                    row = item // (HKV * n_splits)
+                    g = (item // n_splits) % HKV
+                    sp = item % n_splits
+                    length = tl.load(pos_ptr + row) + 1
+                    slot = tl.load(slot_ptr + row)
+                    chunk = tl.cdiv(tl.cdiv(length, n_splits), BT) * BT
+                    start = sp * chunk
+                    end = tl.minimum(length, start + chunk)
+                    q = tl.load(q_ptr + (row * HQ + g * G + g_rows)[:, None] * D + dims[None, :],
+                                mask=(g_rows < G)[:, None], other=0.0, cache_modifier=".cg")
+                    m_i = tl.full((GB,), float("-inf"), tl.float32)
+                    l_i = tl.zeros((GB,), dtype=tl.float32)
+                    acc = tl.zeros((GB, D), dtype=tl.float32)
+                    kv_off = slot * stride_slot + g * D
+                    t0 = start
+                    while t0 < end:
+                        t = t0 + tl.arange(0, BT)
+                        tm = t < end
+                        off = kv_off + t.to(tl.int64)[:, None] * stride_pos + dims[None, :]
+                        k = tl.load(k_base + off, mask=tm[:, None], other=0.0, cache_modifier=".cg")
+                        v = tl.load(v_base + off, mask=tm[:, None], other=0.0, cache_modifier=".cg")
+                        s = tl.dot(q, tl.trans(k), input_precision=PREC) * scale
+                        s = tl.where(tm[None, :], s, float("-inf"))
+                        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+                        p = tl.exp(s - m_new[:, None])
+                        alpha = tl.exp(m_i - m_new)
+                        l_i = l_i * alpha + tl.sum(p, axis=1)
+                        acc = acc * alpha[:, None] + tl.dot(p.to(DT), v, input_precision=PREC)
+                        m_i = m_new
+                        t0 += BT
+                    pair = row * HKV + g
+                    slab = pair * n_splits + sp
+                    tl.store(part_ptr + (slab * GB + g_rows)[:, None] * D + dims[None, :], acc)
+                    tl.store(ml_ptr + (slab * GB + g_rows) * 2, m_i)
+                    tl.store(ml_ptr + (slab * GB + g_rows) * 2 + 1, l_i)
+                    tl.debug_barrier()
+                    done = tl.atomic_add(cnt_ptr + pair, 1, sem="acq_rel", scope="gpu")
+                    if done == n_splits - 1:  # the last split of this pair merges them all, in split order
+                        first = pair * n_splits
+                        m_all = tl.full((GB,), float("-inf"), tl.float32)
+                        j = zero
+                        while j < n_splits:
+                            mj = tl.load(ml_ptr + ((first + j) * GB + g_rows) * 2, cache_modifier=".cg")
+                            m_all = tl.maximum(m_all, mj)
+                            j += 1
+                        den = tl.zeros((GB,), dtype=tl.float32)
+                        num = tl.zeros((GB, D), dtype=tl.float32)
+                        j = zero
+                        while j < n_splits:
+                            base = (first + j) * GB + g_rows
+                            mj = tl.load(ml_ptr + base * 2, cache_modifier=".cg")
+                            lj = tl.load(ml_ptr + base * 2 + 1, cache_modifier=".cg")
+                            wj = tl.where(mj == float("-inf"), 0.0, tl.exp(mj - m_all))
+                            den += wj * lj
+                            aj = tl.load(part_ptr + base[:, None] * D + dims[None, :], cache_modifier=".cg")
+                            num += wj[:, None] * aj
+                            j += 1
+                        out = (num / den[:, None]).to(DT)
+                        dst = attn_ptr + (row * HQ + g * G + g_rows)[:, None] * D + dims[None, :]
+                        tl.store(dst, out, mask=(g_rows < G)[:, None])
+                        tl.atomic_xchg(cnt_ptr + pair, 0)
+                    item += nprog
+            elif step == 2:
+                # o projection, added to the residual
+                w_ptr = wbase_ptr + tl.load(woff + 1)
+                item = pid
+                while item < n_col_items:
+                    cols = item * BN + tl.arange(0, BN)
+                    acc = tl.zeros((XM, BN), dtype=tl.float32)
+                    for k0 in range(0, HQ * D, BKQ):
+                        offs_k = k0 + tl.arange(0, BKQ)
+                        x = tl.load(attn_ptr + rows[:, None] * (HQ * D) + offs_k[None, :], mask=m_mask[:, None],
+                                    other=0.0, cache_modifier=".cg")
+                        w = tl.load(w_ptr + cols.to(tl.int64)[:, None] * (HQ * D) + offs_k[None, :])
+                        acc += tl.dot(x, tl.trans(w), input_precision=PREC)
+                    _residual_add(acc, h_ptr, stats_ptr, item, cols, m_mask, H, DT, ROUND_H)
+                    item += nprog
+            elif step == 3:
+                # gate/up with SiLU-and-multiply, rounded as gemv.project_glu
+                w_ptr = wbase_ptr + tl.load(woff + 2)
+                nw_ptr = wbase_ptr + tl.load(woff + 5)
+                inv = _inv_rms(stats_ptr, n_col_items, H, eps, NP)
+                item = pid
+                while item < tl.cdiv(INTER, BNI):
+                    cols = item * BNI + tl.arange(0, BNI)
+                    acc_g = tl.zeros((XM, BNI), dtype=tl.float32)
+                    acc_u = tl.zeros((XM, BNI), dtype=tl.float32)
+                    for k0 in range(0, H, BKH):
+                        offs_k = k0 + tl.arange(0, BKH)
+                        x = _normed_x(h_ptr, nw_ptr, inv, m_mask, offs_k, H, DT)
+                        wg = tl.load(w_ptr + cols.to(tl.int64)[:, None] * H + offs_k[None, :])
+                        wu = tl.load(w_ptr + (cols + INTER).to(tl.int64)[:, None] * H + offs_k[None, :])
+                        acc_g += tl.dot(x, tl.trans(wg), input_precision=PREC)
+                        acc_u += tl.dot(x, tl.trans(wu), input_precision=PREC)
+                    gv = acc_g.to(DT).to(tl.float32)
+                    uv = acc_u.to(DT).to(tl.float32)
+                    sv = (gv / (1.0 + tl.exp(-gv))).to(DT).to(tl.float32)
+                    tl.store(act_ptr + rows[:, None] * INTER + cols[None, :], (sv * uv).to(DT), mask=m_mask[:, None])
+                    item += nprog
+            else:
+                # down projection, added to the residual
+                w_ptr = wbase_ptr + tl.load(woff + 3)
+                item = pid
+                while item < n_col_items:
+                    cols = item * BN + tl.arange(0, BN)
+                    acc = tl.zeros((XM, BN), dtype=tl.float32)
+                    for k0 in range(0, INTER, BKI):
+                        offs_k = k0 + tl.arange(0, BKI)
+                        x = tl.load(act_ptr + rows[:, None] * INTER + offs_k[None, :], mask=m_mask[:, None],
+                                    other=0.0, cache_modifier=".cg")
+                        w = tl.load(w_ptr + cols.to(tl.int64)[:, None] * INTER + offs_k[None, :])
+                        acc += tl.dot(x, tl.trans(w), input_precision=PREC)
+                    _residual_add(acc, h_ptr, stats_ptr, item, cols, m_mask, H, DT, ROUND_H)
+                    item += nprog
+        if phase + 1 < phase_hi:
+            n_barrier += 1
+            _grid_barrier(bar_ptr, n_barrier * nprog, SYNC)
+        phase += 1
+    if SYNC:  # the last to arrive resets the barrier for the next launch
+        tl.debug_barrier()
+        arrived = tl.atomic_add(bar_ptr, 1, sem="acq_rel", scope="gpu")
+        if arrived == (n_barrier + 1) * nprog - 1:
+            tl.atomic_xchg(bar_ptr, 0)
+
+
+@dataclass(frozen=True)
+class Tiles:
+    bn: int  # residual columns per o / down item
+    bni: int  # intermediate columns per gate/up item
+    pb: int  # rotary pairs per qkv item
+    bkh: int  # K tile over the hidden size
+    bkq: int  # K tile over the attention output
+    bki: int  # K tile over the intermediate size
+
+
+def _k_tile(k: int) -> int:
+    for t in (128, 64, 32, 16):
+        if k % t == 0:
+            return t
+    raise ValueError(f"the mega kernel needs dimensions divisible by 16, got {k}")
+
+
+def pick_tiles(hidden: int, q_width: int, inter: int, head_dim: int, programs: int) -> Tiles:
+    """Shape-only tiles: column tiles of 16 (32 where the hidden size gives over 2 tiles per
+    program), K tiles of 128 where the size allows."""
+    bn = 32 if hidden // 16 > 2 * programs else 16
+    pb = 16 if head_dim // 2 >= 16 else head_dim // 2
+    return Tiles(bn, 16, pb, _k_tile(hidden), _k_tile(q_width), _k_tile(inter))
+
+
+class DecodeLayers:
+    """Scratch buffers and launches of the mega kernel for one decoder and KV cache."""
+
+    def __init__(self, dec, cache, programs: int | None = None) -> None:
+        cfg, w = dec.cfg, dec.w
+        lw0 = w.layers[0]
+        if any(lw.bqkv is not None for lw in w.layers):
+            raise ValueError("the mega kernel has no q/k/v bias")
+        if cfg.head_dim % 16 or cfg.num_heads % cfg.num_kv_heads or cfg.num_heads // cfg.num_kv_heads > GROUP_PAD:
+            raise ValueError("the mega kernel needs head_dim % 16 == 0 and at most 16 q heads per kv head")
+        self.dec, self.cache = dec, cache
+        dev = lw0.wqkv.device
+        self.device = dev
+        if programs is None:
+            programs = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 4
+        self.programs = programs
+        hq, hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.tiles = pick_tiles(cfg.hidden_size, hq * d, cfg.intermediate_size, d, programs)
+        base = w.embed
+        elem = base.element_size()
+
+        def off(t: torch.Tensor) -> int:
+            if t.dtype != base.dtype or not t.is_contiguous():
+                raise ValueError("the mega kernel needs contiguous weights of one dtype")
+            delta = t.data_ptr() - base.data_ptr()
+            if delta % elem:
+                raise ValueError("weights are not aligned to their element size")
+            return delta // elem
+
+        table = [[off(lw.wqkv), off(lw.wo), off(lw.w_gate_up), off(lw.w_down), off(lw.attn_norm), off(lw.mlp_norm)]
+                 for lw in w.layers]
+        self.woff = torch.tensor(table, dtype=torch.int64, device=dev)
+        f32, dt = torch.float32, base.dtype
+        n_col_items = cdiv(cfg.hidden_size, self.tiles.bn)
+        self.np = next_pow2(n_col_items)
+        self.h = torch.zeros((ROWS_PAD, cfg.hidden_size), dtype=f32, device=dev)
+        self.stats = torch.zeros((n_col_items, ROWS_PAD), dtype=f32, device=dev)
+        self.q = torch.zeros((ROWS_PAD, hq, d), dtype=dt, device=dev)
+        self.part = torch.zeros((MAX_ROWS * hkv * MAX_SPLITS, GROUP_PAD, d), dtype=f32, device=dev)
+        self.ml = torch.zeros((MAX_ROWS * hkv * MAX_SPLITS, GROUP_PAD, 2), dtype=f32, device=dev)
+        self.cnt = torch.zeros(MAX_ROWS * hkv, dtype=torch.int32, device=dev)
+        self.attn = torch.zeros((ROWS_PAD, hq * d), dtype=dt, device=dev)
+        self.act = torch.zeros((ROWS_PAD, cfg.intermediate_size), dtype=dt, device=dev)
+        self.bar = torch.zeros(1, dtype=torch.int32, device=dev)
+        self.round_h = dec.residual_dtype != torch.float32
+
+    def splits(self, b: int) -> int:
+        """Attention splits per (row, kv head): enough items for every program, at most 16."""
+        return max(1, min(MAX_SPLITS, self.programs // (b * self.dec.cfg.num_kv_heads)))
+
+    def run(self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+            persistent: bool = True) -> torch.Tensor:
+        """Every decoder layer for rows [0, B) (int64 ids, positions, slots [B]); the residual
+        stream after the last layer, float32 [B, H] (a view of a buffer reused by every call).
+        persistent False: one launch per phase (no grid barrier; Triton's interpreter)."""
+        b = ids.shape[0]
+        if not 1 <= b <= MAX_ROWS:
+            raise ValueError(f"the mega kernel runs 1 to {MAX_ROWS} rows, got {b}")
+        cfg, dec, t = self.dec.cfg, self.dec, self.tiles
+        all_kv = self.cache.all
+        args = (ids, positions, slots, dec.w.embed, dec.w.embed, self.woff, dec.cos, dec.sin, all_kv,
+                self.h, self.stats, self.q, self.part, self.ml, self.cnt, self.attn, self.act, self.bar,
+                b, cfg.rms_eps, dec.scale)
+        tail = (cfg.num_layers, self.splits(b), all_kv.stride(0), all_kv.stride(1), all_kv.stride(2))
+        kw = dict(H=cfg.hidden_size, HQ=cfg.num_heads, HKV=cfg.num_kv_heads, D=cfg.head_dim,
+                  INTER=cfg.intermediate_size, BN=t.bn, BNI=t.bni, PB=t.pb, BKH=t.bkh, BKQ=t.bkq, BKI=t.bki,
+                  NP=self.np, PREC="ieee" if dec.w.embed.dtype == torch.float32 else "tf32",
+                  ROUND_H=self.round_h, num_warps=4, num_stages=3)
+        n_phases = 1 + PHASES_PER_LAYER * cfg.num_layers
+        if persistent:
+            _decode_layers_kernel[(self.programs,)](*args, 0, n_phases, *tail, SYNC=True, **kw)
+        else:
+            for p in range(n_phases):
+                _decode_layers_kernel[(self.programs,)](*args, p, p + 1, *tail, SYNC=False, **kw)
+        return self.h[:b]

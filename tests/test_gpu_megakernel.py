@@ -1,0 +1,94 @@
+"""The mega kernel and the mega mode on a GPU: the persistent launch (grid barriers) against the
+phase-by-phase launches, each decode step against the float32 reference, and the mode inside an
+engine (self-check, many replays, batches).
+
+Run on the H200 (skipped without CUDA): pytest -m gpu tests/test_gpu_megakernel.py
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fgchat.engine.core import Engine, EngineConfig
+from fgchat.protocol.events import Mode, RequestFinished, SamplingParams, TokenEvent
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+
+@pytest.fixture(scope="module", params=["llama-3.2-1b", "smollm2-135m"])
+def preset_engine(request):
+    return Engine(EngineConfig(preset=request.param, device="cuda", dtype="bfloat16", max_context=2048,
+                               mode="full"))
+
+
+@pytest.mark.parametrize("b", [1, 3, 8])
+def test_persistent_launch_equals_phase_by_phase(preset_engine, b):
+    """Same bits for the residual stream and every K/V row: the grid barriers order the phases as
+    kernel boundaries do. Positions spread so attention splits are empty, partial and whole."""
+    from fgchat.engine.kernels.megakernel import DecodeLayers
+
+    eng = preset_engine
+    layers = eng.modes.modes[Mode.MEGA].layers
+    assert isinstance(layers, DecodeLayers)
+    g = torch.Generator(device="cuda").manual_seed(b)
+    eng.cache.all.copy_(torch.randn(eng.cache.all.shape, generator=g, device="cuda"))
+    ids = torch.randint(0, eng.cfg.vocab_size, (b,), device="cuda")
+    pos = torch.tensor([5, 1900, 0, 640, 64, 1, 1300, 127][:b], device="cuda")
+    slots = torch.tensor([3, 0, 7, 1, 2, 4, 5, 6][:b], device="cuda")
+    start = eng.cache.all.clone()
+    h_step = layers.run(ids, pos, slots, persistent=False).clone()
+    kv_step = eng.cache.all.clone()
+    eng.cache.all.copy_(start)
+    for _ in range(3):  # replays reuse the counters: each launch must leave them at zero
+        h = layers.run(ids, pos, slots, persistent=True)
+        assert int(layers.bar.item()) == 0 and int(layers.cnt.abs().sum()) == 0
+    torch.cuda.synchronize()
+    assert torch.isfinite(h).all()
+    assert torch.equal(h, h_step)
+    assert torch.equal(eng.cache.all, kv_step)
+
+
+def test_every_step_close_to_float32_reference(preset_engine):
+    """Greedy decode in mega mode; each step's logits against the float32 reference forward pass
+    over the same tokens."""
+    from fgchat.engine.model.reference import reference_logits
+    from fgchat.engine.startup_check import compare
+
+    eng = preset_engine
+    eng.set_mode("mega")
+    assert eng.mode == Mode.MEGA
+    eng.keep_logits = True
+    eng.step_logits.clear()
+    prompt = [(13 * i + 5) % eng.cfg.vocab_size for i in range(300)]
+    eng.submit(prompt, SamplingParams(max_tokens=16, ignore_eos=True))
+    toks = [e.token_id for e in eng.run_until_done() if isinstance(e, TokenEvent)]
+    eng.keep_logits = False
+    steps = torch.stack([lg[0].float() for lg in eng.step_logits])
+    dec = eng.decoder
+    ref = reference_logits(eng.cfg, dec.w, torch.tensor(prompt + toks[:-1], device="cuda"), dec.cos, dec.sin,
+                           dec.scale)[len(prompt):]
+    c = compare(steps.cpu(), ref.cpu(), eng.dtype)
+    assert c.agrees(eng.dtype), c
+
+
+def test_mega_mode_self_checks_and_serves_batches(preset_engine):
+    """Every batch size captured with its self-check; eight requests of different lengths, greedy and
+    sampled, finish with their token counts in mega mode; tokens follow full mode's where full's
+    choice is clear (the same prompts in one run of each mode)."""
+    eng = preset_engine
+    eng.modes.self_check(Mode.MEGA)
+    assert not eng.modes.unavailable.get(Mode.MEGA), eng.modes.unavailable
+    v = eng.cfg.vocab_size
+    prompts = [[(7 * j + 11 * i) % v for j in range(20 + 97 * i)] for i in range(8)]
+    params = [SamplingParams(max_tokens=24, ignore_eos=True, temperature=0.7 if i % 2 else 0.0, seed=i)
+              for i in range(8)]
+    out = {}
+    for mode in ("full", "mega"):
+        eng.set_mode(mode)
+        rids = [eng.submit(p, sp) for p, sp in zip(prompts, params)]
+        done = {e.summary.request_id: e.summary for e in eng.run_until_done() if isinstance(e, RequestFinished)}
+        out[mode] = [done[r].token_ids for r in rids]
+    assert all(len(t) == 24 for t in out["mega"])
+    same_first = sum(a[0] == b[0] for a, b in zip(out["full"], out["mega"]))
+    assert same_first >= 6, (out["full"], out["mega"])

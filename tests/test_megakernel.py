@@ -1,0 +1,104 @@
+"""The mega kernel (every decoder layer in one persistent launch) under Triton's interpreter,
+phase by phase, against the plain torch decoder in float32.
+
+The persistent launch (grid barriers) needs all programs resident at once, which only a GPU
+gives; tests/test_gpu_megakernel.py runs it there against float32 and against these launches.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # read when triton loads and kernels are decorated
+pytest.importorskip("triton")
+
+from fgchat.engine.kernels.megakernel import DecodeLayers, pick_tiles  # noqa: E402
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _engine(model_dir, max_context=96):
+    from fgchat.engine.core import Engine, EngineConfig
+    from fgchat.engine.model.decoder import Decoder
+    from fgchat.engine.step import StepProgram
+
+    eng = Engine(EngineConfig(model=str(model_dir), device=DEV, max_context=max_context, dtype="float32"))
+    fused = StepProgram(Decoder(eng.cfg, eng.model.weights, eng.max_context, fused=True),
+                        eng.cache, eng.bufs, eng.attention)
+    g = torch.Generator(device=DEV).manual_seed(0)
+    for t in eng.cache.k + eng.cache.v:
+        t.copy_(torch.randn(t.shape, generator=g, device=DEV))
+    return eng, fused
+
+
+@pytest.mark.parametrize("programs", [1, 3, 7])
+@pytest.mark.parametrize("b", [1, 3, 8])
+def test_layers_match_the_plain_decoder(tiny_llama, programs, b):
+    """Logits, tokens and the K/V rows written, against the torch decoder's step; positions spread
+    so attention splits are empty, partial and whole."""
+    from fgchat.engine.step import Variant
+
+    eng, fused = _engine(tiny_llama)
+    layers = DecodeLayers(fused.dec, eng.cache, programs=programs)
+    pos = [9, 70, 0, 33, 64, 1, 90, 5][:b]
+    slots = [4, 0, 7, 1, 2, 3, 5, 6][:b]
+    ids = [(7 * j + 5) % eng.cfg.vocab_size for j in range(b)]
+    eng.bufs.stage(ids, pos, slots, [0.0] * b, [1.0] * b, [0] * b, [0] * b)
+    eng.program.max_len_hint = 96
+    before = eng.cache.all.clone()
+    ref = eng.program.run_eager(b, Variant.GREEDY)
+    ref_logits, ref_tokens, ref_kv = ref.logits.clone(), ref.tokens.clone(), eng.cache.all.clone()
+    eng.cache.all.copy_(before)
+    st_pieces = fused.mega_pieces(b, Variant.GREEDY, layers)
+    out = _run(st_pieces, persistent=False, layers=layers)
+    torch.testing.assert_close(out.logits, ref_logits, rtol=1e-4, atol=1e-4)
+    assert torch.equal(out.tokens, ref_tokens)
+    torch.testing.assert_close(eng.cache.all, ref_kv, rtol=1e-5, atol=1e-5)
+    assert int(layers.cnt.abs().sum()) == 0  # every merge counter back at zero
+
+
+def _run(pieces, persistent, layers):
+    from fgchat.engine.model.decoder import StepState
+    from fgchat.engine.step import StepOutputs
+
+    run = layers.run
+    layers.run = lambda ids, pos, slots: run(ids, pos, slots, persistent=persistent)
+    try:
+        st = StepState()
+        for piece in pieces:
+            piece(st)
+    finally:
+        layers.run = run
+    return StepOutputs(st.tokens, st.logits)
+
+
+def test_a_mutated_norm_is_seen(tiny_llama):
+    """The comparison can fail: a layer norm's weight scaled changes the logits."""
+    from fgchat.engine.step import Variant
+
+    eng, fused = _engine(tiny_llama)
+    eng.bufs.stage([5], [12], [0], [0.0], [1.0], [0], [0])
+    eng.program.max_len_hint = 96
+    ref = eng.program.run_eager(1, Variant.GREEDY).logits.clone()
+    fused.dec.w.layers[1].mlp_norm.mul_(1.5)
+    try:
+        layers = DecodeLayers(fused.dec, eng.cache, programs=2)
+        out = _run(fused.mega_pieces(1, Variant.GREEDY, layers), False, layers)
+    finally:
+        fused.dec.w.layers[1].mlp_norm.div_(1.5)
+    assert not torch.allclose(out.logits, ref, rtol=1e-3, atol=1e-3)
+
+
+def test_tiles_depend_on_shape_only():
+    t = pick_tiles(2048, 2048, 8192, 64, 132)
+    assert (t.bn, t.bni, t.pb, t.bkh, t.bkq, t.bki) == (16, 16, 16, 128, 128, 128)
+    t = pick_tiles(576, 576, 1536, 64, 132)
+    assert (t.bn, t.pb, t.bkh, t.bki) == (16, 16, 64, 128)
+    assert pick_tiles(4096, 4096, 14336, 128, 132).bn == 16
+    assert pick_tiles(8192, 8192, 28672, 128, 132).bn == 32
+    with pytest.raises(ValueError):
+        pick_tiles(100, 100, 100, 64, 132)
