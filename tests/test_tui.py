@@ -189,7 +189,7 @@ class GraphlessModesEngine(Engine):
         from fgchat.protocol.events import Mode
 
         modes = super()._make_modes()
-        for mode in (Mode.PIECEWISE, Mode.FULL):
+        for mode in (Mode.PIECEWISE, Mode.FULL, Mode.MEGA):
             runner = EagerMode(self.program, False, self.notes.append)
             runner.mode = mode
             modes.install(mode, runner)

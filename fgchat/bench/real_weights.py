@@ -58,15 +58,19 @@ def hf_tokens(path: str, dtype: torch.dtype, prompts: list[list[int]], n: int) -
     return out
 
 
-def fgchat_tokens(engine, prompts: list[list[int]], n: int, mode: str) -> list[list[int]]:
+def fgchat_tokens(engine, prompts: list[list[int]], n: int, mode: str) -> list[list[int]] | None:
+    """Greedy tokens of each prompt alone in `mode`; None where any decode step ran in another
+    mode (the mode is unavailable or fell back), so no column claims a mode that did not run."""
     from fgchat.protocol.events import SamplingParams, TokenEvent
 
     engine.set_mode(mode)
     out = []
     for ids in prompts:
         rid = engine.submit(ids, SamplingParams(max_tokens=n))
-        toks = [e.token_id for e in engine.run_until_done() if isinstance(e, TokenEvent) and e.request_id == rid]
-        out.append(toks)
+        events = [e for e in engine.run_until_done() if isinstance(e, TokenEvent) and e.request_id == rid]
+        if any(e.mode != mode for e in events[1:]):  # the first token comes from the prefill
+            return None
+        out.append([e.token_id for e in events])
     return out
 
 
@@ -139,7 +143,11 @@ def run_all(model: str, tokens: int = 16, dtypes: tuple[str, ...] = DTYPES) -> d
             result["check"][f"{dt_name}{label}"] = {"start_s": start_s, "notes": info.notes,
                                                      "startup_check": info.startup_check}
             for mode in (MODES if fused else (Mode.FULL,)):
-                result["runs"][f"fgchat {mode}{label} {dt_name}"] = fgchat_tokens(engine, prompts, tokens, mode)
+                toks = fgchat_tokens(engine, prompts, tokens, mode)
+                if toks is None:
+                    result["check"][f"{dt_name}{label}"][f"{mode} not run"] = engine.modes.unavailable.get(mode, "")
+                else:
+                    result["runs"][f"fgchat {mode}{label} {dt_name}"] = toks
             if fused:
                 result["runs"][f"fgchat full, 8 together {dt_name}"] = fgchat_tokens_together(
                     engine, prompts, tokens, Mode.FULL)
@@ -184,4 +192,7 @@ def print_table(r: dict) -> None:
               f" top-5 >= {min(x['top5_overlap'] for x in rows)}")
     for k, v in r["check"].items():
         print(f"  start {k}: {v['start_s']:.1f} s, check {v['startup_check']}")
+        for key, why in v.items():
+            if key.endswith(" not run"):
+                print(f"  {k}: {key} ({why or 'fell back during the run'})")
 
