@@ -54,9 +54,9 @@ def run(engine, mode, prompts, params, toggle_every=None, record_logits=False):
 
 def test_all_modes_available_after_self_check(engine):
     info = engine.info()
-    assert info.available_modes == {"eager": "", "piecewise": "", "full": ""}, info.notes
+    assert info.available_modes == {"eager": "", "piecewise": "", "full": "", "mega": ""}, info.notes
     sizes = {(c.mode, c.batch_size) for c in info.captures}
-    assert sizes >= {(m, b) for m in ("piecewise", "full") for b in range(1, 9)}
+    assert sizes >= {(m, b) for m in ("piecewise", "full", "mega") for b in range(1, 9)}
 
 
 @pytest.mark.parametrize("batch", range(1, 9))
@@ -367,8 +367,8 @@ def test_idle_capture_defers_all_but_batch_one_and_matches(gqa_model, monkeypatc
     n = 0
     while eng.capture_idle():
         n += 1
-    # 7 full and 8 piecewise sizes, and the prefill buckets the start-up check did not capture
-    assert n == 15 + len(eng.modes.prefill_graphs.buckets) - pre, n
+    # 7 full, 8 piecewise and 8 mega sizes, and the prefill buckets the start-up check did not capture
+    assert n == 23 + len(eng.modes.prefill_graphs.buckets) - pre, n
     assert {b for b, _ in full.graphs} == set(range(1, 9))
     assert {b for b, _ in eng.modes.modes[Mode.PIECEWISE].graphs} == set(range(1, 9))
     assert set(eng.modes.prefill_graphs.graphs) == set(eng.modes.prefill_graphs.buckets)

@@ -111,10 +111,13 @@ class ModeSet:
         if self.cap is None:
             return
         self._warm(range(1, 2))  # each deferred capture warms its own size first (GraphCapture.warmup)
-        order = [first, *(m for m in GRAPH_MODES if m != first)]
+        # mega last: its first capture compiles the largest kernel, which an arriving request waits for
+        order = [first, *(m for m in GRAPH_MODES if m not in (first, Mode.MEGA))]
         self._queue = [(m, b) for m in order if m in GRAPH_MODES for b in range(1, NUM_SLOTS + 1)]
         if self.prefill_graphs is not None:
             self._queue += [("prefill", n) for n in self.prefill_graphs.buckets]
+        if first != Mode.MEGA:
+            self._queue += [(Mode.MEGA, b) for b in range(1, NUM_SLOTS + 1)]
         self._self_check = self_check
         if first in GRAPH_MODES:
             self.capture_next()
@@ -276,7 +279,10 @@ class ModeSet:
 
 def _close_to_eager(out: StepOutputs, ref_logits: torch.Tensor, dtype: torch.dtype) -> bool:
     """The start-up check's comparison with eager's logits as the reference: finite, within its
-    relative error for the dtype, and each token eager's or one inside its band of eager's best."""
-    from fgchat.engine.startup_check import compare
+    relative error for the dtype, and each token eager's or one inside its band of eager's best.
+    Not its top-5 overlap: the check's random ids over an unwritten cache give near-flat rows, whose
+    top 5 two correct summation orders rank differently (real bf16 weights, batch 4)."""
+    from fgchat.engine.startup_check import MAX_REL_ERR, compare
 
-    return compare(out.logits, ref_logits, dtype).agrees(dtype)
+    c = compare(out.logits, ref_logits, dtype)
+    return c.finite and c.max_rel_err <= MAX_REL_ERR.get(dtype, 0.12) and c.top1_ok
