@@ -56,7 +56,8 @@ def test_all_modes_available_after_self_check(engine):
     info = engine.info()
     assert info.available_modes == {"eager": "", "piecewise": "", "full": "", "mega": ""}, info.notes
     sizes = {(c.mode, c.batch_size) for c in info.captures}
-    assert sizes >= {(m, b) for m in ("piecewise", "full", "mega") for b in range(1, 9)}
+    assert sizes >= {(m, b) for m in ("piecewise", "full") for b in range(1, 9)}
+    assert not {b for m, b in sizes if m == "mega"}  # mega: captured on first use or while idle
 
 
 @pytest.mark.parametrize("batch", range(1, 9))

@@ -101,7 +101,8 @@ class ModeSet:
         if self.prefill_graphs is not None:
             self._capture_prefill()
         for mode in GRAPH_MODES:
-            if not self.unavailable.get(mode):
+            # mega is captured on first use or while idle: its kernel's compile costs seconds
+            if mode != Mode.MEGA and not self.unavailable.get(mode):
                 self._capture_mode(mode, self_check)
 
     def capture_start(self, self_check: bool, first: Mode) -> None:
