@@ -83,7 +83,7 @@ async def test_endpoint_timings_are_labelled_client_side_and_exported_with_the_u
         assert not panel(app).query_one("#gpu-host").display  # no GPU or launch time to show
         assert "ITL ms" in panel(app).text_of("stats")
         bar = panel(app).text_of("mode-bar")
-        assert bar.count("n/a") == 2  # eager runs (the current mode); the others are unavailable
+        assert bar.count("n/a") == 3  # eager runs (the current mode); the other three are unavailable
 
         # mode keys: disabled (dimmed in the footer, a press does nothing); the palette's
         # command says why in one warning; nothing reaches the handle
