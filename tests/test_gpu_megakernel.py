@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from fgchat.engine.core import Engine, EngineConfig
-from fgchat.protocol.events import Mode, RequestFinished, SamplingParams, TokenEvent
+from fgchat.protocol.events import Mode, RequestFinished, SamplingParams
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -52,23 +52,12 @@ def test_persistent_launch_equals_phase_by_phase(preset_engine, b):
 def test_every_step_close_to_float32_reference(preset_engine):
     """Greedy decode in mega mode; each step's logits against the float32 reference forward pass
     over the same tokens."""
-    from fgchat.engine.model.reference import reference_logits
-    from fgchat.engine.startup_check import compare
+    from reference_steps import greedy_steps_vs_reference
 
     eng = preset_engine
-    eng.set_mode("mega")
-    assert eng.mode == Mode.MEGA
-    eng.keep_logits = True
-    eng.step_logits.clear()
     prompt = [(13 * i + 5) % eng.cfg.vocab_size for i in range(300)]
-    eng.submit(prompt, SamplingParams(max_tokens=16, ignore_eos=True))
-    toks = [e.token_id for e in eng.run_until_done() if isinstance(e, TokenEvent)]
-    eng.keep_logits = False
-    steps = torch.stack([lg[0].float() for lg in eng.step_logits])
-    dec = eng.decoder
-    ref = reference_logits(eng.cfg, dec.w, torch.tensor(prompt + toks[:-1], device="cuda"), dec.cos, dec.sin,
-                           dec.scale)[len(prompt):]
-    c = compare(steps.cpu(), ref.cpu(), eng.dtype)
+    c = greedy_steps_vs_reference(eng, "mega", prompt, 16)
+    assert eng.mode == Mode.MEGA  # the steps ran in mega, not in a fallback
     assert c.agrees(eng.dtype), c
 
 

@@ -221,22 +221,10 @@ def test_outlier_preset_passes_startup_check(outlier_engine):
 def test_outlier_preset_every_step_close_to_float32_reference(outlier_engine, mode):
     """Greedy decode in each mode; each step's logits against the float32 reference forward pass
     over the same tokens (prefix-consistent, so the production path's own choices are followed)."""
-    from fgchat.protocol.events import SamplingParams, TokenEvent
-    from fgchat.engine.model.reference import reference_logits
-    from fgchat.engine.startup_check import compare
+    from reference_steps import greedy_steps_vs_reference
 
     eng = outlier_engine
-    eng.set_mode(mode)
-    eng.keep_logits = True
-    eng.step_logits.clear()
     prompt = [(13 * i + 5) % eng.cfg.vocab_size for i in range(40)]
-    eng.submit(prompt, SamplingParams(max_tokens=12, ignore_eos=True))
-    toks = [e.token_id for e in eng.run_until_done() if isinstance(e, TokenEvent)]
-    eng.keep_logits = False
-    steps = torch.stack([lg[0].float() for lg in eng.step_logits])  # decode steps 1..11
-    dec = eng.decoder
-    ref = reference_logits(eng.cfg, dec.w, torch.tensor(prompt + toks[:-1], device="cuda"), dec.cos, dec.sin,
-                           dec.scale)[len(prompt):]
-    c = compare(steps.cpu(), ref.cpu(), eng.dtype)
+    c = greedy_steps_vs_reference(eng, mode, prompt, 12)
     assert c.agrees(eng.dtype), c
     assert c.max_rel_err < 0.05, c

@@ -146,7 +146,7 @@ class StepProgram:
         """
         variant = Variant(variant)
         dec, bufs, cache = self.dec, self.bufs, self.cache
-        di, df, i32 = bufs.dev_i, bufs.dev_f, bufs.dev_i32
+        di, i32 = bufs.dev_i, bufs.dev_i32
         ids, pos, slots = di[ROW_IDS, :b], di[ROW_POS, :b], di[ROW_SLOT, :b]
         seq_lens, slots32 = i32[0, :b], i32[1, :b]
         attn_out = bufs.attn_out[:b]

@@ -38,6 +38,7 @@ import triton.language as tl
 from fgchat.engine.intmath import cdiv, next_pow2
 
 PHASES_PER_LAYER = 5
+PHASES = tl.constexpr(PHASES_PER_LAYER)
 MAX_ROWS = 8
 ROWS_PAD = 16  # activation rows padded to the MMA's minimum
 GROUP_PAD = 16  # q heads of one kv group, padded likewise
@@ -45,8 +46,9 @@ XM = tl.constexpr(ROWS_PAD)
 GB = tl.constexpr(GROUP_PAD)
 BT = tl.constexpr(64)  # attention positions per block
 MAX_SPLITS = 16
-# columns of the per-layer weight-offset table
-W_QKV, W_O, W_GU, W_DOWN, W_N1, W_N2 = range(6)
+# columns of the per-layer weight-offset table (DecodeLayers writes each row in this order)
+W_QKV, W_O, W_GU, W_DOWN, W_N1, W_N2 = (tl.constexpr(i) for i in range(6))
+W_COLS = tl.constexpr(6)
 
 
 @triton.jit
@@ -133,13 +135,13 @@ def _decode_layers_kernel(
                 tl.store(stats_ptr + item * XM + rows, tl.sum(e * e, axis=1))
                 item += nprog
         else:
-            layer = (phase - 1) // 5
-            step = (phase - 1) % 5
-            woff = woff_ptr + layer * 6
+            layer = (phase - 1) // PHASES
+            step = (phase - 1) % PHASES
+            woff = woff_ptr + layer * W_COLS
             if step == 0:
                 # qkv: an item is PB rotary pairs (columns c and c + D/2) of one q, k or v head
-                w_ptr = wbase_ptr + tl.load(woff + 0)
-                nw_ptr = wbase_ptr + tl.load(woff + 4)
+                w_ptr = wbase_ptr + tl.load(woff + W_QKV)
+                nw_ptr = wbase_ptr + tl.load(woff + W_N1)
                 inv = _inv_rms(stats_ptr, n_col_items, H, eps, NP)
                 pos = tl.load(pos_ptr + rows, mask=m_mask, other=0)
                 slot = tl.load(slot_ptr + rows, mask=m_mask, other=0)
@@ -253,7 +255,7 @@ def _decode_layers_kernel(
                     item += nprog
             elif step == 2:
                 # o projection, added to the residual
-                w_ptr = wbase_ptr + tl.load(woff + 1)
+                w_ptr = wbase_ptr + tl.load(woff + W_O)
                 item = pid
                 while item < n_col_items:
                     cols = item * BN + tl.arange(0, BN)
@@ -268,8 +270,8 @@ def _decode_layers_kernel(
                     item += nprog
             elif step == 3:
                 # gate/up with SiLU-and-multiply, rounded as gemv.project_glu
-                w_ptr = wbase_ptr + tl.load(woff + 2)
-                nw_ptr = wbase_ptr + tl.load(woff + 5)
+                w_ptr = wbase_ptr + tl.load(woff + W_GU)
+                nw_ptr = wbase_ptr + tl.load(woff + W_N2)
                 inv = _inv_rms(stats_ptr, n_col_items, H, eps, NP)
                 item = pid
                 while item < tl.cdiv(INTER, BNI):
@@ -290,7 +292,7 @@ def _decode_layers_kernel(
                     item += nprog
             else:
                 # down projection, added to the residual
-                w_ptr = wbase_ptr + tl.load(woff + 3)
+                w_ptr = wbase_ptr + tl.load(woff + W_DOWN)
                 item = pid
                 while item < n_col_items:
                     cols = item * BN + tl.arange(0, BN)

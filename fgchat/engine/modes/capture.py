@@ -96,12 +96,16 @@ class GraphMode(StepMode):
         counts = self.cap.program.counts
         saved = counts.clone()  # the warm-up (and piecewise's recording step) count tokens too
         with self.cap.measured(self.mode, b, self.reports):
-            self.cap.warmup(b, variant)
+            self._warm(b, variant)
             g = self._capture(b, variant)
             self.graphs[(b, variant)] = g
             torch.cuda.synchronize()  # the recording runs on the capture stream
             counts.copy_(saved)
         return g
+
+    def _warm(self, b: int, variant: int) -> None:
+        """What runs once eagerly before capturing (b, variant): the step's stages by default."""
+        self.cap.warmup(b, variant)
 
     @abstractmethod
     def _capture(self, b: int, variant: int) -> Replayable:
