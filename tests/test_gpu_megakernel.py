@@ -81,3 +81,15 @@ def test_mega_mode_self_checks_and_serves_batches(preset_engine):
     assert all(len(t) == 24 for t in out["mega"])
     same_first = sum(a[0] == b[0] for a, b in zip(out["full"], out["mega"]))
     assert same_first >= 6, (out["full"], out["mega"])
+
+
+def test_self_check_catches_rows_swapped():
+    """The self-check can fail: a mega step whose rows come back swapped passes at batch size 1
+    and disables the mode at batch size 2."""
+    eng = Engine(EngineConfig(preset="smollm2-135m", device="cuda", dtype="bfloat16", max_context=2048,
+                              mode="full"))
+    layers = eng.modes.modes[Mode.MEGA].layers
+    run = layers.run
+    layers.run = lambda ids, pos, slots, persistent=True: run(ids, pos, slots, persistent).flip(0)
+    eng.modes.self_check(Mode.MEGA)
+    assert eng.modes.unavailable.get(Mode.MEGA) == "self-check mismatch at batch size 2"

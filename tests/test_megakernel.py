@@ -95,9 +95,10 @@ def test_a_mutated_norm_is_seen(tiny_llama):
 
 def test_tiles_depend_on_shape_only():
     t = pick_tiles(2048, 2048, 8192, 64, 132)
-    assert (t.bn, t.bni, t.pb, t.bkh, t.bkq, t.bki) == (16, 16, 16, 128, 128, 128)
+    assert (t.bn, t.bni, t.pb, t.bkh, t.bkq, t.bki) == (16, 16, 16, 256, 256, 256)
     t = pick_tiles(576, 576, 1536, 64, 132)
-    assert (t.bn, t.pb, t.bkh, t.bki) == (16, 16, 64, 128)
+    assert (t.bn, t.pb, t.bkh, t.bki) == (16, 16, 64, 256)
+    assert pick_tiles(2048, 2048, 8192, 64, 132, max_k=128).bkh == 128
     assert pick_tiles(4096, 4096, 14336, 128, 132).bn == 16
     assert pick_tiles(8192, 8192, 28672, 128, 132).bn == 32
     with pytest.raises(ValueError):

@@ -112,9 +112,9 @@ def mega(hidden: int, heads: int, kv_heads: int, head_dim: int, inter: int) -> N
     t = mk.pick_tiles(hidden, heads * head_dim, inter, head_dim, 132)
     consts = dict(H=hidden, HQ=heads, HKV=kv_heads, D=head_dim, INTER=inter, BN=t.bn, BNI=t.bni, PB=t.pb,
                   BKH=t.bkh, BKQ=t.bkq, BKI=t.bki, NP=gemv.next_pow2(mk.cdiv(hidden, t.bn)), PREC="tf32",
-                  SYNC=True, ROUND_H=False)
+                  SYNC=True, ROUND_H=False, WA=mk.WEIGHT_ALIGN)
     build(mk._decode_layers_kernel, {n: v for n, v in sig.items() if n not in consts}, consts,
-          num_warps=4, num_stages=3)
+          num_warps=mk.NUM_WARPS, num_stages=mk.NUM_STAGES)
 
 
 if __name__ == "__main__":

@@ -46,9 +46,13 @@ XM = tl.constexpr(ROWS_PAD)
 GB = tl.constexpr(GROUP_PAD)
 BT = tl.constexpr(64)  # attention positions per block
 MAX_SPLITS = 16
+# per program: warps, stages of the projections' weight pipeline, the largest K tile (the H200
+# sweep, tools/sweep_mega.py: notes V39)
+NUM_WARPS, NUM_STAGES, MAX_K_TILE = 4, 4, 256
 # columns of the per-layer weight-offset table (DecodeLayers writes each row in this order)
 W_QKV, W_O, W_GU, W_DOWN, W_N1, W_N2 = (tl.constexpr(i) for i in range(6))
 W_COLS = tl.constexpr(6)
+WEIGHT_ALIGN = 16  # elements: the largest weight-offset alignment the kernel is told of
 
 
 @triton.jit
@@ -63,6 +67,14 @@ def _grid_barrier(bar_ptr, target, SYNC: tl.constexpr):
             cur = tl.load(bar_ptr, volatile=True)
         tl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu")
         tl.debug_barrier()
+
+
+@triton.jit
+def _w_offset(woff, col, WA: tl.constexpr):
+    """A weight's offset from the table, a multiple of WA elements (DecodeLayers finds WA), which
+    lets the weight loads vectorize and pipeline: an offset of unknown alignment makes every
+    weight load a 2-byte load."""
+    return tl.multiple_of(tl.load(woff + col), WA)
 
 
 @triton.jit
@@ -108,7 +120,7 @@ def _decode_layers_kernel(
     H: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, INTER: tl.constexpr,
     BN: tl.constexpr, BNI: tl.constexpr, PB: tl.constexpr,
     BKH: tl.constexpr, BKQ: tl.constexpr, BKI: tl.constexpr, NP: tl.constexpr,
-    PREC: tl.constexpr, SYNC: tl.constexpr, ROUND_H: tl.constexpr,
+    PREC: tl.constexpr, SYNC: tl.constexpr, ROUND_H: tl.constexpr, WA: tl.constexpr,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -140,8 +152,8 @@ def _decode_layers_kernel(
             woff = woff_ptr + layer * W_COLS
             if step == 0:
                 # qkv: an item is PB rotary pairs (columns c and c + D/2) of one q, k or v head
-                w_ptr = wbase_ptr + tl.load(woff + W_QKV)
-                nw_ptr = wbase_ptr + tl.load(woff + W_N1)
+                w_ptr = wbase_ptr + _w_offset(woff, W_QKV, WA)
+                nw_ptr = wbase_ptr + _w_offset(woff, W_N1, WA)
                 inv = _inv_rms(stats_ptr, n_col_items, H, eps, NP)
                 pos = tl.load(pos_ptr + rows, mask=m_mask, other=0)
                 slot = tl.load(slot_ptr + rows, mask=m_mask, other=0)
@@ -255,7 +267,7 @@ def _decode_layers_kernel(
                     item += nprog
             elif step == 2:
                 # o projection, added to the residual
-                w_ptr = wbase_ptr + tl.load(woff + W_O)
+                w_ptr = wbase_ptr + _w_offset(woff, W_O, WA)
                 item = pid
                 while item < n_col_items:
                     cols = item * BN + tl.arange(0, BN)
@@ -270,8 +282,8 @@ def _decode_layers_kernel(
                     item += nprog
             elif step == 3:
                 # gate/up with SiLU-and-multiply, rounded as gemv.project_glu
-                w_ptr = wbase_ptr + tl.load(woff + W_GU)
-                nw_ptr = wbase_ptr + tl.load(woff + W_N2)
+                w_ptr = wbase_ptr + _w_offset(woff, W_GU, WA)
+                nw_ptr = wbase_ptr + _w_offset(woff, W_N2, WA)
                 inv = _inv_rms(stats_ptr, n_col_items, H, eps, NP)
                 item = pid
                 while item < tl.cdiv(INTER, BNI):
@@ -292,7 +304,7 @@ def _decode_layers_kernel(
                     item += nprog
             else:
                 # down projection, added to the residual
-                w_ptr = wbase_ptr + tl.load(woff + W_DOWN)
+                w_ptr = wbase_ptr + _w_offset(woff, W_DOWN, WA)
                 item = pid
                 while item < n_col_items:
                     cols = item * BN + tl.arange(0, BN)
@@ -326,19 +338,20 @@ class Tiles:
     bki: int  # K tile over the intermediate size
 
 
-def _k_tile(k: int) -> int:
-    for t in (128, 64, 32, 16):
-        if k % t == 0:
+def _k_tile(k: int, max_k: int) -> int:
+    for t in (512, 256, 128, 64, 32, 16):
+        if t <= max_k and k % t == 0:
             return t
     raise ValueError(f"the mega kernel needs dimensions divisible by 16, got {k}")
 
 
-def pick_tiles(hidden: int, q_width: int, inter: int, head_dim: int, programs: int) -> Tiles:
+def pick_tiles(hidden: int, q_width: int, inter: int, head_dim: int, programs: int,
+               max_k: int = MAX_K_TILE) -> Tiles:
     """Shape-only tiles: column tiles of 16 (32 where the hidden size gives over 2 tiles per
-    program), K tiles of 128 where the size allows."""
+    program), K tiles of max_k where the size allows."""
     bn = 32 if hidden // 16 > 2 * programs else 16
     pb = 16 if head_dim // 2 >= 16 else head_dim // 2
-    return Tiles(bn, 16, pb, _k_tile(hidden), _k_tile(q_width), _k_tile(inter))
+    return Tiles(bn, 16, pb, _k_tile(hidden, max_k), _k_tile(q_width, max_k), _k_tile(inter, max_k))
 
 
 class DecodeLayers:
@@ -373,6 +386,9 @@ class DecodeLayers:
         table = [[off(lw.wqkv), off(lw.wo), off(lw.w_gate_up), off(lw.w_down), off(lw.attn_norm), off(lw.mlp_norm)]
                  for lw in w.layers]
         self.woff = torch.tensor(table, dtype=torch.int64, device=dev)
+        self.align = WEIGHT_ALIGN  # CUDA's allocator gives 512-byte blocks: 16 on the GPU
+        while any(o % self.align for row in table for o in row):
+            self.align //= 2
         f32, dt = torch.float32, base.dtype
         n_col_items = cdiv(cfg.hidden_size, self.tiles.bn)
         self.np = next_pow2(n_col_items)
@@ -386,6 +402,7 @@ class DecodeLayers:
         self.act = torch.zeros((ROWS_PAD, cfg.intermediate_size), dtype=dt, device=dev)
         self.bar = torch.zeros(1, dtype=torch.int32, device=dev)
         self.round_h = dec.residual_dtype != torch.float32
+        self.num_warps, self.num_stages = NUM_WARPS, NUM_STAGES
 
     def splits(self, b: int) -> int:
         """Attention splits per (row, kv head): enough items for every program, at most 16."""
@@ -408,7 +425,8 @@ class DecodeLayers:
         kw = dict(H=cfg.hidden_size, HQ=cfg.num_heads, HKV=cfg.num_kv_heads, D=cfg.head_dim,
                   INTER=cfg.intermediate_size, BN=t.bn, BNI=t.bni, PB=t.pb, BKH=t.bkh, BKQ=t.bkq, BKI=t.bki,
                   NP=self.np, PREC="ieee" if dec.w.embed.dtype == torch.float32 else "tf32",
-                  ROUND_H=self.round_h, num_warps=4, num_stages=3)
+                  ROUND_H=self.round_h, WA=self.align, num_warps=self.num_warps,
+                  num_stages=self.num_stages)
         n_phases = 1 + PHASES_PER_LAYER * cfg.num_layers
         if persistent:
             _decode_layers_kernel[(self.programs,)](*args, 0, n_phases, *tail, SYNC=True, **kw)

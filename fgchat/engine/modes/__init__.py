@@ -10,7 +10,8 @@ Invariants:
 - prefill graphs serve full mode only, so disabling full drops them too;
 - a failed prefill capture leaves prefill eager (same bits) and full decode graphs in place;
 - a captured mode passed its self-check: each batch size replayed at lengths unlike capture's
-  gives eager's tokens and logits.
+  gives eager's tokens and logits (mega, whose sums run in another order: its logits are as close
+  to the float32 reference step as eager's, as_close_as_eager).
 """
 
 from __future__ import annotations
@@ -212,12 +213,12 @@ class ModeSet:
         top = max(prog.cache.max_context - 1, 2)
         pos = torch.randint(1, min(top, 4096), (b,), generator=g).tolist()
         ids = torch.randint(0, prog.dec.cfg.vocab_size, (b,), generator=g).tolist()
+        if mode == Mode.MEGA:
+            return self._check_against_reference(mode, ids, pos)
         prog.bufs.stage(ids, pos, list(range(b)), [0.0] * b, [1.0] * b, [0] * b, [0] * b)
         ref = prog.run_eager(b, False)
         ref_tokens, ref_logits = ref.tokens.clone(), ref.logits.clone()
         out = self.modes[mode].run(b, False)
-        if mode == Mode.MEGA:
-            return _close_to_eager(out, ref_logits, prog.dec.dtype)
         return torch.equal(out.tokens, ref_tokens) and bool(torch.isfinite(out.logits).all()) and (
             torch.allclose(out.logits, ref_logits, rtol=2e-2, atol=2e-2))
 
@@ -278,12 +279,45 @@ class ModeSet:
 
 
 
-def _close_to_eager(out: StepOutputs, ref_logits: torch.Tensor, dtype: torch.dtype) -> bool:
-    """The start-up check's comparison with eager's logits as the reference: finite, within its
-    relative error for the dtype, and each token eager's or one inside its band of eager's best.
-    Not its top-5 overlap: the check's random ids over an unwritten cache give near-flat rows, whose
-    top 5 two correct summation orders rank differently (real bf16 weights, batch 4)."""
+    def _check_against_reference(self, mode: Mode, ids: list[int], pos: list[int]) -> bool:
+        """`mode` and eager, each against the float32 reference step (model.reference), for rows
+        whose context is their own token repeated up to their position (sink_context)."""
+        from fgchat.engine.model.reference import reference_decode_step
+
+        prog, dec, b = self.program, self.program.dec, len(ids)
+        slots = list(range(b))
+        sink_context(prog, ids, pos, slots)
+        prog.bufs.stage(ids, pos, slots, [0.0] * b, [1.0] * b, [0] * b, [0] * b)
+        eager = prog.run_eager(b, False).logits.float().clone()
+        out = self.modes[mode].run(b, False).logits.float().clone()
+        ref = reference_decode_step(dec.cfg, dec.w, ids, pos, slots, prog.cache.k, prog.cache.v,
+                                    dec.cos, dec.sin, dec.scale)
+        return as_close_as_eager(out, eager, ref, dec.dtype)
+
+
+def sink_context(prog: StepProgram, ids: list[int], pos: list[int], slots: list[int]) -> None:
+    """Each row's token decoded at position 0 of its slot, its K/V then copied to positions
+    [1, pos): a context a real model attends to as it does to a sequence's first token. Over an
+    unwritten cache (zero K/V) the real bf16 weights drift so far that eager itself is up to 90%
+    off float32 (docs/notes/decode-step.md, V38), and no comparison can tell a bug from noise."""
+    b = len(ids)
+    prog.bufs.stage(ids, [0] * b, slots, [0.0] * b, [1.0] * b, [0] * b, [0] * b)
+    prog.run_eager(b, False)
+    kv = prog.cache.all
+    for s, p in zip(slots, pos):
+        kv[:, s, 1:p] = kv[:, s, :1]
+
+
+def as_close_as_eager(out: torch.Tensor, eager: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) -> bool:
+    """Per row of float32 logits [B, V]: `out` finite, its relative error against the reference
+    at most twice the start-up check's bound or twice eager's own error, whichever is larger,
+    and its token inside the reference's band wherever eager's is."""
     from fgchat.engine.startup_check import MAX_REL_ERR, compare
 
-    c = compare(out.logits, ref_logits, dtype)
-    return c.finite and c.max_rel_err <= MAX_REL_ERR.get(dtype, 0.12) and c.top1_ok
+    bound = MAX_REL_ERR.get(dtype, 0.12)
+    for r in range(ref.shape[0]):
+        c = compare(out[r: r + 1], ref[r: r + 1], dtype)
+        e = compare(eager[r: r + 1], ref[r: r + 1], dtype)
+        if not c.finite or c.max_rel_err > 2 * max(bound, e.max_rel_err) or (e.top1_ok and not c.top1_ok):
+            return False
+    return True
