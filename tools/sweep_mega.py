@@ -1,10 +1,12 @@
 """The mega mode's kernel settings side by side with full mode, in one process per preset: per
 batch size, ms per decode step (graph replays back to back, CUDA events) of full and of mega under
-each setting (warps, pipeline stages, largest K tile). Random weights of the preset's shape; each
-position 512 (the bench's prompt length).
+each setting (warps, pipeline stages, largest K tile, L2 prefetch before each barrier on/off).
+Then, under the first setting, each phase kind of one layer launched on its own (microseconds and
+weight GB/s) and one grid barrier alone. Random weights of the preset's shape; each position 512
+(the bench's prompt length).
 
 Usage: python tools/sweep_mega.py PRESET[,PRESET] BATCHES CONFIGS   e.g.
-       python tools/sweep_mega.py llama-3.2-1b,smollm2-135m 1,8 4x3x128,8x4x256
+       python tools/sweep_mega.py llama-3.2-1b,smollm2-135m 1,8 4x4x256x1,4x4x256x0
 """
 
 from __future__ import annotations
@@ -13,14 +15,17 @@ import sys
 import time
 
 import torch
+import triton
+import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
 from fgchat.engine.core import Engine, EngineConfig
-from fgchat.engine.kernels.megakernel import pick_tiles
+from fgchat.engine.kernels import megakernel as mk
 from fgchat.protocol.events import Mode
 from profile_prefill import time_cuda_ms  # tools/ is on sys.path when run as a script
 
 REPLAYS = 300
+PHASE_NAMES = ("qkv+rope", "attention", "o+add", "gate/up+silu", "down+add")
 
 
 def ms_per_step(eng: Engine, mode: Mode, b: int) -> float:
@@ -28,7 +33,63 @@ def ms_per_step(eng: Engine, mode: Mode, b: int) -> float:
     return time_cuda_ms(lambda: eng.modes.run(mode, b, 0), REPLAYS)
 
 
-def sweep(preset: str, batches: list[int], configs: list[tuple[int, int, int]]) -> None:
+def graph_us(fn, n: int = 50) -> float:
+    """Device microseconds per call of fn, n calls captured in one CUDA graph (launch gaps included)."""
+    fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(n):
+            fn()
+    return time_cuda_ms(g.replay, 20) * 1e3 / n
+
+
+def phase_table(eng: Engine, b: int) -> None:
+    """Layer 1's five phases, each its own launch of the mega kernel (no barrier), after a whole step."""
+    layers = eng.modes.modes[Mode.MEGA].layers
+    ids = torch.arange(7, 7 + b, device="cuda")
+    pos = torch.full((b,), 512, device="cuda")
+    slots = torch.arange(b, device="cuda")
+    layers.run(ids, pos, slots)
+    lw = eng.decoder.w.layers[1]
+    nbytes = (lw.wqkv.nbytes, 0, lw.wo.nbytes, lw.w_gate_up.nbytes, lw.w_down.nbytes)
+    cells = []
+    for k, name in enumerate(PHASE_NAMES):
+        p = 1 + mk.PHASES_PER_LAYER + k
+        us = graph_us(lambda: layers.run(ids, pos, slots, phases=(p, p + 1)))
+        bw = f" {nbytes[k] / us / 1e3:.0f} GB/s" if nbytes[k] else ""
+        cells.append(f"{name} {us:.1f} us{bw}")
+    print(f"  phases b{b}: " + " | ".join(cells), flush=True)
+
+
+@triton.jit
+def _barriers_kernel(bar_ptr, n):
+    nprog = tl.num_programs(0)
+    i = tl.program_id(0) * 0
+    while i < n:
+        i += 1
+        mk._grid_barrier(bar_ptr, i * nprog, True)
+    tl.debug_barrier()
+    arrived = tl.atomic_add(bar_ptr, 1, sem="acq_rel", scope="gpu")
+    if arrived == (n + 1) * nprog - 1:
+        tl.atomic_xchg(bar_ptr, 0)
+
+
+def barrier_us(programs: int, warps: int) -> float:
+    """Microseconds per grid barrier of `programs` programs (1,000 barriers in one launch)."""
+    bar = torch.zeros(1, dtype=torch.int32, device="cuda")
+    n = 1000
+    return time_cuda_ms(lambda: _barriers_kernel[(programs,)](bar, n, num_warps=warps), 10) * 1e3 / n
+
+
+def configure(layers: mk.DecodeLayers, cfg, conf: tuple[int, ...]) -> None:
+    warps, stages, max_k, pf = conf
+    layers.num_warps, layers.num_stages, layers.prefetch = warps, stages, bool(pf)
+    layers.tiles = mk.pick_tiles(cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.intermediate_size,
+                                 cfg.head_dim, layers.programs, max_k)
+
+
+def sweep(preset: str, batches: list[int], configs: list[tuple[int, ...]]) -> None:
     eng = Engine(EngineConfig(preset=preset, device="cuda", dtype="bfloat16", max_context=2048, mode="full"))
     mega = eng.modes.modes[Mode.MEGA]
     layers, cfg = mega.layers, eng.cfg
@@ -36,28 +97,29 @@ def sweep(preset: str, batches: list[int], configs: list[tuple[int, int, int]]) 
         eng.bufs.stage([(31 * r + 7) % cfg.vocab_size for r in range(b)], [512] * b, list(range(b)),
                        [0.0] * b, [1.0] * b, [0] * b, [0] * b)
         row = [f"{preset:14} b{b}  full {ms_per_step(eng, Mode.FULL, b):.3f}"]
-        for warps, stages, max_k in configs:
-            layers.num_warps, layers.num_stages = warps, stages
-            layers.tiles = pick_tiles(cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.intermediate_size,
-                                      cfg.head_dim, layers.programs, max_k)
+        for conf in configs:
+            name = "x".join(map(str, conf))
+            configure(layers, cfg, conf)
             mega.drop()
             t0 = time.perf_counter()
             try:
                 eng.modes.run(Mode.MEGA, b, 0)  # capture (and compile) outside the timing
             except OutOfResources as exc:
-                row.append(f"mega {warps}x{stages}x{max_k} does not fit ({str(exc)[:60]})")
+                row.append(f"mega {name} does not fit ({str(exc)[:60]})")
                 continue
             torch.cuda.synchronize()
             first = time.perf_counter() - t0
-            row.append(f"mega {warps}x{stages}x{max_k} {ms_per_step(eng, Mode.MEGA, b):.3f} (first {first:.1f} s)")
+            row.append(f"mega {name} {ms_per_step(eng, Mode.MEGA, b):.3f} (first {first:.1f} s)")
             print(" | ".join(row), flush=True)
-        print(" | ".join(row), flush=True)
+        configure(layers, cfg, configs[0])
+        phase_table(eng, b)
+    print(f"  grid barrier, {layers.programs} programs: {barrier_us(layers.programs, 4):.2f} us", flush=True)
 
 
 def main() -> None:
     presets = sys.argv[1].split(",")
     batches = [int(x) for x in sys.argv[2].split(",")]
-    configs = [tuple(int(v) for v in c.split("x")) for c in sys.argv[3].split(",")]
+    configs = [tuple(int(v) for v in (c + "x1" if c.count("x") == 2 else c).split("x")) for c in sys.argv[3].split(",")]
     print(torch.cuda.get_device_name(), flush=True)
     for p in presets:
         sweep(p, batches, configs)

@@ -36,6 +36,7 @@ import triton
 import triton.language as tl
 
 from fgchat.engine.intmath import cdiv, next_pow2
+from fgchat.engine.kernels import l2_prefetch
 
 PHASES_PER_LAYER = 5
 PHASES = tl.constexpr(PHASES_PER_LAYER)
@@ -53,6 +54,8 @@ NUM_WARPS, NUM_STAGES, MAX_K_TILE = 4, 4, 256
 W_QKV, W_O, W_GU, W_DOWN, W_N1, W_N2 = (tl.constexpr(i) for i in range(6))
 W_COLS = tl.constexpr(6)
 WEIGHT_ALIGN = 16  # elements: the largest weight-offset alignment the kernel is told of
+PF_CHUNK = tl.constexpr(4096)  # bytes per L2 prefetch request
+PF_LANES = tl.constexpr(128)  # requests per weight range: 512 KiB, one 8B down item
 
 
 @triton.jit
@@ -75,6 +78,50 @@ def _w_offset(woff, col, WA: tl.constexpr):
     lets the weight loads vectorize and pipeline: an offset of unknown alignment makes every
     weight load a 2-byte load."""
     return tl.multiple_of(tl.load(woff + col), WA)
+
+
+@triton.jit
+def _l2_prefetch(addr, nbytes):
+    """Asks the L2 cache for bytes [addr, addr + nbytes) (addr 16-byte aligned, nbytes a multiple
+    of 16), one PF_CHUNK request per lane; past PF_LANES chunks the rest is left out. A hint only:
+    it writes nothing (sm_90+: cp.async.bulk.prefetch.L2)."""
+    start = tl.arange(0, PF_LANES).to(tl.int64) * PF_CHUNK
+    size = tl.minimum(nbytes - start, PF_CHUNK).to(tl.int32)
+    live = (start < nbytes).to(tl.int32)
+    tl.inline_asm_elementwise(
+        "{ .reg .pred p; setp.ne.s32 p, $3, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
+        "=r,l,r,r", [addr + start, size, live], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _prefetch_first_item(phase, pid, woff_ptr, wbase_addr, H: tl.constexpr, HQ: tl.constexpr,
+                         HKV: tl.constexpr, D: tl.constexpr, INTER: tl.constexpr, BN: tl.constexpr,
+                         BNI: tl.constexpr, PB: tl.constexpr, ES: tl.constexpr):
+    """Into L2: the weight rows of program pid's first item in `phase` (> 0); for an attention
+    phase, those of its first o item. Issued before a grid barrier, so the next phase's first
+    weight tiles stream while the slowest programs finish."""
+    woff = woff_ptr + ((phase - 1) // PHASES) * W_COLS
+    step = (phase - 1) % PHASES
+    chunks: tl.constexpr = D // 2 // PB
+    if step == 0:
+        if pid < (HQ + 2 * HKV) * chunks:
+            base = wbase_addr + tl.load(woff + W_QKV) * ES
+            r = (pid // chunks) * D + (pid % chunks) * PB
+            _l2_prefetch(base + r.to(tl.int64) * (H * ES), PB * H * ES)
+            _l2_prefetch(base + (r + D // 2).to(tl.int64) * (H * ES), PB * H * ES)
+    elif step == 1:
+        if pid < tl.cdiv(H, BN):
+            base = wbase_addr + tl.load(woff + W_O) * ES
+            _l2_prefetch(base + (pid * BN).to(tl.int64) * (HQ * D * ES), BN * HQ * D * ES)
+    elif step == 3:
+        if pid < tl.cdiv(INTER, BNI):
+            base = wbase_addr + tl.load(woff + W_GU) * ES
+            _l2_prefetch(base + (pid * BNI).to(tl.int64) * (H * ES), BNI * H * ES)
+            _l2_prefetch(base + (INTER + pid * BNI).to(tl.int64) * (H * ES), BNI * H * ES)
+    elif step == 4:
+        if pid < tl.cdiv(H, BN):
+            base = wbase_addr + tl.load(woff + W_DOWN) * ES
+            _l2_prefetch(base + (pid * BN).to(tl.int64) * (INTER * ES), BN * INTER * ES)
 
 
 @triton.jit
@@ -114,17 +161,19 @@ def _residual_add(acc, h_ptr, stats_ptr, item, cols, m_mask, H: tl.constexpr, DT
 @triton.jit
 def _decode_layers_kernel(
     ids_ptr, pos_ptr, slot_ptr, embed_ptr, wbase_ptr, woff_ptr, cos_ptr, sin_ptr, cache_ptr,
-    h_ptr, stats_ptr, q_ptr, part_ptr, ml_ptr, cnt_ptr, attn_ptr, act_ptr, bar_ptr,
+    h_ptr, stats_ptr, q_ptr, part_ptr, ml_ptr, cnt_ptr, attn_ptr, act_ptr, bar_ptr, wbase_addr,
     M, eps, scale, phase_lo, phase_hi, n_layers, n_splits,
     stride_layer, stride_slot, stride_pos,
     H: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, INTER: tl.constexpr,
     BN: tl.constexpr, BNI: tl.constexpr, PB: tl.constexpr,
     BKH: tl.constexpr, BKQ: tl.constexpr, BKI: tl.constexpr, NP: tl.constexpr,
     PREC: tl.constexpr, SYNC: tl.constexpr, ROUND_H: tl.constexpr, WA: tl.constexpr,
+    PF: tl.constexpr,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     DT: tl.constexpr = embed_ptr.dtype.element_ty
+    ES: tl.constexpr = DT.primitive_bitwidth // 8
     G: tl.constexpr = HQ // HKV
     HALF: tl.constexpr = D // 2
     chunks: tl.constexpr = HALF // PB
@@ -318,6 +367,8 @@ def _decode_layers_kernel(
                     _residual_add(acc, h_ptr, stats_ptr, item, cols, m_mask, H, DT, ROUND_H)
                     item += nprog
         if phase + 1 < phase_hi:
+            if PF:
+                _prefetch_first_item(phase + 1, pid, woff_ptr, wbase_addr, H, HQ, HKV, D, INTER, BN, BNI, PB, ES)
             n_barrier += 1
             _grid_barrier(bar_ptr, n_barrier * nprog, SYNC)
         phase += 1
@@ -403,16 +454,20 @@ class DecodeLayers:
         self.bar = torch.zeros(1, dtype=torch.int32, device=dev)
         self.round_h = dec.residual_dtype != torch.float32
         self.num_warps, self.num_stages = NUM_WARPS, NUM_STAGES
+        # each program's next weights requested into L2 before each barrier (needs 16-aligned offsets)
+        self.prefetch = (l2_prefetch.supported(dev) and self.align * elem % 16 == 0
+                         and base.data_ptr() % 16 == 0)
 
     def splits(self, b: int) -> int:
         """Attention splits per (row, kv head): enough items for every program, at most 16."""
         return max(1, min(MAX_SPLITS, self.programs // (b * self.dec.cfg.num_kv_heads)))
 
     def run(self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
-            persistent: bool = True) -> torch.Tensor:
+            persistent: bool = True, phases: tuple[int, int] | None = None) -> torch.Tensor:
         """Every decoder layer for rows [0, B) (int64 ids, positions, slots [B]); the residual
         stream after the last layer, float32 [B, H] (a view of a buffer reused by every call).
-        persistent False: one launch per phase (no grid barrier; Triton's interpreter)."""
+        persistent False: one launch per phase (no grid barrier; Triton's interpreter). phases
+        (lo, hi): only phases [lo, hi) of 1 + 5 x layers (profiling)."""
         b = ids.shape[0]
         if not 1 <= b <= MAX_ROWS:
             raise ValueError(f"the mega kernel runs 1 to {MAX_ROWS} rows, got {b}")
@@ -420,17 +475,17 @@ class DecodeLayers:
         all_kv = self.cache.all
         args = (ids, positions, slots, dec.w.embed, dec.w.embed, self.woff, dec.cos, dec.sin, all_kv,
                 self.h, self.stats, self.q, self.part, self.ml, self.cnt, self.attn, self.act, self.bar,
-                b, cfg.rms_eps, dec.scale)
+                dec.w.embed.data_ptr(), b, cfg.rms_eps, dec.scale)
         tail = (cfg.num_layers, self.splits(b), all_kv.stride(0), all_kv.stride(1), all_kv.stride(2))
         kw = dict(H=cfg.hidden_size, HQ=cfg.num_heads, HKV=cfg.num_kv_heads, D=cfg.head_dim,
                   INTER=cfg.intermediate_size, BN=t.bn, BNI=t.bni, PB=t.pb, BKH=t.bkh, BKQ=t.bkq, BKI=t.bki,
                   NP=self.np, PREC="ieee" if dec.w.embed.dtype == torch.float32 else "tf32",
-                  ROUND_H=self.round_h, WA=self.align, num_warps=self.num_warps,
+                  ROUND_H=self.round_h, WA=self.align, PF=self.prefetch, num_warps=self.num_warps,
                   num_stages=self.num_stages)
-        n_phases = 1 + PHASES_PER_LAYER * cfg.num_layers
+        lo, hi = phases or (0, 1 + PHASES_PER_LAYER * cfg.num_layers)
         if persistent:
-            _decode_layers_kernel[(self.programs,)](*args, 0, n_phases, *tail, SYNC=True, **kw)
+            _decode_layers_kernel[(self.programs,)](*args, lo, hi, *tail, SYNC=True, **kw)
         else:
-            for p in range(n_phases):
+            for p in range(lo, hi):
                 _decode_layers_kernel[(self.programs,)](*args, p, p + 1, *tail, SYNC=False, **kw)
         return self.h[:b]
