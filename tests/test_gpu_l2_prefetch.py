@@ -68,7 +68,7 @@ def test_full_graph_prefetches_beside_each_attention_with_the_same_bits(tmp_path
 
     on, off = engine(64), engine(0)
     assert on.decoder.side_work() is not None and off.decoder.side_work() is None
-    assert on.info().available_modes == {"eager": "", "piecewise": "", "full": ""}, on.info().notes
+    assert on.info().available_modes == {"eager": "", "piecewise": "", "full": "", "mega": ""}, on.info().notes
     names = _kernel_names(lambda: on.modes.run(Mode.FULL, 2, False))
     if not names:
         pytest.skip("the profiler records no kernels of graph replays here")

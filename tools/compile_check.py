@@ -28,7 +28,7 @@ def build(fn, signature: dict, constexprs: dict, **options) -> None:
     k = triton.compile(src, target=TARGET, options=options)
     asm = k.asm.get("ptx", "")
     regs = re.findall(r"\.reg \.b32\s+%r<(\d+)>", asm)
-    print(f"{fn.__name__:22} pf={constexprs.get('PF')!s:5} l2 prefetches={asm.count('prefetch.L2')} pdl={constexprs.get('USE_PDL')!s:5} smem={k.metadata.shared:6} "
+    print(f"{fn.__name__:22} pdl={constexprs.get('USE_PDL')!s:5} smem={k.metadata.shared:6} "
           f"ptx b32 regs={regs[0] if regs else '?':>4} griddepcontrol={asm.count('griddepcontrol')} "
           f"loads before the wait={_loads_before_wait(asm)}")
 
@@ -96,12 +96,11 @@ def main() -> None:
         for c in ("HEAD_DIM", "BLOCK_S", "USE_PDL"):
             comb_sig.pop(c)
         build(td._combine_kernel, comb_sig, dict(HEAD_DIM=64, BLOCK_S=32, USE_PDL=pdl), num_warps=2, launch_pdl=pdl)
-    for pf in (False, True):
-        mega(2048, 32, 8, 64, 8192, pf)  # Llama-3.2-1B
-        mega(576, 9, 3, 64, 1536, pf)  # SmolLM2-135M
+    mega(2048, 32, 8, 64, 8192)  # Llama-3.2-1B
+    mega(576, 9, 3, 64, 1536)  # SmolLM2-135M
 
 
-def mega(hidden: int, heads: int, kv_heads: int, head_dim: int, inter: int, prefetch: bool) -> None:
+def mega(hidden: int, heads: int, kv_heads: int, head_dim: int, inter: int) -> None:
     """The mega kernel at a model's shapes, persistent (grid barriers) as the mega mode launches it."""
     sig = {n: "i32" for n in mk._decode_layers_kernel.arg_names}
     for n in ("embed_ptr", "wbase_ptr", "cos_ptr", "sin_ptr", "cache_ptr", "q_ptr", "attn_ptr", "act_ptr"):
@@ -109,11 +108,13 @@ def mega(hidden: int, heads: int, kv_heads: int, head_dim: int, inter: int, pref
     for n in ("h_ptr", "stats_ptr", "part_ptr", "ml_ptr"):
         sig[n] = "*fp32"
     sig.update(ids_ptr="*i64", pos_ptr="*i64", slot_ptr="*i64", woff_ptr="*i64", cnt_ptr="*i32", bar_ptr="*i32",
-               eps="fp32", scale="fp32", stride_layer="i64", stride_slot="i64", stride_pos="i64", wbase_addr="i64")
+               eps="fp32", scale="fp32", stride_layer="i64", stride_slot="i64", stride_pos="i64")
     t = mk.pick_tiles(hidden, heads * head_dim, inter, head_dim, 132)
     consts = dict(H=hidden, HQ=heads, HKV=kv_heads, D=head_dim, INTER=inter, BN=t.bn, BNI=t.bni, PB=t.pb,
                   BKH=t.bkh, BKQ=t.bkq, BKI=t.bki, NP=gemv.next_pow2(mk.cdiv(hidden, t.bn)), PREC="tf32",
-                  SYNC=True, ROUND_H=False, WA=mk.WEIGHT_ALIGN, PF=prefetch)
+                  SYNC=True, ROUND_H=False, WA=mk.WEIGHT_ALIGN,
+                  IQ=mk.cdiv((heads + 2 * kv_heads) * (head_dim // 2 // t.pb), 132),
+                  IC=mk.cdiv(mk.cdiv(hidden, t.bn), 132), IG=mk.cdiv(mk.cdiv(inter, t.bni), 132))
     build(mk._decode_layers_kernel, {n: v for n, v in sig.items() if n not in consts}, consts,
           num_warps=mk.NUM_WARPS, num_stages=mk.NUM_STAGES)
 

@@ -1,12 +1,12 @@
 """The mega mode's kernel settings side by side with full mode, in one process per preset: per
 batch size, ms per decode step (graph replays back to back, CUDA events) of full and of mega under
-each setting (warps, pipeline stages, largest K tile, L2 prefetch before each barrier on/off).
+each setting (warps, pipeline stages, largest K tile).
 Then, under the first setting, each phase kind of one layer launched on its own (microseconds and
 weight GB/s) and one grid barrier alone. Random weights of the preset's shape; each position 512
 (the bench's prompt length).
 
-Usage: python tools/sweep_mega.py PRESET[,PRESET] BATCHES CONFIGS   e.g.
-       python tools/sweep_mega.py llama-3.2-1b,smollm2-135m 1,8 4x4x256x1,4x4x256x0
+Usage: python tools/sweep_mega.py PRESET[,PRESET] BATCHES CONFIGS [--no-phases]   e.g.
+       python tools/sweep_mega.py llama-3.2-1b,smollm2-135m 1,8 4x4x256,2x4x256
 """
 
 from __future__ import annotations
@@ -83,13 +83,13 @@ def barrier_us(programs: int, warps: int) -> float:
 
 
 def configure(layers: mk.DecodeLayers, cfg, conf: tuple[int, ...]) -> None:
-    warps, stages, max_k, pf = conf
-    layers.num_warps, layers.num_stages, layers.prefetch = warps, stages, bool(pf)
+    warps, stages, max_k = conf
+    layers.num_warps, layers.num_stages = warps, stages
     layers.tiles = mk.pick_tiles(cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.intermediate_size,
                                  cfg.head_dim, layers.programs, max_k)
 
 
-def sweep(preset: str, batches: list[int], configs: list[tuple[int, ...]]) -> None:
+def sweep(preset: str, batches: list[int], configs: list[tuple[int, ...]], phases: bool) -> None:
     eng = Engine(EngineConfig(preset=preset, device="cuda", dtype="bfloat16", max_context=2048, mode="full"))
     mega = eng.modes.modes[Mode.MEGA]
     layers, cfg = mega.layers, eng.cfg
@@ -111,18 +111,19 @@ def sweep(preset: str, batches: list[int], configs: list[tuple[int, ...]]) -> No
             first = time.perf_counter() - t0
             row.append(f"mega {name} {ms_per_step(eng, Mode.MEGA, b):.3f} (first {first:.1f} s)")
             print(" | ".join(row), flush=True)
-        configure(layers, cfg, configs[0])
-        phase_table(eng, b)
+        if phases:
+            configure(layers, cfg, configs[0])
+            phase_table(eng, b)
     print(f"  grid barrier, {layers.programs} programs: {barrier_us(layers.programs, 4):.2f} us", flush=True)
 
 
 def main() -> None:
     presets = sys.argv[1].split(",")
     batches = [int(x) for x in sys.argv[2].split(",")]
-    configs = [tuple(int(v) for v in (c + "x1" if c.count("x") == 2 else c).split("x")) for c in sys.argv[3].split(",")]
+    configs = [tuple(int(v) for v in c.split("x")) for c in sys.argv[3].split(",")]
     print(torch.cuda.get_device_name(), flush=True)
     for p in presets:
-        sweep(p, batches, configs)
+        sweep(p, batches, configs, "--no-phases" not in sys.argv)
 
 
 if __name__ == "__main__":

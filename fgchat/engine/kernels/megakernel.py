@@ -36,7 +36,6 @@ import triton
 import triton.language as tl
 
 from fgchat.engine.intmath import cdiv, next_pow2
-from fgchat.engine.kernels import l2_prefetch
 
 PHASES_PER_LAYER = 5
 PHASES = tl.constexpr(PHASES_PER_LAYER)
@@ -47,6 +46,7 @@ XM = tl.constexpr(ROWS_PAD)
 GB = tl.constexpr(GROUP_PAD)
 BT = tl.constexpr(64)  # attention positions per block
 MAX_SPLITS = 16
+MS = tl.constexpr(MAX_SPLITS)
 # per program: warps, stages of the projections' weight pipeline, the largest K tile (the H200
 # sweep, tools/sweep_mega.py: notes V39)
 NUM_WARPS, NUM_STAGES, MAX_K_TILE = 4, 4, 256
@@ -54,8 +54,6 @@ NUM_WARPS, NUM_STAGES, MAX_K_TILE = 4, 4, 256
 W_QKV, W_O, W_GU, W_DOWN, W_N1, W_N2 = (tl.constexpr(i) for i in range(6))
 W_COLS = tl.constexpr(6)
 WEIGHT_ALIGN = 16  # elements: the largest weight-offset alignment the kernel is told of
-PF_CHUNK = tl.constexpr(4096)  # bytes per L2 prefetch request
-PF_LANES = tl.constexpr(128)  # requests per weight range: 512 KiB, one 8B down item
 
 
 @triton.jit
@@ -78,50 +76,6 @@ def _w_offset(woff, col, WA: tl.constexpr):
     lets the weight loads vectorize and pipeline: an offset of unknown alignment makes every
     weight load a 2-byte load."""
     return tl.multiple_of(tl.load(woff + col), WA)
-
-
-@triton.jit
-def _l2_prefetch(addr, nbytes):
-    """Asks the L2 cache for bytes [addr, addr + nbytes) (addr 16-byte aligned, nbytes a multiple
-    of 16), one PF_CHUNK request per lane; past PF_LANES chunks the rest is left out. A hint only:
-    it writes nothing (sm_90+: cp.async.bulk.prefetch.L2)."""
-    start = tl.arange(0, PF_LANES).to(tl.int64) * PF_CHUNK
-    size = tl.minimum(nbytes - start, PF_CHUNK).to(tl.int32)
-    live = (start < nbytes).to(tl.int32)
-    tl.inline_asm_elementwise(
-        "{ .reg .pred p; setp.ne.s32 p, $3, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
-        "=r,l,r,r", [addr + start, size, live], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def _prefetch_first_item(phase, pid, woff_ptr, wbase_addr, H: tl.constexpr, HQ: tl.constexpr,
-                         HKV: tl.constexpr, D: tl.constexpr, INTER: tl.constexpr, BN: tl.constexpr,
-                         BNI: tl.constexpr, PB: tl.constexpr, ES: tl.constexpr):
-    """Into L2: the weight rows of program pid's first item in `phase` (> 0); for an attention
-    phase, those of its first o item. Issued before a grid barrier, so the next phase's first
-    weight tiles stream while the slowest programs finish."""
-    woff = woff_ptr + ((phase - 1) // PHASES) * W_COLS
-    step = (phase - 1) % PHASES
-    chunks: tl.constexpr = D // 2 // PB
-    if step == 0:
-        if pid < (HQ + 2 * HKV) * chunks:
-            base = wbase_addr + tl.load(woff + W_QKV) * ES
-            r = (pid // chunks) * D + (pid % chunks) * PB
-            _l2_prefetch(base + r.to(tl.int64) * (H * ES), PB * H * ES)
-            _l2_prefetch(base + (r + D // 2).to(tl.int64) * (H * ES), PB * H * ES)
-    elif step == 1:
-        if pid < tl.cdiv(H, BN):
-            base = wbase_addr + tl.load(woff + W_O) * ES
-            _l2_prefetch(base + (pid * BN).to(tl.int64) * (HQ * D * ES), BN * HQ * D * ES)
-    elif step == 3:
-        if pid < tl.cdiv(INTER, BNI):
-            base = wbase_addr + tl.load(woff + W_GU) * ES
-            _l2_prefetch(base + (pid * BNI).to(tl.int64) * (H * ES), BNI * H * ES)
-            _l2_prefetch(base + (INTER + pid * BNI).to(tl.int64) * (H * ES), BNI * H * ES)
-    elif step == 4:
-        if pid < tl.cdiv(H, BN):
-            base = wbase_addr + tl.load(woff + W_DOWN) * ES
-            _l2_prefetch(base + (pid * BN).to(tl.int64) * (INTER * ES), BN * INTER * ES)
 
 
 @triton.jit
@@ -161,19 +115,18 @@ def _residual_add(acc, h_ptr, stats_ptr, item, cols, m_mask, H: tl.constexpr, DT
 @triton.jit
 def _decode_layers_kernel(
     ids_ptr, pos_ptr, slot_ptr, embed_ptr, wbase_ptr, woff_ptr, cos_ptr, sin_ptr, cache_ptr,
-    h_ptr, stats_ptr, q_ptr, part_ptr, ml_ptr, cnt_ptr, attn_ptr, act_ptr, bar_ptr, wbase_addr,
+    h_ptr, stats_ptr, q_ptr, part_ptr, ml_ptr, cnt_ptr, attn_ptr, act_ptr, bar_ptr,
     M, eps, scale, phase_lo, phase_hi, n_layers, n_splits,
     stride_layer, stride_slot, stride_pos,
     H: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, INTER: tl.constexpr,
     BN: tl.constexpr, BNI: tl.constexpr, PB: tl.constexpr,
     BKH: tl.constexpr, BKQ: tl.constexpr, BKI: tl.constexpr, NP: tl.constexpr,
     PREC: tl.constexpr, SYNC: tl.constexpr, ROUND_H: tl.constexpr, WA: tl.constexpr,
-    PF: tl.constexpr,
+    IQ: tl.constexpr, IC: tl.constexpr, IG: tl.constexpr,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     DT: tl.constexpr = embed_ptr.dtype.element_ty
-    ES: tl.constexpr = DT.primitive_bitwidth // 8
     G: tl.constexpr = HQ // HKV
     HALF: tl.constexpr = D // 2
     chunks: tl.constexpr = HALF // PB
@@ -206,8 +159,9 @@ def _decode_layers_kernel(
                 inv = _inv_rms(stats_ptr, n_col_items, H, eps, NP)
                 pos = tl.load(pos_ptr + rows, mask=m_mask, other=0)
                 slot = tl.load(slot_ptr + rows, mask=m_mask, other=0)
-                item = pid
-                while item < (HQ + 2 * HKV) * chunks:
+                for it in tl.range(0, IQ, flatten=True):
+                    item = pid + it * nprog
+                    live = item < (HQ + 2 * HKV) * chunks
                     head = item // chunks
                     c = (item % chunks) * PB + tl.arange(0, PB)
                     r1 = (head * D + c).to(tl.int64)
@@ -216,8 +170,8 @@ def _decode_layers_kernel(
                     for k0 in range(0, H, BKH):
                         offs_k = k0 + tl.arange(0, BKH)
                         x = _normed_x(h_ptr, nw_ptr, inv, m_mask, offs_k, H, DT)
-                        w1 = tl.load(w_ptr + r1[:, None] * H + offs_k[None, :])
-                        w2 = tl.load(w_ptr + (r1 + HALF)[:, None] * H + offs_k[None, :])
+                        w1 = tl.load(w_ptr + r1[:, None] * H + offs_k[None, :], mask=live)
+                        w2 = tl.load(w_ptr + (r1 + HALF)[:, None] * H + offs_k[None, :], mask=live)
                         acc1 += tl.dot(x, tl.trans(w1), input_precision=PREC)
                         acc2 += tl.dot(x, tl.trans(w2), input_precision=PREC)
                     y1 = acc1.to(DT).to(tl.float32)
@@ -241,9 +195,8 @@ def _decode_layers_kernel(
                         dst = (cache_ptr + (layer + which * n_layers) * stride_layer
                                + slot[:, None] * stride_slot + pos[:, None] * stride_pos
                                + (kv % HKV) * D + c[None, :])
-                    tl.store(dst, o1, mask=m_mask[:, None])
-                    tl.store(dst + HALF, o2, mask=m_mask[:, None])
-                    item += nprog
+                    tl.store(dst, o1, mask=m_mask[:, None] & live)
+                    tl.store(dst + HALF, o2, mask=m_mask[:, None] & live)
             elif step == 1:
                 # attention: an item is (row, kv head, split); partial results, then the merge
                 k_base = cache_ptr + layer * stride_layer
@@ -291,24 +244,21 @@ def _decode_layers_kernel(
                     done = tl.atomic_add(cnt_ptr + pair, 1, sem="acq_rel", scope="gpu")
                     if done == n_splits - 1:  # the last split of this pair merges them all, in split order
                         first = pair * n_splits
-                        m_all = tl.full((GB,), float("-inf"), tl.float32)
-                        j = zero
-                        while j < n_splits:
-                            mj = tl.load(ml_ptr + ((first + j) * GB + g_rows) * 2, cache_modifier=".cg")
-                            m_all = tl.maximum(m_all, mj)
-                            j += 1
-                        den = tl.zeros((GB,), dtype=tl.float32)
+                        # every split's (max, sum) in one load; the partial outputs' loads are
+                        # independent (unrolled), so they are in flight together
+                        js = tl.arange(0, MS)
+                        ml = ml_ptr + ((first + js)[:, None] * GB + g_rows[None, :]) * 2
+                        live_j = (js < n_splits)[:, None]
+                        mj = tl.load(ml, mask=live_j, other=float("-inf"), cache_modifier=".cg")
+                        lj = tl.load(ml + 1, mask=live_j, other=0.0, cache_modifier=".cg")
+                        m_all = tl.max(mj, axis=0)
+                        wj = tl.where(mj == float("-inf"), 0.0, tl.exp(mj - m_all[None, :]))
+                        den = tl.sum(wj * lj, axis=0)
                         num = tl.zeros((GB, D), dtype=tl.float32)
-                        j = zero
-                        while j < n_splits:
-                            base = (first + j) * GB + g_rows
-                            mj = tl.load(ml_ptr + base * 2, cache_modifier=".cg")
-                            lj = tl.load(ml_ptr + base * 2 + 1, cache_modifier=".cg")
-                            wj = tl.where(mj == float("-inf"), 0.0, tl.exp(mj - m_all))
-                            den += wj * lj
-                            aj = tl.load(part_ptr + base[:, None] * D + dims[None, :], cache_modifier=".cg")
-                            num += wj[:, None] * aj
-                            j += 1
+                        for j in tl.static_range(MS):
+                            aj = tl.load(part_ptr + ((first + j) * GB + g_rows)[:, None] * D + dims[None, :],
+                                         mask=j < n_splits, other=0.0, cache_modifier=".cg")
+                            num += tl.sum(tl.where(js[:, None] == j, wj, 0.0), axis=0)[:, None] * aj
                         out = (num / den[:, None]).to(DT)
                         dst = attn_ptr + (row * HQ + g * G + g_rows)[:, None] * D + dims[None, :]
                         tl.store(dst, out, mask=(g_rows < G)[:, None])
@@ -317,58 +267,59 @@ def _decode_layers_kernel(
             elif step == 2:
                 # o projection, added to the residual
                 w_ptr = wbase_ptr + _w_offset(woff, W_O, WA)
-                item = pid
-                while item < n_col_items:
+                for it in tl.range(0, IC, flatten=True):
+                    item = pid + it * nprog
+                    live = item < n_col_items
                     cols = item * BN + tl.arange(0, BN)
                     acc = tl.zeros((XM, BN), dtype=tl.float32)
                     for k0 in range(0, HQ * D, BKQ):
                         offs_k = k0 + tl.arange(0, BKQ)
                         x = tl.load(attn_ptr + rows[:, None] * (HQ * D) + offs_k[None, :], mask=m_mask[:, None],
                                     other=0.0, cache_modifier=".cg")
-                        w = tl.load(w_ptr + cols.to(tl.int64)[:, None] * (HQ * D) + offs_k[None, :])
+                        w = tl.load(w_ptr + cols.to(tl.int64)[:, None] * (HQ * D) + offs_k[None, :], mask=live)
                         acc += tl.dot(x, tl.trans(w), input_precision=PREC)
-                    _residual_add(acc, h_ptr, stats_ptr, item, cols, m_mask, H, DT, ROUND_H)
-                    item += nprog
+                    if live:
+                        _residual_add(acc, h_ptr, stats_ptr, item, cols, m_mask, H, DT, ROUND_H)
             elif step == 3:
                 # gate/up with SiLU-and-multiply, rounded as gemv.project_glu
                 w_ptr = wbase_ptr + _w_offset(woff, W_GU, WA)
                 nw_ptr = wbase_ptr + _w_offset(woff, W_N2, WA)
                 inv = _inv_rms(stats_ptr, n_col_items, H, eps, NP)
-                item = pid
-                while item < tl.cdiv(INTER, BNI):
+                for it in tl.range(0, IG, flatten=True):
+                    item = pid + it * nprog
+                    live = item < tl.cdiv(INTER, BNI)
                     cols = item * BNI + tl.arange(0, BNI)
                     acc_g = tl.zeros((XM, BNI), dtype=tl.float32)
                     acc_u = tl.zeros((XM, BNI), dtype=tl.float32)
                     for k0 in range(0, H, BKH):
                         offs_k = k0 + tl.arange(0, BKH)
                         x = _normed_x(h_ptr, nw_ptr, inv, m_mask, offs_k, H, DT)
-                        wg = tl.load(w_ptr + cols.to(tl.int64)[:, None] * H + offs_k[None, :])
-                        wu = tl.load(w_ptr + (cols + INTER).to(tl.int64)[:, None] * H + offs_k[None, :])
+                        wg = tl.load(w_ptr + cols.to(tl.int64)[:, None] * H + offs_k[None, :], mask=live)
+                        wu = tl.load(w_ptr + (cols + INTER).to(tl.int64)[:, None] * H + offs_k[None, :], mask=live)
                         acc_g += tl.dot(x, tl.trans(wg), input_precision=PREC)
                         acc_u += tl.dot(x, tl.trans(wu), input_precision=PREC)
                     gv = acc_g.to(DT).to(tl.float32)
                     uv = acc_u.to(DT).to(tl.float32)
                     sv = (gv / (1.0 + tl.exp(-gv))).to(DT).to(tl.float32)
-                    tl.store(act_ptr + rows[:, None] * INTER + cols[None, :], (sv * uv).to(DT), mask=m_mask[:, None])
-                    item += nprog
+                    tl.store(act_ptr + rows[:, None] * INTER + cols[None, :], (sv * uv).to(DT),
+                             mask=m_mask[:, None] & live)
             else:
                 # down projection, added to the residual
                 w_ptr = wbase_ptr + _w_offset(woff, W_DOWN, WA)
-                item = pid
-                while item < n_col_items:
+                for it in tl.range(0, IC, flatten=True):
+                    item = pid + it * nprog
+                    live = item < n_col_items
                     cols = item * BN + tl.arange(0, BN)
                     acc = tl.zeros((XM, BN), dtype=tl.float32)
                     for k0 in range(0, INTER, BKI):
                         offs_k = k0 + tl.arange(0, BKI)
                         x = tl.load(act_ptr + rows[:, None] * INTER + offs_k[None, :], mask=m_mask[:, None],
                                     other=0.0, cache_modifier=".cg")
-                        w = tl.load(w_ptr + cols.to(tl.int64)[:, None] * INTER + offs_k[None, :])
+                        w = tl.load(w_ptr + cols.to(tl.int64)[:, None] * INTER + offs_k[None, :], mask=live)
                         acc += tl.dot(x, tl.trans(w), input_precision=PREC)
-                    _residual_add(acc, h_ptr, stats_ptr, item, cols, m_mask, H, DT, ROUND_H)
-                    item += nprog
+                    if live:
+                        _residual_add(acc, h_ptr, stats_ptr, item, cols, m_mask, H, DT, ROUND_H)
         if phase + 1 < phase_hi:
-            if PF:
-                _prefetch_first_item(phase + 1, pid, woff_ptr, wbase_addr, H, HQ, HKV, D, INTER, BN, BNI, PB, ES)
             n_barrier += 1
             _grid_barrier(bar_ptr, n_barrier * nprog, SYNC)
         phase += 1
@@ -454,9 +405,14 @@ class DecodeLayers:
         self.bar = torch.zeros(1, dtype=torch.int32, device=dev)
         self.round_h = dec.residual_dtype != torch.float32
         self.num_warps, self.num_stages = NUM_WARPS, NUM_STAGES
-        # each program's next weights requested into L2 before each barrier (needs 16-aligned offsets)
-        self.prefetch = (l2_prefetch.supported(dev) and self.align * elem % 16 == 0
-                         and base.data_ptr() % 16 == 0)
+
+    def items_per_program(self) -> dict[str, int]:
+        """The most items one program takes in the qkv (IQ), o / down (IC) and gate/up (IG) phases:
+        each program's items run as one flattened, pipelined loop of that many (masked past the end)."""
+        cfg, t, n = self.dec.cfg, self.tiles, self.programs
+        qkv = (cfg.num_heads + 2 * cfg.num_kv_heads) * (cfg.head_dim // 2 // t.pb)
+        return dict(IQ=cdiv(qkv, n), IC=cdiv(cdiv(cfg.hidden_size, t.bn), n),
+                    IG=cdiv(cdiv(cfg.intermediate_size, t.bni), n))
 
     def splits(self, b: int) -> int:
         """Attention splits per (row, kv head): enough items for every program, at most 16."""
@@ -475,12 +431,12 @@ class DecodeLayers:
         all_kv = self.cache.all
         args = (ids, positions, slots, dec.w.embed, dec.w.embed, self.woff, dec.cos, dec.sin, all_kv,
                 self.h, self.stats, self.q, self.part, self.ml, self.cnt, self.attn, self.act, self.bar,
-                dec.w.embed.data_ptr(), b, cfg.rms_eps, dec.scale)
+                b, cfg.rms_eps, dec.scale)
         tail = (cfg.num_layers, self.splits(b), all_kv.stride(0), all_kv.stride(1), all_kv.stride(2))
         kw = dict(H=cfg.hidden_size, HQ=cfg.num_heads, HKV=cfg.num_kv_heads, D=cfg.head_dim,
                   INTER=cfg.intermediate_size, BN=t.bn, BNI=t.bni, PB=t.pb, BKH=t.bkh, BKQ=t.bkq, BKI=t.bki,
                   NP=self.np, PREC="ieee" if dec.w.embed.dtype == torch.float32 else "tf32",
-                  ROUND_H=self.round_h, WA=self.align, PF=self.prefetch, num_warps=self.num_warps,
+                  ROUND_H=self.round_h, WA=self.align, **self.items_per_program(), num_warps=self.num_warps,
                   num_stages=self.num_stages)
         lo, hi = phases or (0, 1 + PHASES_PER_LAYER * cfg.num_layers)
         if persistent:
