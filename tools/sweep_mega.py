@@ -1,16 +1,17 @@
 """The mega mode's kernel settings side by side with full mode, in one process per preset: per
 batch size, ms per decode step (graph replays back to back, CUDA events) of full and of mega under
-each setting (warps, pipeline stages, largest K tile).
-Then, under the first setting, each phase kind of one layer launched on its own (microseconds and
+each setting (warps, pipeline stages, largest K tile, or one per phase kind). Under each
+setting, each phase kind of one layer launched on its own (microseconds and
 weight GB/s) and one grid barrier alone. Random weights of the preset's shape; each position 512
 (the bench's prompt length).
 
 Usage: python tools/sweep_mega.py PRESET[,PRESET] BATCHES CONFIGS [--no-phases]   e.g.
-       python tools/sweep_mega.py llama-3.2-1b,smollm2-135m 1,8 4x4x256,2x4x256
+       python tools/sweep_mega.py llama-3.2-1b,smollm2-135m 1,8 4x4x256,2x4x256,4x4x256/512/1024
 """
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 
@@ -82,14 +83,19 @@ def barrier_us(programs: int, warps: int) -> float:
     return time_cuda_ms(lambda: _barriers_kernel[(programs,)](bar, n, num_warps=warps), 10) * 1e3 / n
 
 
-def configure(layers: mk.DecodeLayers, cfg, conf: tuple[int, ...]) -> None:
-    warps, stages, max_k = conf
-    layers.num_warps, layers.num_stages = warps, stages
-    layers.tiles = mk.pick_tiles(cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.intermediate_size,
-                                 cfg.head_dim, layers.programs, max_k)
+def configure(layers: mk.DecodeLayers, cfg, conf: str) -> None:
+    """conf WARPSxSTAGESxK, K the largest K tile of every projection or KQKV/KO/KDOWN one per
+    phase kind (gate/up takes qkv's: both run over the hidden size)."""
+    warps, stages, ks = conf.split("x")
+    kh, kq, ki = (ks.split("/") * 3)[:3]
+    layers.num_warps, layers.num_stages = int(warps), int(stages)
+    t = mk.pick_tiles(cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.intermediate_size, cfg.head_dim,
+                      layers.programs, int(kh))
+    layers.tiles = dataclasses.replace(t, bkq=mk._k_tile(cfg.num_heads * cfg.head_dim, int(kq)),
+                                       bki=mk._k_tile(cfg.intermediate_size, int(ki)))
 
 
-def sweep(preset: str, batches: list[int], configs: list[tuple[int, ...]], phases: bool) -> None:
+def sweep(preset: str, batches: list[int], configs: list[str], phases: bool) -> None:
     eng = Engine(EngineConfig(preset=preset, device="cuda", dtype="bfloat16", max_context=2048, mode="full"))
     mega = eng.modes.modes[Mode.MEGA]
     layers, cfg = mega.layers, eng.cfg
@@ -97,9 +103,8 @@ def sweep(preset: str, batches: list[int], configs: list[tuple[int, ...]], phase
         eng.bufs.stage([(31 * r + 7) % cfg.vocab_size for r in range(b)], [512] * b, list(range(b)),
                        [0.0] * b, [1.0] * b, [0] * b, [0] * b)
         row = [f"{preset:14} b{b}  full {ms_per_step(eng, Mode.FULL, b):.3f}"]
-        for conf in configs:
-            name = "x".join(map(str, conf))
-            configure(layers, cfg, conf)
+        for name in configs:
+            configure(layers, cfg, name)
             mega.drop()
             t0 = time.perf_counter()
             try:
@@ -111,16 +116,15 @@ def sweep(preset: str, batches: list[int], configs: list[tuple[int, ...]], phase
             first = time.perf_counter() - t0
             row.append(f"mega {name} {ms_per_step(eng, Mode.MEGA, b):.3f} (first {first:.1f} s)")
             print(" | ".join(row), flush=True)
-        if phases:
-            configure(layers, cfg, configs[0])
-            phase_table(eng, b)
+            if phases:
+                phase_table(eng, b)
     print(f"  grid barrier, {layers.programs} programs: {barrier_us(layers.programs, 4):.2f} us", flush=True)
 
 
 def main() -> None:
     presets = sys.argv[1].split(",")
     batches = [int(x) for x in sys.argv[2].split(",")]
-    configs = [tuple(int(v) for v in c.split("x")) for c in sys.argv[3].split(",")]
+    configs = sys.argv[3].split(",")
     print(torch.cuda.get_device_name(), flush=True)
     for p in presets:
         sweep(p, batches, configs, "--no-phases" not in sys.argv)

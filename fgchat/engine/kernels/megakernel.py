@@ -341,7 +341,7 @@ class Tiles:
 
 
 def _k_tile(k: int, max_k: int) -> int:
-    for t in (512, 256, 128, 64, 32, 16):
+    for t in (1024, 512, 256, 128, 64, 32, 16):
         if t <= max_k and k % t == 0:
             return t
     raise ValueError(f"the mega kernel needs dimensions divisible by 16, got {k}")
