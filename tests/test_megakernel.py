@@ -61,6 +61,27 @@ def test_layers_match_the_plain_decoder(tiny_llama, programs, b):
     assert int(layers.cnt.abs().sum()) == 0  # every merge counter back at zero
 
 
+def test_wide_k_tiles_match_the_plain_decoder(tmp_path):
+    """K tiles of 512 in the down projection and several items per program in every phase."""
+    import tiny_models
+    from fgchat.engine.step import Variant
+
+    model = tiny_models.build_model(tmp_path / "m", hidden=128, heads=4, kv_heads=2, head_dim=32,
+                                    intermediate=1024, seed=3)
+    eng, fused = _engine(model)
+    layers = DecodeLayers(fused.dec, eng.cache, programs=3)
+    assert (layers.tiles.bkh, layers.tiles.bki) == (128, 512)
+    assert min(layers.items_per_program().values()) > 1
+    b, pos, slots = 3, [40, 3, 77], [2, 5, 0]
+    eng.bufs.stage([11, 22, 33], pos, slots, [0.0] * b, [1.0] * b, [0] * b, [0] * b)
+    eng.program.max_len_hint = 96
+    before = eng.cache.all.clone()
+    ref = eng.program.run_eager(b, Variant.GREEDY).logits.clone()
+    eng.cache.all.copy_(before)
+    out = _run(fused.mega_pieces(b, Variant.GREEDY, layers), persistent=False, layers=layers)
+    torch.testing.assert_close(out.logits, ref, rtol=1e-4, atol=1e-4)
+
+
 def _run(pieces, persistent, layers):
     from fgchat.engine.model.decoder import StepState
     from fgchat.engine.step import StepOutputs
@@ -95,10 +116,11 @@ def test_a_mutated_norm_is_seen(tiny_llama):
 
 def test_tiles_depend_on_shape_only():
     t = pick_tiles(2048, 2048, 8192, 64, 132)
-    assert (t.bn, t.bni, t.pb, t.bkh, t.bkq, t.bki) == (16, 16, 16, 256, 256, 256)
+    assert (t.bn, t.bni, t.pb, t.bkh, t.bkq, t.bki) == (16, 16, 16, 256, 512, 512)
     t = pick_tiles(576, 576, 1536, 64, 132)
-    assert (t.bn, t.pb, t.bkh, t.bki) == (16, 16, 64, 256)
-    assert pick_tiles(2048, 2048, 8192, 64, 132, max_k=128).bkh == 128
+    assert (t.bn, t.pb, t.bkh, t.bkq, t.bki) == (16, 16, 64, 64, 512)
+    t = pick_tiles(2048, 2048, 8192, 64, 132, max_k=128, max_k_out=1024)
+    assert (t.bkh, t.bkq, t.bki) == (128, 1024, 1024)
     assert pick_tiles(4096, 4096, 14336, 128, 132).bn == 16
     assert pick_tiles(8192, 8192, 28672, 128, 132).bn == 32
     with pytest.raises(ValueError):

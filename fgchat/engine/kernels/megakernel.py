@@ -47,9 +47,10 @@ GB = tl.constexpr(GROUP_PAD)
 BT = tl.constexpr(64)  # attention positions per block
 MAX_SPLITS = 16
 MS = tl.constexpr(MAX_SPLITS)
-# per program: warps, stages of the projections' weight pipeline, the largest K tile (the H200
-# sweep, tools/sweep_mega.py: notes V39)
-NUM_WARPS, NUM_STAGES, MAX_K_TILE = 4, 4, 256
+# per program: warps, stages of the projections' weight pipeline, the largest K tile of the
+# norm-fed projections (qkv, gate/up: their x tile is normed per K step) and of the others (o,
+# down) (the H200 sweeps, tools/sweep_mega.py: notes V39, V43)
+NUM_WARPS, NUM_STAGES, MAX_K_TILE, MAX_K_TILE_OUT = 4, 4, 256, 512
 # columns of the per-layer weight-offset table (DecodeLayers writes each row in this order)
 W_QKV, W_O, W_GU, W_DOWN, W_N1, W_N2 = (tl.constexpr(i) for i in range(6))
 W_COLS = tl.constexpr(6)
@@ -348,12 +349,13 @@ def _k_tile(k: int, max_k: int) -> int:
 
 
 def pick_tiles(hidden: int, q_width: int, inter: int, head_dim: int, programs: int,
-               max_k: int = MAX_K_TILE) -> Tiles:
+               max_k: int = MAX_K_TILE, max_k_out: int = MAX_K_TILE_OUT) -> Tiles:
     """Shape-only tiles: column tiles of 16 (32 where the hidden size gives over 2 tiles per
-    program), K tiles of max_k where the size allows."""
+    program), K tiles of max_k (qkv, gate/up) and max_k_out (o, down) where the size allows."""
     bn = 32 if hidden // 16 > 2 * programs else 16
     pb = 16 if head_dim // 2 >= 16 else head_dim // 2
-    return Tiles(bn, 16, pb, _k_tile(hidden, max_k), _k_tile(q_width, max_k), _k_tile(inter, max_k))
+    return Tiles(bn, 16, pb, _k_tile(hidden, max_k), _k_tile(q_width, max_k_out),
+                 _k_tile(inter, max_k_out))
 
 
 class DecodeLayers:
