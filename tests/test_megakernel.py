@@ -70,6 +70,7 @@ def test_wide_k_tiles_match_the_plain_decoder(tmp_path):
                                     intermediate=1024, seed=3)
     eng, fused = _engine(model)
     layers = DecodeLayers(fused.dec, eng.cache, programs=3)
+    layers.tiles = pick_tiles(128, 128, 1024, 32, 3, max_k_out=512)
     assert (layers.tiles.bkh, layers.tiles.bki) == (128, 512)
     assert min(layers.items_per_program().values()) > 1
     b, pos, slots = 3, [40, 3, 77], [2, 5, 0]
@@ -116,8 +117,8 @@ def test_a_mutated_norm_is_seen(tiny_llama):
 
 def test_tiles_depend_on_shape_only():
     t = pick_tiles(2048, 2048, 8192, 64, 132)
-    assert (t.bn, t.bni, t.pb, t.bkh, t.bkq, t.bki) == (16, 16, 16, 256, 512, 512)
-    t = pick_tiles(576, 576, 1536, 64, 132)
+    assert (t.bn, t.bni, t.pb, t.bkh, t.bkq, t.bki) == (16, 16, 16, 256, 256, 256)
+    t = pick_tiles(576, 576, 1536, 64, 132, max_k_out=512)
     assert (t.bn, t.pb, t.bkh, t.bkq, t.bki) == (16, 16, 64, 64, 512)
     t = pick_tiles(2048, 2048, 8192, 64, 132, max_k=128, max_k_out=1024)
     assert (t.bkh, t.bkq, t.bki) == (128, 1024, 1024)

@@ -23,7 +23,9 @@ def build(fn, signature: dict, constexprs: dict, **options) -> None:
     for name in constexprs:
         sig[name] = "constexpr"
     # pointers 16-byte aligned, as the launches specialise them
-    attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n, t in signature.items() if t.startswith("*")}
+    # and integer strides that are multiples of 16 at every launch (Triton specialises those too)
+    attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n, t in signature.items()
+             if t.startswith("*") or n.startswith("stride_") and t == "i64"}
     src = ASTSource(fn, sig, constexprs={(fn.arg_names.index(k),): v for k, v in constexprs.items()}, attrs=attrs)
     k = triton.compile(src, target=TARGET, options=options)
     asm = k.asm.get("ptx", "")
