@@ -24,6 +24,7 @@
 #   ab      fgchat bench with AB_ARGS (default: the 1B preset, batch 1 and 8), .old's tree and this
 #           one alternating AB_ROUNDS (2) times (OLD_COMMIT labels the old runs)
 #   mega    the mega mode beside full (one process per model: embedded, 1B, SmolLM2 presets)
+#   megaprofile  the mega kernel's timeline from its clock stamps, then its settings sweep
 #   penalties  cost per decode step of repetition/presence/frequency penalties (1B, batch 1, 8)
 #   sampling   cost per decode step of sampling (T 0.7) and of filtering (T 0.7, top-k 50) vs greedy;
 #              SAMPLING_WAYS narrows it; with .old/fgchat carried, the old tree and this one alternate
@@ -134,6 +135,13 @@ for what in "$@"; do
           fi
         done
       done ;;
+    megaprofile)  # where a mega step's time goes: the timeline (1B batch 1 and 8, SmolLM2 batch 1), then
+      # the settings sweep with its phase table (MEGA_SWEEP: settings, tools/sweep_mega.py's syntax)
+      for run in "llama-3.2-1b 1" "llama-3.2-1b 8" "smollm2-135m 1"; do
+        timeout 120 python3 tools/timeline_mega.py $run 2>&1 | tee -a "$OUT/timeline-mega.log"
+      done
+      timeout 240 python3 tools/sweep_mega.py llama-3.2-1b,smollm2-135m 1,8 "${MEGA_SWEEP:-4x4x256,4x4x256/512/512}" \
+        2>&1 | tee "$OUT/sweep-mega.log" ;;
     penalties)  # plain greedy and greedy with penalties, alternating processes
       for i in $(seq "${PENALTY_ROUNDS:-2}"); do
         for pen in "" --penalties; do

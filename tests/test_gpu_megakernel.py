@@ -93,3 +93,30 @@ def test_self_check_catches_rows_swapped():
     layers.run = lambda ids, pos, slots, persistent=True: run(ids, pos, slots, persistent).flip(0)
     eng.modes.self_check(Mode.MEGA)
     assert eng.modes.unavailable.get(Mode.MEGA) == "self-check mismatch at batch size 2"
+
+
+def test_clock_stamps_leave_the_results_alone(preset_engine):
+    """The timeline's stamps (tools/timeline_mega.py) change no bit of the step, and each program's
+    stamps are ordered: every phase ends after it starts and the next starts after it ends."""
+    from fgchat.engine.kernels.megakernel import PHASES_PER_LAYER
+
+    eng = preset_engine
+    layers = eng.modes.modes[Mode.MEGA].layers
+    ids = torch.tensor([5, 77, 901], device="cuda")
+    pos = torch.tensor([40, 700, 3], device="cuda")
+    slots = torch.tensor([0, 1, 2], device="cuda")
+    start = eng.cache.all.clone()
+    h = layers.run(ids, pos, slots).clone()
+    eng.cache.all.copy_(start)
+    n_phases = 1 + PHASES_PER_LAYER * eng.cfg.num_layers
+    layers.stamps = torch.zeros((n_phases, layers.programs, 2, 2), dtype=torch.int64, device="cuda")
+    try:
+        h_stamped = layers.run(ids, pos, slots).clone()
+        torch.cuda.synchronize()
+        st = layers.stamps.cpu()
+    finally:
+        layers.stamps = None
+    assert torch.equal(h, h_stamped)
+    clk = st[..., 0]
+    assert bool((clk[:, :, 1] >= clk[:, :, 0]).all()) and bool((clk[1:, :, 0] >= clk[:-1, :, 1]).all())
+    assert bool((st[..., 1] > 0).all())  # every program stamped every phase

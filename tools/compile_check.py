@@ -100,9 +100,10 @@ def main() -> None:
         build(td._combine_kernel, comb_sig, dict(HEAD_DIM=64, BLOCK_S=32, USE_PDL=pdl), num_warps=2, launch_pdl=pdl)
     mega(2048, 32, 8, 64, 8192)  # Llama-3.2-1B
     mega(576, 9, 3, 64, 1536)  # SmolLM2-135M
+    mega(576, 9, 3, 64, 1536, stamp=True)  # with the timeline's clock stamps
 
 
-def mega(hidden: int, heads: int, kv_heads: int, head_dim: int, inter: int) -> None:
+def mega(hidden: int, heads: int, kv_heads: int, head_dim: int, inter: int, stamp: bool = False) -> None:
     """The mega kernel at a model's shapes, persistent (grid barriers) as the mega mode launches it."""
     sig = {n: "i32" for n in mk._decode_layers_kernel.arg_names}
     for n in ("embed_ptr", "wbase_ptr", "cos_ptr", "sin_ptr", "cache_ptr", "q_ptr", "attn_ptr", "act_ptr"):
@@ -110,11 +111,12 @@ def mega(hidden: int, heads: int, kv_heads: int, head_dim: int, inter: int) -> N
     for n in ("h_ptr", "stats_ptr", "part_ptr", "ml_ptr"):
         sig[n] = "*fp32"
     sig.update(ids_ptr="*i64", pos_ptr="*i64", slot_ptr="*i64", woff_ptr="*i64", cnt_ptr="*i32", bar_ptr="*i32",
+               stamp_ptr="*i64" if stamp else "*i32",
                eps="fp32", scale="fp32", stride_layer="i64", stride_slot="i64", stride_pos="i64")
     t = mk.pick_tiles(hidden, heads * head_dim, inter, head_dim, 132)
     consts = dict(H=hidden, HQ=heads, HKV=kv_heads, D=head_dim, INTER=inter, BN=t.bn, BNI=t.bni, PB=t.pb,
                   BKH=t.bkh, BKQ=t.bkq, BKI=t.bki, NP=gemv.next_pow2(mk.cdiv(hidden, t.bn)), PREC="tf32",
-                  SYNC=True, ROUND_H=False, WA=mk.WEIGHT_ALIGN,
+                  SYNC=True, ROUND_H=False, WA=mk.WEIGHT_ALIGN, STAMP=stamp,
                   IQ=mk.cdiv((heads + 2 * kv_heads) * (head_dim // 2 // t.pb), 132),
                   IC=mk.cdiv(mk.cdiv(hidden, t.bn), 132), IG=mk.cdiv(mk.cdiv(inter, t.bni), 132))
     build(mk._decode_layers_kernel, {n: v for n, v in sig.items() if n not in consts}, consts,

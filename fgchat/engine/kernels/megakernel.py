@@ -80,6 +80,15 @@ def _w_offset(woff, col, WA: tl.constexpr):
 
 
 @triton.jit
+def _stamp(stamp_ptr, slot, which: tl.constexpr):
+    """This program's SM clock and the global nanosecond timer into stamp_ptr[slot, which, :]."""
+    clk = tl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
+    ns = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
+    tl.store(stamp_ptr + slot * 4 + which * 2, clk)
+    tl.store(stamp_ptr + slot * 4 + which * 2 + 1, ns)
+
+
+@triton.jit
 def _inv_rms(stats_ptr, n_parts, H, eps, NP: tl.constexpr):
     """1 / rms of each (padded) row from the o / down phases' per-item sums of squares."""
     p = tl.arange(0, NP)
@@ -116,14 +125,14 @@ def _residual_add(acc, h_ptr, stats_ptr, item, cols, m_mask, H: tl.constexpr, DT
 @triton.jit
 def _decode_layers_kernel(
     ids_ptr, pos_ptr, slot_ptr, embed_ptr, wbase_ptr, woff_ptr, cos_ptr, sin_ptr, cache_ptr,
-    h_ptr, stats_ptr, q_ptr, part_ptr, ml_ptr, cnt_ptr, attn_ptr, act_ptr, bar_ptr,
+    h_ptr, stats_ptr, q_ptr, part_ptr, ml_ptr, cnt_ptr, attn_ptr, act_ptr, bar_ptr, stamp_ptr,
     M, eps, scale, phase_lo, phase_hi, n_layers, n_splits,
     stride_layer, stride_slot, stride_pos,
     H: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, INTER: tl.constexpr,
     BN: tl.constexpr, BNI: tl.constexpr, PB: tl.constexpr,
     BKH: tl.constexpr, BKQ: tl.constexpr, BKI: tl.constexpr, NP: tl.constexpr,
     PREC: tl.constexpr, SYNC: tl.constexpr, ROUND_H: tl.constexpr, WA: tl.constexpr,
-    IQ: tl.constexpr, IC: tl.constexpr, IG: tl.constexpr,
+    IQ: tl.constexpr, IC: tl.constexpr, IG: tl.constexpr, STAMP: tl.constexpr,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -138,6 +147,8 @@ def _decode_layers_kernel(
     n_barrier = zero
     phase = phase_lo + zero
     while phase < phase_hi:
+        if STAMP:  # [phase - phase_lo, program]: start, after the barrier that opened the phase
+            _stamp(stamp_ptr, (phase - phase_lo) * nprog + pid, 0)
         if phase == 0:
             # the embedding rows into the float32 residual, with their sums of squares
             tok = tl.load(ids_ptr + rows, mask=m_mask, other=0).to(tl.int64)
@@ -320,6 +331,8 @@ def _decode_layers_kernel(
                         acc += tl.dot(x, tl.trans(w), input_precision=PREC)
                     if live:
                         _residual_add(acc, h_ptr, stats_ptr, item, cols, m_mask, H, DT, ROUND_H)
+        if STAMP:  # end, before this program arrives at the next barrier
+            _stamp(stamp_ptr, (phase - phase_lo) * nprog + pid, 1)
         if phase + 1 < phase_hi:
             n_barrier += 1
             _grid_barrier(bar_ptr, n_barrier * nprog, SYNC)
@@ -405,6 +418,9 @@ class DecodeLayers:
         self.attn = torch.zeros((ROWS_PAD, hq * d), dtype=dt, device=dev)
         self.act = torch.zeros((ROWS_PAD, cfg.intermediate_size), dtype=dt, device=dev)
         self.bar = torch.zeros(1, dtype=torch.int32, device=dev)
+        # int64 [phases, programs, 2 (start, end), 2 (SM clock, global ns)] when a profiler sets
+        # it (tools/timeline_mega.py; GPU only, the interpreter has no clocks); None: no stamps
+        self.stamps: torch.Tensor | None = None
         self.round_h = dec.residual_dtype != torch.float32
         self.num_warps, self.num_stages = NUM_WARPS, NUM_STAGES
 
@@ -433,13 +449,14 @@ class DecodeLayers:
         all_kv = self.cache.all
         args = (ids, positions, slots, dec.w.embed, dec.w.embed, self.woff, dec.cos, dec.sin, all_kv,
                 self.h, self.stats, self.q, self.part, self.ml, self.cnt, self.attn, self.act, self.bar,
+                self.bar if self.stamps is None else self.stamps,
                 b, cfg.rms_eps, dec.scale)
         tail = (cfg.num_layers, self.splits(b), all_kv.stride(0), all_kv.stride(1), all_kv.stride(2))
         kw = dict(H=cfg.hidden_size, HQ=cfg.num_heads, HKV=cfg.num_kv_heads, D=cfg.head_dim,
                   INTER=cfg.intermediate_size, BN=t.bn, BNI=t.bni, PB=t.pb, BKH=t.bkh, BKQ=t.bkq, BKI=t.bki,
                   NP=self.np, PREC="ieee" if dec.w.embed.dtype == torch.float32 else "tf32",
-                  ROUND_H=self.round_h, WA=self.align, **self.items_per_program(), num_warps=self.num_warps,
-                  num_stages=self.num_stages)
+                  ROUND_H=self.round_h, WA=self.align, **self.items_per_program(),
+                  STAMP=self.stamps is not None, num_warps=self.num_warps, num_stages=self.num_stages)
         lo, hi = phases or (0, 1 + PHASES_PER_LAYER * cfg.num_layers)
         if persistent:
             _decode_layers_kernel[(self.programs,)](*args, lo, hi, *tail, SYNC=True, **kw)
