@@ -21,7 +21,10 @@ Invariants:
   order, so results do not depend on timing: the persistent launch and the phase-by-phase
   launches (`persistent=False`, the interpreter's way) give the same bits;
 - counters end every launch at zero (the barrier's last arrival and each merging split reset
-  theirs), so a captured graph replays with no memset.
+  theirs), so a captured graph replays with no memset;
+- in a projection phase program p takes items p, p + programs, ... as one flattened loop of a
+  fixed count (items_per_program), its loads masked and its stores skipped past the last item;
+- clock stamps (DecodeLayers.stamps, profiling only) write their own buffer and nothing else.
 Roundings follow the fused path (projection outputs rounded to the model dtype, the residual
 stream float32), but sums run in a different order, so tokens may differ from the other modes
 at near ties: this mode is checked against float32, not bit for bit against the others.
