@@ -117,8 +117,7 @@ def mega(hidden: int, heads: int, kv_heads: int, head_dim: int, inter: int, stam
     consts = dict(H=hidden, HQ=heads, HKV=kv_heads, D=head_dim, INTER=inter, BN=t.bn, BNI=t.bni, PB=t.pb,
                   BKH=t.bkh, BKQ=t.bkq, BKI=t.bki, NP=gemv.next_pow2(mk.cdiv(hidden, t.bn)), PREC="tf32",
                   SYNC=True, ROUND_H=False, WA=mk.WEIGHT_ALIGN, STAMP=stamp,
-                  IQ=mk.cdiv((heads + 2 * kv_heads) * (head_dim // 2 // t.pb), 132),
-                  IC=mk.cdiv(mk.cdiv(hidden, t.bn), 132), IG=mk.cdiv(mk.cdiv(inter, t.bni), 132))
+                  **mk.items_per_program(hidden, heads, kv_heads, head_dim, inter, t, 132))
     build(mk._decode_layers_kernel, {n: v for n, v in sig.items() if n not in consts}, consts,
           num_warps=mk.NUM_WARPS, num_stages=mk.NUM_STAGES)
 

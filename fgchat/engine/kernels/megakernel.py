@@ -126,6 +126,29 @@ def _residual_add(acc, h_ptr, stats_ptr, item, cols, m_mask, H: tl.constexpr, DT
 
 
 @triton.jit
+def _project_add(x_ptr, w_ptr, h_ptr, stats_ptr, pid, nprog, M, K: tl.constexpr, BK: tl.constexpr,
+                 ITEMS: tl.constexpr, H: tl.constexpr, BN: tl.constexpr, DT: tl.constexpr,
+                 PREC: tl.constexpr, ROUND_H: tl.constexpr):
+    """The o and down phases: x [M, K] (written earlier in the launch) times w [H, K]^T, added to
+    the residual by items of BN columns, program pid's items as one flattened loop."""
+    rows = tl.arange(0, XM)
+    m_mask = rows < M
+    for it in tl.range(0, ITEMS, flatten=True):
+        item = pid + it * nprog
+        live = item < tl.cdiv(H, BN)
+        cols = item * BN + tl.arange(0, BN)
+        acc = tl.zeros((XM, BN), dtype=tl.float32)
+        for k0 in range(0, K, BK):
+            offs_k = k0 + tl.arange(0, BK)
+            x = tl.load(x_ptr + rows[:, None] * K + offs_k[None, :], mask=m_mask[:, None], other=0.0,
+                        cache_modifier=".cg")
+            w = tl.load(w_ptr + cols.to(tl.int64)[:, None] * K + offs_k[None, :], mask=live)
+            acc += tl.dot(x, tl.trans(w), input_precision=PREC)
+        if live:
+            _residual_add(acc, h_ptr, stats_ptr, item, cols, m_mask, H, DT, ROUND_H)
+
+
+@triton.jit
 def _decode_layers_kernel(
     ids_ptr, pos_ptr, slot_ptr, embed_ptr, wbase_ptr, woff_ptr, cos_ptr, sin_ptr, cache_ptr,
     h_ptr, stats_ptr, q_ptr, part_ptr, ml_ptr, cnt_ptr, attn_ptr, act_ptr, bar_ptr, stamp_ptr,
@@ -281,20 +304,8 @@ def _decode_layers_kernel(
                     item += nprog
             elif step == 2:
                 # o projection, added to the residual
-                w_ptr = wbase_ptr + _w_offset(woff, W_O, WA)
-                for it in tl.range(0, IC, flatten=True):
-                    item = pid + it * nprog
-                    live = item < n_col_items
-                    cols = item * BN + tl.arange(0, BN)
-                    acc = tl.zeros((XM, BN), dtype=tl.float32)
-                    for k0 in range(0, HQ * D, BKQ):
-                        offs_k = k0 + tl.arange(0, BKQ)
-                        x = tl.load(attn_ptr + rows[:, None] * (HQ * D) + offs_k[None, :], mask=m_mask[:, None],
-                                    other=0.0, cache_modifier=".cg")
-                        w = tl.load(w_ptr + cols.to(tl.int64)[:, None] * (HQ * D) + offs_k[None, :], mask=live)
-                        acc += tl.dot(x, tl.trans(w), input_precision=PREC)
-                    if live:
-                        _residual_add(acc, h_ptr, stats_ptr, item, cols, m_mask, H, DT, ROUND_H)
+                _project_add(attn_ptr, wbase_ptr + _w_offset(woff, W_O, WA), h_ptr, stats_ptr, pid, nprog, M,
+                             HQ * D, BKQ, IC, H, BN, DT, PREC, ROUND_H)
             elif step == 3:
                 # gate/up with SiLU-and-multiply, rounded as gemv.project_glu
                 w_ptr = wbase_ptr + _w_offset(woff, W_GU, WA)
@@ -320,20 +331,8 @@ def _decode_layers_kernel(
                              mask=m_mask[:, None] & live)
             else:
                 # down projection, added to the residual
-                w_ptr = wbase_ptr + _w_offset(woff, W_DOWN, WA)
-                for it in tl.range(0, IC, flatten=True):
-                    item = pid + it * nprog
-                    live = item < n_col_items
-                    cols = item * BN + tl.arange(0, BN)
-                    acc = tl.zeros((XM, BN), dtype=tl.float32)
-                    for k0 in range(0, INTER, BKI):
-                        offs_k = k0 + tl.arange(0, BKI)
-                        x = tl.load(act_ptr + rows[:, None] * INTER + offs_k[None, :], mask=m_mask[:, None],
-                                    other=0.0, cache_modifier=".cg")
-                        w = tl.load(w_ptr + cols.to(tl.int64)[:, None] * INTER + offs_k[None, :], mask=live)
-                        acc += tl.dot(x, tl.trans(w), input_precision=PREC)
-                    if live:
-                        _residual_add(acc, h_ptr, stats_ptr, item, cols, m_mask, H, DT, ROUND_H)
+                _project_add(act_ptr, wbase_ptr + _w_offset(woff, W_DOWN, WA), h_ptr, stats_ptr, pid, nprog, M,
+                             INTER, BKI, IC, H, BN, DT, PREC, ROUND_H)
         if STAMP:  # end, before this program arrives at the next barrier
             _stamp(stamp_ptr, (phase - phase_lo) * nprog + pid, 1)
         if phase + 1 < phase_hi:
@@ -372,6 +371,14 @@ def pick_tiles(hidden: int, q_width: int, inter: int, head_dim: int, programs: i
     pb = 16 if head_dim // 2 >= 16 else head_dim // 2
     return Tiles(bn, 16, pb, _k_tile(hidden, max_k), _k_tile(q_width, max_k_out),
                  _k_tile(inter, max_k_out))
+
+
+def items_per_program(hidden: int, heads: int, kv_heads: int, head_dim: int, inter: int, t: Tiles,
+                      programs: int) -> dict[str, int]:
+    """The most items one program takes in the qkv (IQ), o / down (IC) and gate/up (IG) phases:
+    each program's items run as one flattened, pipelined loop of that many (masked past the end)."""
+    qkv = (heads + 2 * kv_heads) * (head_dim // 2 // t.pb)
+    return dict(IQ=cdiv(qkv, programs), IC=cdiv(cdiv(hidden, t.bn), programs), IG=cdiv(cdiv(inter, t.bni), programs))
 
 
 class DecodeLayers:
@@ -428,12 +435,9 @@ class DecodeLayers:
         self.num_warps, self.num_stages = NUM_WARPS, NUM_STAGES
 
     def items_per_program(self) -> dict[str, int]:
-        """The most items one program takes in the qkv (IQ), o / down (IC) and gate/up (IG) phases:
-        each program's items run as one flattened, pipelined loop of that many (masked past the end)."""
-        cfg, t, n = self.dec.cfg, self.tiles, self.programs
-        qkv = (cfg.num_heads + 2 * cfg.num_kv_heads) * (cfg.head_dim // 2 // t.pb)
-        return dict(IQ=cdiv(qkv, n), IC=cdiv(cdiv(cfg.hidden_size, t.bn), n),
-                    IG=cdiv(cdiv(cfg.intermediate_size, t.bni), n))
+        cfg = self.dec.cfg
+        return items_per_program(cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
+                                 cfg.intermediate_size, self.tiles, self.programs)
 
     def splits(self, b: int) -> int:
         """Attention splits per (row, kv head): enough items for every program, at most 16."""

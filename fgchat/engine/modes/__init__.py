@@ -277,8 +277,6 @@ class ModeSet:
             self._drop_prefill_graphs(exc)
             return None
 
-
-
     def _check_against_reference(self, mode: Mode, ids: list[int], pos: list[int]) -> bool:
         """`mode` and eager, each against the float32 reference step (model.reference), for rows
         whose context is their own token repeated up to their position (sink_context)."""

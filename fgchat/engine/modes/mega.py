@@ -6,8 +6,8 @@ Invariants:
 - the kernel runs once eagerly on the capture stream before each capture (compiles, and checks
   that the persistent launch returns: a grid that cannot be resident at once would hang there,
   so the grid is at most one program per SM);
-- its sums run in another order than the other modes' kernels: its self-check compares it with
-  eager by the start-up check's comparison (relative error, each token eager's or inside its band).
+- its sums run in another order than the other modes' kernels: its self-check compares it and
+  eager each with the float32 reference step over a sink context (ModeSet, as_close_as_eager).
 """
 
 from __future__ import annotations
