@@ -117,7 +117,7 @@ def test_a_mutated_norm_is_seen(tiny_llama):
 
 def test_tiles_depend_on_shape_only():
     t = pick_tiles(2048, 2048, 8192, 64, 132)
-    assert (t.bn, t.bni, t.pb, t.bkh, t.bkq, t.bki) == (16, 16, 16, 256, 256, 256)
+    assert (t.bn, t.bni, t.pb, t.bkh, t.bkq, t.bki) == (16, 16, 16, 256, 512, 512)
     t = pick_tiles(576, 576, 1536, 64, 132, max_k_out=512)
     assert (t.bn, t.pb, t.bkh, t.bkq, t.bki) == (16, 16, 64, 64, 512)
     t = pick_tiles(2048, 2048, 8192, 64, 132, max_k=128, max_k_out=1024)

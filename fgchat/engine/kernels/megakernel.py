@@ -52,8 +52,8 @@ MAX_SPLITS = 16
 MS = tl.constexpr(MAX_SPLITS)
 # per program: warps, stages of the projections' weight pipeline, the largest K tile of the
 # norm-fed projections (qkv, gate/up) and of o and down (the H200 sweeps, tools/sweep_mega.py:
-# notes V39, V43; 512 for o and down measured faster there, not yet checked on real weights)
-NUM_WARPS, NUM_STAGES, MAX_K_TILE, MAX_K_TILE_OUT = 4, 4, 256, 256
+# notes V39, V43)
+NUM_WARPS, NUM_STAGES, MAX_K_TILE, MAX_K_TILE_OUT = 4, 4, 256, 512
 # columns of the per-layer weight-offset table (DecodeLayers writes each row in this order)
 W_QKV, W_O, W_GU, W_DOWN, W_N1, W_N2 = (tl.constexpr(i) for i in range(6))
 W_COLS = tl.constexpr(6)
