@@ -83,6 +83,18 @@ def test_mega_mode_self_checks_and_serves_batches(preset_engine):
     assert same_first >= 6, (out["full"], out["mega"])
 
 
+def test_engine_captures_named_sizes_before_use():
+    """Engine.capture_sizes (the bench calls it before timing a mode) captures mega at the named
+    batch sizes only, with the self-check, so a timed round runs no capture."""
+    eng = Engine(EngineConfig(preset="smollm2-135m", device="cuda", dtype="bfloat16", max_context=2048,
+                              mode="full"))
+    mega = eng.modes.modes[Mode.MEGA]
+    assert not mega.has(3, False)
+    eng.capture_sizes("mega", [3])
+    assert mega.has(3, False) and not mega.has(2, False) and not eng.modes.unavailable.get(Mode.MEGA)
+    eng.capture_sizes("eager", [1])  # nothing to capture: a no-op, not an error
+
+
 def test_self_check_catches_rows_swapped():
     """The self-check can fail: a mega step whose rows come back swapped passes at batch size 1
     and disables the mode at batch size 2."""

@@ -101,3 +101,30 @@ def test_rope_kv_write_outliers(dtype):
         bound = eps(dtype) * (a.abs() + b.abs() + (a + b).abs()) * 1.01 + 1e-6
         assert ((got.double() - (a + b)).abs() <= bound).all()
     assert torch.equal(vc[slots, pos], qkv[:, (hq + hkv) * d:].view(rows, hkv, d))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("hq,hkv", [(3, 1), (4, 2)])
+def test_rope_kv_write_same_bits_per_head_or_per_row(dtype, hq, hkv):
+    """A program per head (decode) and a program per row of every head (prefill; the head block
+    padded past Hq + Hkv) write the same q, K and V bits and touch nothing else."""
+    d, t, rows = 64, 64, 5
+    inv = 1.0 / (10000 ** (torch.arange(0, d, 2).double() / d))
+    emb = torch.arange(t).double()[:, None] * inv[None]
+    emb = torch.cat([emb, emb], -1)
+    cos, sin = emb.cos().to(dtype), emb.sin().to(dtype)
+    qkv = outlier_rows(rows, (hq + 2 * hkv) * d, 11, 3e4).to(dtype)
+    pos, slots = torch.tensor([0, 1, 2, 40, 63]), torch.tensor([1, 1, 1, 0, 2])
+    got = []
+    for hb in (1, 2, 8):
+        kc = torch.full((3, t, hkv, d), float("nan"), dtype=dtype)
+        vc = kc.clone()
+        k_out = torch.full((rows, hkv, d), float("nan"), dtype=dtype)
+        q = rope_kv_write(qkv, cos, sin, pos, slots, kc, vc, hq, hkv, d, k_out=k_out, heads_per_program=hb)
+        got.append((q, kc, vc, k_out))
+    for other in got[1:]:
+        for a, b in zip(got[0], other):
+            assert torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(), b.nan_to_num())
+    q, kc, vc, k_out = got[0]
+    assert torch.equal(kc[slots, pos], k_out) and torch.equal(vc[slots, pos], qkv[:, (hq + hkv) * d:].view(rows, hkv, d))
+    assert kc.isnan().sum() == (3 * t - rows) * hkv * d  # nothing else written

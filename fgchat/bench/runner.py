@@ -44,13 +44,14 @@ def _git_commit() -> str:
 
 def measure_engine(engine: Engine, mode: str, batch: int, spec: BenchSpec) -> dict[str, Any]:
     engine.set_mode(mode)
+    engine.capture_sizes(mode, [batch])  # graphs captured on first use (mega) are taken before timing
     prompts = prompts_for(batch, spec.prompt_len, engine.cfg.vocab_size)
     pen = dict(zip(("repetition_penalty", "presence_penalty", "frequency_penalty"), PENALTIES)) if spec.penalties else {}
     params = [SamplingParams(max_tokens=spec.output_len, ignore_eos=True, temperature=spec.temperature,
                              top_k=spec.top_k, seed=i, **pen) for i in range(len(prompts))]
     ttft, tpot, itl, gpu, launch, steps_wall = [], [], [], [], [], []
     decode_modes: set[str] = set()
-    tok_s = []
+    tok_s, round_tpot = [], []
     for rep in range(spec.warmup + spec.repeats):
         for p, sp in zip(prompts, params):
             engine.submit(p, sp)
@@ -63,6 +64,7 @@ def measure_engine(engine: Engine, mode: str, batch: int, spec: BenchSpec) -> di
         done = [e.summary for e in events if isinstance(e, RequestFinished)]
         ttft += [s.ttft_ms for s in done]
         tpot += [s.tpot_ms for s in done if s.tpot_ms is not None]
+        round_tpot.append(float(np.mean([s.tpot_ms for s in done if s.tpot_ms is not None] or [np.nan])))
         itl += [e.itl_ms for e in toks if not e.is_first_token]
         lead = min(s.request_id for s in done)
         lead_steps = [e for e in toks if e.request_id == lead and not e.is_first_token]
@@ -76,6 +78,7 @@ def measure_engine(engine: Engine, mode: str, batch: int, spec: BenchSpec) -> di
         "ttft_ms": stats(ttft), "tpot_ms": stats(tpot), "itl_ms": stats(itl),
         "gpu_step_ms": stats(gpu), "launch_ms": stats(launch), "output_tokens_per_s": float(np.mean(tok_s)),
         "decode_modes": sorted(decode_modes), "requests": len(ttft),
+        "tpot_ms_by_round": round_tpot,
     }
     g, i = out["gpu_step_ms"]["mean"], out["itl_ms"]["mean"]
     out["host_overhead_ms"] = (i - g) if (g is not None and i is not None) else None

@@ -15,7 +15,7 @@ from fgchat.engine.kernels import sampling
 from fgchat.engine.kv_cache import NUM_SLOTS, KVCache, choose_max_context
 from fgchat.engine.loader import LoadedModel, load_model, load_random, pick_device, pick_dtype
 from fgchat.engine.model.decoder import Decoder
-from fgchat.engine.modes import ModeSet
+from fgchat.engine.modes import GRAPH_MODES, ModeSet
 from fgchat.engine.requests import Sequence
 from fgchat.engine.scheduler import Scheduler
 from fgchat.engine.step import ROW_IDS, ROW_POS, StepBuffers, StepOutputs, StepProgram, Variant
@@ -277,6 +277,14 @@ class Engine:
         self._pending.append(ev)
         self._info_due = True
         return ev
+
+    def capture_sizes(self, mode: str, sizes: list[int]) -> None:
+        """Capture `mode` at these batch sizes now, with the start-up self-check, instead of on
+        first use (a benchmark's timed rounds then hold no capture); a failure disables the mode
+        as a first-use capture's would."""
+        wanted = Mode(mode)
+        if wanted in GRAPH_MODES and wanted in self.modes.modes and not self.modes.unavailable.get(wanted):
+            self.modes.capture_sizes(wanted, sizes, self.config.self_check)
 
     def capture_idle(self) -> bool:
         """While no request runs, one piece of work that start-up deferred (Tuning.idle_capture):

@@ -93,64 +93,78 @@ def silu_mul(gu: torch.Tensor, pdl: bool = False) -> torch.Tensor:
 @triton.jit
 def _rope_kv_kernel(qkv_ptr, cos_ptr, sin_ptr, pos_ptr, slot_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr,
                     n_q_heads, n_kv_heads, stride_slot, stride_pos, k_out_ptr, slot_step,
-                    HEAD_DIM: tl.constexpr, USE_PDL: tl.constexpr = False, K_OUT: tl.constexpr = False):
-    """Program (row, head): heads [0, Hq) are q, [Hq, Hq+Hkv) are k (+ their v is copied).
+                    HEAD_DIM: tl.constexpr, HB: tl.constexpr, USE_PDL: tl.constexpr = False,
+                    K_OUT: tl.constexpr = False):
+    """Program (row, block of HB heads): heads [0, Hq) are q, [Hq, Hq+Hkv) are k (+ their v is
+    copied). Elementwise, so the bits do not depend on HB.
     K_OUT: the RoPE'd k rows also go to k_out [rows, Hkv, D] (prefill attends over them).
     Row r's slot is at slot_ptr + r * slot_step (0: one slot for every row)."""
     pdl_enter(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
-    head = tl.program_id(1)
+    heads = tl.program_id(1) * HB + tl.arange(0, HB)
     half: tl.constexpr = HEAD_DIM // 2
     idx = tl.arange(0, half)
     width = (n_q_heads + 2 * n_kv_heads) * HEAD_DIM
+    live = heads < n_q_heads + n_kv_heads
+    is_q = heads < n_q_heads
+    is_k = live & (heads >= n_q_heads)
     pos = tl.load(pos_ptr + row)
-    base = qkv_ptr + row * width + head * HEAD_DIM
-    x1 = tl.load(base + idx)
-    x2 = tl.load(base + half + idx)
-    c1 = tl.load(cos_ptr + pos * HEAD_DIM + idx).to(tl.float32)
-    c2 = tl.load(cos_ptr + pos * HEAD_DIM + half + idx).to(tl.float32)
-    s1 = tl.load(sin_ptr + pos * HEAD_DIM + idx).to(tl.float32)
-    s2 = tl.load(sin_ptr + pos * HEAD_DIM + half + idx).to(tl.float32)
+    base = qkv_ptr + row * width + heads[:, None] * HEAD_DIM + idx[None, :]
+    x1 = tl.load(base, mask=live[:, None], other=0.0)
+    x2 = tl.load(base + half, mask=live[:, None], other=0.0)
+    c1 = tl.load(cos_ptr + pos * HEAD_DIM + idx).to(tl.float32)[None, :]
+    c2 = tl.load(cos_ptr + pos * HEAD_DIM + half + idx).to(tl.float32)[None, :]
+    s1 = tl.load(sin_ptr + pos * HEAD_DIM + idx).to(tl.float32)[None, :]
+    s2 = tl.load(sin_ptr + pos * HEAD_DIM + half + idx).to(tl.float32)[None, :]
     ty = x1.dtype
     xf1, xf2 = x1.to(tl.float32), x2.to(tl.float32)
     # torch: x * cos + rotate_half(x) * sin, rounding after each product and after the sum
     o1 = ((xf1 * c1).to(ty).to(tl.float32) + (-xf2 * s1).to(ty).to(tl.float32)).to(ty)
     o2 = ((xf2 * c2).to(ty).to(tl.float32) + (xf1 * s2).to(ty).to(tl.float32)).to(ty)
-    if head < n_q_heads:
-        dst = q_out_ptr + (row * n_q_heads + head) * HEAD_DIM
-        tl.store(dst + idx, o1)
-        tl.store(dst + half + idx, o2)
-    else:
-        kv_head = head - n_q_heads
-        slot = tl.load(slot_ptr + row * slot_step).to(tl.int64)
-        off = slot * stride_slot + pos.to(tl.int64) * stride_pos + kv_head * HEAD_DIM
-        tl.store(k_cache_ptr + off + idx, o1)
-        tl.store(k_cache_ptr + off + half + idx, o2)
-        if K_OUT:
-            kdst = k_out_ptr + (row * n_kv_heads + kv_head) * HEAD_DIM
-            tl.store(kdst + idx, o1)
-            tl.store(kdst + half + idx, o2)
-        vbase = qkv_ptr + row * width + (n_q_heads + n_kv_heads + kv_head) * HEAD_DIM
-        tl.store(v_cache_ptr + off + idx, tl.load(vbase + idx))
-        tl.store(v_cache_ptr + off + half + idx, tl.load(vbase + half + idx))
+    qm = is_q[:, None]
+    dst = q_out_ptr + (row * n_q_heads + heads)[:, None] * HEAD_DIM + idx[None, :]
+    tl.store(dst, o1, mask=qm)
+    tl.store(dst + half, o2, mask=qm)
+    km = is_k[:, None]
+    kv_head = tl.where(is_k, heads - n_q_heads, 0)
+    slot = tl.load(slot_ptr + row * slot_step).to(tl.int64)
+    off = (slot * stride_slot + pos.to(tl.int64) * stride_pos + kv_head * HEAD_DIM)[:, None] + idx[None, :]
+    tl.store(k_cache_ptr + off, o1, mask=km)
+    tl.store(k_cache_ptr + off + half, o2, mask=km)
+    if K_OUT:
+        kdst = k_out_ptr + (row * n_kv_heads + kv_head)[:, None] * HEAD_DIM + idx[None, :]
+        tl.store(kdst, o1, mask=km)
+        tl.store(kdst + half, o2, mask=km)
+    vbase = qkv_ptr + row * width + (n_q_heads + n_kv_heads + kv_head)[:, None] * HEAD_DIM + idx[None, :]
+    tl.store(v_cache_ptr + off, tl.load(vbase, mask=km, other=0.0), mask=km)
+    tl.store(v_cache_ptr + off + half, tl.load(vbase + half, mask=km, other=0.0), mask=km)
+
+
+# From this many rows (a prefill) a program takes every head of its row; below (decode) one head
+# each, which spreads a few rows over more SMs.
+ROPE_ROWS_PER_ROW_PROGRAM = 32
 
 
 def rope_kv_write(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
                   slots: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                   n_q_heads: int, n_kv_heads: int, head_dim: int, pdl: bool = False,
-                  k_out: torch.Tensor | None = None) -> torch.Tensor:
+                  k_out: torch.Tensor | None = None, heads_per_program: int | None = None) -> torch.Tensor:
     """RoPE on q and k of `qkv` [N, (Hq+2Hkv)*D]; k and v written to the cache at (slot, pos).
 
     Returns q [N, Hq, D]. Cache layout [slots, T, Hkv, D], contiguous. `slots` [N] may be an
     expanded view (stride 0: every row in one slot). k_out [N, Hkv, D] (contiguous), if given,
-    receives the RoPE'd k rows as well.
+    receives the RoPE'd k rows as well. heads_per_program (a power of two) overrides the rule
+    above; the bits are the same either way.
     """
     rows = qkv.shape[0]
+    heads = n_q_heads + n_kv_heads
+    hb = heads_per_program or (next_pow2(heads) if rows >= ROPE_ROWS_PER_ROW_PROGRAM else 1)
     q = torch.empty((rows, n_q_heads, head_dim), dtype=qkv.dtype, device=qkv.device)
-    fast(_rope_kv_kernel)[(rows, n_q_heads + n_kv_heads)](
+    warps = max(1, min(8, hb * head_dim // 2 // 256))
+    fast(_rope_kv_kernel)[(rows, cdiv(heads, hb))](
         qkv, cos, sin, positions, slots, q, k_cache, v_cache, n_q_heads, n_kv_heads,
         k_cache.stride(0), k_cache.stride(1), k_out if k_out is not None else q, slots.stride(0),
-        HEAD_DIM=head_dim, USE_PDL=pdl, K_OUT=k_out is not None, num_warps=1, launch_pdl=pdl,
+        HEAD_DIM=head_dim, HB=hb, USE_PDL=pdl, K_OUT=k_out is not None, num_warps=warps, launch_pdl=pdl,
     )
     return q
 

@@ -140,7 +140,7 @@ class ModeSet:
             mode = Mode(what)
             if self.unavailable.get(mode) or self.modes[mode].has(n, False):
                 continue
-            self._capture_sizes(mode, [n], self._self_check)
+            self.capture_sizes(mode, [n], self._self_check)
             return True
         return False
 
@@ -152,9 +152,9 @@ class ModeSet:
             self.note(f"kernel warm-up failed: {str(exc).splitlines()[0][:160]}")
 
     def _capture_mode(self, mode: Mode, self_check: bool) -> None:
-        self._capture_sizes(mode, range(1, NUM_SLOTS + 1), self_check)
+        self.capture_sizes(mode, range(1, NUM_SLOTS + 1), self_check)
 
-    def _capture_sizes(self, mode: Mode, sizes: Iterable[int], self_check: bool) -> None:
+    def capture_sizes(self, mode: Mode, sizes: Iterable[int], self_check: bool) -> None:
         """Capture `mode` at each batch size (then self-check each); a failure disables the mode."""
         runner = self.modes[mode]
         try:
