@@ -24,6 +24,8 @@
 #   ab      fgchat bench with AB_ARGS (default: the 1B preset, batch 1 and 8), .old's tree and this
 #           one alternating AB_ROUNDS (2) times (OLD_COMMIT labels the old runs)
 #   mega    the mega mode beside full (one process per model: embedded, 1B, SmolLM2 presets)
+#   8b      fgchat bench of the 8B preset, full mode
+#   ncumega Nsight Compute (full set, source-level stalls) on one persistent mega launch, 1B batch 1
 #   megaprofile  the mega kernel's timeline from its clock stamps, then its settings sweep
 #   penalties  cost per decode step of repetition/presence/frequency penalties (1B, batch 1, 8)
 #   sampling   cost per decode step of sampling (T 0.7) and of filtering (T 0.7, top-k 50) vs greedy;
@@ -142,6 +144,20 @@ for what in "$@"; do
       done
       timeout 240 python3 tools/sweep_mega.py llama-3.2-1b,smollm2-135m 1,8 "${MEGA_SWEEP:-4x4x256,4x4x256/512/512}" \
         2>&1 | tee "$OUT/sweep-mega.log" ;;
+    8b)  # the 8B preset, full mode only (its random weights take ~16 GB)
+      bench new 8b --preset llama-3.1-8b --random-weights --batch-sizes 1,8 --repeats 2 --modes full ;;
+    ncumega)  # Nsight Compute on one persistent mega launch (1B, batch 1): warp stall reasons, memory
+      # throughput, and per-source-line stall samples (where the hardware counters are readable)
+      timeout 300 ncu --clock-control none -k regex:_decode_layers_kernel --launch-skip 3 --launch-count 1 \
+        --set full --import-source yes -o /tmp/mega-ncu -f python3 tools/timeline_mega.py llama-3.2-1b 1 \
+        > "$OUT/ncu-mega-run.log" 2>&1 || tail -5 "$OUT/ncu-mega-run.log"
+      if [[ -f /tmp/mega-ncu.ncu-rep ]]; then
+        ncu --import /tmp/mega-ncu.ncu-rep --page details > "$OUT/ncu-mega-details.txt" 2>&1
+        ncu --import /tmp/mega-ncu.ncu-rep --page source --csv --print-source cuda,sass > /tmp/ncu-src.csv 2>&1
+        gzip -c /tmp/ncu-src.csv > "$OUT/ncu-mega-source.csv.gz"
+        grep -E "Duration|Memory Throughput|DRAM Throughput|Warp Cycles Per Issued|Stall|Registers|Achieved Occupancy" \
+          "$OUT/ncu-mega-details.txt" | head -40
+      fi ;;
     penalties)  # plain greedy and greedy with penalties, alternating processes
       for i in $(seq "${PENALTY_ROUNDS:-2}"); do
         for pen in "" --penalties; do
