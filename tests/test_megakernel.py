@@ -61,8 +61,10 @@ def test_layers_match_the_plain_decoder(tiny_llama, programs, b):
     assert int(layers.cnt.abs().sum()) == 0  # every merge counter back at zero
 
 
-def test_wide_k_tiles_match_the_plain_decoder(tmp_path):
-    """K tiles of 512 in the down projection and several items per program in every phase."""
+@pytest.mark.parametrize("bni", [16, 64])
+def test_wide_k_tiles_match_the_plain_decoder(tmp_path, bni):
+    """K tiles of 512 in the down projection, gate/up items of 16 or 64 columns, and several
+    items per program in every phase."""
     import tiny_models
     from fgchat.engine.step import Variant
 
@@ -70,8 +72,8 @@ def test_wide_k_tiles_match_the_plain_decoder(tmp_path):
                                     intermediate=1024, seed=3)
     eng, fused = _engine(model)
     layers = DecodeLayers(fused.dec, eng.cache, programs=3)
-    layers.tiles = pick_tiles(128, 128, 1024, 32, 3, max_k_out=512)
-    assert (layers.tiles.bkh, layers.tiles.bki) == (128, 512)
+    layers.tiles = pick_tiles(128, 128, 1024, 32, 3, max_k_out=512, bni=bni)
+    assert (layers.tiles.bkh, layers.tiles.bki, layers.tiles.bni) == (128, 512, bni)
     assert min(layers.items_per_program().values()) > 1
     b, pos, slots = 3, [40, 3, 77], [2, 5, 0]
     eng.bufs.stage([11, 22, 33], pos, slots, [0.0] * b, [1.0] * b, [0] * b, [0] * b)

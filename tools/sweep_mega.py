@@ -7,6 +7,7 @@ weight GB/s) and one grid barrier alone. Random weights of the preset's shape; e
 
 Usage: python tools/sweep_mega.py PRESET[,PRESET] BATCHES CONFIGS [--no-phases]   e.g.
        python tools/sweep_mega.py llama-3.2-1b,smollm2-135m 1,8 4x4x256,2x4x256,4x4x256/512/1024
+       python tools/sweep_mega.py llama-3.2-1b 1 4x4x256/512/512,4x4x128/512/512:64   (gate/up items of 64)
 """
 
 from __future__ import annotations
@@ -84,13 +85,15 @@ def barrier_us(programs: int, warps: int) -> float:
 
 
 def configure(layers: mk.DecodeLayers, cfg, conf: str) -> None:
-    """conf WARPSxSTAGESxK, K the largest K tile of every projection or KQKV/KO/KDOWN one per
-    phase kind (gate/up takes qkv's: both run over the hidden size)."""
+    """conf WARPSxSTAGESxK[:BNI], K the largest K tile of every projection or KQKV/KO/KDOWN one per
+    phase kind (gate/up takes qkv's: both run over the hidden size), BNI the gate/up item width
+    (default 16)."""
+    conf, _, bni = conf.partition(":")
     warps, stages, ks = conf.split("x")
     kh, kq, ki = (ks.split("/") * 3)[:3]
     layers.num_warps, layers.num_stages = int(warps), int(stages)
     t = mk.pick_tiles(cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.intermediate_size, cfg.head_dim,
-                      layers.programs, int(kh))
+                      layers.programs, int(kh), bni=int(bni or 16))
     layers.tiles = dataclasses.replace(t, bkq=mk._k_tile(cfg.num_heads * cfg.head_dim, int(kq)),
                                        bki=mk._k_tile(cfg.intermediate_size, int(ki)))
 

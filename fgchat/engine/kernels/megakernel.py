@@ -364,12 +364,15 @@ def _k_tile(k: int, max_k: int) -> int:
 
 
 def pick_tiles(hidden: int, q_width: int, inter: int, head_dim: int, programs: int,
-               max_k: int = MAX_K_TILE, max_k_out: int = MAX_K_TILE_OUT) -> Tiles:
+               max_k: int = MAX_K_TILE, max_k_out: int = MAX_K_TILE_OUT, bni: int = 16) -> Tiles:
     """Shape-only tiles: column tiles of 16 (32 where the hidden size gives over 2 tiles per
-    program), K tiles of max_k (qkv, gate/up) and max_k_out (o, down) where the size allows."""
+    program), gate/up items of bni columns (a power of two dividing the intermediate size), K
+    tiles of max_k (qkv, gate/up) and max_k_out (o, down) where the size allows."""
+    if bni < 16 or bni & (bni - 1) or inter % bni:
+        raise ValueError(f"gate/up items of {bni} columns do not tile {inter}")
     bn = 32 if hidden // 16 > 2 * programs else 16
     pb = 16 if head_dim // 2 >= 16 else head_dim // 2
-    return Tiles(bn, 16, pb, _k_tile(hidden, max_k), _k_tile(q_width, max_k_out),
+    return Tiles(bn, bni, pb, _k_tile(hidden, max_k), _k_tile(q_width, max_k_out),
                  _k_tile(inter, max_k_out))
 
 
