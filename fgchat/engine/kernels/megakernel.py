@@ -92,24 +92,31 @@ def _stamp(stamp_ptr, slot, which: tl.constexpr):
 
 
 @triton.jit
-def _inv_rms(stats_ptr, n_parts, H, eps, NP: tl.constexpr):
-    """1 / rms of each (padded) row from the o / down phases' per-item sums of squares."""
+def _inv_rms(stats_ptr, n_parts, H, eps, NP: tl.constexpr, MP: tl.constexpr):
+    """1 / rms of rows [0, MP) from the o / down phases' per-item sums of squares."""
     p = tl.arange(0, NP)
-    rows = tl.arange(0, XM)
+    rows = tl.arange(0, MP)
     s = tl.load(stats_ptr + p[:, None] * XM + rows[None, :], mask=p[:, None] < n_parts, other=0.0,
                 cache_modifier=".cg")
     return 1.0 / tl.sqrt(tl.sum(s, axis=0) / H + eps)
 
 
 @triton.jit
-def _normed_x(h_ptr, nw_ptr, inv, m_mask, offs_k, H: tl.constexpr, DT: tl.constexpr):
-    """x tile [XM, BK] of rms_norm(h) * w, rounded as fused.add_rms_norm rounds."""
-    rows = tl.arange(0, XM)
-    hv = tl.load(h_ptr + rows[:, None] * H + offs_k[None, :], mask=m_mask[:, None], other=0.0,
-                 cache_modifier=".cg")
+def _normed_x(h_ptr, nw_ptr, inv, offs_k, H: tl.constexpr, DT: tl.constexpr, MP: tl.constexpr):
+    """x tile [XM, BK] of rms_norm(h) * w, rounded as fused.add_rms_norm rounds, computed for
+    rows [0, MP) only (MP >= the batch, a power of two) and repeated to XM rows for the MMA: a
+    row past the batch holds another row's values (or stale ones), and since each output row of
+    a product depends on its own input row alone, those rows only reach output rows that every
+    caller masks. At batch 1 this is 1/16 of the arithmetic of a whole padded tile."""
+    rows = tl.arange(0, MP)
+    hv = tl.load(h_ptr + rows[:, None] * H + offs_k[None, :], cache_modifier=".cg")
     y = (hv * inv[:, None]).to(DT).to(tl.float32)
     w = tl.load(nw_ptr + offs_k).to(tl.float32)
-    return (w[None, :] * y).to(DT)
+    xs = (w[None, :] * y).to(DT)
+    if MP == XM:
+        return xs
+    BK: tl.constexpr = xs.shape[1]
+    return tl.reshape(tl.broadcast_to(xs[None, :, :], (XM // MP, MP, BK)), (XM, BK))
 
 
 @triton.jit
@@ -158,7 +165,7 @@ def _decode_layers_kernel(
     BN: tl.constexpr, BNI: tl.constexpr, PB: tl.constexpr,
     BKH: tl.constexpr, BKQ: tl.constexpr, BKI: tl.constexpr, NP: tl.constexpr,
     PREC: tl.constexpr, SYNC: tl.constexpr, ROUND_H: tl.constexpr, WA: tl.constexpr,
-    IQ: tl.constexpr, IC: tl.constexpr, IG: tl.constexpr, STAMP: tl.constexpr,
+    IQ: tl.constexpr, IC: tl.constexpr, IG: tl.constexpr, STAMP: tl.constexpr, MP: tl.constexpr,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -194,7 +201,7 @@ def _decode_layers_kernel(
                 # qkv: an item is PB rotary pairs (columns c and c + D/2) of one q, k or v head
                 w_ptr = wbase_ptr + _w_offset(woff, W_QKV, WA)
                 nw_ptr = wbase_ptr + _w_offset(woff, W_N1, WA)
-                inv = _inv_rms(stats_ptr, n_col_items, H, eps, NP)
+                inv = _inv_rms(stats_ptr, n_col_items, H, eps, NP, MP)
                 pos = tl.load(pos_ptr + rows, mask=m_mask, other=0)
                 slot = tl.load(slot_ptr + rows, mask=m_mask, other=0)
                 for it in tl.range(0, IQ, flatten=True):
@@ -207,7 +214,7 @@ def _decode_layers_kernel(
                     acc2 = tl.zeros((XM, PB), dtype=tl.float32)
                     for k0 in range(0, H, BKH):
                         offs_k = k0 + tl.arange(0, BKH)
-                        x = _normed_x(h_ptr, nw_ptr, inv, m_mask, offs_k, H, DT)
+                        x = _normed_x(h_ptr, nw_ptr, inv, offs_k, H, DT, MP)
                         w1 = tl.load(w_ptr + r1[:, None] * H + offs_k[None, :], mask=live)
                         w2 = tl.load(w_ptr + (r1 + HALF)[:, None] * H + offs_k[None, :], mask=live)
                         acc1 += tl.dot(x, tl.trans(w1), input_precision=PREC)
@@ -310,7 +317,7 @@ def _decode_layers_kernel(
                 # gate/up with SiLU-and-multiply, rounded as gemv.project_glu
                 w_ptr = wbase_ptr + _w_offset(woff, W_GU, WA)
                 nw_ptr = wbase_ptr + _w_offset(woff, W_N2, WA)
-                inv = _inv_rms(stats_ptr, n_col_items, H, eps, NP)
+                inv = _inv_rms(stats_ptr, n_col_items, H, eps, NP, MP)
                 for it in tl.range(0, IG, flatten=True):
                     item = pid + it * nprog
                     live = item < tl.cdiv(INTER, BNI)
@@ -319,7 +326,7 @@ def _decode_layers_kernel(
                     acc_u = tl.zeros((XM, BNI), dtype=tl.float32)
                     for k0 in range(0, H, BKH):
                         offs_k = k0 + tl.arange(0, BKH)
-                        x = _normed_x(h_ptr, nw_ptr, inv, m_mask, offs_k, H, DT)
+                        x = _normed_x(h_ptr, nw_ptr, inv, offs_k, H, DT, MP)
                         wg = tl.load(w_ptr + cols.to(tl.int64)[:, None] * H + offs_k[None, :], mask=live)
                         wu = tl.load(w_ptr + (cols + INTER).to(tl.int64)[:, None] * H + offs_k[None, :], mask=live)
                         acc_g += tl.dot(x, tl.trans(wg), input_precision=PREC)
@@ -466,7 +473,8 @@ class DecodeLayers:
                   INTER=cfg.intermediate_size, BN=t.bn, BNI=t.bni, PB=t.pb, BKH=t.bkh, BKQ=t.bkq, BKI=t.bki,
                   NP=self.np, PREC="ieee" if dec.w.embed.dtype == torch.float32 else "tf32",
                   ROUND_H=self.round_h, WA=self.align, **self.items_per_program(),
-                  STAMP=self.stamps is not None, num_warps=self.num_warps, num_stages=self.num_stages)
+                  STAMP=self.stamps is not None, MP=next_pow2(b), num_warps=self.num_warps,
+                  num_stages=self.num_stages)
         lo, hi = phases or (0, 1 + PHASES_PER_LAYER * cfg.num_layers)
         if persistent:
             _decode_layers_kernel[(self.programs,)](*args, lo, hi, *tail, SYNC=True, **kw)
