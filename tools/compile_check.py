@@ -107,13 +107,14 @@ def main() -> None:
     mega(2048, 32, 8, 64, 8192)  # Llama-3.2-1B
     mega(576, 9, 3, 64, 1536)  # SmolLM2-135M
     mega(576, 9, 3, 64, 1536, stamp=True)  # with the timeline's clock stamps
-    mega(2048, 32, 8, 64, 8192, rows=8)  # Llama-3.2-1B at batch 8
+    mega(2048, 32, 8, 64, 8192, rows=1)  # Llama-3.2-1B, the batch's rows only (V46), batch 1
+    mega(2048, 32, 8, 64, 8192, rows=8)  # and batch 8
 
 
 def mega(hidden: int, heads: int, kv_heads: int, head_dim: int, inter: int, stamp: bool = False,
-         rows: int = 1) -> None:
-    """The mega kernel at a model's shapes and a batch of `rows`, persistent (grid barriers) as the
-    mega mode launches it."""
+         rows: int | None = None) -> None:
+    """The mega kernel at a model's shapes, persistent (grid barriers) as the mega mode launches it;
+    with `rows`, normalising only that batch's rows (megakernel.NORM_BATCH_ROWS_ONLY)."""
     sig = {n: "i32" for n in mk._decode_layers_kernel.arg_names}
     for n in ("embed_ptr", "wbase_ptr", "cos_ptr", "sin_ptr", "cache_ptr", "q_ptr", "attn_ptr", "act_ptr"):
         sig[n] = "*bf16"
@@ -125,7 +126,8 @@ def mega(hidden: int, heads: int, kv_heads: int, head_dim: int, inter: int, stam
     t = mk.pick_tiles(hidden, heads * head_dim, inter, head_dim, 132)
     consts = dict(H=hidden, HQ=heads, HKV=kv_heads, D=head_dim, INTER=inter, BN=t.bn, BNI=t.bni, PB=t.pb,
                   BKH=t.bkh, BKQ=t.bkq, BKI=t.bki, NP=gemv.next_pow2(mk.cdiv(hidden, t.bn)), PREC="tf32",
-                  SYNC=True, ROUND_H=False, WA=mk.WEIGHT_ALIGN, STAMP=stamp, MP=gemv.next_pow2(rows),
+                  SYNC=True, ROUND_H=False, WA=mk.WEIGHT_ALIGN, STAMP=stamp,
+                  MP=mk.ROWS_PAD if rows is None else gemv.next_pow2(rows),
                   **mk.items_per_program(hidden, heads, kv_heads, head_dim, inter, t, 132))
     build(mk._decode_layers_kernel, {n: v for n, v in sig.items() if n not in consts}, consts,
           num_warps=mk.NUM_WARPS, num_stages=mk.NUM_STAGES)

@@ -8,6 +8,7 @@ weight GB/s) and one grid barrier alone. Random weights of the preset's shape; e
 Usage: python tools/sweep_mega.py PRESET[,PRESET] BATCHES CONFIGS [--no-phases]   e.g.
        python tools/sweep_mega.py llama-3.2-1b,smollm2-135m 1,8 4x4x256,2x4x256,4x4x256/512/1024
        python tools/sweep_mega.py llama-3.2-1b 1 4x4x256/512/512,4x4x128/512/512:64   (gate/up items of 64)
+       python tools/sweep_mega.py llama-3.2-1b 1,8 4x4x256/512/512,4x4x256/512/512+rows   (V46 off / on)
 """
 
 from __future__ import annotations
@@ -85,9 +86,11 @@ def barrier_us(programs: int, warps: int) -> float:
 
 
 def configure(layers: mk.DecodeLayers, cfg, conf: str) -> None:
-    """conf WARPSxSTAGESxK[:BNI], K the largest K tile of every projection or KQKV/KO/KDOWN one per
-    phase kind (gate/up takes qkv's: both run over the hidden size), BNI the gate/up item width
-    (default 16)."""
+    """conf WARPSxSTAGESxK[:BNI][+rows], K the largest K tile of every projection or KQKV/KO/KDOWN
+    one per phase kind (gate/up takes qkv's: both run over the hidden size), BNI the gate/up item
+    width (default 16); +rows normalises the batch's rows only (megakernel.NORM_BATCH_ROWS_ONLY)."""
+    conf, rows, _ = conf.partition("+rows")
+    layers.norm_batch_rows_only = bool(rows)
     conf, _, bni = conf.partition(":")
     warps, stages, ks = conf.split("x")
     kh, kq, ki = (ks.split("/") * 3)[:3]

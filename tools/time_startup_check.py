@@ -1,5 +1,4 @@
 """Start-up check time per starting mode (CUDA): python3 tools/time_startup_check.py"""
-import time
 from fgchat.protocol.config import EngineConfig
 from fgchat.engine.core import Engine
 for mode in ("eager", "full"):

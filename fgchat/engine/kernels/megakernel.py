@@ -54,6 +54,9 @@ MS = tl.constexpr(MAX_SPLITS)
 # norm-fed projections (qkv, gate/up) and of o and down (the H200 sweeps, tools/sweep_mega.py:
 # notes V39, V43)
 NUM_WARPS, NUM_STAGES, MAX_K_TILE, MAX_K_TILE_OUT = 4, 4, 256, 512
+# the norm-fed phases normalise only rows [0, next_pow2(B)) of their activation tile (V46; the
+# CPU interpreter tests pass, the GPU has not run it yet: off means the whole 16-row tile)
+NORM_BATCH_ROWS_ONLY = False
 # columns of the per-layer weight-offset table (DecodeLayers writes each row in this order)
 W_QKV, W_O, W_GU, W_DOWN, W_N1, W_N2 = (tl.constexpr(i) for i in range(6))
 W_COLS = tl.constexpr(6)
@@ -102,14 +105,15 @@ def _inv_rms(stats_ptr, n_parts, H, eps, NP: tl.constexpr, MP: tl.constexpr):
 
 
 @triton.jit
-def _normed_x(h_ptr, nw_ptr, inv, offs_k, H: tl.constexpr, DT: tl.constexpr, MP: tl.constexpr):
+def _normed_x(h_ptr, nw_ptr, inv, M, offs_k, H: tl.constexpr, DT: tl.constexpr, MP: tl.constexpr):
     """x tile [XM, BK] of rms_norm(h) * w, rounded as fused.add_rms_norm rounds, computed for
-    rows [0, MP) only (MP >= the batch, a power of two) and repeated to XM rows for the MMA: a
-    row past the batch holds another row's values (or stale ones), and since each output row of
-    a product depends on its own input row alone, those rows only reach output rows that every
-    caller masks. At batch 1 this is 1/16 of the arithmetic of a whole padded tile."""
+    rows [0, MP) (MP >= the batch M, a power of two; rows past M are zero) and, for MP < XM,
+    repeated to XM rows for the MMA: a repeated row only reaches output rows past the batch,
+    which every caller masks (each output row of a product depends on its own input row alone).
+    At batch 1, MP 1 is 1/16 of the arithmetic of the whole padded tile."""
     rows = tl.arange(0, MP)
-    hv = tl.load(h_ptr + rows[:, None] * H + offs_k[None, :], cache_modifier=".cg")
+    hv = tl.load(h_ptr + rows[:, None] * H + offs_k[None, :], mask=(rows < M)[:, None], other=0.0,
+                 cache_modifier=".cg")
     y = (hv * inv[:, None]).to(DT).to(tl.float32)
     w = tl.load(nw_ptr + offs_k).to(tl.float32)
     xs = (w[None, :] * y).to(DT)
@@ -214,7 +218,7 @@ def _decode_layers_kernel(
                     acc2 = tl.zeros((XM, PB), dtype=tl.float32)
                     for k0 in range(0, H, BKH):
                         offs_k = k0 + tl.arange(0, BKH)
-                        x = _normed_x(h_ptr, nw_ptr, inv, offs_k, H, DT, MP)
+                        x = _normed_x(h_ptr, nw_ptr, inv, M, offs_k, H, DT, MP)
                         w1 = tl.load(w_ptr + r1[:, None] * H + offs_k[None, :], mask=live)
                         w2 = tl.load(w_ptr + (r1 + HALF)[:, None] * H + offs_k[None, :], mask=live)
                         acc1 += tl.dot(x, tl.trans(w1), input_precision=PREC)
@@ -326,7 +330,7 @@ def _decode_layers_kernel(
                     acc_u = tl.zeros((XM, BNI), dtype=tl.float32)
                     for k0 in range(0, H, BKH):
                         offs_k = k0 + tl.arange(0, BKH)
-                        x = _normed_x(h_ptr, nw_ptr, inv, offs_k, H, DT, MP)
+                        x = _normed_x(h_ptr, nw_ptr, inv, M, offs_k, H, DT, MP)
                         wg = tl.load(w_ptr + cols.to(tl.int64)[:, None] * H + offs_k[None, :], mask=live)
                         wu = tl.load(w_ptr + (cols + INTER).to(tl.int64)[:, None] * H + offs_k[None, :], mask=live)
                         acc_g += tl.dot(x, tl.trans(wg), input_precision=PREC)
@@ -443,6 +447,7 @@ class DecodeLayers:
         self.stamps: torch.Tensor | None = None
         self.round_h = dec.residual_dtype != torch.float32
         self.num_warps, self.num_stages = NUM_WARPS, NUM_STAGES
+        self.norm_batch_rows_only = NORM_BATCH_ROWS_ONLY
 
     def items_per_program(self) -> dict[str, int]:
         cfg = self.dec.cfg
@@ -473,7 +478,7 @@ class DecodeLayers:
                   INTER=cfg.intermediate_size, BN=t.bn, BNI=t.bni, PB=t.pb, BKH=t.bkh, BKQ=t.bkq, BKI=t.bki,
                   NP=self.np, PREC="ieee" if dec.w.embed.dtype == torch.float32 else "tf32",
                   ROUND_H=self.round_h, WA=self.align, **self.items_per_program(),
-                  STAMP=self.stamps is not None, MP=next_pow2(b), num_warps=self.num_warps,
+                  STAMP=self.stamps is not None, MP=next_pow2(b) if self.norm_batch_rows_only else ROWS_PAD, num_warps=self.num_warps,
                   num_stages=self.num_stages)
         lo, hi = phases or (0, 1 + PHASES_PER_LAYER * cfg.num_layers)
         if persistent:
