@@ -18,8 +18,8 @@ from fgchat.protocol.errors import FgchatError
 SVG = "{http://www.w3.org/2000/svg}"
 ROOT = Path(__file__).resolve().parent.parent
 README_CHART = ROOT / "docs" / "bench" / "chart-h200.svg"
-README_CHART_SOURCES = [ROOT / "docs" / "bench" / "h200-s11-4671e3c" / "json" / f"bench_new_{name}.json"
-                        for name in ("1b-2", "1b-4", "135m-2", "135m-4")]
+README_CHART_SOURCES = [ROOT / "docs" / "bench" / "h200-s21" / f"bench-{name}-6d653ea.json"
+                        for name in ("1b", "135m", "embedded")]
 
 
 def result(runs: dict[tuple[str, int], float | None], model: str = "llama-3.2-1b (random weights)",
@@ -276,4 +276,4 @@ def test_readme_chart_is_current():
     rel = " ".join(str(p.relative_to(ROOT)) for p in README_CHART_SOURCES)
     assert README_CHART.read_text(encoding="utf-8") == drawn, (
         f"regenerate it: fgchat bench --chart docs/bench/chart-h200.svg --from-json {rel}")
-    assert "commit 4671e3c" in drawn
+    assert "commit 6d653ea" in drawn and "fgchat-mega" in drawn
