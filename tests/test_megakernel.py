@@ -40,13 +40,13 @@ def _engine(model_dir, max_context=96):
 @pytest.mark.parametrize("batch_rows_only", [False, True])
 def test_layers_match_the_plain_decoder(tiny_llama, programs, b, batch_rows_only):
     """Logits, tokens and the K/V rows written, against the torch decoder's step; positions spread
-    so attention splits are empty, partial and whole; the activation tile normalised whole or for
-    the batch's rows only (V46)."""
+    so attention splits are empty, partial and whole; the activation tiles of every projection
+    whole or for the batch's rows only (V46, V47)."""
     from fgchat.engine.step import Variant
 
     eng, fused = _engine(tiny_llama)
     layers = DecodeLayers(fused.dec, eng.cache, programs=programs)
-    layers.norm_batch_rows_only = batch_rows_only
+    layers.norm_batch_rows_only = layers.out_batch_rows_only = batch_rows_only
     layers.h.fill_(float("nan"))  # stale rows past the batch must never reach a stored output
     pos = [9, 70, 0, 33, 64, 1, 90, 5][:b]
     slots = [4, 0, 7, 1, 2, 3, 5, 6][:b]

@@ -107,14 +107,16 @@ def main() -> None:
     mega(2048, 32, 8, 64, 8192)  # Llama-3.2-1B
     mega(576, 9, 3, 64, 1536)  # SmolLM2-135M
     mega(576, 9, 3, 64, 1536, stamp=True)  # with the timeline's clock stamps
-    mega(2048, 32, 8, 64, 8192, rows=1)  # Llama-3.2-1B, the batch's rows only (V46), batch 1
+    mega(2048, 32, 8, 64, 8192, rows=1)  # Llama-3.2-1B, the batch's rows only (V46, V47), batch 1
     mega(2048, 32, 8, 64, 8192, rows=8)  # and batch 8
+    mega(2048, 32, 8, 64, 8192, sleep_ns=100)  # a nanosleep in the grid barrier's spin
 
 
 def mega(hidden: int, heads: int, kv_heads: int, head_dim: int, inter: int, stamp: bool = False,
-         rows: int | None = None) -> None:
+         rows: int | None = None, sleep_ns: int = 0) -> None:
     """The mega kernel at a model's shapes, persistent (grid barriers) as the mega mode launches it;
-    with `rows`, normalising only that batch's rows (megakernel.NORM_BATCH_ROWS_ONLY)."""
+    with `rows`, its activation tiles for that batch's rows only (megakernel.NORM_BATCH_ROWS_ONLY,
+    OUT_BATCH_ROWS_ONLY); sleep_ns: megakernel.BARRIER_SLEEP_NS."""
     sig = {n: "i32" for n in mk._decode_layers_kernel.arg_names}
     for n in ("embed_ptr", "wbase_ptr", "cos_ptr", "sin_ptr", "cache_ptr", "q_ptr", "attn_ptr", "act_ptr"):
         sig[n] = "*bf16"
@@ -128,6 +130,7 @@ def mega(hidden: int, heads: int, kv_heads: int, head_dim: int, inter: int, stam
                   BKH=t.bkh, BKQ=t.bkq, BKI=t.bki, NP=gemv.next_pow2(mk.cdiv(hidden, t.bn)), PREC="tf32",
                   SYNC=True, ROUND_H=False, WA=mk.WEIGHT_ALIGN, STAMP=stamp,
                   MP=mk.ROWS_PAD if rows is None else gemv.next_pow2(rows),
+                  MPO=mk.ROWS_PAD if rows is None else gemv.next_pow2(rows), SLEEP_NS=sleep_ns,
                   **mk.items_per_program(hidden, heads, kv_heads, head_dim, inter, t, 132))
     build(mk._decode_layers_kernel, {n: v for n, v in sig.items() if n not in consts}, consts,
           num_warps=mk.NUM_WARPS, num_stages=mk.NUM_STAGES)

@@ -9,11 +9,13 @@ Usage: python tools/sweep_mega.py PRESET[,PRESET] BATCHES CONFIGS [--no-phases] 
        python tools/sweep_mega.py llama-3.2-1b,smollm2-135m 1,8 4x4x256,2x4x256,4x4x256/512/1024
        python tools/sweep_mega.py llama-3.2-1b 1 4x4x256/512/512,4x4x128/512/512:64   (gate/up items of 64)
        python tools/sweep_mega.py llama-3.2-1b 1,8 4x4x256/512/512,4x4x256/512/512+rows   (V46 off / on)
+       ... 4x4x256/512/512+rows+xrows,4x4x256/512/512+sleep200   (V47, the barrier's nanosleep)
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 import sys
 import time
 
@@ -86,11 +88,18 @@ def barrier_us(programs: int, warps: int) -> float:
 
 
 def configure(layers: mk.DecodeLayers, cfg, conf: str) -> None:
-    """conf WARPSxSTAGESxK[:BNI][+rows], K the largest K tile of every projection or KQKV/KO/KDOWN
+    """conf WARPSxSTAGESxK[:BNI][+FLAG...], K the largest K tile of every projection or KQKV/KO/KDOWN
     one per phase kind (gate/up takes qkv's: both run over the hidden size), BNI the gate/up item
-    width (default 16); +rows normalises the batch's rows only (megakernel.NORM_BATCH_ROWS_ONLY)."""
-    conf, rows, _ = conf.partition("+rows")
-    layers.norm_batch_rows_only = bool(rows)
+    width (default 16). Flags: +rows normalises the batch's rows only (megakernel.
+    NORM_BATCH_ROWS_ONLY), +xrows loads o / down's x for those rows only (OUT_BATCH_ROWS_ONLY),
+    +sleepN sleeps N ns between polls of a grid barrier (BARRIER_SLEEP_NS)."""
+    conf, *flags = conf.split("+")
+    unknown = [f for f in flags if f not in ("rows", "xrows") and not re.fullmatch(r"sleep\d+", f)]
+    if unknown:
+        raise SystemExit(f"unknown setting flag(s) {unknown} in {conf}")
+    layers.norm_batch_rows_only = "rows" in flags
+    layers.out_batch_rows_only = "xrows" in flags
+    layers.barrier_sleep_ns = next((int(f[5:]) for f in flags if f.startswith("sleep")), 0)
     conf, _, bni = conf.partition(":")
     warps, stages, ks = conf.split("x")
     kh, kq, ki = (ks.split("/") * 3)[:3]

@@ -57,6 +57,10 @@ NUM_WARPS, NUM_STAGES, MAX_K_TILE, MAX_K_TILE_OUT = 4, 4, 256, 512
 # the norm-fed phases normalise only rows [0, next_pow2(B)) of their activation tile (V46; the
 # CPU interpreter tests pass, the GPU has not run it yet: off means the whole 16-row tile)
 NORM_BATCH_ROWS_ONLY = False
+# the same for the o and down phases' x tiles, and a nanosleep in the grid barrier's spin (ns;
+# 0: none): sweep settings (tools/sweep_mega.py +xrows, +sleepN), not yet measured on the GPU
+OUT_BATCH_ROWS_ONLY = False
+BARRIER_SLEEP_NS = 0
 # columns of the per-layer weight-offset table (DecodeLayers writes each row in this order)
 W_QKV, W_O, W_GU, W_DOWN, W_N1, W_N2 = (tl.constexpr(i) for i in range(6))
 W_COLS = tl.constexpr(6)
@@ -64,14 +68,20 @@ WEIGHT_ALIGN = 16  # elements: the largest weight-offset alignment the kernel is
 
 
 @triton.jit
-def _grid_barrier(bar_ptr, target, SYNC: tl.constexpr):
+def _grid_barrier(bar_ptr, target, SYNC: tl.constexpr, SLEEP_NS: tl.constexpr = 0):
     """Every program arrives, then waits until `target` arrivals in all (targets grow by the
-    grid size per barrier, so the counter is never reset inside a launch)."""
+    grid size per barrier, so the counter is never reset inside a launch). SLEEP_NS > 0: each
+    poll of the counter is followed by a nanosleep of about that long (fewer L2 requests from the
+    waiting programs while others still stream weights; a later wake-up)."""
     if SYNC:
         tl.debug_barrier()
         tl.atomic_add(bar_ptr, 1, sem="release", scope="gpu")
         cur = tl.load(bar_ptr, volatile=True)
         while cur < target:
+            if SLEEP_NS > 0:
+                ns = tl.full((), SLEEP_NS, tl.int32)
+                cur += tl.inline_asm_elementwise("nanosleep.u32 $1; mov.u32 $0, 0;", "=r,r", [ns],
+                                                 dtype=tl.int32, is_pure=False, pack=1)
             cur = tl.load(bar_ptr, volatile=True)
         tl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu")
         tl.debug_barrier()
@@ -139,11 +149,15 @@ def _residual_add(acc, h_ptr, stats_ptr, item, cols, m_mask, H: tl.constexpr, DT
 @triton.jit
 def _project_add(x_ptr, w_ptr, h_ptr, stats_ptr, pid, nprog, M, K: tl.constexpr, BK: tl.constexpr,
                  ITEMS: tl.constexpr, H: tl.constexpr, BN: tl.constexpr, DT: tl.constexpr,
-                 PREC: tl.constexpr, ROUND_H: tl.constexpr):
+                 PREC: tl.constexpr, ROUND_H: tl.constexpr, MPO: tl.constexpr):
     """The o and down phases: x [M, K] (written earlier in the launch) times w [H, K]^T, added to
-    the residual by items of BN columns, program pid's items as one flattened loop."""
+    the residual by items of BN columns, program pid's items as one flattened loop. MPO < XM:
+    x tiles are loaded for rows [0, MPO) only and repeated to XM rows (as `_normed_x` does): the
+    repeated rows reach only output rows past the batch, whose residual stores are masked and
+    whose sums of squares feed only those rows' norms."""
     rows = tl.arange(0, XM)
     m_mask = rows < M
+    xr = tl.arange(0, MPO)
     for it in tl.range(0, ITEMS, flatten=True):
         item = pid + it * nprog
         live = item < tl.cdiv(H, BN)
@@ -151,8 +165,10 @@ def _project_add(x_ptr, w_ptr, h_ptr, stats_ptr, pid, nprog, M, K: tl.constexpr,
         acc = tl.zeros((XM, BN), dtype=tl.float32)
         for k0 in range(0, K, BK):
             offs_k = k0 + tl.arange(0, BK)
-            x = tl.load(x_ptr + rows[:, None] * K + offs_k[None, :], mask=m_mask[:, None], other=0.0,
+            x = tl.load(x_ptr + xr[:, None] * K + offs_k[None, :], mask=(xr < M)[:, None], other=0.0,
                         cache_modifier=".cg")
+            if MPO < XM:
+                x = tl.reshape(tl.broadcast_to(x[None, :, :], (XM // MPO, MPO, BK)), (XM, BK))
             w = tl.load(w_ptr + cols.to(tl.int64)[:, None] * K + offs_k[None, :], mask=live)
             acc += tl.dot(x, tl.trans(w), input_precision=PREC)
         if live:
@@ -170,6 +186,7 @@ def _decode_layers_kernel(
     BKH: tl.constexpr, BKQ: tl.constexpr, BKI: tl.constexpr, NP: tl.constexpr,
     PREC: tl.constexpr, SYNC: tl.constexpr, ROUND_H: tl.constexpr, WA: tl.constexpr,
     IQ: tl.constexpr, IC: tl.constexpr, IG: tl.constexpr, STAMP: tl.constexpr, MP: tl.constexpr,
+    MPO: tl.constexpr, SLEEP_NS: tl.constexpr,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -316,7 +333,7 @@ def _decode_layers_kernel(
             elif step == 2:
                 # o projection, added to the residual
                 _project_add(attn_ptr, wbase_ptr + _w_offset(woff, W_O, WA), h_ptr, stats_ptr, pid, nprog, M,
-                             HQ * D, BKQ, IC, H, BN, DT, PREC, ROUND_H)
+                             HQ * D, BKQ, IC, H, BN, DT, PREC, ROUND_H, MPO)
             elif step == 3:
                 # gate/up with SiLU-and-multiply, rounded as gemv.project_glu
                 w_ptr = wbase_ptr + _w_offset(woff, W_GU, WA)
@@ -343,12 +360,12 @@ def _decode_layers_kernel(
             else:
                 # down projection, added to the residual
                 _project_add(act_ptr, wbase_ptr + _w_offset(woff, W_DOWN, WA), h_ptr, stats_ptr, pid, nprog, M,
-                             INTER, BKI, IC, H, BN, DT, PREC, ROUND_H)
+                             INTER, BKI, IC, H, BN, DT, PREC, ROUND_H, MPO)
         if STAMP:  # end, before this program arrives at the next barrier
             _stamp(stamp_ptr, (phase - phase_lo) * nprog + pid, 1)
         if phase + 1 < phase_hi:
             n_barrier += 1
-            _grid_barrier(bar_ptr, n_barrier * nprog, SYNC)
+            _grid_barrier(bar_ptr, n_barrier * nprog, SYNC, SLEEP_NS)
         phase += 1
     if SYNC:  # the last to arrive resets the barrier for the next launch
         tl.debug_barrier()
@@ -448,6 +465,8 @@ class DecodeLayers:
         self.round_h = dec.residual_dtype != torch.float32
         self.num_warps, self.num_stages = NUM_WARPS, NUM_STAGES
         self.norm_batch_rows_only = NORM_BATCH_ROWS_ONLY
+        self.out_batch_rows_only = OUT_BATCH_ROWS_ONLY
+        self.barrier_sleep_ns = BARRIER_SLEEP_NS
 
     def items_per_program(self) -> dict[str, int]:
         cfg = self.dec.cfg
@@ -478,7 +497,9 @@ class DecodeLayers:
                   INTER=cfg.intermediate_size, BN=t.bn, BNI=t.bni, PB=t.pb, BKH=t.bkh, BKQ=t.bkq, BKI=t.bki,
                   NP=self.np, PREC="ieee" if dec.w.embed.dtype == torch.float32 else "tf32",
                   ROUND_H=self.round_h, WA=self.align, **self.items_per_program(),
-                  STAMP=self.stamps is not None, MP=next_pow2(b) if self.norm_batch_rows_only else ROWS_PAD, num_warps=self.num_warps,
+                  STAMP=self.stamps is not None, MP=next_pow2(b) if self.norm_batch_rows_only else ROWS_PAD,
+                  MPO=next_pow2(b) if self.out_batch_rows_only else ROWS_PAD, SLEEP_NS=self.barrier_sleep_ns,
+                  num_warps=self.num_warps,
                   num_stages=self.num_stages)
         lo, hi = phases or (0, 1 + PHASES_PER_LAYER * cfg.num_layers)
         if persistent:
