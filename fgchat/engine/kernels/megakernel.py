@@ -54,11 +54,11 @@ MS = tl.constexpr(MAX_SPLITS)
 # norm-fed projections (qkv, gate/up) and of o and down (the H200 sweeps, tools/sweep_mega.py:
 # notes V39, V43)
 NUM_WARPS, NUM_STAGES, MAX_K_TILE, MAX_K_TILE_OUT = 4, 4, 256, 512
-# the norm-fed phases normalise only rows [0, next_pow2(B)) of their activation tile (V46; the
-# CPU interpreter tests pass, the GPU has not run it yet: off means the whole 16-row tile)
+# Settings the sweep turns on (tools/sweep_mega.py +rows, +xrows, +sleepN; notes V46-V48); with
+# all off the kernel is the one the GPU tests and the real weights cover. The norm-fed phases
+# normalise only rows [0, next_pow2(B)) of their activation tile; o and down load only those rows
+# of x; the grid barrier sleeps this many ns between polls of its counter (0: none).
 NORM_BATCH_ROWS_ONLY = False
-# the same for the o and down phases' x tiles, and a nanosleep in the grid barrier's spin (ns;
-# 0: none): sweep settings (tools/sweep_mega.py +xrows, +sleepN), not yet measured on the GPU
 OUT_BATCH_ROWS_ONLY = False
 BARRIER_SLEEP_NS = 0
 # columns of the per-layer weight-offset table (DecodeLayers writes each row in this order)
@@ -117,7 +117,7 @@ def _inv_rms(stats_ptr, n_parts, H, eps, NP: tl.constexpr, MP: tl.constexpr):
 @triton.jit
 def _normed_x(h_ptr, nw_ptr, inv, M, offs_k, H: tl.constexpr, DT: tl.constexpr, MP: tl.constexpr):
     """x tile [XM, BK] of rms_norm(h) * w, rounded as fused.add_rms_norm rounds, computed for
-    rows [0, MP) (MP >= the batch M, a power of two; rows past M are zero) and, for MP < XM,
+    rows [0, MP) (MP >= the batch M, a power of two; rows [M, MP) are zero) and, for MP < XM,
     repeated to XM rows for the MMA: a repeated row only reaches output rows past the batch,
     which every caller masks (each output row of a product depends on its own input row alone).
     At batch 1, MP 1 is 1/16 of the arithmetic of the whole padded tile."""
@@ -499,8 +499,7 @@ class DecodeLayers:
                   ROUND_H=self.round_h, WA=self.align, **self.items_per_program(),
                   STAMP=self.stamps is not None, MP=next_pow2(b) if self.norm_batch_rows_only else ROWS_PAD,
                   MPO=next_pow2(b) if self.out_batch_rows_only else ROWS_PAD, SLEEP_NS=self.barrier_sleep_ns,
-                  num_warps=self.num_warps,
-                  num_stages=self.num_stages)
+                  num_warps=self.num_warps, num_stages=self.num_stages)
         lo, hi = phases or (0, 1 + PHASES_PER_LAYER * cfg.num_layers)
         if persistent:
             _decode_layers_kernel[(self.programs,)](*args, lo, hi, *tail, SYNC=True, **kw)
