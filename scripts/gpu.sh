@@ -142,7 +142,7 @@ for what in "$@"; do
       for run in "llama-3.2-1b 1" "llama-3.2-1b 8" "smollm2-135m 1"; do
         timeout 120 python3 tools/timeline_mega.py $run 2>&1 | tee -a "$OUT/timeline-mega.log"
       done
-      timeout 480 python3 tools/sweep_mega.py llama-3.2-1b,smollm2-135m 1,8 "${MEGA_SWEEP:-4x4x256/512/512,4x4x256/512/512+rows,4x4x256/512/512+rows+xrows,4x4x128/512/512:64+rows+xrows,4x4x256/512/512+sleep200}" \
+      timeout 480 python3 tools/sweep_mega.py llama-3.2-1b,smollm2-135m 1,8 "${MEGA_SWEEP:-4x4x256/512/512,4x4x256/512/512+rows,4x4x256/512/512+rows+xrows,4x4x128/512/512:64+rows+xrows,4x4x256/512/512+sleep200,4x4x256/512/512+splits4}" \
         2>&1 | tee "$OUT/sweep-mega.log" ;;
     8b)  # the 8B preset, full mode only (its random weights take ~16 GB)
       bench new 8b --preset llama-3.1-8b --random-weights --batch-sizes 1,8 --repeats 2 --modes full ;;

@@ -10,6 +10,7 @@ Usage: python tools/sweep_mega.py PRESET[,PRESET] BATCHES CONFIGS [--no-phases] 
        python tools/sweep_mega.py llama-3.2-1b 1 4x4x256/512/512,4x4x128/512/512:64   (gate/up items of 64)
        python tools/sweep_mega.py llama-3.2-1b 1,8 4x4x256/512/512,4x4x256/512/512+rows   (V46 off / on)
        ... 4x4x256/512/512+rows+xrows,4x4x256/512/512+sleep200   (V47, the barrier's nanosleep)
+       ... 4x4x256/512/512+splits4   (at most 4 attention splits per row and kv head)
 """
 
 from __future__ import annotations
@@ -92,14 +93,18 @@ def configure(layers: mk.DecodeLayers, cfg, conf: str) -> None:
     one per phase kind (gate/up takes qkv's: both run over the hidden size), BNI the gate/up item
     width (default 16). Flags: +rows normalises the batch's rows only (megakernel.
     NORM_BATCH_ROWS_ONLY), +xrows loads o / down's x for those rows only (OUT_BATCH_ROWS_ONLY),
-    +sleepN sleeps N ns between polls of a grid barrier (BARRIER_SLEEP_NS)."""
+    +sleepN sleeps N ns between polls of a grid barrier (BARRIER_SLEEP_NS), +splitsN caps the
+    attention splits per (row, kv head) at N (DecodeLayers.max_splits, 1..16)."""
     conf, *flags = conf.split("+")
-    unknown = [f for f in flags if f not in ("rows", "xrows") and not re.fullmatch(r"sleep\d+", f)]
+    unknown = [f for f in flags if f not in ("rows", "xrows") and not re.fullmatch(r"(sleep|splits)\d+", f)]
     if unknown:
         raise SystemExit(f"unknown setting flag(s) {unknown} in {conf}")
     layers.norm_batch_rows_only = "rows" in flags
     layers.out_batch_rows_only = "xrows" in flags
     layers.barrier_sleep_ns = next((int(f[5:]) for f in flags if f.startswith("sleep")), 0)
+    layers.max_splits = next((int(f[6:]) for f in flags if f.startswith("splits")), mk.MAX_SPLITS)
+    if not 1 <= layers.max_splits <= mk.MAX_SPLITS:
+        raise SystemExit(f"+splits takes 1..{mk.MAX_SPLITS}")
     conf, _, bni = conf.partition(":")
     warps, stages, ks = conf.split("x")
     kh, kq, ki = (ks.split("/") * 3)[:3]

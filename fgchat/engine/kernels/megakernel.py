@@ -467,6 +467,7 @@ class DecodeLayers:
         self.norm_batch_rows_only = NORM_BATCH_ROWS_ONLY
         self.out_batch_rows_only = OUT_BATCH_ROWS_ONLY
         self.barrier_sleep_ns = BARRIER_SLEEP_NS
+        self.max_splits = MAX_SPLITS
 
     def items_per_program(self) -> dict[str, int]:
         cfg = self.dec.cfg
@@ -474,8 +475,9 @@ class DecodeLayers:
                                  cfg.intermediate_size, self.tiles, self.programs)
 
     def splits(self, b: int) -> int:
-        """Attention splits per (row, kv head): enough items for every program, at most 16."""
-        return max(1, min(MAX_SPLITS, self.programs // (b * self.dec.cfg.num_kv_heads)))
+        """Attention splits per (row, kv head): enough items for every program, at most
+        max_splits (16; the sweep's +splitsN lowers it: fewer partials to merge, longer splits)."""
+        return max(1, min(self.max_splits, self.programs // (b * self.dec.cfg.num_kv_heads)))
 
     def run(self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
             persistent: bool = True, phases: tuple[int, int] | None = None) -> torch.Tensor:
