@@ -72,18 +72,13 @@ def main() -> None:
               dict(HAS_DELTA=True, BLOCK=2048, USE_PDL=pdl, PARTS=4), num_warps=4, launch_pdl=pdl)
         build(fused._silu_mul_kernel, {"gu_ptr": "*bf16", "out_ptr": "*bf16", "inter": "i32"},
               dict(BLOCK=1024, USE_PDL=pdl), num_warps=4, launch_pdl=pdl)
-        build(fused._rope_kv_kernel, {"qkv_ptr": "*bf16", "cos_ptr": "*bf16", "sin_ptr": "*bf16", "pos_ptr": "*i64",
-                                      "slot_ptr": "*i64", "q_out_ptr": "*bf16", "k_cache_ptr": "*bf16",
-                                      "v_cache_ptr": "*bf16", "n_q_heads": "i32", "n_kv_heads": "i32",
-                                      "stride_slot": "i32", "stride_pos": "i32", "k_out_ptr": "*bf16",
-                                      "slot_step": "i32"},
-              dict(HEAD_DIM=64, HB=1, USE_PDL=pdl, K_OUT=True), num_warps=1, launch_pdl=pdl)
-        build(fused._rope_kv_kernel, {"qkv_ptr": "*bf16", "cos_ptr": "*bf16", "sin_ptr": "*bf16", "pos_ptr": "*i64",
-                                      "slot_ptr": "*i64", "q_out_ptr": "*bf16", "k_cache_ptr": "*bf16",
-                                      "v_cache_ptr": "*bf16", "n_q_heads": "i32", "n_kv_heads": "i32",
-                                      "stride_slot": "i32", "stride_pos": "i32", "k_out_ptr": "*bf16",
-                                      "slot_step": "i32"},
-              dict(HEAD_DIM=64, HB=64, USE_PDL=pdl, K_OUT=True), num_warps=4, launch_pdl=pdl)
+        rope = {"qkv_ptr": "*bf16", "cos_ptr": "*bf16", "sin_ptr": "*bf16", "pos_ptr": "*i64",
+                "slot_ptr": "*i64", "q_out_ptr": "*bf16", "k_cache_ptr": "*bf16", "v_cache_ptr": "*bf16",
+                "n_q_heads": "i32", "n_kv_heads": "i32", "stride_slot": "i32", "stride_pos": "i32",
+                "k_out_ptr": "*bf16", "slot_step": "i32"}
+        for hb, warps in ((1, 1), (64, 4)):  # a head per program (decode), a row per program (prefill)
+            build(fused._rope_kv_kernel, rope, dict(HEAD_DIM=64, HB=hb, USE_PDL=pdl, K_OUT=True),
+                  num_warps=warps, launch_pdl=pdl)
         build(fused._step_inputs_kernel, {"ids_ptr": "*i64", "pos_ptr": "*i64", "slot_ptr": "*i64", "embed_ptr": "*bf16",
                                           "h_ptr": "*bf16", "len_ptr": "*i32", "slot32_ptr": "*i32"},
               dict(hidden=2048, BLOCK=2048), num_warps=4)

@@ -63,8 +63,9 @@ def measure_engine(engine: Engine, mode: str, batch: int, spec: BenchSpec) -> di
         toks = [e for e in events if isinstance(e, TokenEvent)]
         done = [e.summary for e in events if isinstance(e, RequestFinished)]
         ttft += [s.ttft_ms for s in done]
-        tpot += [s.tpot_ms for s in done if s.tpot_ms is not None]
-        round_tpot.append(float(np.mean([s.tpot_ms for s in done if s.tpot_ms is not None] or [np.nan])))
+        round_of = [s.tpot_ms for s in done if s.tpot_ms is not None]
+        tpot += round_of
+        round_tpot.append(float(np.mean(round_of)) if round_of else float("nan"))
         itl += [e.itl_ms for e in toks if not e.is_first_token]
         lead = min(s.request_id for s in done)
         lead_steps = [e for e in toks if e.request_id == lead and not e.is_first_token]

@@ -115,6 +115,15 @@ def _inv_rms(stats_ptr, n_parts, H, eps, NP: tl.constexpr, MP: tl.constexpr):
 
 
 @triton.jit
+def _repeat_rows(xs, MP: tl.constexpr):
+    """[MP, BK] rows repeated to the MMA's [XM, BK] (row r holds row r % MP); MP == XM: as is."""
+    if MP == XM:
+        return xs
+    BK: tl.constexpr = xs.shape[1]
+    return tl.reshape(tl.broadcast_to(xs[None, :, :], (XM // MP, MP, BK)), (XM, BK))
+
+
+@triton.jit
 def _normed_x(h_ptr, nw_ptr, inv, M, offs_k, H: tl.constexpr, DT: tl.constexpr, MP: tl.constexpr):
     """x tile [XM, BK] of rms_norm(h) * w, rounded as fused.add_rms_norm rounds, computed for
     rows [0, MP) (MP >= the batch M, a power of two; rows [M, MP) are zero) and, for MP < XM,
@@ -126,11 +135,7 @@ def _normed_x(h_ptr, nw_ptr, inv, M, offs_k, H: tl.constexpr, DT: tl.constexpr, 
                  cache_modifier=".cg")
     y = (hv * inv[:, None]).to(DT).to(tl.float32)
     w = tl.load(nw_ptr + offs_k).to(tl.float32)
-    xs = (w[None, :] * y).to(DT)
-    if MP == XM:
-        return xs
-    BK: tl.constexpr = xs.shape[1]
-    return tl.reshape(tl.broadcast_to(xs[None, :, :], (XM // MP, MP, BK)), (XM, BK))
+    return _repeat_rows((w[None, :] * y).to(DT), MP)
 
 
 @triton.jit
@@ -165,10 +170,8 @@ def _project_add(x_ptr, w_ptr, h_ptr, stats_ptr, pid, nprog, M, K: tl.constexpr,
         acc = tl.zeros((XM, BN), dtype=tl.float32)
         for k0 in range(0, K, BK):
             offs_k = k0 + tl.arange(0, BK)
-            x = tl.load(x_ptr + xr[:, None] * K + offs_k[None, :], mask=(xr < M)[:, None], other=0.0,
-                        cache_modifier=".cg")
-            if MPO < XM:
-                x = tl.reshape(tl.broadcast_to(x[None, :, :], (XM // MPO, MPO, BK)), (XM, BK))
+            x = _repeat_rows(tl.load(x_ptr + xr[:, None] * K + offs_k[None, :], mask=(xr < M)[:, None],
+                                     other=0.0, cache_modifier=".cg"), MPO)
             w = tl.load(w_ptr + cols.to(tl.int64)[:, None] * K + offs_k[None, :], mask=live)
             acc += tl.dot(x, tl.trans(w), input_precision=PREC)
         if live:
