@@ -32,7 +32,7 @@
 #              SAMPLING_WAYS narrows it; with .old/fgchat carried, the old tree and this one alternate
 #   admission  TTFT of 8 prompts admitted together: shared prefill, one pass (attention padded or per
 #              prompt), one by one (1B)
-#   startup    launch -> ready to send in the TUI on the real weights, FGCHAT_IDLE_CAPTURE 0 / 1
+#   startup    launch -> ready to send in the TUI on the real weights, FGCHAT_STARTUP_PRIME 0 / 1
 #              alternating (needs the tui wheels in .whl)
 #   llamacpp   llama.cpp built from .llamacpp/src.tgz (carry it) and benched on random 1B / SmolLM2
 #              GGUFs (the build takes ~5 min: run it in a call of its own)
@@ -182,7 +182,7 @@ for what in "$@"; do
         timeout 300 python3 tools/ttft_admission.py --preset llama-3.2-1b --k 8 --prompt-len $len --rounds 5 \
           2>&1 | tee -a "$OUT/admission.log" | tail -4
       done ;;
-    startup)  # launch -> ready to send in the TUI (scripts/startup_time.py), captures at start vs idle
+    startup)  # launch -> ready to send in the TUI (scripts/startup_time.py), the start-up helper off vs on
       [[ -n $GGUF ]] || { echo "startup: needs the real weights"; continue; }
       timeout 300 python3 scripts/startup_time.py --model "$GGUF" --runs 1 2>&1 | tail -3  # converts, compiles
       # what the engine child's imports cost here (cumulative us, the largest first), then CUDA's own start
@@ -191,11 +191,13 @@ for what in "$@"; do
       python3 -c "import time; t=time.perf_counter(); import torch; a=time.perf_counter(); torch.cuda.init(); \
 b=time.perf_counter(); torch.zeros(1, device='cuda'); c=time.perf_counter(); \
 print(f'import torch {a-t:.2f} s, cuda init {b-a:.2f} s, first tensor {c-b:.2f} s')" 2>&1 | tee -a "$OUT/importtime.txt"
+      python3 -c "import time; from triton.runtime.cache import triton_key; t=time.perf_counter(); triton_key(); \
+print(f'triton_key {time.perf_counter()-t:.2f} s')" 2>&1 | tee -a "$OUT/importtime.txt"
       for i in $(seq "${STARTUP_ROUNDS:-2}"); do
-        for idle in 0 1; do
-          echo "FGCHAT_IDLE_CAPTURE=$idle round $i" | tee -a "$OUT/startup.log"
-          FGCHAT_IDLE_CAPTURE=$idle timeout 300 python3 scripts/startup_time.py --model "$GGUF" --runs 2 \
-            --json "$JSON/startup_idle${idle}_$i.json" 2>&1 | tee -a "$OUT/startup.log" | tail -20
+        for prime in 0 1; do  # the helper thread (engine/startup_prime.py) off, then on
+          echo "FGCHAT_STARTUP_PRIME=$prime round $i" | tee -a "$OUT/startup.log"
+          FGCHAT_STARTUP_PRIME=$prime timeout 300 python3 scripts/startup_time.py --model "$GGUF" --runs 2 \
+            --json "$JSON/startup_prime${prime}_$i.json" 2>&1 | tee -a "$OUT/startup.log" | tail -22
         done
       done ;;
     llamacpp)  # the llama.cpp peer, built from the carried .llamacpp/src.tgz (scripts/llama_cpp.sh)

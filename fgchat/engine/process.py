@@ -359,6 +359,9 @@ def _process_main(config: Any, commands: Any, events: Any, log_path: str | None)
     startup_mark("engine: child started")
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _redirect_stdio(log_path)
+    from fgchat.engine import startup_prime  # the child's only: ctypes stays out of the UI process
+
+    primer = startup_prime.start(getattr(config, "device", None), startup_mark)
     parent = mp.parent_process()
 
     def next_command(timeout: float | None) -> Command | None:
@@ -388,6 +391,8 @@ def _process_main(config: Any, commands: Any, events: Any, log_path: str | None)
         from fgchat.engine.core import Engine
 
         startup_mark("engine: imports done")
+        if primer is not None:
+            primer.imports_done()
         return Engine(engine_process_config(config))
 
     try:
