@@ -191,6 +191,9 @@ for what in "$@"; do
       python3 -c "import time; t=time.perf_counter(); import torch; a=time.perf_counter(); torch.cuda.init(); \
 b=time.perf_counter(); torch.zeros(1, device='cuda'); c=time.perf_counter(); \
 print(f'import torch {a-t:.2f} s, cuda init {b-a:.2f} s, first tensor {c-b:.2f} s')" 2>&1 | tee -a "$OUT/importtime.txt"
+      python3 -c "import sys, torch, pathlib; p=pathlib.Path(torch.__file__).parent; \
+print(sys.version.split()[0], 'torch .py', sum(1 for _ in p.rglob('*.py')), '.pyc', sum(1 for _ in p.rglob('*.pyc')), \
+'pycache prefix', sys.pycache_prefix)" 2>&1 | tee -a "$OUT/importtime.txt"  # are torch's imports compiled there?
       python3 -c "import time; from triton.runtime.cache import triton_key; t=time.perf_counter(); triton_key(); \
 print(f'triton_key {time.perf_counter()-t:.2f} s')" 2>&1 | tee -a "$OUT/importtime.txt"
       for i in $(seq "${STARTUP_ROUNDS:-2}"); do

@@ -221,3 +221,35 @@ def test_fused_prefill_of_several_prompts_matches_fp32_reference_interpreted():
         else:  # bf16 operands against fp32: relative error of a few 1e-3
             assert r["logits"] <= 0.03 * r["scale"], (case, r)
             assert r["kv"] <= 0.02 * r["kv_scale"], (case, r)
+
+
+def test_first_tokens_of_a_mixed_round_equal_each_request_alone(tiny_llama):
+    """One admission round of greedy, sampled (unfiltered and top-k), penalized requests, two of
+    them sharing a prompt: each first token is picked together with the others' (one pick over
+    stacked logits) yet equals the request's own when it runs alone; the greedy ones equal the
+    argmax of transformers' float32 logits of their prompt."""
+    transformers = pytest.importorskip("transformers")
+    eng = make_engine(tiny_llama)
+    v = eng.cfg.vocab_size
+    shared = prompt_of(11, 21, v)
+    reqs = [
+        (shared, SamplingParams(max_tokens=1, ignore_eos=True)),
+        (prompt_of(7, 22, v), SamplingParams(max_tokens=1, ignore_eos=True, temperature=0.8, seed=5)),
+        (shared, SamplingParams(max_tokens=1, ignore_eos=True, temperature=1.1, top_k=4, seed=6)),
+        (prompt_of(13, 23, v), SamplingParams(max_tokens=1, ignore_eos=True, repetition_penalty=1.5)),
+        (prompt_of(5, 24, v), SamplingParams(max_tokens=1, ignore_eos=True)),
+    ]
+    alone = []
+    for prompt, params in reqs:
+        rid = eng.submit(prompt, params)
+        alone.append(summaries(eng.run_until_done())[rid].token_ids)
+    rids = [eng.submit(prompt, params) for prompt, params in reqs]
+    first_round = eng.step()
+    firsts = {e.request_id: e.token_id for e in first_round if isinstance(e, TokenEvent) and e.is_first_token}
+    assert [[firsts[r]] for r in rids] == alone
+    ref = transformers.AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.float32).eval()
+    for (prompt, params), got in zip(reqs, alone):
+        if params.temperature == 0 and not params.penalized:
+            with torch.no_grad():
+                logits = ref(torch.tensor([prompt])).logits[0, -1]
+            assert got == [int(logits.argmax())]

@@ -386,13 +386,17 @@ class Engine:
         """Prefill the newly admitted requests, each distinct prompt once (engine.admission),
         and start them with their first tokens."""
         firsts: list[tuple[Sequence, torch.Tensor]] = []
-        for group, logits in self._prefill_groups(share_prompts(self.scheduler.admit())):
+        pending: list[tuple[Sequence, torch.Tensor]] = []
+        for group, logits, reused in self._prefill_groups(share_prompts(self.scheduler.admit())):
             if logits is None:
                 continue
             lead = group[0]
             self.cache.copy_prefix(lead.slot, [s.slot for s in group[1:]], len(lead.prompt_ids))
-            # the logits may live in a prefill graph's output buffer: consumed before the next prefill
-            firsts += [(seq, self._first_token(seq, logits)) for seq in group]
+            pending += [(seq, logits) for seq in group]
+            if reused:  # a prefill graph's output buffer: picked from before the next prefill
+                firsts += self._first_tokens(pending)
+                pending = []
+        firsts += self._first_tokens(pending)
         # First tokens of one admission round are read with one sync and emitted together, so
         # a request's decode latencies never include the prefills of requests admitted with it.
         if firsts:
@@ -414,17 +418,19 @@ class Engine:
     # ---- internals ----
     def _prefill_groups(
         self, groups: list[list[Sequence]]
-    ) -> Iterator[tuple[list[Sequence], torch.Tensor | None]]:
+    ) -> Iterator[tuple[list[Sequence], torch.Tensor | None, bool]]:
         """Each group with the last logits [V] of its prompt, prefilled into group[0]'s slot
-        (None when that failed: the group is finished with the error). One pass over all the
-        prompts where `_prefill_together` can, else one prefill per group, lazily: a group's
-        logits are consumed before the next group is prefilled."""
+        (None when that failed: the group is finished with the error), and whether the next
+        group's prefill may overwrite those logits. One pass over all the prompts where
+        `_prefill_together` can (logits kept until the next round), else one prefill per group,
+        lazily: a group's logits are consumed before the next group is prefilled."""
         together = self._prefill_together([g[0] for g in groups]) if len(groups) > 1 else None
         if together is not None:
-            yield from zip(groups, together)
+            for group, logits in zip(groups, together):
+                yield group, logits, False
             return
         for group in groups:
-            yield group, self._prefill(group)
+            yield group, self._prefill(group), True
 
     def _prefill(self, group: list[Sequence]) -> torch.Tensor | None:
         """Prefill group[0]'s prompt into its slot; returns the last logits [V]."""
@@ -457,11 +463,34 @@ class Engine:
         except (RuntimeError, MemoryError):  # e.g. no memory for the stacked rows: one by one
             return None
 
+    def _first_tokens(self, pairs: list[tuple[Sequence, torch.Tensor]]) -> list[tuple[Sequence, torch.Tensor]]:
+        """Each request's first token [1] from its prompt's last logits [V], in order. Requests
+        without penalties are picked together: one pick over their stacked logits (greedy: the
+        chunked argmax, not torch.argmax's single block), as a decode step picks its lanes."""
+        plain = [i for i, (seq, _) in enumerate(pairs) if not seq.params.penalized]
+        toks: dict[int, torch.Tensor] = {}
+        if plain:
+            logits = torch.stack([pairs[i][1] for i in plain])
+            ps = [pairs[i][0].params for i in plain]
+            if all(p.temperature <= 0 for p in ps):
+                picked = sampling.greedy(logits)
+            else:
+                dev = self.device
+                picked = sampling.sample(
+                    logits.float(), torch.tensor([p.temperature for p in ps], device=dev),
+                    torch.tensor([p.top_p for p in ps], device=dev), torch.tensor([p.top_k for p in ps], device=dev),
+                    torch.tensor([p.seed for p in ps], device=dev),
+                    torch.tensor([len(pairs[i][0].prompt_ids) for i in plain], device=dev),
+                    filtered=any(sampling.needs_filter(p.top_p, p.top_k, self.cfg.vocab_size) for p in ps),
+                )
+            toks = {i: picked[j:j + 1] for j, i in enumerate(plain)}
+        return [(seq, toks[i] if i in toks else self._first_token(seq, logits))
+                for i, (seq, logits) in enumerate(pairs)]
+
     def _first_token(self, seq: Sequence, logits: torch.Tensor) -> torch.Tensor:
-        """The request's first token [1] from its prompt's last logits [V]."""
+        """The request's first token [1] from its prompt's last logits [V] (penalties applied)."""
         p = seq.params
         dev = self.device
-        pos = torch.tensor([len(seq.prompt_ids)], device=dev)
         if p.penalized:  # the prompt's ids count from here; output ids as they are sampled
             from fgchat.engine.kernels import penalties
 
@@ -478,11 +507,11 @@ class Engine:
             tok = sampling.sample(
                 logits[None], torch.tensor([p.temperature], device=dev),
                 torch.tensor([p.top_p], device=dev), torch.tensor([p.top_k], device=dev),
-                torch.tensor([p.seed], device=dev), pos,
+                torch.tensor([p.seed], device=dev), torch.tensor([len(seq.prompt_ids)], device=dev),
                 filtered=sampling.needs_filter(p.top_p, p.top_k, self.cfg.vocab_size),
             )
         else:
-            tok = torch.argmax(logits)[None]
+            tok = sampling.greedy(logits[None])
         if p.penalized:
             penalties.record_tokens(self.program.counts, slot, tok)
         return tok
