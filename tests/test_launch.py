@@ -8,7 +8,9 @@ plain launches, fast path taken on the second call, CUDA-graph capture + replay,
 from __future__ import annotations
 
 import contextlib
+import gc
 import itertools
+import weakref
 
 import pytest
 import torch
@@ -244,6 +246,43 @@ def test_bind_fixes_arguments_and_reads_stream_per_call(fake_plain, monkeypatch)
     odd()
     odd()
     assert len(plain_calls) == 5 and la.fast_launches == 4
+
+
+@needs_jit
+def test_bind_passes_device_tensors_as_addresses_and_keeps_them_alive(fake_plain, monkeypatch):
+    """Bound launches hand the C launcher each device tensor's address (an int: no data_ptr()
+    call and no driver query per launch); the tensors themselves stay referenced."""
+    la, compiled, plain_calls = fake_plain
+    monkeypatch.setattr(launch, "_on_device", lambda t: True)  # CPU tensors stand in for CUDA ones
+    x, y = torch.zeros(16), torch.zeros(16)
+    la[(3,)](x, y, 16, 0.5, True, None, BLOCK=16)  # the first launch of the key: plain
+    bound = la.bind((3,), x, y, 16, 0.5, True, None, BLOCK=16)
+    as_tensors = la.bind((3,), x, y, 16, 0.5, True, None, BLOCK=16, resolve_pointers=False)
+    xp, yp = x.data_ptr(), y.data_ptr()
+    alive = weakref.ref(x)
+    del x, y
+    gc.collect()
+    assert alive() is not None, "the bound launch must keep its tensors alive"
+    bound()
+    args = compiled.calls[-1][9:15]
+    assert args == (xp, yp, 16, 0.5, True, None) and all(type(a) is int for a in args[:2])
+    as_tensors()
+    assert [type(a) for a in compiled.calls[-1][9:11]] == [torch.Tensor, torch.Tensor]
+    assert la.fast_launches == 2 and len(plain_calls) == 1
+    del bound, as_tensors, args
+    compiled.calls.clear()
+    plain_calls.clear()  # the fakes' own records of the arguments
+    gc.collect()
+    assert alive() is None, "nothing but the bound launches held them"
+
+
+@needs_jit
+def test_bind_leaves_cpu_tensors_for_the_launchers_own_error(fake_plain):
+    la, compiled, _ = fake_plain
+    x, y = torch.zeros(16), torch.zeros(16)
+    la[(3,)](x, y, 16, 0.5, True, None, BLOCK=16)
+    la.bind((3,), x, y, 16, 0.5, True, None, BLOCK=16)()
+    assert compiled.calls[-1][9] is x and compiled.calls[-1][10] is y
 
 
 @needs_jit
@@ -484,7 +523,42 @@ def test_gpu_launch_overhead():
         res = launch_timing.measure_launch_us(rows=r, n_cols=n)
         rows.append((r, n, res))
     print("\n_add_rms_norm_kernel host time per launch (us)")
-    print(f"{'rows':>5} {'n':>6} {'plain':>8} {'fast':>8} {'x':>6}")
+    print(f"{'rows':>5} {'n':>6} {'plain':>8} {'fast':>8} {'x':>6} {'bound,t':>8} {'bound,a':>8}")
     for r, n, res in rows:
-        print(f"{r:>5} {n:>6} {res['plain_us']:>8.2f} {res['fast_us']:>8.2f} {res['speedup']:>6.1f}")
+        print(f"{r:>5} {n:>6} {res['plain_us']:>8.2f} {res['fast_us']:>8.2f} {res['speedup']:>6.1f}"
+              f" {res['bound_tensors_us']:>8.2f} {res['bound_us']:>8.2f}")
     assert all(res["fast_us"] > 0 and res["plain_us"] > 0 for _, _, res in rows)
+
+
+@gpu_test
+def test_gpu_bound_launch_with_addresses_matches_plain():
+    """A bound launch (device tensors passed as addresses) writes what the plain launch writes,
+    eagerly and replayed from a CUDA graph, and keeps writing into the tensors it was bound to."""
+    from fgchat.engine.kernels.fused import _add_rms_norm_kernel
+
+    la = FastLauncher(_add_rms_norm_kernel)
+    g = torch.Generator(device="cuda").manual_seed(3)
+    h = torch.randn(4, 2048, device="cuda", generator=g).to(torch.bfloat16)
+    d = torch.randn(4, 2048, device="cuda", generator=g).to(torch.bfloat16)
+    w = torch.rand(2048, device="cuda", generator=g).to(torch.bfloat16)
+    ref_h, ref_y = torch.empty_like(h), torch.empty_like(h)
+    kw = dict(HAS_DELTA=True, BLOCK=2048, num_warps=4)
+    _add_rms_norm_kernel[(4,)](h, d, w, ref_h, ref_y, 2048, 1e-5, 0, **kw)
+    out_h, out_y = torch.empty_like(h), torch.empty_like(h)
+    la[(4,)](h, d, w, out_h, out_y, 2048, 1e-5, 0, **kw)  # the key's first launch: plain
+    bound = la.bind((4,), h, d, w, out_h, out_y, 2048, 1e-5, 0, **kw)
+    out_h.zero_(), out_y.zero_()
+    bound()
+    torch.cuda.synchronize()
+    assert la.fast_launches == 1
+    assert torch.equal(out_h, ref_h) and torch.equal(out_y, ref_y)
+    graph = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s), torch.cuda.graph(graph):
+        bound()
+    torch.cuda.current_stream().wait_stream(s)
+    out_h.zero_(), out_y.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out_h, ref_h) and torch.equal(out_y, ref_y)

@@ -51,8 +51,9 @@ Invariants
   and no allocation of its own (the compiled launcher still allocates Triton scratch, if any,
   exactly as on the plain path).
 - `FastLauncher.bind(grid, *args, **kwargs)` is the one exception: it fixes the grid and the
-  arguments once and returns a zero-argument launch. Its caller owns keeping those tensors alive
-  and in place; the stream, the device and the plain-path conditions are still checked per call.
+  arguments once (CUDA tensors as their addresses) and returns a zero-argument launch, which
+  holds the tensors alive. Its caller owns keeping them in place (no `set_`, no resize); the
+  stream, the device and the plain-path conditions are still checked per call.
 """
 
 from __future__ import annotations
@@ -273,14 +274,17 @@ class FastLauncher:
                          or "interpret" in rt.__dict__) and rt.interpret)
                     or fn.pre_run_hooks or (fn.used_global_vals and _globals_changed(fn)))
 
-    def bind(self, grid: Any, *args: Any, **kwargs: Any) -> Callable[[], Any]:
+    def bind(self, grid: Any, *args: Any, resolve_pointers: bool = True, **kwargs: Any) -> Callable[[], Any]:
         """A zero-argument launch of `fn[grid](*args, **kwargs)` with the key looked up once.
 
         Unlike `launcher[grid](...)`, the arguments are fixed here: the caller keeps every tensor
-        passed alive and in place for as long as it calls the result. The stream is still read on
-        each call, and every call re-checks what `_needs_plain` covers. Where the fast path does
-        not apply, or no launch with this key has happened yet, the result takes the `[grid]`
-        path on every call (same kernels, same results).
+        passed in place for as long as it calls the result (the result holds them alive). The
+        stream is still read on each call, and every call re-checks what `_needs_plain` covers.
+        Where the fast path does not apply, or no launch with this key has happened yet, the
+        result takes the `[grid]` path on every call (same kernels, same results).
+        With `resolve_pointers`, each CUDA tensor's address is read here, once: Triton's C
+        launcher takes an int as the pointer itself, where for a tensor it calls `data_ptr()`
+        and asks the driver (`cuPointerGetAttribute`) on every launch.
         """
         def generic() -> Any:
             return self._launch(grid, *args, **kwargs)
@@ -297,11 +301,12 @@ class FastLauncher:
         run, function, packed, tail, compiled = entry
         n = len(grid)
         g0, g1, g2 = grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1
-        rest = (function, packed, None, None, None, *args, *tail)
+        fixed = tuple(_device_address(a) for a in args) if resolve_pointers else args
+        rest = (function, packed, None, None, None, *fixed, *tail)
 
         def bound() -> Any:
             if self._needs_plain() or _get_device() != dev:  # type: ignore[misc]
-                return self._plain(grid, args, kwargs)
+                return self._plain(grid, args, kwargs)  # also what keeps args' tensors alive
             self.fast_launches += 1
             run(g0, g1, g2, _get_raw_stream(dev), *rest)  # type: ignore[misc]
             return compiled
@@ -364,6 +369,16 @@ class FastLauncher:
             else:
                 return _PLAIN  # the plain path would have failed to bind
         return (run, function, packed, tuple(tail), compiled)
+
+
+def _device_address(a: Any) -> Any:
+    """A CUDA tensor's address as an int (what the C launcher reads from a tensor); else `a`.
+    Only CUDA tensors: a CPU tensor keeps the launcher's own error."""
+    return a.data_ptr() if isinstance(a, _Tensor) and _on_device(a) else a
+
+
+def _on_device(t: Any) -> bool:
+    return t.is_cuda
 
 
 _LAUNCHERS: dict[int, tuple[Any, FastLauncher]] = {}

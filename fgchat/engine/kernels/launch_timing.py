@@ -17,7 +17,9 @@ def measure_launch_us(rows: int = 1, n_cols: int = 2048, dtype: torch.dtype = to
 
     Times `iters` back-to-back launches without synchronising (the GPU work of one launch is a few
     us, shorter than either launch path), best of `repeats`, after a warm-up that compiles and
-    caches. Returns {"plain_us", "fast_us", "speedup"}. Needs CUDA.
+    caches. Returns {"plain_us", "fast_us", "speedup", "bound_tensors_us", "bound_us"}: the last
+    two are `FastLauncher.bind` launches (as eager's launch lists replay them) with the tensors
+    passed as tensors, and as their addresses (the default). Needs CUDA.
     """
     import triton
 
@@ -53,8 +55,12 @@ def measure_launch_us(rows: int = 1, n_cols: int = 2048, dtype: torch.dtype = to
     for _ in range(3):
         plain()
         fast_()
+    bound = launcher.bind(grid, *args, **kw)
+    bound_tensors = launcher.bind(grid, *args, resolve_pointers=False, **kw)
     before = launcher.fast_launches
     plain_us, fast_us = per_launch_us(plain), per_launch_us(fast_)
-    if launcher.fast_launches - before != iters * repeats:
+    bound_tensors_us, bound_us = per_launch_us(bound_tensors), per_launch_us(bound)
+    if launcher.fast_launches - before != 3 * iters * repeats:
         raise RuntimeError("fast launches fell back to the plain path; the timing is not meaningful")
-    return {"plain_us": plain_us, "fast_us": fast_us, "speedup": plain_us / fast_us}
+    return {"plain_us": plain_us, "fast_us": fast_us, "speedup": plain_us / fast_us,
+            "bound_tensors_us": bound_tensors_us, "bound_us": bound_us}
