@@ -255,8 +255,13 @@ def test_piecewise_recorded_attention_same_tokens(gqa_model, monkeypatch):
         want, _, _ = run(plain, "eager", prompts, sp)
         assert run(eng, "piecewise", prompts, sp)[0] == want, batch
     graph = eng.modes.modes[Mode.PIECEWISE].graphs[(5, False)]
-    # every attention call replays a recorded list (a bound method of a LaunchList)
-    assert all(getattr(a, "__self__", None) is not None for a in graph.attends), graph.attends
+    # every attention call replays a recorded list: bound Triton launches with a fast path (which
+    # the piecewise replay checks once per step, launch.batched) or recorded torch ops (partials)
+    from functools import partial
+
+    assert all(isinstance(c, partial) or hasattr(c, "fast") for a in graph.attends for c in a), graph.attends
+    assert any(hasattr(c, "fast") for a in graph.attends for c in a)
+    assert graph._run is not None
 
 
 @pytest.mark.parametrize("variant", ["greedy", "sampled", "filtered", "penalized"])

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import itertools
+from functools import partial
 import weakref
 
 import pytest
@@ -283,6 +284,47 @@ def test_bind_leaves_cpu_tensors_for_the_launchers_own_error(fake_plain):
     la[(3,)](x, y, 16, 0.5, True, None, BLOCK=16)
     la.bind((3,), x, y, 16, 0.5, True, None, BLOCK=16)()
     assert compiled.calls[-1][9] is x and compiled.calls[-1][10] is y
+
+
+@needs_jit
+def test_batched_replays_in_order_checking_once(fake_plain, monkeypatch):
+    """launch.batched runs bound launches and other calls in their order, reads the stream once
+    per replay, counts the fast launches, and falls back to each call's own checks when a hook
+    or another device is current."""
+    la, compiled, plain_calls = fake_plain
+    x, y = torch.zeros(16), torch.zeros(16)
+    la[(1,)](x, y, 16, 0.5, True, None, BLOCK=16)
+    la[(2,)](x, y, 32, 0.5, True, None, BLOCK=16)
+    other = FastLauncher(_probe_kernel)  # a second launcher: counted on its own
+    other[(3,)](x, y, 16, 0.5, True, None, BLOCK=16)
+    first = la.bind((1,), x, y, 16, 0.5, True, None, BLOCK=16)
+    second = la.bind((2,), x, y, 32, 0.5, True, None, BLOCK=16)
+    third = other.bind((3,), x, y, 16, 0.5, True, None, BLOCK=16)
+    op = partial(compiled.calls.append, "op")
+    reads = []
+    monkeypatch.setattr(launch, "_get_raw_stream", lambda dev: reads.append(dev) or 77)
+    replay = launch.batched([first, op, second, third, op])
+    compiled.calls.clear()
+    la.fast_launches = other.fast_launches = 0
+    plain_before = len(plain_calls)
+    replay()
+    grids = [c if c == "op" else c[:4] for c in compiled.calls]
+    assert grids == [(1, 1, 1, 77), "op", (2, 1, 1, 77), (3, 1, 1, 77), "op"]
+    assert compiled.calls[2][9:15] == (x, y, 32, 0.5, True, None)
+    assert reads == [0] and la.fast_launches == 2 and other.fast_launches == 1
+    replay()
+    assert len(reads) == 2 and la.fast_launches == 4 and other.fast_launches == 2 and len(compiled.calls) == 10
+    with launch_hook("launch_enter_hook"):  # each bound launch then takes the plain path
+        replay()
+    assert len(plain_calls) == plain_before + 3 and compiled.calls[-1] == "op" and la.fast_launches == 4
+    with monkeypatch.context() as m:
+        m.setattr(launch, "_get_device", lambda: 1)
+        replay()
+    assert len(plain_calls) == plain_before + 6 and la.fast_launches == 4
+    ops_only = launch.batched([op, op])
+    compiled.calls.clear()
+    ops_only()
+    assert compiled.calls == ["op", "op"]
 
 
 @needs_jit

@@ -61,6 +61,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -311,6 +312,7 @@ class FastLauncher:
             run(g0, g1, g2, _get_raw_stream(dev), *rest)  # type: ignore[misc]
             return compiled
 
+        bound.fast = _Fast(self, dev, run, (g0, g1, g2), rest)  # type: ignore[attr-defined]
         return bound
 
     def _launch(self, grid: Any, *args: Any, **kwargs: Any) -> Any:
@@ -369,6 +371,69 @@ class FastLauncher:
             else:
                 return _PLAIN  # the plain path would have failed to bind
         return (run, function, packed, tuple(tail), compiled)
+
+
+@dataclass(frozen=True)
+class _Fast:
+    """What a bound launch's fast path calls, for `batched` to call it without the per-launch
+    checks: `run(*grid, stream, *rest)`."""
+
+    launcher: FastLauncher
+    dev: int
+    run: Callable[..., Any]
+    grid: tuple[int, int, int]
+    rest: tuple
+
+
+def _run_fast(run: Callable[..., Any], grid: tuple[int, int, int], rest: tuple, stream: int) -> None:
+    run(grid[0], grid[1], grid[2], stream, *rest)
+
+
+def _call(call: Callable[[], Any], _stream: int) -> None:
+    call()
+
+
+def batched(calls: Sequence[Callable[[], Any]]) -> Callable[[], None]:
+    """One zero-argument replay of `calls` in order, as `for c in calls: c()` does.
+
+    The bound launches among them (from `FastLauncher.bind`, fast path ready) share one check of
+    what each bound launch checks per call: the current device, each launcher's plain-path
+    conditions (`_needs_plain`), then one read of the current stream. Where a check fails, the
+    whole replay takes the per-call path. Other calls (torch ops, graph replays, bound launches
+    without a fast path) run as they are, in their place; none may switch the current stream
+    or device (the engine's recorded steps do not).
+    """
+    calls = list(calls)
+    fasts = [getattr(c, "fast", None) for c in calls]
+    devs = {f.dev for f in fasts if f is not None}
+    if len(devs) != 1:
+
+        def each() -> None:
+            for c in calls:
+                c()
+
+        return each
+    dev = devs.pop()
+    entries = [partial(_call, c) if f is None else partial(_run_fast, f.run, f.grid, f.rest)
+               for c, f in zip(calls, fasts)]
+    counts: dict[FastLauncher, int] = {}
+    for f in fasts:
+        if f is not None:
+            counts[f.launcher] = counts.get(f.launcher, 0) + 1
+    launchers, tally = tuple(counts), tuple(counts.items())
+
+    def replay() -> None:
+        if _get_device() != dev or any(la._needs_plain() for la in launchers):  # type: ignore[misc]
+            for c in calls:
+                c()
+            return
+        stream = _get_raw_stream(dev)  # type: ignore[misc]
+        for e in entries:
+            e(stream)
+        for la, n in tally:
+            la.fast_launches += n
+
+    return replay
 
 
 def _device_address(a: Any) -> Any:

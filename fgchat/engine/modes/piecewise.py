@@ -14,11 +14,11 @@ Invariants:
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
-from fgchat.engine.launch_list import record
+from fgchat.engine.launch_list import record, replay_in_order
 from fgchat.engine.model.decoder import StepState
 from fgchat.engine.modes.capture import GraphMode
 from fgchat.engine.step import StepOutputs
@@ -28,14 +28,20 @@ from fgchat.protocol.events import Mode
 @dataclass
 class PiecewiseGraph:
     graphs: list[torch.cuda.CUDAGraph]
-    attends: list[Callable[[], object]]  # attention call j, bound to the state after piece j
+    attends: list[list[Callable[[], object]]]  # attention call j's launches, on the state after piece j
     out: StepOutputs
+    _run: Callable[[], None] | None = field(default=None, init=False, repr=False)
 
     def replay(self) -> StepOutputs:
-        for j, g in enumerate(self.graphs):
-            g.replay()
-            if j < len(self.attends):
-                self.attends[j]()
+        """Piece 0, attention 0, piece 1, ...: one replay of them all in that order."""
+        if self._run is None:
+            seq: list[Callable[[], object]] = []
+            for j, g in enumerate(self.graphs):
+                seq.append(g.replay)
+                if j < len(self.attends):
+                    seq += self.attends[j]
+            self._run = replay_in_order(seq)
+        self._run()
         return self.out
 
 
@@ -56,13 +62,13 @@ class PiecewiseMode(GraphMode):
             snap.__dict__.update(st.__dict__)
             states.append(snap)
         # one real step: each piece replayed, each attention recorded on the state it reads
-        bound: list[Callable[[], object]] = []
+        bound: list[list[Callable[[], object]]] = []
         with torch.cuda.stream(cap.stream):
             for j, g in enumerate(graphs[: len(attends)]):
                 g.replay()
                 call = _bind(attends[j], states[j])
                 _, lst, _ = record(call)
-                bound.append(lst.replay if lst is not None else call)
+                bound.append(lst.calls if lst is not None else [call])
             graphs[-1].replay()
         return PiecewiseGraph(graphs, bound, StepOutputs(st.tokens, st.logits))
 
