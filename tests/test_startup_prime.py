@@ -93,10 +93,8 @@ class FakeDriver:
 def test_cuda_context_retains_the_ordinals_primary_context(monkeypatch):
     driver = FakeDriver()
     monkeypatch.setattr(sp.ctypes, "CDLL", lambda name: driver)
-    monkeypatch.delenv("CUDA_MODULE_LOADING", raising=False)
     assert sp.prime_cuda_context(1) is True
     assert driver.calls == [("cuInit", 0), ("cuDeviceGet", 1), ("cuDevicePrimaryCtxRetain", 41)]
-    assert sp.os.environ["CUDA_MODULE_LOADING"] == "LAZY"
 
 
 def test_cuda_context_stops_at_the_first_error(monkeypatch):
@@ -122,6 +120,30 @@ def test_triton_key_is_left_computed():
     assert info.currsize == 1 and info.misses == 1
     cache.triton_key()
     assert cache.triton_key.cache_info().hits == 1, "the first kernel load would have computed it again"
+
+
+def test_start_sets_lazy_module_loading_before_the_thread(monkeypatch):
+    """The driver reads CUDA_MODULE_LOADING at cuInit; it is set on the calling thread before the
+    helper exists (so no thread writes the environment), and a value the user set is kept."""
+    seen = []
+
+    class Recorder:
+        def __init__(self, plan, mark):
+            seen.append(sp.os.environ.get("CUDA_MODULE_LOADING"))
+
+        def start(self):
+            return self
+
+    monkeypatch.setattr(sp, "Primer", Recorder)
+    monkeypatch.setattr(sp, "plan_for", lambda device: sp.Plan(0, False))
+    monkeypatch.delenv("CUDA_MODULE_LOADING", raising=False)
+    sp.start("cuda")
+    monkeypatch.setenv("CUDA_MODULE_LOADING", "EAGER")
+    sp.start("cuda")
+    monkeypatch.delenv("CUDA_MODULE_LOADING")
+    monkeypatch.setattr(sp, "plan_for", lambda device: sp.Plan(None, True))  # no context to prime
+    sp.start("cuda")
+    assert seen == ["LAZY", "EAGER", None]
 
 
 def test_switch_off_starts_nothing(monkeypatch):

@@ -73,9 +73,8 @@ def plan_for(device: str | None, *, driver_present: bool | None = None,
 
 
 def prime_cuda_context(ordinal: int, library: str = DRIVER_LIBRARY) -> bool:
-    """cuInit and retain device `ordinal`'s primary context; True when both succeeded."""
-    # the driver reads this once, at cuInit: keep torch's default (lazy kernel loading)
-    os.environ.setdefault("CUDA_MODULE_LOADING", "LAZY")
+    """cuInit and retain device `ordinal`'s primary context; True when both succeeded.
+    `start` has set CUDA_MODULE_LOADING (the driver reads it at cuInit) on the main thread."""
     try:
         lib = ctypes.CDLL(library)
     except OSError:
@@ -149,4 +148,8 @@ def start(device: str | None, mark: Callable[[str], None] = lambda label: None) 
     plan = plan_for(device)
     if plan is None:
         return None
+    if plan.ordinal is not None:
+        # torch's default, set before the thread exists: the environment is never written while
+        # another thread may read it (setenv is not thread-safe), and torch then leaves it as is
+        os.environ.setdefault("CUDA_MODULE_LOADING", "LAZY")
     return Primer(plan, mark).start()
