@@ -143,7 +143,7 @@ for what in "$@"; do
       for run in "llama-3.2-1b 1" "llama-3.2-1b 8" "smollm2-135m 1"; do
         timeout 120 python3 tools/timeline_mega.py $run 2>&1 | tee -a "$OUT/timeline-mega.log"
       done
-      timeout 480 python3 tools/sweep_mega.py llama-3.2-1b,smollm2-135m 1,8 "${MEGA_SWEEP:-4x4x256/512/512,4x4x256/512/512+rows,4x4x256/512/512+rows+xrows,4x4x128/512/512:64+rows+xrows,4x4x256/512/512+sleep200,4x4x256/512/512+splits4}" \
+      timeout 480 python3 tools/sweep_mega.py llama-3.2-1b,smollm2-135m 1,8 "${MEGA_SWEEP:-4x4x256/512/512,4x4x256/512/512+rows,4x4x256/512/512+rows+xrows,4x4x128/512/512:64+rows+xrows,4x4x256/512/512+sleep200,4x4x256/512/512+splits4,4x4x256/512/512+pps2,4x4x256/512/512+pps2+rows+xrows}" \
         2>&1 | tee "$OUT/sweep-mega.log" ;;
     launch)  # host time per Triton launch: plain, fast, bound with tensors, bound with addresses (V51)
       timeout 120 python3 tools/bench_launch.py 2>&1 | tee "$OUT/launch.log" ;;

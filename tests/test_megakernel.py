@@ -132,3 +132,57 @@ def test_tiles_depend_on_shape_only():
     assert pick_tiles(8192, 8192, 28672, 128, 132).bn == 32
     with pytest.raises(ValueError):
         pick_tiles(100, 100, 100, 64, 132)
+
+
+def test_set_programs_matches_a_layers_built_for_that_count(tiny_llama):
+    """Changing the program count (the sweep's +ppsN) gives the tiles, statistics buffer and
+    step of layers built for that count: the same logits as the plain decoder."""
+    from fgchat.engine.step import Variant
+
+    eng, fused = _engine(tiny_llama)
+    layers = DecodeLayers(fused.dec, eng.cache, programs=2)
+    layers.set_programs(7)
+    fresh = DecodeLayers(fused.dec, eng.cache, programs=7)
+    assert (layers.tiles, layers.np, layers.stats.shape) == (fresh.tiles, fresh.np, fresh.stats.shape)
+    eng.bufs.stage([5, 9], [12, 40], [0, 3], [0.0] * 2, [1.0] * 2, [0] * 2, [0] * 2)
+    eng.program.max_len_hint = 96
+    before = eng.cache.all.clone()
+    ref = eng.program.run_eager(2, Variant.GREEDY).logits.clone()
+    eng.cache.all.copy_(before)
+    out = _run(fused.mega_pieces(2, Variant.GREEDY, layers), False, layers)
+    torch.testing.assert_close(out.logits, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_more_programs_than_sms_need_the_drivers_word(tiny_llama, monkeypatch):
+    """A persistent launch of more programs than SMs is refused before it starts unless the
+    driver's occupancy count says they all fit (else the first grid barrier would spin forever);
+    the count is looked up once per set of launch options."""
+    from fgchat.engine.kernels import megakernel as mk
+
+    eng, fused = _engine(tiny_llama)
+    layers = DecodeLayers(fused.dec, eng.cache)
+    assert layers.programs == layers.sm_count * mk.PROGRAMS_PER_SM
+    layers.set_programs(2 * layers.sm_count)
+    looked_up = []
+
+    class Compiled:
+        function = 1234
+        metadata = type("M", (), {"shared": 100 * 1024})
+
+        def _init_handles(self):
+            pass
+
+    monkeypatch.setattr(mk._decode_layers_kernel, "warmup", lambda *a, grid, **kw: Compiled())
+    monkeypatch.setattr(mk, "max_resident_per_sm",
+                        lambda function, threads, shared: looked_up.append((function, threads, shared)) or 1)
+    ids = torch.tensor([5], device=DEV)
+    for _ in range(2):
+        with pytest.raises(ValueError, match="cannot be resident"):
+            layers.run(ids, torch.tensor([3], device=DEV), torch.tensor([0], device=DEV), persistent=True)
+    assert looked_up == [(1234, layers.num_warps * 32, 100 * 1024)]
+
+
+def test_occupancy_without_the_driver_is_zero():
+    from fgchat.engine.kernels.megakernel import max_resident_per_sm
+
+    assert max_resident_per_sm(0, 128, 0, library="libfgchat-no-such-driver.so.1") == 0

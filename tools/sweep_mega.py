@@ -11,6 +11,7 @@ Usage: python tools/sweep_mega.py PRESET[,PRESET] BATCHES CONFIGS [--no-phases] 
        python tools/sweep_mega.py llama-3.2-1b 1,8 4x4x256/512/512,4x4x256/512/512+rows   (V46 off / on)
        ... 4x4x256/512/512+rows+xrows,4x4x256/512/512+sleep200   (V47, the barrier's nanosleep)
        ... 4x4x256/512/512+splits4   (at most 4 attention splits per row and kv head)
+       ... 4x4x256/512/512+pps2   (two programs per SM, where both fit)
 """
 
 from __future__ import annotations
@@ -94,9 +95,10 @@ def configure(layers: mk.DecodeLayers, cfg, conf: str) -> None:
     width (default 16). Flags: +rows normalises the batch's rows only (megakernel.
     NORM_BATCH_ROWS_ONLY), +xrows loads o / down's x for those rows only (OUT_BATCH_ROWS_ONLY),
     +sleepN sleeps N ns between polls of a grid barrier (BARRIER_SLEEP_NS), +splitsN caps the
-    attention splits per (row, kv head) at N (DecodeLayers.max_splits, 1..16)."""
+    attention splits per (row, kv head) at N (DecodeLayers.max_splits, 1..16), +ppsN launches N
+    programs per SM (PROGRAMS_PER_SM; refused where the driver says they cannot all be resident)."""
     conf, *flags = conf.split("+")
-    unknown = [f for f in flags if f not in ("rows", "xrows") and not re.fullmatch(r"(sleep|splits)\d+", f)]
+    unknown = [f for f in flags if f not in ("rows", "xrows") and not re.fullmatch(r"(sleep|splits|pps)\d+", f)]
     if unknown:
         raise SystemExit(f"unknown setting flag(s) {unknown} in {conf}")
     layers.norm_batch_rows_only = "rows" in flags
@@ -105,6 +107,7 @@ def configure(layers: mk.DecodeLayers, cfg, conf: str) -> None:
     layers.max_splits = next((int(f[6:]) for f in flags if f.startswith("splits")), mk.MAX_SPLITS)
     if not 1 <= layers.max_splits <= mk.MAX_SPLITS:
         raise SystemExit(f"+splits takes 1..{mk.MAX_SPLITS}")
+    layers.set_programs(layers.sm_count * next((int(f[3:]) for f in flags if f.startswith("pps")), 1))
     conf, _, bni = conf.partition(":")
     warps, stages, ks = conf.split("x")
     kh, kq, ki = (ks.split("/") * 3)[:3]
@@ -129,8 +132,8 @@ def sweep(preset: str, batches: list[int], configs: list[str], phases: bool) -> 
             t0 = time.perf_counter()
             try:
                 eng.modes.run(Mode.MEGA, b, 0)  # capture (and compile) outside the timing
-            except OutOfResources as exc:
-                row.append(f"mega {name} does not fit ({str(exc)[:60]})")
+            except (OutOfResources, ValueError) as exc:  # ValueError: programs that cannot be resident
+                row.append(f"mega {name} does not fit ({str(exc)[:80]})")
                 continue
             torch.cuda.synchronize()
             first = time.perf_counter() - t0

@@ -13,7 +13,8 @@ the LM head and the pick stay the fused path's kernels.
 
 Invariants:
 - every program of a persistent launch must be resident at once (the barrier spins): the grid
-  is at most one program per SM and each program fits an SM;
+  is one program per SM (PROGRAMS_PER_SM), or more only where the driver's occupancy count for
+  the compiled kernel says that many fit (`DecodeLayers.run` checks before the first launch);
 - a phase reads only what earlier phases wrote (after a barrier) and weights; data written
   inside the launch is read with `.cg` loads (L2, never a stale L1 line);
 - each residual column is owned by one item of the o / down phases, which also store that
@@ -61,6 +62,9 @@ NUM_WARPS, NUM_STAGES, MAX_K_TILE, MAX_K_TILE_OUT = 4, 4, 256, 512
 NORM_BATCH_ROWS_ONLY = False
 OUT_BATCH_ROWS_ONLY = False
 BARRIER_SLEEP_NS = 0
+# persistent programs per SM (the sweep's +ppsN, notes V53): more warps per scheduler to hide
+# each program's load latency, if the kernel's registers and shared memory let them be resident
+PROGRAMS_PER_SM = 1
 # columns of the per-layer weight-offset table (DecodeLayers writes each row in this order)
 W_QKV, W_O, W_GU, W_DOWN, W_N1, W_N2 = (tl.constexpr(i) for i in range(6))
 W_COLS = tl.constexpr(6)
@@ -377,6 +381,21 @@ def _decode_layers_kernel(
             tl.atomic_xchg(bar_ptr, 0)
 
 
+def max_resident_per_sm(function: int, threads: int, shared: int, library: str = "libcuda.so.1") -> int:
+    """The driver's count of blocks of a loaded kernel (`function`, a CUfunction) that fit one SM
+    at once with `threads` threads and `shared` bytes of dynamic shared memory; 0 if unknown."""
+    import ctypes
+
+    try:
+        lib = ctypes.CDLL(library)
+    except OSError:
+        return 0
+    n = ctypes.c_int(0)
+    rc = lib.cuOccupancyMaxActiveBlocksPerMultiprocessor(ctypes.byref(n), ctypes.c_void_p(function),
+                                                         ctypes.c_int(threads), ctypes.c_size_t(shared))
+    return n.value if rc == 0 else 0
+
+
 @dataclass(frozen=True)
 class Tiles:
     bn: int  # residual columns per o / down item
@@ -428,11 +447,10 @@ class DecodeLayers:
         self.dec, self.cache = dec, cache
         dev = lw0.wqkv.device
         self.device = dev
-        if programs is None:
-            programs = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 4
-        self.programs = programs
+        self.sm_count = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 4
         hq, hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        self.tiles = pick_tiles(cfg.hidden_size, hq * d, cfg.intermediate_size, d, programs)
+        f32, dt = torch.float32, w.embed.dtype
+        self.set_programs(self.sm_count * PROGRAMS_PER_SM if programs is None else programs)
         base = w.embed
         elem = base.element_size()
 
@@ -450,11 +468,7 @@ class DecodeLayers:
         self.align = WEIGHT_ALIGN  # CUDA's allocator gives 512-byte blocks: 16 on the GPU
         while any(o % self.align for row in table for o in row):
             self.align //= 2
-        f32, dt = torch.float32, base.dtype
-        n_col_items = cdiv(cfg.hidden_size, self.tiles.bn)
-        self.np = next_pow2(n_col_items)
         self.h = torch.zeros((ROWS_PAD, cfg.hidden_size), dtype=f32, device=dev)
-        self.stats = torch.zeros((n_col_items, ROWS_PAD), dtype=f32, device=dev)
         self.q = torch.zeros((ROWS_PAD, hq, d), dtype=dt, device=dev)
         self.part = torch.zeros((MAX_ROWS * hkv * MAX_SPLITS, GROUP_PAD, d), dtype=f32, device=dev)
         self.ml = torch.zeros((MAX_ROWS * hkv * MAX_SPLITS, GROUP_PAD, 2), dtype=f32, device=dev)
@@ -472,10 +486,37 @@ class DecodeLayers:
         self.barrier_sleep_ns = BARRIER_SLEEP_NS
         self.max_splits = MAX_SPLITS
 
+    def set_programs(self, programs: int) -> None:
+        """Programs of a launch; the tiles and the per-column-tile statistics follow (shape-only).
+        Graphs captured before must be dropped: the statistics buffer may be a new one."""
+        cfg = self.dec.cfg
+        self.programs = programs
+        self.tiles = pick_tiles(cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.intermediate_size,
+                                cfg.head_dim, programs)
+        n_col_items = cdiv(cfg.hidden_size, self.tiles.bn)
+        self.np = next_pow2(n_col_items)
+        if getattr(self, "stats", None) is None or self.stats.shape[0] != n_col_items:
+            self.stats = torch.zeros((n_col_items, ROWS_PAD), dtype=torch.float32, device=self.device)
+        self._resident: dict[tuple, int] = {}  # launch options -> programs per SM the driver allows
+
     def items_per_program(self) -> dict[str, int]:
         cfg = self.dec.cfg
         return items_per_program(cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
                                  cfg.intermediate_size, self.tiles, self.programs)
+
+    def _check_resident(self, args: tuple, kw: dict) -> None:
+        """Raise ValueError unless every program of the launch can be resident at once (more
+        than one per SM): a grid that cannot would spin at its first barrier forever."""
+        key = tuple(sorted(kw.items()))
+        per_sm = self._resident.get(key)
+        if per_sm is None:
+            compiled = _decode_layers_kernel.warmup(*args, SYNC=True, grid=(self.programs,), **kw)
+            compiled._init_handles()
+            per_sm = max_resident_per_sm(compiled.function, kw["num_warps"] * 32, compiled.metadata.shared)
+            self._resident[key] = per_sm
+        if self.programs > per_sm * self.sm_count:
+            raise ValueError(f"{self.programs} programs cannot be resident at once: {per_sm} per SM fit "
+                             f"on {self.sm_count} SMs")
 
     def splits(self, b: int) -> int:
         """Attention splits per (row, kv head): enough items for every program, at most
@@ -507,6 +548,8 @@ class DecodeLayers:
                   num_warps=self.num_warps, num_stages=self.num_stages)
         lo, hi = phases or (0, 1 + PHASES_PER_LAYER * cfg.num_layers)
         if persistent:
+            if self.programs > self.sm_count:
+                self._check_resident(args + (lo, hi) + tail, kw)
             _decode_layers_kernel[(self.programs,)](*args, lo, hi, *tail, SYNC=True, **kw)
         else:
             for p in range(lo, hi):

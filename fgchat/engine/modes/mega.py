@@ -5,7 +5,7 @@ Invariants:
 - the graph's tokens and logits stay referenced here for the graph's lifetime (as in full mode);
 - the kernel runs once eagerly on the capture stream before each capture (compiles, and checks
   that the persistent launch returns: a grid that cannot be resident at once would hang there,
-  so the grid is at most one program per SM);
+  so the grid is one program per SM, or more only where the driver's occupancy count allows);
 - its sums run in another order than the other modes' kernels: its self-check compares it and
   eager each with the float32 reference step over a sink context (ModeSet, as_close_as_eager).
 """
