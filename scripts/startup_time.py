@@ -50,6 +50,9 @@ PHASES: list[tuple[str, str]] = [
     ("engine: imports done", "engine child: torch and the engine imported"),
     ("engine: triton key primed", "engine child, helper thread: Triton's cache key computed"),
     ("engine: model loaded", "engine child: config, tokenizer, weights loaded"),
+    ("engine: kv cache allocated", "engine child: KV cache allocated"),
+    ("engine: decode path set up", "engine child: decoder, attention, step program, modes"),
+    ("engine: warmed and captured", "engine child: kernel warm-up, first graphs (all unless idle capture)"),
     ("engine: built", "engine child: engine built (KV cache, warm-up, capture, check)"),
     ("engine: info sent", "engine child: EngineInfo sent to the UI"),
     ("ui: app imported", "UI process: Textual and the app imported"),
@@ -227,9 +230,11 @@ def main(argv: list[str] | None = None) -> int:
     last = results[-1]
     print(f"model {last.get('model')} on {last.get('device')} ({last.get('dtype')}, {last.get('mode')}); "
           f"{args.runs} launch(es), median ms since launch")
-    print(f"{'phase':24s} {'at ms':>8s} {'+ms':>8s}  what (+ms: since the same process's previous row)")
-    for label, text, at, delta in _table(runs):
-        print(f"{label:24s} {at:8.0f} {delta:8.0f}  {text}")
+    rows = _table(runs)
+    width = max([len("phase")] + [len(label) for label, _, _, _ in rows])
+    print(f"{'phase':{width}s} {'at ms':>8s} {'+ms':>8s}  what (+ms: since the same process's previous row)")
+    for label, text, at, delta in rows:
+        print(f"{label:{width}s} {at:8.0f} {delta:8.0f}  {text}")
     ready = [r.get("ui: ready", r.get("script: ready seen")) for r in runs]
     print(f"ready to send: median {statistics.median(ready):.0f} ms (runs: {', '.join(f'{x:.0f}' for x in ready)})")
     gpu = [(k, statistics.median(r[k] for r in results if r.get(k) is not None))

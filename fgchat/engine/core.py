@@ -16,6 +16,7 @@ from fgchat.engine.kv_cache import NUM_SLOTS, KVCache, choose_max_context
 from fgchat.engine.loader import LoadedModel, load_model, load_random, pick_device, pick_dtype
 from fgchat.engine.model.decoder import Decoder
 from fgchat.engine.modes import GRAPH_MODES, ModeSet
+from fgchat.engine.process import startup_mark
 from fgchat.engine.requests import Sequence
 from fgchat.engine.scheduler import Scheduler
 from fgchat.engine.step import ROW_IDS, ROW_POS, StepBuffers, StepOutputs, StepProgram, Variant
@@ -83,6 +84,7 @@ class Engine:
         )
         self.notes.append(f"max context {self.max_context} tokens ({why})")
         self.cache = KVCache(self.cfg, self.max_context, self.device, self.dtype)
+        startup_mark("engine: kv cache allocated")
         self.scheduler = Scheduler()
         self._build(self._use_fused())
         cuda = self.device.type == "cuda"
@@ -148,6 +150,7 @@ class Engine:
         self.attention.pdl_entry = entry_pdl and self.attention.pdl
         self.program = StepProgram(self.decoder, self.cache, self.bufs, self.attention)
         self.modes = self._make_modes()
+        startup_mark("engine: decode path set up")
         if self.config.lazy_capture:
             return
         if self.tuning.idle_capture:
@@ -158,6 +161,7 @@ class Engine:
             self.modes.capture_start(self.config.self_check, first)
         else:
             self.modes.capture_all(self.config.self_check)
+        startup_mark("engine: warmed and captured")
 
     def _make_modes(self) -> ModeSet:
         return ModeSet(self.program, self.tuning, self.notes.append)
