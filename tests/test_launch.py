@@ -327,6 +327,51 @@ def test_batched_replays_in_order_checking_once(fake_plain, monkeypatch):
     assert compiled.calls == ["op", "op"]
 
 
+class FakeCudaLauncher:
+    """Triton 3.6's CudaLauncher with its own `__call__` (scratch allocation, then the C launch),
+    the C `launch` replaced by a recorder."""
+
+    __call__ = None  # set below, when triton's NVIDIA driver module imports
+
+    def __init__(self, scratch: int = 0):
+        self.launches = []
+        self.launch = lambda *a: self.launches.append(a)
+        self.num_ctas = 1
+        self.global_scratch_size, self.global_scratch_align = scratch, 128
+        self.profile_scratch_size, self.profile_scratch_align = 0, 1
+        self.launch_cooperative_grid, self.launch_pdl = False, True
+
+
+@needs_jit
+@pytest.mark.parametrize("scratch", [0, 64])
+def test_fast_path_calls_the_c_launch_as_the_launchers_call_does(fake_plain, monkeypatch, scratch):
+    """Without scratch memory the fast path calls the launcher's C `launch` directly, with the
+    arguments Triton's own `CudaLauncher.__call__` passes it; with scratch it goes through
+    `__call__` (which allocates it)."""
+    driver = pytest.importorskip("triton.backends.nvidia.driver")
+    monkeypatch.setattr(FakeCudaLauncher, "__call__", driver.CudaLauncher.__call__)
+    allocated = []
+    monkeypatch.setattr(driver._allocation, "_allocator",
+                        type("A", (), {"get": lambda self: lambda size, align, stream: allocated.append(size) or 4096})())
+    la, compiled, plain_calls = fake_plain
+    launcher = FakeCudaLauncher(scratch)
+    compiled.run = launcher
+    x, y = torch.zeros(16), torch.zeros(16)
+    args = (x, y, 16, 0.5, True, None)
+    la[(3, 2)](*args, BLOCK=16, num_warps=4)  # plain: the entry is made from this compiled kernel
+    la[(3, 2)](*args, BLOCK=16, num_warps=4)
+    bound = la.bind((3, 2), *args, BLOCK=16, num_warps=4, resolve_pointers=False)
+    bound()
+    launch.batched([bound])()
+    via_call = []
+    launcher.launch = lambda *a: via_call.append(a)
+    driver.CudaLauncher.__call__(launcher, 3, 2, 1, 1234, 0xF00, (4, 1, 0), None, None, None, *args, 16, 3)
+    launcher.launch = lambda *a: launcher.launches.append(a)
+    assert launcher.launches == via_call * 3 and len(plain_calls) == 1 and la.fast_launches == 3
+    assert via_call[0][:9] == (3, 2, 1, 1234, 0xF00, False, True, 4096 if scratch else None, None)
+    assert len(allocated) == (4 if scratch else 0)
+
+
 @needs_jit
 def test_fallbacks_to_plain(fake_plain, monkeypatch):
     la, compiled, plain_calls = fake_plain

@@ -18,6 +18,9 @@ where `bound_args` holds EVERY parameter of the kernel in signature order, const
 defaults included (the generated C launcher parses a constexpr argument as an object and ignores
 it). With no launch hook registered the fast path passes None for launch_metadata and both hooks;
 the C launcher then skips the hook calls, which is what the plain path's empty HookChains amount to.
+`compiled.run` is a CudaLauncher, whose Python `__call__` allocates the kernel's global and
+profile scratch (when it has any) and calls its C `launch`; for a kernel with neither, the fast
+path calls that C `launch` itself with what `__call__` would pass (no scratch: None, None).
 
 Invariants
 - The key is never coarser than Triton's own specialization (it may be finer, which only costs an
@@ -299,11 +302,11 @@ class FastLauncher:
             return generic
         if entry is None or entry is _PLAIN:
             return generic
-        run, function, packed, tail, compiled = entry
+        run, pre, tail, compiled = entry
         n = len(grid)
         g0, g1, g2 = grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1
         fixed = tuple(_device_address(a) for a in args) if resolve_pointers else args
-        rest = (function, packed, None, None, None, *fixed, *tail)
+        rest = (*pre, *fixed, *tail)
 
         def bound() -> Any:
             if self._needs_plain() or _get_device() != dev:  # type: ignore[misc]
@@ -339,11 +342,11 @@ class FastLauncher:
             return compiled
         if entry is _PLAIN:
             return self._plain(grid, args, kwargs)
-        run, function, packed, tail, compiled = entry
+        run, pre, tail, compiled = entry
         n = len(grid)
         self.fast_launches += 1
         run(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, _get_raw_stream(dev),  # type: ignore[misc]
-            function, packed, None, None, None, *args, *tail)
+            *pre, *args, *tail)
         return compiled
 
     def _plain(self, grid: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
@@ -351,7 +354,10 @@ class FastLauncher:
         return self.fn[grid](*args, **kwargs)
 
     def _make_entry(self, compiled: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
-        """(run, function, packed_metadata, tail args, compiled), or _PLAIN if not launchable."""
+        """(run, pre, tail args, compiled), or _PLAIN if not launchable: a launch is
+        `run(grid_0, grid_1, grid_2, stream, *pre, *args, *tail)`. run is the compiled
+        launcher's C `launch` where the kernel needs no scratch memory (`_direct`), else the
+        CudaLauncher itself (pre: function, packed metadata, no launch metadata, no hooks)."""
         if compiled is None or not _driver_is_default_cuda():
             return _PLAIN
         try:
@@ -370,13 +376,34 @@ class FastLauncher:
                 tail.append(p.default)
             else:
                 return _PLAIN  # the plain path would have failed to bind
-        return (run, function, packed, tuple(tail), compiled)
+        direct = _direct(run)
+        if direct is not None:
+            launch, coop, pdl = direct
+            return (launch, (function, coop, pdl, None, None, packed, None, None, None), tuple(tail), compiled)
+        return (run, (function, packed, None, None, None), tuple(tail), compiled)
+
+
+def _direct(run: Any) -> tuple[Callable[..., Any], Any, Any] | None:
+    """(launch, cooperative, pdl) to call the C launch of a CudaLauncher (Triton 3.6,
+    `backends/nvidia/driver.py`) directly, as its `__call__` does after allocating scratch:
+    `launch(gx, gy, gz, stream, function, cooperative, pdl, global_scratch, profile_scratch,
+    packed, launch_metadata, enter_hook, exit_hook, *args)`. None where the kernel needs
+    global or profile scratch (only `__call__` allocates it) or the launcher is another kind."""
+    try:
+        launch = run.launch
+        scratch = (run.global_scratch_size, run.profile_scratch_size)
+        coop, pdl = run.launch_cooperative_grid, run.launch_pdl
+    except AttributeError:
+        return None
+    if not callable(launch) or any(scratch):
+        return None
+    return launch, coop, pdl
 
 
 @dataclass(frozen=True)
 class _Fast:
     """What a bound launch's fast path calls, for `batched` to call it without the per-launch
-    checks: `run(*grid, stream, *rest)`."""
+    checks: `run(*grid, stream, *rest)` (see `_make_entry`)."""
 
     launcher: FastLauncher
     dev: int
