@@ -474,14 +474,14 @@ class Engine:
         plain = [i for i, (seq, _) in enumerate(pairs) if not seq.params.penalized]
         toks: dict[int, torch.Tensor] = {}
         if plain:
-            logits = torch.stack([pairs[i][1] for i in plain])
+            stacked = torch.stack([pairs[i][1] for i in plain])
             ps = [pairs[i][0].params for i in plain]
             if all(p.temperature <= 0 for p in ps):
-                picked = sampling.greedy(logits)
+                picked = sampling.greedy(stacked)
             else:
                 dev = self.device
                 picked = sampling.sample(
-                    logits.float(), torch.tensor([p.temperature for p in ps], device=dev),
+                    stacked.float(), torch.tensor([p.temperature for p in ps], device=dev),
                     torch.tensor([p.top_p for p in ps], device=dev), torch.tensor([p.top_k for p in ps], device=dev),
                     torch.tensor([p.seed for p in ps], device=dev),
                     torch.tensor([len(pairs[i][0].prompt_ids) for i in plain], device=dev),
