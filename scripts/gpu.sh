@@ -26,6 +26,7 @@
 #   mega    the mega mode beside full (one process per model: embedded, 1B, SmolLM2 presets)
 #   8b      fgchat bench of the 8B preset, full mode
 #   launch  host time per Triton launch (tools/bench_launch.py)
+#   merge   full mode's step with the attention splits merged three ways (tools/ab_attention_merge.py)
 #   ncumega Nsight Compute (full set, source-level stalls) on one persistent mega launch, 1B batch 1
 #   megaprofile  the mega kernel's timeline from its clock stamps, then its settings sweep
 #   penalties  cost per decode step of repetition/presence/frequency penalties (1B, batch 1, 8)
@@ -145,6 +146,8 @@ for what in "$@"; do
       done
       timeout 480 python3 tools/sweep_mega.py llama-3.2-1b,smollm2-135m 1,8 "${MEGA_SWEEP:-4x4x256/512/512,4x4x256/512/512+rows,4x4x256/512/512+rows+xrows,4x4x128/512/512:64+rows+xrows,4x4x256/512/512+sleep200,4x4x256/512/512+splits4,4x4x256/512/512+pps2,4x4x256/512/512+pps2+rows+xrows}" \
         2>&1 | tee "$OUT/sweep-mega.log" ;;
+    merge)  # full mode with the attention splits merged three ways (tools/ab_attention_merge.py, V55)
+      timeout 300 python3 tools/ab_attention_merge.py llama-3.2-1b,smollm2-135m 1,8 2 2>&1 | tee "$OUT/merge.log" ;;
     launch)  # host time per Triton launch: plain, fast, bound with tensors, bound with addresses (V51)
       timeout 120 python3 tools/bench_launch.py 2>&1 | tee "$OUT/launch.log" ;;
     8b)  # the 8B preset, full mode only (its random weights take ~16 GB)

@@ -389,12 +389,14 @@ def test_triton_tuning_variants_stay_correct(block_n: int, num_warps: int, num_s
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_fused_combine_matches_separate_kernel_and_rearms() -> None:
-    """The last-split merge equals the two-kernel path, leaves its counters at zero and stays
-    right when replayed from a CUDA graph many times (counters rearm every launch)."""
+@pytest.mark.parametrize("merge_unrolled", [True, False])
+def test_fused_combine_matches_separate_kernel_and_rearms(merge_unrolled: bool) -> None:
+    """The last-split merge (its live splits eight at a time, or one after another) equals the
+    two-kernel path, leaves its counters at zero and stays right when replayed from a CUDA graph
+    many times (counters rearm every launch)."""
     from fgchat.engine.kernels.attention.triton_decode import TritonDecodeAttention
 
-    fused = TritonDecodeAttention(torch.device("cuda"), fuse_combine=True)
+    fused = TritonDecodeAttention(torch.device("cuda"), fuse_combine=True, merge_unrolled=merge_unrolled)
     split = TritonDecodeAttention(torch.device("cuda"), fuse_combine=False)
     gen = torch.Generator().manual_seed(77)
     inputs = make_inputs(8, 8, 4, 64, 4096, [1, 4096, 65, 63, 128, 4095, 2000, 7], torch.bfloat16, "cuda", gen)

@@ -91,9 +91,13 @@ def main() -> None:
         for preload, rope, from_cache in ((False, True, True), (True, True, True), (True, False, True),
                                           (True, True, False)):
             consts = dict(HEAD_DIM=64, BLOCK_G=16, BLOCK_N=64, DOT_PRECISION="tf32", FUSE_COMBINE=False, BLOCK_S=32,
-                          ROPE=rope, USE_PDL=pdl, PRELOAD=preload, CUR_FROM_CACHE=from_cache)
+                          ROPE=rope, USE_PDL=pdl, PRELOAD=preload, CUR_FROM_CACHE=from_cache,
+                          MERGE_UNROLLED=False, MERGE_CH=8)
             sig = {n: t for n, t in split_sig.items() if n not in consts}
             build(td._split_kernel, sig, consts, num_warps=4, num_stages=3, launch_pdl=pdl)
+        # the last split merging the others (FUSE_COMBINE), its live splits eight at a time (V55)
+        consts.update(FUSE_COMBINE=True, MERGE_UNROLLED=True, BLOCK_S=64)
+        build(td._split_kernel, sig, consts, num_warps=4, num_stages=3, launch_pdl=pdl)
         comb_sig = {n: "i32" for n in td._combine_kernel.arg_names}
         comb_sig.update(part_ptr="*fp32", lse_ptr="*fp32", out_ptr="*bf16")
         for c in ("HEAD_DIM", "BLOCK_S", "USE_PDL"):

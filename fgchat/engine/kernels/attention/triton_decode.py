@@ -74,6 +74,8 @@ def _split_kernel(
     USE_PDL: tl.constexpr = False,
     PRELOAD: tl.constexpr = False,
     CUR_FROM_CACHE: tl.constexpr = True,
+    MERGE_UNROLLED: tl.constexpr = False,
+    MERGE_CH: tl.constexpr = 8,
 ):
     if not PRELOAD:
         pdl_enter(USE_PDL)
@@ -204,14 +206,32 @@ def _split_kernel(
             m = tl.where(m > float("-inf"), m, 0.0)  # no live split (seq_len == 0): weights 0
             denom = tl.sum(tl.exp2(lse_all - m[:, None]), 1)
             o = tl.zeros([BLOCK_G, HEAD_DIM], tl.float32)
-            for sp in range(0, tl.minimum(num_splits, BLOCK_S)):  # fixed order: same sum every launch
-                lse_s = tl.load(lse_ptr + lane * stride_lb + q_heads * stride_lh + sp, mask=g_mask,
-                                other=float("-inf"), cache_modifier=".cg")
-                live = lse_s > float("-inf")  # only live splits wrote a partial output
-                part_s = tl.load(part_ptr + lane * stride_pb + q_heads[:, None] * stride_ph
-                                 + sp * stride_ps + offs_d[None, :],
-                                 mask=live[:, None], other=0.0, cache_modifier=".cg")
-                o += part_s * tl.exp2(lse_s - m)[:, None]
+            if MERGE_UNROLLED:
+                # Splits own consecutive chunks from position 0, so the live ones are a prefix
+                # [0, n_live): MERGE_CH of them per step, each step one [G, MERGE_CH, D] load
+                # (one L2 round trip) summed over the splits; steps added in order (fixed sums).
+                n_live = tl.where(seq_len > 0, tl.cdiv(seq_len, tl.maximum(chunk, 1)), 0)
+                offs_c = tl.arange(0, MERGE_CH)
+                for c0 in range(0, tl.minimum(n_live, num_splits), MERGE_CH):
+                    sp = c0 + offs_c
+                    gc_mask = g_mask[:, None] & (sp[None, :] < num_splits)
+                    lse_c = tl.load(lse_ptr + lane * stride_lb + q_heads[:, None] * stride_lh + sp[None, :],
+                                    mask=gc_mask, other=float("-inf"), cache_modifier=".cg")
+                    live = lse_c > float("-inf")  # only live splits wrote a partial output
+                    part_c = tl.load(part_ptr + lane * stride_pb + q_heads[:, None, None] * stride_ph
+                                     + sp[None, :, None] * stride_ps + offs_d[None, None, :],
+                                     mask=live[:, :, None], other=0.0, cache_modifier=".cg")
+                    w_c = tl.where(live, tl.exp2(lse_c - m[:, None]), 0.0)
+                    o += tl.sum(part_c * w_c[:, :, None], 1)
+            else:
+                for sp in range(0, tl.minimum(num_splits, BLOCK_S)):  # fixed order: same sum every launch
+                    lse_s = tl.load(lse_ptr + lane * stride_lb + q_heads * stride_lh + sp, mask=g_mask,
+                                    other=float("-inf"), cache_modifier=".cg")
+                    live = lse_s > float("-inf")  # only live splits wrote a partial output
+                    part_s = tl.load(part_ptr + lane * stride_pb + q_heads[:, None] * stride_ph
+                                     + sp * stride_ps + offs_d[None, :],
+                                     mask=live[:, None], other=0.0, cache_modifier=".cg")
+                    o += part_s * tl.exp2(lse_s - m)[:, None]
             o = o / tl.where(denom > 0.0, denom, 1.0)[:, None]
             tl.store(out_ptr + lane * stride_ob + q_heads[:, None] * stride_oh + offs_d[None, :],
                      o.to(out_ptr.dtype.element_ty), mask=g_mask[:, None])
@@ -280,7 +300,7 @@ class TritonDecodeAttention(DecodeAttention):
 
     def __init__(self, device: torch.device, config: KernelConfig | None = None,
                  fuse_combine: bool = False, pdl: bool = False, preload: bool = True,
-                 cur_from_cache: bool = False) -> None:
+                 cur_from_cache: bool = False, merge_unrolled: bool = True) -> None:
         """config=None uses DEFAULT_CONFIGS[head_dim]; a given config applies to every head dim.
         fuse_combine: the last split merges the others instead of a separate combine kernel (the
         separate kernel measured faster on the H200). pdl: programmatic dependent launch where
@@ -288,13 +308,16 @@ class TritonDecodeAttention(DecodeAttention):
         PDL wait (the wait then covers only the previous kernel's output: q and the current row;
         H200, SmolLM2 full b1 0.536 -> 0.509 ms). cur_from_cache=False: with preload and RoPE
         inside the kernel, the current row comes from registers, not re-read from the cache
-        (~13 us less per 1B step; True rounds like the separate RoPE path at D=64)."""
+        (~13 us less per 1B step; True rounds like the separate RoPE path at D=64).
+        merge_unrolled (with fuse_combine): the merging split reads the live splits' partials
+        eight at a time, one load each, instead of every split's one after another (notes V55)."""
         if device.type != "cuda" or not torch.cuda.is_available():
             raise FgchatError("the triton attention backend needs a CUDA device (use --attention torch)")
         index = device.index if device.index is not None else torch.cuda.current_device()
         self.sm_count = _sm_count(index)
         self._config = config
         self.fuse_combine = fuse_combine
+        self.merge_unrolled = merge_unrolled
         self.preload = preload
         self.cur_from_cache = cur_from_cache
         self.pdl = pdl and pdl_supported(device)
@@ -394,7 +417,7 @@ class TritonDecodeAttention(DecodeAttention):
         return (q.shape, q.dtype, q_strides, cos is None or (cos.shape, cos.dtype), k_cache.shape,
                 k_cache.stride(), k_cache.dtype, v_cache.stride(), v_cache.dtype, out.shape, out.stride(),
                 out.dtype, slot_ids.shape, slot_ids.dtype, seq_lens.shape, seq_lens.dtype, scale,
-                self.pdl, self.pdl_entry, self.fuse_combine)
+                self.pdl, self.pdl_entry, self.fuse_combine, self.merge_unrolled)
 
     def _plan(self, key: tuple, q: Tensor, stride_qb: int, stride_qh: int, cos: Tensor | None, k_cache: Tensor,
               v_cache: Tensor, out: Tensor, scale: float) -> _Plan:
@@ -424,6 +447,7 @@ class TritonDecodeAttention(DecodeAttention):
             DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", USE_PDL=self.pdl_entry,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=self.pdl_entry,
             PRELOAD=self.preload, CUR_FROM_CACHE=self.cur_from_cache,
+            MERGE_UNROLLED=self.fuse_combine and self.merge_unrolled,
         )
         combine = None
         if not self.fuse_combine:
