@@ -8,13 +8,16 @@ The backend object itself needs CUDA, so the script builds the split kernel's ar
 
 from __future__ import annotations
 
+import importlib.util
 import textwrap
 
 import pytest
 
 from small_decoders import run_interpreted
 
-pytest.importorskip("triton")
+# not imported here: Triton must load after the interpreter's flag is set (tests/test_megakernel.py
+# sets it at import); the script below runs in its own interpreted process
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
 
 SCRIPT = textwrap.dedent(
     """
