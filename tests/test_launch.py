@@ -10,8 +10,13 @@ from __future__ import annotations
 import contextlib
 import gc
 import itertools
-from functools import partial
+import os
+import re
+import subprocess
+import sys
 import weakref
+from functools import partial
+from pathlib import Path
 
 import pytest
 import torch
@@ -43,6 +48,21 @@ def _jit_available() -> bool:
 
 needs_jit = pytest.mark.skipif(not _jit_available(),
                                reason="kernels decorated under TRITON_INTERPRET, or fast launch disabled")
+
+
+@pytest.mark.skipif(_jit_available() or not launch.ENABLED,
+                    reason="the JIT tests run in this process; or fast launch is disabled")
+def test_jit_tests_run_in_a_process_without_the_interpreter():
+    """In the full suite an earlier test module sets TRITON_INTERPRET before this one loads, so
+    this module's kernels are interpreted and every JIT test above and below skips here. They run
+    in a child pytest with the flag unset instead, and must all pass there, none skipped."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-m", "not gpu",
+                        "-k", "not jit_tests_run_in_a_process", "-rs"],
+                       capture_output=True, text=True, env=env, cwd=Path(__file__).parent.parent, timeout=600)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-2000:]
+    summary = p.stdout.strip().splitlines()[-1]
+    assert re.search(r"\d+ passed", summary) and "skipped" not in summary, summary
 
 
 def tensors() -> list[torch.Tensor]:
