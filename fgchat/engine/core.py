@@ -469,55 +469,49 @@ class Engine:
 
     def _first_tokens(self, pairs: list[tuple[Sequence, torch.Tensor]]) -> list[tuple[Sequence, torch.Tensor]]:
         """Each request's first token [1] from its prompt's last logits [V], in order. Requests
-        without penalties are picked together: one pick over their stacked logits (greedy: the
-        chunked argmax, not torch.argmax's single block), as a decode step picks its lanes."""
+        without penalties are picked together, one pick over their stacked logits, as a decode
+        step picks its lanes; a penalized one has its logits penalized first."""
         plain = [i for i, (seq, _) in enumerate(pairs) if not seq.params.penalized]
         toks: dict[int, torch.Tensor] = {}
         if plain:
-            stacked = torch.stack([pairs[i][1] for i in plain])
-            ps = [pairs[i][0].params for i in plain]
-            if all(p.temperature <= 0 for p in ps):
-                picked = sampling.greedy(stacked)
-            else:
-                dev = self.device
-                picked = sampling.sample(
-                    stacked.float(), torch.tensor([p.temperature for p in ps], device=dev),
-                    torch.tensor([p.top_p for p in ps], device=dev), torch.tensor([p.top_k for p in ps], device=dev),
-                    torch.tensor([p.seed for p in ps], device=dev),
-                    torch.tensor([len(pairs[i][0].prompt_ids) for i in plain], device=dev),
-                    filtered=any(sampling.needs_filter(p.top_p, p.top_k, self.cfg.vocab_size) for p in ps),
-                )
+            picked = self._pick(torch.stack([pairs[i][1] for i in plain]), [pairs[i][0] for i in plain])
             toks = {i: picked[j:j + 1] for j, i in enumerate(plain)}
-        return [(seq, toks[i] if i in toks else self._first_token(seq, logits))
+        return [(seq, toks[i] if i in toks else self._first_token_penalized(seq, logits))
                 for i, (seq, logits) in enumerate(pairs)]
 
-    def _first_token(self, seq: Sequence, logits: torch.Tensor) -> torch.Tensor:
-        """The request's first token [1] from its prompt's last logits [V] (penalties applied)."""
+    def _pick(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+        """First tokens [n] of `seqs` from their prompts' last logits [n, V]: all greedy, the
+        chunked argmax (not torch.argmax's single block); else the sampler with each row's
+        parameters at the position after its prompt."""
+        ps = [s.params for s in seqs]
+        if all(p.temperature <= 0 for p in ps):
+            return sampling.greedy(logits)
+        dev = self.device
+        return sampling.sample(
+            logits.float(), torch.tensor([p.temperature for p in ps], device=dev),
+            torch.tensor([p.top_p for p in ps], device=dev), torch.tensor([p.top_k for p in ps], device=dev),
+            torch.tensor([p.seed for p in ps], device=dev),
+            torch.tensor([len(s.prompt_ids) for s in seqs], device=dev),
+            filtered=any(sampling.needs_filter(p.top_p, p.top_k, self.cfg.vocab_size) for p in ps),
+        )
+
+    def _first_token_penalized(self, seq: Sequence, logits: torch.Tensor) -> torch.Tensor:
+        """A penalized request's first token [1]: its prompt's ids counted from here (output ids
+        as they are sampled), its last logits [V] penalized, then picked."""
+        from fgchat.engine.kernels import penalties
+
         p = seq.params
         dev = self.device
-        if p.penalized:  # the prompt's ids count from here; output ids as they are sampled
-            from fgchat.engine.kernels import penalties
-
-            prog = self.program
-            slot = torch.tensor([seq.slot], device=dev)
-            penalties.reset_slot(prog.counts, prog.prompt_mask, seq.slot, seq.prompt_ids)
-            logits = logits.float().clone()[None]
-            penalties.apply_penalties(logits, prog.counts, prog.prompt_mask, slot,
-                                      torch.tensor([p.repetition_penalty], device=dev),
-                                      torch.tensor([p.presence_penalty], device=dev),
-                                      torch.tensor([p.frequency_penalty], device=dev))
-            logits = logits[0]
-        if p.temperature > 0:
-            tok = sampling.sample(
-                logits[None], torch.tensor([p.temperature], device=dev),
-                torch.tensor([p.top_p], device=dev), torch.tensor([p.top_k], device=dev),
-                torch.tensor([p.seed], device=dev), torch.tensor([len(seq.prompt_ids)], device=dev),
-                filtered=sampling.needs_filter(p.top_p, p.top_k, self.cfg.vocab_size),
-            )
-        else:
-            tok = sampling.greedy(logits[None])
-        if p.penalized:
-            penalties.record_tokens(self.program.counts, slot, tok)
+        prog = self.program
+        slot = torch.tensor([seq.slot], device=dev)
+        penalties.reset_slot(prog.counts, prog.prompt_mask, seq.slot, seq.prompt_ids)
+        logits = logits.float().clone()[None]
+        penalties.apply_penalties(logits, prog.counts, prog.prompt_mask, slot,
+                                  torch.tensor([p.repetition_penalty], device=dev),
+                                  torch.tensor([p.presence_penalty], device=dev),
+                                  torch.tensor([p.frequency_penalty], device=dev))
+        tok = self._pick(logits, [seq])
+        penalties.record_tokens(prog.counts, slot, tok)
         return tok
 
     def _can_follow(self, prev: _InFlight, seqs: list[Sequence]) -> bool:
