@@ -25,7 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-DRIVER_LIBRARY = "libcuda.so.1"
+from fgchat.engine import cuda_driver
+
 SWITCH_ENV = "FGCHAT_STARTUP_PRIME"  # "0": no helper thread (the start-up A/B's other side)
 _DEVICE_RE = re.compile(r"^cuda(?::(\d+))?$")
 
@@ -72,14 +73,11 @@ def plan_for(device: str | None, *, driver_present: bool | None = None,
     return Plan(ordinal=ordinal, triton=triton_present)
 
 
-def prime_cuda_context(ordinal: int, library: str = DRIVER_LIBRARY) -> bool:
+def prime_cuda_context(ordinal: int, library: str = cuda_driver.LIBRARY) -> bool:
     """cuInit and retain device `ordinal`'s primary context; True when both succeeded.
     `start` has set CUDA_MODULE_LOADING (the driver reads it at cuInit) on the main thread."""
-    try:
-        lib = ctypes.CDLL(library)
-    except OSError:
-        return False
-    if lib.cuInit(0) != 0:
+    lib = cuda_driver.open_driver(library)
+    if lib is None or lib.cuInit(0) != 0:
         return False
     dev = ctypes.c_int()
     if lib.cuDeviceGet(ctypes.byref(dev), ordinal) != 0:

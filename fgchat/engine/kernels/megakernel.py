@@ -33,12 +33,14 @@ at near ties: this mode is checked against float32, not bit for bit against the 
 
 from __future__ import annotations
 
+import ctypes
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
+from fgchat.engine import cuda_driver
 from fgchat.engine.intmath import cdiv, next_pow2
 
 PHASES_PER_LAYER = 5
@@ -381,14 +383,11 @@ def _decode_layers_kernel(
             tl.atomic_xchg(bar_ptr, 0)
 
 
-def max_resident_per_sm(function: int, threads: int, shared: int, library: str = "libcuda.so.1") -> int:
+def max_resident_per_sm(function: int, threads: int, shared: int, library: str = cuda_driver.LIBRARY) -> int:
     """The driver's count of blocks of a loaded kernel (`function`, a CUfunction) that fit one SM
     at once with `threads` threads and `shared` bytes of dynamic shared memory; 0 if unknown."""
-    import ctypes
-
-    try:
-        lib = ctypes.CDLL(library)
-    except OSError:
+    lib = cuda_driver.open_driver(library)
+    if lib is None:
         return 0
     n = ctypes.c_int(0)
     rc = lib.cuOccupancyMaxActiveBlocksPerMultiprocessor(ctypes.byref(n), ctypes.c_void_p(function),
