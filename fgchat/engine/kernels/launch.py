@@ -447,10 +447,10 @@ def batched(calls: Sequence[Callable[[], Any]]) -> Callable[[], None]:
     for f in fasts:
         if f is not None:
             counts[f.launcher] = counts.get(f.launcher, 0) + 1
-    launchers, tally = tuple(counts), tuple(counts.items())
+    tally = tuple(counts.items())  # each launcher once, with its launches per replay
 
     def replay() -> None:
-        if _get_device() != dev or any(la._needs_plain() for la in launchers):  # type: ignore[misc]
+        if _get_device() != dev or any(la._needs_plain() for la, _ in tally):  # type: ignore[misc]
             for c in calls:
                 c()
             return

@@ -449,6 +449,7 @@ class DecodeLayers:
         self.sm_count = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 4
         hq, hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         f32, dt = torch.float32, w.embed.dtype
+        self.stats: torch.Tensor | None = None  # set_programs allocates it
         self.set_programs(self.sm_count * PROGRAMS_PER_SM if programs is None else programs)
         base = w.embed
         elem = base.element_size()
@@ -494,7 +495,7 @@ class DecodeLayers:
                                 cfg.head_dim, programs)
         n_col_items = cdiv(cfg.hidden_size, self.tiles.bn)
         self.np = next_pow2(n_col_items)
-        if getattr(self, "stats", None) is None or self.stats.shape[0] != n_col_items:
+        if self.stats is None or self.stats.shape[0] != n_col_items:
             self.stats = torch.zeros((n_col_items, ROWS_PAD), dtype=torch.float32, device=self.device)
         self._resident: dict[tuple, int] = {}  # launch options -> programs per SM the driver allows
 
