@@ -16,14 +16,9 @@ import torch
 
 from fgchat.engine.core import Engine, EngineConfig
 from fgchat.protocol.events import Mode
-from profile_prefill import time_cuda_ms  # tools/ is on sys.path when run as a script
+from sweep_mega import ms_per_step, stage_at_512  # tools/ is on sys.path when run as a script
 
-REPLAYS = 300
 WAYS = {"combine kernel": (False, False), "last split, serial": (True, False), "last split, 8 at once": (True, True)}
-
-
-def ms_per_step(eng: Engine, b: int) -> float:
-    return time_cuda_ms(lambda: eng.modes.run(Mode.FULL, b, 0), REPLAYS)
 
 
 def main() -> None:
@@ -39,8 +34,7 @@ def main() -> None:
             raise SystemExit(f"{preset}: attention backend {eng.attention_name}, not triton")
         full = eng.modes.modes[Mode.FULL]
         for b in batches:
-            eng.bufs.stage([(31 * r + 7) % eng.cfg.vocab_size for r in range(b)], [512] * b, list(range(b)),
-                           [0.0] * b, [1.0] * b, [0] * b, [0] * b)
+            stage_at_512(eng, b)
             splits = attn.num_splits(b, eng.cfg.num_kv_heads, eng.max_context, eng.cfg.head_dim)
             times: dict[str, list[float]] = {w: [] for w in WAYS}
             for _ in range(rounds):
@@ -49,7 +43,7 @@ def main() -> None:
                     full.drop()
                     eng.modes.run(Mode.FULL, b, 0)  # capture outside the timing
                     torch.cuda.synchronize()
-                    times[way].append(ms_per_step(eng, b))
+                    times[way].append(ms_per_step(eng, Mode.FULL, b))
             cells = " | ".join(f"{w} {' / '.join(f'{t:.3f}' for t in ts)}" for w, ts in times.items())
             print(f"{preset:14} b{b} ({splits} splits): {cells}", flush=True)
         attn.fuse_combine, attn.merge_unrolled = False, True

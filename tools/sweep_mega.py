@@ -40,6 +40,12 @@ def ms_per_step(eng: Engine, mode: Mode, b: int) -> float:
     return time_cuda_ms(lambda: eng.modes.run(mode, b, 0), REPLAYS)
 
 
+def stage_at_512(eng: Engine, b: int) -> None:
+    """Rows [0, b) of the step's inputs: distinct tokens at position 512, one slot each, greedy."""
+    eng.bufs.stage([(31 * r + 7) % eng.cfg.vocab_size for r in range(b)], [512] * b, list(range(b)),
+                   [0.0] * b, [1.0] * b, [0] * b, [0] * b)
+
+
 def graph_us(fn, n: int = 50) -> float:
     """Device microseconds per call of fn, n calls captured in one CUDA graph (launch gaps included)."""
     fn()
@@ -123,8 +129,7 @@ def sweep(preset: str, batches: list[int], configs: list[str], phases: bool) -> 
     mega = eng.modes.modes[Mode.MEGA]
     layers, cfg = mega.layers, eng.cfg
     for b in batches:
-        eng.bufs.stage([(31 * r + 7) % cfg.vocab_size for r in range(b)], [512] * b, list(range(b)),
-                       [0.0] * b, [1.0] * b, [0] * b, [0] * b)
+        stage_at_512(eng, b)
         row = [f"{preset:14} b{b}  full {ms_per_step(eng, Mode.FULL, b):.3f}"]
         for name in configs:
             configure(layers, cfg, name)
