@@ -13,7 +13,7 @@ from dataclasses import replace
 
 import pytest
 from textual.widgets import Button, Footer, Input, Label
-from textual.widgets._footer import FooterKey
+from textual.widgets._footer import FooterKey, FooterLabel
 
 from fgchat.engine.core import Engine
 from fgchat.protocol.events import SamplingParams
@@ -210,6 +210,11 @@ async def test_footer_shows_k_open_quit_and_fits_120_columns(tiny_llama, data_di
         right = max(k.region.right for k in keys if k.key != "ctrl+p")
         assert right <= limit, [(k.key, k.region.x, k.region.right) for k in keys]
         assert footer.virtual_size.width <= footer.size.width
+        # one blank cell after each group's label ("Mode", "Replies"), before the next key
+        starts = sorted(k.region.x for k in keys)
+        for label in footer.query(FooterLabel):
+            after = [x for x in starts if x >= label.region.right]
+            assert after and after[0] == label.region.right + 1, (str(label.render()), label.region, after[:1])
 
 
 def test_submit_chats_tokenizes_once_and_reports_per_request_errors():
