@@ -92,8 +92,8 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
                    "(default: the model's maximum, as far as memory allows)")
     p.add_argument("--device", type=device_arg, default=None,
                    help="auto | cpu | cuda | cuda:N (default: auto, CUDA when available)")
-    p.add_argument("--dtype", default=None, choices=DTYPES,
-                   help="weight and cache dtype (default: bfloat16 on CUDA, float32 on CPU)")
+    p.add_argument("--dtype", default="auto", choices=DTYPES,
+                   help="weight and cache dtype (default: auto: bfloat16 on CUDA and on CPUs with AVX512-BF16 or AMX, else float32)")
     p.add_argument("--lazy-capture", action="store_true", help="capture each batch size's graphs on first use")
 
 

