@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from fgchat.protocol.errors import ModelLoadError
 from fgchat.engine.model.config import ModelConfig, rope_inv_freq
-from fgchat.engine.model.ops import apply_rope, head_logits, rms_norm
+from fgchat.engine.model.ops import CpuHalfHead, apply_rope, head_logits, rms_norm
 from fgchat.protocol.tuning import Tuning
 
 if TYPE_CHECKING:
@@ -193,6 +193,8 @@ class Decoder:
         self.cos = emb.cos().to(self.dtype)  # [T, D]
         self.sin = emb.sin().to(self.dtype)
         self.scale = cfg.head_dim**-0.5
+        self._cpu_head = (CpuHalfHead(weights.lm_head)
+                          if self.device.type == "cpu" and self.dtype != torch.float32 else None)
 
     # ---- decode stages (batch of B sequences, one token each) ----
     @property
@@ -269,7 +271,12 @@ class Decoder:
             self._fused.head(st, greedy, sample)
             return
         x = rms_norm(st.h, self.w.final_norm, self.cfg.rms_eps)
-        st.logits = head_logits(x, self.w.lm_head)
+        st.logits = self.head_logits(x)
+
+    def head_logits(self, x: torch.Tensor) -> torch.Tensor:
+        """Float32 logits of normed rows x (ops.head_logits; on CPU in a half dtype, the
+        decoder's prepared CpuHalfHead)."""
+        return self._cpu_head(x) if self._cpu_head is not None else head_logits(x, self.w.lm_head)
 
     # ---- prefill (one sequence, eager) ----
     @torch.inference_mode()

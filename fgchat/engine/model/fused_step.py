@@ -28,7 +28,6 @@ from fgchat.engine.kernels import fused as fk
 from fgchat.engine.kernels import gemv
 from fgchat.engine.kernels import l2_prefetch
 from fgchat.protocol.errors import FgchatError
-from fgchat.engine.model.ops import head_logits
 from fgchat.protocol.tuning import Tuning
 
 if TYPE_CHECKING:
@@ -166,7 +165,7 @@ class FusedStages:
         """float32 logits [N, V] of normed rows x: our kernel for up to MAX_ROWS rows, else cuBLAS."""
         if self.head_ours and x.shape[0] <= gemv.MAX_ROWS:
             return gemv.project_logits(x, self.dec.w.lm_head, self.head_config, pdl=self.after(True))
-        return head_logits(x, self.dec.w.lm_head)
+        return self.dec.head_logits(x)
 
 
 def _configs(tuning: Tuning) -> dict[str, gemv.ProjConfig]:

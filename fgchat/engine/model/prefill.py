@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
-from fgchat.engine.model.ops import apply_rope, head_logits, rms_norm
+from fgchat.engine.model.ops import apply_rope, rms_norm
 
 if TYPE_CHECKING:
     from fgchat.engine.model.decoder import Decoder
@@ -51,7 +51,7 @@ def prefill(
         return _prefill_fused(dec, ids, slot, k_caches, v_caches, all_logits)
     h, _ = _unfused_rows(dec, [(ids, slot)], k_caches, v_caches)
     x = rms_norm(h if all_logits else h[-1:], dec.w.final_norm, dec.cfg.rms_eps)
-    logits = head_logits(x, dec.w.lm_head)
+    logits = dec.head_logits(x)
     return logits if all_logits else logits[0]
 
 
@@ -71,7 +71,7 @@ def prefill_many(
         raise ValueError("prefill_many serves the unfused path")
     h, last = _unfused_rows(dec, prompts, k_caches, v_caches)
     x = rms_norm(h[last], dec.w.final_norm, dec.cfg.rms_eps)
-    return list(head_logits(x, dec.w.lm_head).unbind(0))
+    return list(dec.head_logits(x).unbind(0))
 
 
 def _unfused_rows(
@@ -417,4 +417,4 @@ def final_logits(dec: Decoder, h: torch.Tensor, delta: torch.Tensor | None) -> t
     stages = dec.fused_stages
     if stages is not None and x.is_cuda:
         return stages.logits(x)  # the decode head's route and tile: graph-capturable, float32 sums
-    return head_logits(x, dec.w.lm_head)
+    return dec.head_logits(x)
