@@ -6,6 +6,7 @@ time; in full mode also the eight submitted together (one admission round: the o
 then decode at batch 8); plus the last prompt position's logits of each fgchat path (and of the
 one-pass prefill of all eight) against fgchat's CPU float32 logits. Used by
 scripts/check_real_weights.py (the README's Correctness table) and tests/test_gpu_real_weights.py.
+`run_cpu` is the CPU's table: fgchat's CPU path in float32 and bf16 against transformers on CPU.
 """
 
 from __future__ import annotations
@@ -40,21 +41,23 @@ def first_divergence(a: list[int], b: list[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-def hf_tokens(path: str, dtype: torch.dtype, prompts: list[list[int]], n: int) -> list[list[int]]:
+def hf_tokens(path: str, dtype: torch.dtype, prompts: list[list[int]], n: int,
+              device: str = "cuda") -> list[list[int]]:
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to("cuda").eval()
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
     eos = model.generation_config.eos_token_id
     out = []
     with torch.inference_mode():
         for ids in prompts:
-            x = torch.tensor([ids], device="cuda")
+            x = torch.tensor([ids], device=device)
             y = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=n, do_sample=False,
                                temperature=None, top_p=None, top_k=None, eos_token_id=eos,
                                pad_token_id=eos if isinstance(eos, int) else (eos or [0])[0])
             out.append(y[0, len(ids):].tolist())
     del model
-    torch.cuda.empty_cache()
+    if device == "cuda":
+        torch.cuda.empty_cache()
     return out
 
 
@@ -160,13 +163,44 @@ def run_all(model: str, tokens: int = 16, dtypes: tuple[str, ...] = DTYPES) -> d
     return result
 
 
+def run_cpu(model: str, tokens: int = 32, dtypes: tuple[str, ...] = ("float32", "bfloat16")) -> dict:
+    """The CPU's table: fgchat on CPU (eager, plain torch ops) in each dtype against transformers
+    on CPU in the same dtype and in float32, the first `tokens` greedy tokens of each prompt."""
+    from fgchat.protocol.config import EngineConfig
+    from fgchat.engine.core import Engine
+    from fgchat.engine.model.resolve import resolve_model
+    from fgchat.bench.runner import _git_commit
+
+    path = str(resolve_model(model).path)
+    result: dict = {"commit": _git_commit(), "gpu": "CPU", "prompts": PROMPTS, "tokens": tokens,
+                    "runs": {}, "logits": {}, "check": {}}
+    prompts: list[list[int]] = []
+    for dt_name in dtypes:
+        t0 = time.perf_counter()
+        engine = Engine(EngineConfig(model=model, device="cpu", dtype=dt_name))
+        info = engine.info()
+        result["check"][dt_name] = {"start_s": time.perf_counter() - t0, "notes": info.notes,
+                                    "startup_check": info.startup_check}
+        prompts = [chat_ids(engine.tokenizer, p) for p in PROMPTS]
+        result["runs"][f"fgchat eager {dt_name}"] = fgchat_tokens(engine, prompts, tokens, Mode.EAGER)
+        del engine
+    for dt_name in dtypes:
+        result["runs"][f"transformers {dt_name}"] = hf_tokens(path, getattr(torch, dt_name), prompts,
+                                                              tokens, device="cpu")
+    return result
+
+
+def equal_to(r: dict, run: str, reference: str) -> int:
+    """Prompts whose tokens in `run` equal those of `reference` (two keys of r["runs"])."""
+    return sum(first_divergence(a, b) is None for a, b in zip(r["runs"][run], r["runs"][reference]))
+
+
 def equal_counts(r: dict) -> dict[str, int]:
     """Per fgchat run: prompts whose tokens equal transformers' (same dtype)."""
     out = {}
     for c in r["runs"]:
         if c.startswith("fgchat"):
-            hf = r["runs"][f"transformers {c.split()[-1]}"]
-            out[c] = sum(first_divergence(a, b) is None for a, b in zip(r["runs"][c], hf))
+            out[c] = equal_to(r, c, f"transformers {c.split()[-1]}")
     return out
 
 
