@@ -37,3 +37,12 @@ def test_cpu_probe_false_when_torch_cannot_tell(monkeypatch):
 @pytest.mark.parametrize("argv", [[], ["generate", "--prompt", "hi"], ["serve"], ["bench"]])
 def test_command_line_default_is_auto(argv):
     assert build_parser().parse_args(argv).dtype == "auto"
+
+
+def test_endpoint_accepts_the_default_dtype_and_refuses_a_chosen_one():
+    from fgchat.client.tui import check_endpoint_args
+
+    parser = build_parser()
+    check_endpoint_args(parser.parse_args(["--endpoint", "http://127.0.0.1:9/v1"]))
+    with pytest.raises(FgchatError, match="--dtype"):
+        check_endpoint_args(parser.parse_args(["--endpoint", "http://127.0.0.1:9/v1", "--dtype", "bf16"]))

@@ -31,7 +31,7 @@ WORDS = ("time", "person", "year", "way", "day", "thing", "man", "world", "life"
 START_TIMEOUT_S = 60.0
 ROUND_TIMEOUT_S = 900.0
 # bench options that configure a local engine: meaningless with --endpoint
-LOCAL_ONLY = (("preset", None), ("random_weights", False), ("peers", []), ("device", None), ("dtype", None),
+LOCAL_ONLY = (("preset", None), ("random_weights", False), ("peers", []), ("device", None), ("dtype", "auto"),
               ("attention", "auto"), ("max_context", None), ("outliers", 0.0))
 
 
