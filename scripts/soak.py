@@ -33,13 +33,14 @@ def main() -> int:
     ap.add_argument("--model", default=None)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--dtype", default="auto", help="as fgchat --dtype (default: auto, the chat's default)")
     args = ap.parse_args()
     from fgchat.engine.core import Engine, EngineConfig
     from fgchat.protocol.errors import RequestError
     from fgchat.protocol.events import RequestFinished, SamplingParams
 
     rng = random.Random(args.seed)
-    eng = Engine(EngineConfig(model=args.model, device=args.device, max_context=512))
+    eng = Engine(EngineConfig(model=args.model, device=args.device, dtype=args.dtype, max_context=512))
     tok = eng.tokenizer
     submitted: set[int] = set()
     finished: dict[int, str] = {}

@@ -1,0 +1,76 @@
+"""CPU prefill in bf16 pads its rows to a bounded set of sizes (prefill.cpu_half_rows): the padding
+rows never reach the cache or the logits."""
+
+import torch
+import torch.nn.functional as F
+
+from fgchat.engine.kv_cache import KVCache
+from fgchat.engine.loader import load_model
+from fgchat.engine.model.decoder import Decoder
+from fgchat.engine.model.prefill import cpu_half_rows, prefill_many
+
+CPU = torch.device("cpu")
+
+
+def test_row_sizes_are_bounded_and_cover_every_count():
+    sizes = {cpu_half_rows(n) for n in range(1, 2049)}
+    assert len(sizes) <= 48
+    assert all(cpu_half_rows(n) >= n for n in range(1, 9000))
+    assert [cpu_half_rows(n) for n in (1, 8, 16)] == [1, 8, 16]  # decode and short prompts as they are
+
+
+def _decoder(path, dtype):
+    m = load_model(str(path), CPU, dtype)
+    dec = Decoder(m.cfg, m.weights, 128, fused=False)
+    cache = KVCache(m.cfg, 128, CPU, dtype)
+    for t in cache.k + cache.v:
+        t.fill_(float("nan"))  # a padding row written to the cache would show as a number
+    return m.cfg, dec, cache
+
+
+def test_bf16_prefill_pads_rows_and_matches_float32(tiny_llama, monkeypatch):
+    cfg, dec, cache = _decoder(tiny_llama, torch.bfloat16)
+    _, ref, ref_cache = _decoder(tiny_llama, torch.float32)
+    ids = torch.randint(3, cfg.vocab_size, (37,), generator=torch.Generator().manual_seed(1))
+    seen: list[int] = []
+    linear = F.linear
+
+    def recording(x, w, b=None):
+        seen.append(x.shape[0])
+        return linear(x, w, b)
+
+    monkeypatch.setattr(F, "linear", recording)
+    all_logits = dec.prefill(ids, 2, cache.k, cache.v, all_logits=True)
+    last = dec.prefill(ids, 5, cache.k, cache.v)
+    monkeypatch.setattr(F, "linear", linear)
+    assert set(seen) == {cpu_half_rows(37)} == {40}
+    assert all_logits.shape == (37, cfg.vocab_size) and last.shape == (cfg.vocab_size,)
+    want = ref.prefill(ids, 2, ref_cache.k, ref_cache.v, all_logits=True)
+    assert torch.equal(last, all_logits[-1])
+    torch.testing.assert_close(all_logits, want, rtol=0.05, atol=0.05)  # bf16 against float32
+    for k, v in zip(cache.k, cache.v):
+        for slot in (2, 5):
+            assert not k[slot, :37].isnan().any() and not v[slot, :37].isnan().any()
+            assert k[slot, 37:].isnan().all() and v[slot, 37:].isnan().all()
+
+
+def test_bf16_prefill_many_pads_the_stacked_rows(tiny_llama):
+    cfg, dec, cache = _decoder(tiny_llama, torch.bfloat16)
+    g = torch.Generator().manual_seed(2)
+    a = torch.randint(3, cfg.vocab_size, (17,), generator=g)
+    b = torch.randint(3, cfg.vocab_size, (20,), generator=g)
+    with torch.inference_mode():
+        la, lb = prefill_many(dec, [(a, 0), (b, 1)], cache.k, cache.v)
+        alone = dec.prefill(b, 3, cache.k, cache.v)
+    torch.testing.assert_close(lb, alone, rtol=0.02, atol=0.02)
+    assert la.shape == lb.shape == (cfg.vocab_size,)
+    assert cache.k[0][0, 17:].isnan().all() and cache.k[0][1, 20:].isnan().all()
+
+
+def test_float32_prefill_is_not_padded(tiny_llama, monkeypatch):
+    cfg, dec, cache = _decoder(tiny_llama, torch.float32)
+    seen: list[int] = []
+    linear = F.linear
+    monkeypatch.setattr(F, "linear", lambda x, w, b=None: seen.append(x.shape[0]) or linear(x, w, b))
+    dec.prefill(torch.arange(3, 40), 0, cache.k, cache.v)
+    assert set(seen) == {37, 1}  # the layers' 37 rows, the head's last row
