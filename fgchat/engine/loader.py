@@ -65,8 +65,9 @@ def cpu_computes_bf16() -> bool:
 def pick_dtype(name: str | None, device: torch.device) -> torch.dtype:
     """None: bfloat16 on CUDA, float32 on CPU (the engine's default, the tests' reference).
     "auto" (the command line's default): bfloat16 where the device computes it natively (CUDA, a
-    CPU with AVX512-BF16 or AMX), else float32. The embedded model on 2 Zen 4 cores: 30 ms per
-    token in bfloat16 against 50 in float32, a 527-token prompt 0.56 s against 0.93 s, and 7 of 8
+    CPU with AVX512-BF16 or AMX), else float32. The embedded model on 2 AMD EPYC cores with
+    AVX512-BF16: 32 ms per token in bfloat16 against 51 in float32 (the README's CPU benchmark),
+    a 527-token prompt 0.56 s against 0.93 s, and 7 of 8
     chat prompts' first 32 tokens equal to transformers' float32 (transformers' bfloat16: 5 of 8);
     the start-up check compares a reduced dtype with float32 before the first request."""
     if name is None:

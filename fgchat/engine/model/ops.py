@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 # Float32 bytes of LM-head rows upcast per mm on CPU (half-precision weights, no packed head).
-# SmolLM2's [49152, 576] bf16 head on 2 Zen 4 cores: ~4.5 ms a call in 8 MB blocks (19 MB blocks
+# SmolLM2's [49152, 576] bf16 head on 2 AMD EPYC cores: ~4.5 ms a call in 8 MB blocks (19 MB blocks
 # 7.8-9.3 ms; one float32 copy of the whole head 41 ms).
 HEAD_BLOCK_BYTES = 8 << 20
 # The largest head (float32 bytes) CpuHalfHead keeps a packed float32 copy of: Llama-3.2-1B's
@@ -63,7 +63,7 @@ class CpuHalfHead:
 
     Where the head's float32 copy fits HEAD_PACK_MAX_BYTES and torch has oneDNN's packed linear
     (the kernels its CPU compiler uses), that copy is kept packed: one oneDNN call per step. The
-    embedded model on 2 Zen 4 cores: 3.8-4.0 ms a step at batch 1 and 4.1-4.4 at batch 8, where the
+    embedded model on 2 AMD EPYC cores: 3.8-4.0 ms a step at batch 1 and 4.1-4.4 at batch 8, where the
     blocked upcast took 4.5 / 11.5 ms, and 26-34 ms in processes where its alternation of
     elementwise copies and MKL products ran slow (about half of them on this VM). Otherwise, and
     if the packed product disagrees with the blocked one at preparation, blocked_head_logits.

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
+from fgchat.engine.intmath import cdiv
 from fgchat.engine.model.ops import apply_rope, rms_norm
 
 if TYPE_CHECKING:
@@ -127,10 +128,10 @@ def cpu_half_rows(n: int) -> int:
     if n <= 16:
         return n
     if n <= 128:
-        return -(-n // 8) * 8
+        return cdiv(n, 8) * 8
     rows = 128
     while rows < n:
-        rows = -(-int(rows * 2 ** 0.25) // 16) * 16
+        rows = cdiv(int(rows * 2 ** 0.25), 16) * 16
     return rows
 
 
