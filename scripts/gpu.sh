@@ -38,6 +38,11 @@
 #              alternating (needs the tui wheels in .whl)
 #   llamacpp   llama.cpp built from .llamacpp/src.tgz (carry it) and benched on random 1B / SmolLM2
 #              GGUFs (the build takes ~5 min: run it in a call of its own)
+#   llamabuild that build started in the background (it outlives the call while the machine stays
+#              warm); llamawait waits for it
+#   peers      the README's H200 table in one call: llama.cpp's bench (after the build), fgchat bench
+#              of every mode on 1B (transformers beside it), SmolLM2 and the real weights, batch
+#              PEER_BATCHES (1,2,4,8)
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
@@ -81,6 +86,17 @@ bench() {  # tree (new|old), name, args...
   # -P: the working directory stays off sys.path, so PYTHONPATH alone says which tree is imported
   PYTHONPATH=$pp FGCHAT_COMMIT=$commit timeout "${BENCH_TIMEOUT:-240}" python3 -P -m fgchat.cli bench --no-progress \
     --json "$JSON/bench_${tree}_$name.json" "$@" 2>&1 | tee -a "$OUT/bench.log" | grep -E "^(│|\||fgchat|startup)" | tail -14
+}
+llama_wait() {  # the background build (llamabuild) ended, or none was started and one runs here
+  local t=0 dir=/tmp/llamacpp
+  while [[ -f $dir/build-bg.log && ! -f $dir/build.rc ]] && (( t < ${LLAMA_WAIT:-540} )); do sleep 5; t=$((t + 5)); done
+  if [[ -f $dir/build-bg.log ]]; then
+    tail -2 $dir/build-bg.log
+    [[ -f $dir/build.rc ]] || { echo "llama.cpp build still running after $t s"; return 1; }
+    [[ $(cat $dir/build.rc) == 0 ]] || { echo "llama.cpp build failed"; return 1; }
+    return 0
+  fi
+  bash scripts/llama_cpp.sh build cuda  # no background build on this machine (a fresh one)
 }
 for what in "$@"; do
   case $what in
@@ -141,7 +157,8 @@ for what in "$@"; do
       done ;;
     megaprofile)  # where a mega step's time goes: the timeline (1B batch 1 and 8, SmolLM2 batch 1), then
       # the settings sweep with its phase table (MEGA_SWEEP: settings, tools/sweep_mega.py's syntax)
-      for run in "llama-3.2-1b 1" "llama-3.2-1b 8" "smollm2-135m 1"; do
+      for run in "llama-3.2-1b 1" "llama-3.2-1b 8" "smollm2-135m 1"; do  # MEGA_TIMELINE=0: the sweep only
+        [[ ${MEGA_TIMELINE:-1} == 0 ]] && break
         timeout 120 python3 tools/timeline_mega.py $run 2>&1 | tee -a "$OUT/timeline-mega.log"
       done
       timeout 480 python3 tools/sweep_mega.py llama-3.2-1b,smollm2-135m 1,8 "${MEGA_SWEEP:-4x4x256/512/512,4x4x256/512/512+rows,4x4x256/512/512+rows+xrows,4x4x128/512/512:64+rows+xrows,4x4x256/512/512+sleep200,4x4x256/512/512+splits4,4x4x256/512/512+pps2,4x4x256/512/512+pps2+rows+xrows}" \
@@ -211,6 +228,23 @@ print(f'triton_key {time.perf_counter()-t:.2f} s')" 2>&1 | tee -a "$OUT/importti
       done ;;
     llamacpp)  # the llama.cpp peer, built from the carried .llamacpp/src.tgz (scripts/llama_cpp.sh)
       bash scripts/llama_cpp.sh build cuda && bash scripts/llama_cpp.sh bench llama-3.2-1b smollm2-135m ;;
+    llamabuild)  # the same build in a process session of its own: it goes on after this call returns
+      # (while the machine stays warm), beside the targets that follow; `peers` waits for it
+      mkdir -p /tmp/llamacpp && rm -f /tmp/llamacpp/build.rc
+      setsid nohup bash -c 'bash scripts/llama_cpp.sh build cuda; echo $? > /tmp/llamacpp/build.rc' \
+        > /tmp/llamacpp/build-bg.log 2>&1 < /dev/null &
+      echo "llama.cpp build started in the background (log /tmp/llamacpp/build-bg.log)" ;;
+    llamawait)  # until the background build has ended (at most LLAMA_WAIT s, default 540)
+      llama_wait ;;
+    peers)  # the README's H200 table from one call: llama.cpp (bf16 and f16), fgchat's four modes on
+      # the 1B and SmolLM2 presets with transformers beside the 1B, and the embedded model's real weights
+      llama_wait || continue
+      BATCHES=${PEER_BATCHES:-1,2,4,8} bash scripts/llama_cpp.sh bench llama-3.2-1b smollm2-135m 2>&1 \
+        | grep -E "^\| llama|rror" ; cp /tmp/llamacpp/build-cuda.log "$OUT/" 2>/dev/null
+      all=(--random-weights --batch-sizes "${PEER_BATCHES:-1,2,4,8}" --repeats 2 --modes full,piecewise,eager,mega)
+      bench new peers-135m --preset smollm2-135m "${all[@]}"
+      [[ -n $GGUF ]] && bench new peers-embedded --model "$GGUF" "${all[@]:1}"
+      BENCH_TIMEOUT=420 bench new peers-1b --preset llama-3.2-1b "${all[@]}" --peers hf ;;
     *) echo "unknown target $what" ;;
   esac
 done

@@ -16,7 +16,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # read when triton loads and kernels are decorated
 pytest.importorskip("triton")
 
-from fgchat.engine.kernels.megakernel import DecodeLayers, pick_tiles  # noqa: E402
+from fgchat.engine.kernels.megakernel import DecodeLayers, norm_rows_only, pick_tiles  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -63,6 +63,21 @@ def test_layers_match_the_plain_decoder(tiny_llama, programs, b, batch_rows_only
     assert torch.equal(out.tokens, ref_tokens)
     torch.testing.assert_close(eng.cache.all, ref_kv, rtol=1e-5, atol=1e-5)
     assert int(layers.cnt.abs().sum()) == 0  # every merge counter back at zero
+
+
+def test_batch_rows_norm_follows_the_shape_unless_forced(tiny_llama):
+    """By default only a one-row launch of a model of 1B's hidden size or more normalises the
+    batch's rows alone (the H200 sweep's winner there, a loss elsewhere); the sweep can force it."""
+    eng, fused = _engine(tiny_llama)
+    layers = DecodeLayers(fused.dec, eng.cache, programs=1)
+    assert layers.norm_batch_rows_only is None
+    assert eng.cfg.hidden_size < 2048 and not layers.norms_batch_rows(1)
+    assert norm_rows_only(1, 2048) and norm_rows_only(1, 4096)
+    assert not norm_rows_only(2, 2048) and not norm_rows_only(8, 4096) and not norm_rows_only(1, 576)
+    layers.norm_batch_rows_only = True
+    assert layers.norms_batch_rows(8)
+    layers.norm_batch_rows_only = False
+    assert not layers.norms_batch_rows(1)
 
 
 @pytest.mark.parametrize("bni", [16, 64])

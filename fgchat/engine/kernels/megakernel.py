@@ -57,12 +57,15 @@ MS = tl.constexpr(MAX_SPLITS)
 # norm-fed projections (qkv, gate/up) and of o and down (the H200 sweeps, tools/sweep_mega.py:
 # notes V39, V43)
 NUM_WARPS, NUM_STAGES, MAX_K_TILE, MAX_K_TILE_OUT = 4, 4, 256, 512
-# Settings the sweep turns on (tools/sweep_mega.py +rows, +xrows, +sleepN; notes V46-V48); with
-# all off the kernel is the one the GPU tests and the real weights cover. The norm-fed phases
-# normalise only rows [0, next_pow2(B)) of their activation tile; o and down load only those rows
-# of x; the grid barrier sleeps this many ns between polls of its counter (0: none).
-NORM_BATCH_ROWS_ONLY = False
+# Settings the sweep turns on (tools/sweep_mega.py +rows, +xrows, +sleepN; notes V46-V48). The
+# norm-fed phases normalise only rows [0, next_pow2(B)) of their activation tile (None: where
+# `norm_rows_only` says so, else forced on or off); o and down load only those rows of x; the grid
+# barrier sleeps this many ns between polls of its counter (0: none).
+NORM_BATCH_ROWS_ONLY: bool | None = None
 OUT_BATCH_ROWS_ONLY = False
+# The H200 sweep (notes V46): normalising the batch's rows only took Llama-3.2-1B (hidden 2048) at
+# batch 1 from 1.391 to 1.211 ms a step, and was slower at batch 8 and on SmolLM2 (hidden 576).
+NORM_ROWS_MIN_HIDDEN = 2048
 BARRIER_SLEEP_NS = 0
 # persistent programs per SM (the sweep's +ppsN, notes V53): more warps per scheduler to hide
 # each program's load latency, if the kernel's registers and shared memory let them be resident
@@ -71,6 +74,11 @@ PROGRAMS_PER_SM = 1
 W_QKV, W_O, W_GU, W_DOWN, W_N1, W_N2 = (tl.constexpr(i) for i in range(6))
 W_COLS = tl.constexpr(6)
 WEIGHT_ALIGN = 16  # elements: the largest weight-offset alignment the kernel is told of
+
+
+def norm_rows_only(b: int, hidden: int) -> bool:
+    """The per-shape default of NORM_BATCH_ROWS_ONLY: one row, a hidden size of 1B's or more."""
+    return b == 1 and hidden >= NORM_ROWS_MIN_HIDDEN
 
 
 @triton.jit
@@ -518,6 +526,12 @@ class DecodeLayers:
             raise ValueError(f"{self.programs} programs cannot be resident at once: {per_sm} per SM fit "
                              f"on {self.sm_count} SMs")
 
+    def norms_batch_rows(self, b: int) -> bool:
+        """Whether a launch for b rows normalises only the batch's rows of its activation tiles."""
+        if self.norm_batch_rows_only is not None:
+            return self.norm_batch_rows_only
+        return norm_rows_only(b, self.dec.cfg.hidden_size)
+
     def splits(self, b: int) -> int:
         """Attention splits per (row, kv head): enough items for every program, at most
         max_splits (16; the sweep's +splitsN lowers it: fewer partials to merge, longer splits)."""
@@ -543,7 +557,7 @@ class DecodeLayers:
                   INTER=cfg.intermediate_size, BN=t.bn, BNI=t.bni, PB=t.pb, BKH=t.bkh, BKQ=t.bkq, BKI=t.bki,
                   NP=self.np, PREC="ieee" if dec.w.embed.dtype == torch.float32 else "tf32",
                   ROUND_H=self.round_h, WA=self.align, **self.items_per_program(),
-                  STAMP=self.stamps is not None, MP=next_pow2(b) if self.norm_batch_rows_only else ROWS_PAD,
+                  STAMP=self.stamps is not None, MP=next_pow2(b) if self.norms_batch_rows(b) else ROWS_PAD,
                   MPO=next_pow2(b) if self.out_batch_rows_only else ROWS_PAD, SLEEP_NS=self.barrier_sleep_ns,
                   num_warps=self.num_warps, num_stages=self.num_stages)
         lo, hi = phases or (0, 1 + PHASES_PER_LAYER * cfg.num_layers)
