@@ -26,6 +26,7 @@
 #   mega    the mega mode beside full (one process per model: embedded, 1B, SmolLM2 presets)
 #   8b      fgchat bench of the 8B preset, full mode
 #   launch  host time per Triton launch (tools/bench_launch.py)
+#   timeline  per-kernel durations and gaps of full and piecewise 1B steps (tools/timeline_step.py)
 #   tma     the projections with TMA weight loads against ours and cuBLAS (tools/bench_tma_proj.py)
 #   merge   full mode's step with the attention splits merged three ways (tools/ab_attention_merge.py)
 #   ncumega Nsight Compute (full set, source-level stalls) on one persistent mega launch, 1B batch 1
@@ -166,6 +167,8 @@ for what in "$@"; do
         2>&1 | tee "$OUT/sweep-mega.log" ;;
     merge)  # full mode with the attention splits merged three ways (tools/ab_attention_merge.py, V55)
       timeout 300 python3 tools/ab_attention_merge.py llama-3.2-1b,smollm2-135m 1,8 2 2>&1 | tee "$OUT/merge.log" ;;
+    timeline)  # per-kernel durations and gaps of full and piecewise steps (tools/timeline_step.py)
+      timeout 240 python3 tools/timeline_step.py llama-3.2-1b full,piecewise 1 2>&1 | tee "$OUT/timeline-step.log" ;;
     tma)  # the projections with TMA weight loads against ours and cuBLAS (tools/bench_tma_proj.py)
       timeout 300 python3 tools/bench_tma_proj.py ${TMA_MODELS:-1b 8b} 2>&1 | tee "$OUT/tma-proj.log" ;;
     launch)  # host time per Triton launch: plain, fast, bound with tensors, bound with addresses (V51)
