@@ -43,8 +43,8 @@
 #   llamabuild that build started in the background (it outlives the call while the machine stays
 #              warm); llamawait waits for it
 #   peers      the README's H200 table in one call: llama.cpp's bench (after the build), fgchat bench
-#              of every mode on 1B (transformers beside it), SmolLM2 and the real weights, batch
-#              PEER_BATCHES (1,2,4,8)
+#              of every mode on 1B, SmolLM2 and the real weights at batch PEER_BATCHES (1,2,4,8),
+#              then 1B full beside transformers (compiled and eager) at batch 1 and 8
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
@@ -250,7 +250,9 @@ print(f'triton_key {time.perf_counter()-t:.2f} s')" 2>&1 | tee -a "$OUT/importti
       all=(--random-weights --batch-sizes "${PEER_BATCHES:-1,2,4,8}" --repeats 2 --modes full,piecewise,eager,mega)
       bench new peers-135m --preset smollm2-135m "${all[@]}"
       [[ -n $GGUF ]] && bench new peers-embedded --model "$GGUF" "${all[@]:1}"
-      BENCH_TIMEOUT=420 bench new peers-1b --preset llama-3.2-1b "${all[@]}" --peers hf ;;
+      bench new peers-1b --preset llama-3.2-1b "${all[@]}"
+      BENCH_TIMEOUT=300 bench new peers-1b-hf --preset llama-3.2-1b --random-weights --batch-sizes 1,8 --repeats 2 \
+        --modes full --peers hf ;;
     *) echo "unknown target $what" ;;
   esac
 done
