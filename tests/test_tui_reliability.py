@@ -66,7 +66,9 @@ class PtyApp:
     def __init__(self, model: Path, data: Path, log_csv: Path) -> None:
         self.master, slave = pty.openpty()
         fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
-        # slow-steps: the tiny model's reply outlasts --log-csv's 1 s sync, so a signal lands mid-reply
+        # slow-steps and float32: the tiny model's reply (no end token before 1024 tokens in float32;
+        # 138 tokens in bf16, which "auto" picks on CPUs with bf16 instructions) outlasts --log-csv's
+        # sync, so a signal lands mid-reply
         env = dict(os.environ, FGCHAT_DATA_DIR=str(data), TERM="xterm-256color", FGCHAT_FAULT="slow-steps")
         for name in ("TEXTUAL", "COLUMNS", "LINES"):
             env.pop(name, None)
@@ -77,7 +79,7 @@ class PtyApp:
 
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "fgchat.cli", "--model", str(model), "--device", "cpu",
-             "--mode", "eager", "--log-csv", str(log_csv)],
+             "--mode", "eager", "--dtype", "float32", "--log-csv", str(log_csv)],
             stdin=slave, stdout=slave, stderr=slave, env=env, cwd=REPO,
             start_new_session=True, preexec_fn=child_setup,
         )
