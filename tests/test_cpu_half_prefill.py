@@ -2,7 +2,6 @@
 rows never reach the cache or the logits."""
 
 import torch
-import torch.nn.functional as F
 
 from fgchat.engine.kv_cache import KVCache
 from fgchat.engine.loader import load_model
@@ -33,17 +32,17 @@ def test_bf16_prefill_pads_rows_and_matches_float32(tiny_llama, monkeypatch):
     _, ref, ref_cache = _decoder(tiny_llama, torch.float32)
     ids = torch.randint(3, cfg.vocab_size, (37,), generator=torch.Generator().manual_seed(1))
     seen: list[int] = []
-    linear = F.linear
+    project = dec.project
 
-    def recording(x, w, b=None):
+    def recording(x, i, role):
         seen.append(x.shape[0])
-        return linear(x, w, b)
+        return project(x, i, role)
 
-    monkeypatch.setattr(F, "linear", recording)
+    monkeypatch.setattr(dec, "project", recording)
     all_logits = dec.prefill(ids, 2, cache.k, cache.v, all_logits=True)
     last = dec.prefill(ids, 5, cache.k, cache.v)
-    monkeypatch.setattr(F, "linear", linear)
-    assert set(seen) == {cpu_half_rows(37)} == {40}
+    monkeypatch.undo()
+    assert len(seen) == 2 * 4 * cfg.num_layers and set(seen) == {cpu_half_rows(37)} == {40}
     assert all_logits.shape == (37, cfg.vocab_size) and last.shape == (cfg.vocab_size,)
     want = ref.prefill(ids, 2, ref_cache.k, ref_cache.v, all_logits=True)
     assert torch.equal(last, all_logits[-1])
@@ -70,7 +69,7 @@ def test_bf16_prefill_many_pads_the_stacked_rows(tiny_llama):
 def test_float32_prefill_is_not_padded(tiny_llama, monkeypatch):
     cfg, dec, cache = _decoder(tiny_llama, torch.float32)
     seen: list[int] = []
-    linear = F.linear
-    monkeypatch.setattr(F, "linear", lambda x, w, b=None: seen.append(x.shape[0]) or linear(x, w, b))
+    project = dec.project
+    monkeypatch.setattr(dec, "project", lambda x, i, role: seen.append(x.shape[0]) or project(x, i, role))
     dec.prefill(torch.arange(3, 40), 0, cache.k, cache.v)
-    assert set(seen) == {37, 1}  # the layers' 37 rows, the head's last row
+    assert len(seen) == 4 * cfg.num_layers and set(seen) == {37}

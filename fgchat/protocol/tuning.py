@@ -17,6 +17,7 @@ EngineConfig (which holds a Tuning) without loading torch.
 | FGCHAT_EAGER_LAUNCH_LIST=0 | on | eager runs every step through the Python stages, not a recorded launch list |
 | FGCHAT_BATCHED_PREFILL=0 | on | CUDA: distinct prompts admitted together are prefilled one by one, not in one pass |
 | FGCHAT_HEAD_SAMPLE=0 | on | sampled steps pick in separate kernels after the LM head, not in its epilogue |
+| FGCHAT_CPU_PACKED=0 | on | CPU: projections through F.linear instead of oneDNN's packed weights |
 """
 
 from __future__ import annotations
@@ -66,6 +67,8 @@ class Tuning:
     idle_capture: bool = False
     # the unfiltered, unpenalized sampled pick in the LM head kernel's epilogue (notes V37)
     head_sample: bool = True
+    # CPU: the plain path's projections through oneDNN's packed weights (model.cpu_linear)
+    cpu_packed: bool = True
 
     @classmethod
     def from_env(cls, defaults: Tuning | None = None) -> Tuning:
@@ -85,6 +88,7 @@ class Tuning:
             prefill_batch_route=_flag("FGCHAT_PREFILL_BATCH_ROUTE", d.prefill_batch_route),
             idle_capture=_flag("FGCHAT_IDLE_CAPTURE", d.idle_capture),
             head_sample=_flag("FGCHAT_HEAD_SAMPLE", d.head_sample),
+            cpu_packed=_flag("FGCHAT_CPU_PACKED", d.cpu_packed),
         )
 
     def proj_config_texts(self) -> dict[str, str]:

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from fgchat.protocol.errors import ModelLoadError
 from fgchat.engine.model.config import ModelConfig, rope_inv_freq
+from fgchat.engine.model.cpu_linear import PackedProjections
 from fgchat.engine.model.ops import CpuHalfHead, apply_rope, head_logits, rms_norm
 from fgchat.protocol.tuning import Tuning
 
@@ -195,6 +196,9 @@ class Decoder:
         self.scale = cfg.head_dim**-0.5
         self._cpu_head = (CpuHalfHead(weights.lm_head)
                           if self.device.type == "cpu" and self.dtype != torch.float32 else None)
+        # the plain path's projections on CPU through oneDNN's packed weights (None: F.linear)
+        self._packed = (PackedProjections.prepare(weights)
+                        if self.device.type == "cpu" and not fused and t.cpu_packed else None)
 
     # ---- decode stages (batch of B sequences, one token each) ----
     @property
@@ -240,7 +244,7 @@ class Decoder:
             return
         c, lw = self.cfg, self.w.layers[i]
         x = rms_norm(st.h, lw.attn_norm, c.rms_eps)
-        qkv = F.linear(x, lw.wqkv, lw.bqkv)
+        qkv = self.project(x, i, "qkv")
         n = x.shape[0]
         q = qkv[:, : c.q_size].view(n, c.num_heads, c.head_dim)
         k = qkv[:, c.q_size : c.q_size + c.kv_size].view(n, c.num_kv_heads, c.head_dim)
@@ -256,11 +260,21 @@ class Decoder:
             self._fused.after_attention(i, st, attn_out)
             return
         c, lw = self.cfg, self.w.layers[i]
-        h = st.h + F.linear(attn_out.view(attn_out.shape[0], -1), lw.wo)
+        h = st.h + self.project(attn_out.view(attn_out.shape[0], -1), i, "o")
         x = rms_norm(h, lw.mlp_norm, c.rms_eps)
-        gu = F.linear(x, lw.w_gate_up)
+        gu = self.project(x, i, "gate_up")
         g, u = gu.chunk(2, dim=-1)
-        st.h = h + F.linear(F.silu(g) * u, lw.w_down)
+        st.h = h + self.project(F.silu(g) * u, i, "down")
+
+    def project(self, x: torch.Tensor, i: int, role: str) -> torch.Tensor:
+        """The plain path's product of x with layer i's `role` weight (qkv with its bias, if
+        any): oneDNN's packed copy where the decoder prepared one (CPU), else F.linear."""
+        lw = self.w.layers[i]
+        bias = lw.bqkv if role == "qkv" else None
+        if self._packed is not None:
+            return self._packed.linear(x, i, role, bias)
+        w = {"qkv": lw.wqkv, "o": lw.wo, "gate_up": lw.w_gate_up, "down": lw.w_down}[role]
+        return F.linear(x, w, bias)
 
     def head(self, st: StepState, greedy: bool = False,
              sample: SampleArgs | None = None) -> None:

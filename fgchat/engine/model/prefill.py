@@ -96,7 +96,7 @@ def _unfused_rows(
     h = F.embedding(ids, w.embed)
     for i, lw in enumerate(w.layers):
         x = rms_norm(h, lw.attn_norm, c.rms_eps)
-        qkv = F.linear(x, lw.wqkv, lw.bqkv)
+        qkv = dec.project(x, i, "qkv")
         q = apply_rope(qkv[:, : c.q_size].view(n, c.num_heads, c.head_dim), cos, sin)
         k = apply_rope(qkv[:, c.q_size : c.q_size + c.kv_size].view(n, c.num_kv_heads, c.head_dim), cos, sin)
         v = qkv[:, c.q_size + c.kv_size :].view(n, c.num_kv_heads, c.head_dim)
@@ -110,10 +110,10 @@ def _unfused_rows(
                 q[rows].transpose(0, 1)[None], k[rows].transpose(0, 1)[None], v[rows].transpose(0, 1)[None],
                 is_causal=True, scale=dec.scale, enable_gqa=c.num_heads != c.num_kv_heads,
             )[0].transpose(0, 1)
-        h = h + F.linear(a.reshape(n, c.q_size), lw.wo)
+        h = h + dec.project(a.reshape(n, c.q_size), i, "o")
         x = rms_norm(h, lw.mlp_norm, c.rms_eps)
-        g, u = F.linear(x, lw.w_gate_up).chunk(2, dim=-1)
-        h = h + F.linear(F.silu(g) * u, lw.w_down)
+        g, u = dec.project(x, i, "gate_up").chunk(2, dim=-1)
+        h = h + dec.project(F.silu(g) * u, i, "down")
     last = torch.tensor([s0 + t - 1 for s0, t in zip(starts, lens)], device=h.device)
     return h[:real], last
 
