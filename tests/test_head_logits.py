@@ -1,4 +1,4 @@
-"""The LM head's float32 logits on CPU from half-precision weights (ops.head_logits, ops.CpuHalfHead):
+"""The LM head's float32 logits on CPU from half-precision weights (ops.head_logits, ops.CpuHead):
 exact float32 sums of the rounded inputs, whichever way they are computed."""
 
 import pytest
@@ -34,20 +34,20 @@ def test_blocked_head_equals_float64_product_of_the_rounded_inputs(monkeypatch, 
         _check(out, exact)
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("rows", [1, 8, 11])
-def test_cpu_half_head_packed_and_blocked_equal_the_float64_product(monkeypatch, dtype, rows):
+def test_cpu_head_packed_and_unpacked_equal_the_float64_product(monkeypatch, dtype, rows):
     x, w, exact = _inputs(dtype, rows, vocab=1000, hidden=96)
-    head = ops.CpuHalfHead(w)
+    head = ops.CpuHead(w)
     if head.packed is None:
         pytest.skip("this torch has no oneDNN packed linear")
     assert head.scratch is None
     _check(head(x), exact)
-    # a head over the size bound is not packed: the blocked route, same sums
+    # a head over the size bound is not packed: the blocked route (half) or F.linear, same sums
     monkeypatch.setattr(ops, "HEAD_PACK_MAX_BYTES", 4 * w.numel() - 1)
-    blocked = ops.CpuHalfHead(w)
-    assert blocked.packed is None and blocked.scratch is not None
-    _check(blocked(x), exact)
+    unpacked = ops.CpuHead(w)
+    assert unpacked.packed is None and (unpacked.scratch is not None) == (dtype != torch.float32)
+    _check(unpacked(x), exact)
 
 
 def test_cpu_half_head_falls_back_when_packing_fails(monkeypatch):
@@ -56,7 +56,7 @@ def test_cpu_half_head_falls_back_when_packing_fails(monkeypatch):
 
     monkeypatch.setattr(torch.ops.mkldnn, "_reorder_linear_weight", missing)
     x, w, exact = _inputs(torch.bfloat16, 3)
-    head = ops.CpuHalfHead(w)
+    head = ops.CpuHead(w)
     assert head.packed is None
     _check(head(x), exact)
 
@@ -69,7 +69,7 @@ def test_cpu_half_head_falls_back_when_the_packed_product_disagrees(monkeypatch)
 
     monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", off_by_a_little)
     x, w, exact = _inputs(torch.bfloat16, 2)
-    head = ops.CpuHalfHead(w)
+    head = ops.CpuHead(w)
     assert head.packed is None
     _check(head(x), exact)
 
@@ -89,6 +89,6 @@ def test_near_tie_is_not_rounded_to_the_weights_dtype(monkeypatch, route):
     assert rounded[0, 0] == rounded[0, 1]
     if route == "blocked":
         monkeypatch.setattr(ops, "HEAD_PACK_MAX_BYTES", 0)
-    out = ops.head_logits(x, w) if route == "head_logits" else ops.CpuHalfHead(w)(x)
+    out = ops.head_logits(x, w) if route == "head_logits" else ops.CpuHead(w)(x)
     assert out[0, 1] - out[0, 0] == pytest.approx(2.0 ** -8)
     assert int(out.argmax()) == 1

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from fgchat.protocol.errors import ModelLoadError
 from fgchat.engine.model.config import ModelConfig, rope_inv_freq
 from fgchat.engine.model.cpu_linear import PackedProjections
-from fgchat.engine.model.ops import CpuHalfHead, apply_rope, head_logits, rms_norm
+from fgchat.engine.model.ops import CpuHead, apply_rope, head_logits, rms_norm
 from fgchat.protocol.tuning import Tuning
 
 if TYPE_CHECKING:
@@ -194,11 +194,11 @@ class Decoder:
         self.cos = emb.cos().to(self.dtype)  # [T, D]
         self.sin = emb.sin().to(self.dtype)
         self.scale = cfg.head_dim**-0.5
-        self._cpu_head = (CpuHalfHead(weights.lm_head)
-                          if self.device.type == "cpu" and self.dtype != torch.float32 else None)
+        cpu = self.device.type == "cpu"
+        # the LM head on CPU (packed where it can be; half weights always, float32 with cpu_packed)
+        self._cpu_head = CpuHead(weights.lm_head) if cpu and (t.cpu_packed or self.dtype != torch.float32) else None
         # the plain path's projections on CPU through oneDNN's packed weights (None: F.linear)
-        self._packed = (PackedProjections.prepare(weights)
-                        if self.device.type == "cpu" and not fused and t.cpu_packed else None)
+        self._packed = PackedProjections.prepare(weights) if cpu and not fused and t.cpu_packed else None
 
     # ---- decode stages (batch of B sequences, one token each) ----
     @property
@@ -288,8 +288,8 @@ class Decoder:
         st.logits = self.head_logits(x)
 
     def head_logits(self, x: torch.Tensor) -> torch.Tensor:
-        """Float32 logits of normed rows x (ops.head_logits; on CPU in a half dtype, the
-        decoder's prepared CpuHalfHead)."""
+        """Float32 logits of normed rows x (ops.head_logits; on CPU, the decoder's prepared
+        CpuHead)."""
         return self._cpu_head(x) if self._cpu_head is not None else head_logits(x, self.w.lm_head)
 
     # ---- prefill (one sequence, eager) ----

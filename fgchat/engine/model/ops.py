@@ -10,7 +10,7 @@ import torch.nn.functional as F
 # SmolLM2's [49152, 576] bf16 head on 2 AMD EPYC cores: ~4.5 ms a call in 8 MB blocks (19 MB blocks
 # 7.8-9.3 ms; one float32 copy of the whole head 41 ms).
 HEAD_BLOCK_BYTES = 8 << 20
-# The largest head (float32 bytes) CpuHalfHead keeps a packed float32 copy of: Llama-3.2-1B's
+# The largest head (float32 bytes) CpuHead keeps a packed float32 copy of: Llama-3.2-1B's
 # [128256, 2048] is 1.05e9.
 HEAD_PACK_MAX_BYTES = 1 << 30
 # rows the packed copy's layout is chosen for (oneDNN's batch hint): the engine's largest batch
@@ -28,7 +28,7 @@ def head_logits(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """LM head as float32 logits [N, V] from float32 sums that are never rounded to x's dtype:
     bf16 logits near 25 step by 0.125, which turns near ties into exact ties (argmax then picks
     the lower token id). cuBLAS writes float32 directly where torch offers it (CUDA); a decoder
-    on CPU in a half dtype uses its CpuHalfHead instead, which is faster."""
+    on CPU uses its CpuHead instead, which is faster."""
     if x.dtype == torch.float32:
         return F.linear(x, w)
     if x.is_cuda:
@@ -58,25 +58,30 @@ def blocked_head_logits(x: torch.Tensor, w: torch.Tensor, scratch: torch.Tensor)
     return out
 
 
-class CpuHalfHead:
-    """Float32 logits of a bf16 / fp16 LM head on CPU, prepared once per decoder.
+class CpuHead:
+    """Float32 logits of an LM head on CPU (float32, bf16 or fp16 weights), prepared once per
+    decoder.
 
     Where the head's float32 copy fits HEAD_PACK_MAX_BYTES and torch has oneDNN's packed linear
     (the kernels its CPU compiler uses), that copy is kept packed: one oneDNN call per step. The
     embedded model on 2 AMD EPYC cores: 3.8-4.0 ms a step at batch 1 and 4.1-4.4 at batch 8, where the
-    blocked upcast took 4.5 / 11.5 ms, and 26-34 ms in processes where its alternation of
-    elementwise copies and MKL products ran slow (about half of them on this VM). Otherwise, and
-    if the packed product disagrees with the blocked one at preparation, blocked_head_logits.
-    Invariant: float32 sums of the half weights, as head_logits."""
+    blocked upcast of bf16 took 4.5 / 11.5 ms, and 26-34 ms in processes where its alternation of
+    elementwise copies and MKL products ran slow (about half of them on this VM); float32 weights
+    through F.linear (MKL) 9.8 ms at batch 1, packed 4.7. Otherwise, and if the packed product
+    disagrees with the blocked one at preparation: F.linear for float32 weights,
+    blocked_head_logits for half ones. Invariant: float32 sums of the weights, as head_logits."""
 
     def __init__(self, w: torch.Tensor) -> None:
         self.w = w
         self.packed = self._pack(w) if 4 * w.numel() <= HEAD_PACK_MAX_BYTES else None
-        self.scratch = head_scratch(w) if self.packed is None else None
+        half = w.dtype != torch.float32
+        self.scratch = head_scratch(w) if self.packed is None and half else None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is not None:
             return torch.ops.mkldnn._linear_pointwise(x.float(), self.packed, None, "none", [], "")
+        if self.scratch is None:
+            return F.linear(x.float(), self.w)
         return blocked_head_logits(x, self.w, self.scratch)
 
     @staticmethod
