@@ -266,6 +266,12 @@ class Decoder:
         g, u = gu.chunk(2, dim=-1)
         st.h = h + self.project(F.silu(g) * u, i, "down")
 
+    @property
+    def pads_prefill_rows(self) -> bool:
+        """A plain prefill pads its rows to prefill.cpu_prefill_rows' sizes: on CPU wherever the
+        products go through oneDNN (half dtypes; float32 with packed projections)."""
+        return self.device.type == "cpu" and (self.dtype != torch.float32 or self._packed is not None)
+
     def project(self, x: torch.Tensor, i: int, role: str) -> torch.Tensor:
         """The plain path's product of x with layer i's `role` weight (qkv with its bias, if
         any): oneDNN's packed copy where the decoder prepared one (CPU), else F.linear."""

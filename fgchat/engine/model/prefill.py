@@ -90,7 +90,7 @@ def _unfused_rows(
     cos = torch.cat([dec.cos[:t] for t in lens])
     sin = torch.cat([dec.sin[:t] for t in lens])
     real = ids.shape[0]
-    n = cpu_half_rows(real) if (ids.device.type == "cpu" and dec.dtype != torch.float32) else real
+    n = cpu_prefill_rows(real) if dec.pads_prefill_rows else real
     if n > real:  # padding rows: token 0 at angle 0; row-wise work only, never written or returned
         ids, cos, sin = F.pad(ids, (0, n - real)), F.pad(cos, (0, 0, 0, n - real)), F.pad(sin, (0, 0, 0, n - real))
     h = F.embedding(ids, w.embed)
@@ -118,13 +118,14 @@ def _unfused_rows(
     return h[:real], last
 
 
-def cpu_half_rows(n: int) -> int:
-    """Rows a CPU bf16 / fp16 prefill of n rows runs its matrix products over: n up to 16, then
+def cpu_prefill_rows(n: int) -> int:
+    """Rows a CPU prefill of n rows runs its matrix products over where they go through oneDNN
+    (bf16 / fp16, and float32 with packed weights: Decoder.pads_prefill_rows): n up to 16, then
     multiples of 8 up to 128, then the next of a geometric series (ratio 2^(1/4), multiples of 16):
-    45 sizes up to 2048. torch's CPU bf16 products (oneDNN) keep memory for every row count they
-    have seen (~1 GB after 600 distinct counts of one [3072, 576] weight, without bound); over
-    bounded sizes the embedded model's 3-minute soak grows 42 MiB (float32: 22; unbounded: 165). The
-    padding adds at most 7 rows up to 128 and at most 25% above."""
+    45 sizes up to 2048. torch's oneDNN products keep memory for every row count they have seen,
+    without bound (one [3072, 576] weight after 600 distinct counts: bf16 ~1.1 GB, packed float32
+    ~2 GB); over bounded sizes the embedded model's 3-minute bf16 soak grows 42 MiB (float32 on
+    MKL: 22; unbounded: 165). The padding adds at most 7 rows up to 128 and at most 25% above."""
     if n <= 16:
         return n
     if n <= 128:

@@ -1,26 +1,28 @@
-"""CPU prefill in bf16 pads its rows to a bounded set of sizes (prefill.cpu_half_rows): the padding
-rows never reach the cache or the logits."""
+"""CPU prefill through oneDNN (bf16; float32 with packed weights) pads its rows to a bounded set of
+sizes (prefill.cpu_prefill_rows): the padding rows never reach the cache or the logits."""
 
+import pytest
 import torch
 
 from fgchat.engine.kv_cache import KVCache
 from fgchat.engine.loader import load_model
 from fgchat.engine.model.decoder import Decoder
-from fgchat.engine.model.prefill import cpu_half_rows, prefill_many
+from fgchat.engine.model.prefill import cpu_prefill_rows, prefill_many
+from fgchat.protocol.tuning import Tuning
 
 CPU = torch.device("cpu")
 
 
 def test_row_sizes_are_bounded_and_cover_every_count():
-    sizes = {cpu_half_rows(n) for n in range(1, 2049)}
+    sizes = {cpu_prefill_rows(n) for n in range(1, 2049)}
     assert len(sizes) <= 48
-    assert all(cpu_half_rows(n) >= n for n in range(1, 9000))
-    assert [cpu_half_rows(n) for n in (1, 8, 16)] == [1, 8, 16]  # decode and short prompts as they are
+    assert all(cpu_prefill_rows(n) >= n for n in range(1, 9000))
+    assert [cpu_prefill_rows(n) for n in (1, 8, 16)] == [1, 8, 16]  # decode and short prompts as they are
 
 
-def _decoder(path, dtype):
+def _decoder(path, dtype, packed: bool = True):
     m = load_model(str(path), CPU, dtype)
-    dec = Decoder(m.cfg, m.weights, 128, fused=False)
+    dec = Decoder(m.cfg, m.weights, 128, fused=False, tuning=Tuning(cpu_packed=packed))
     cache = KVCache(m.cfg, 128, CPU, dtype)
     for t in cache.k + cache.v:
         t.fill_(float("nan"))  # a padding row written to the cache would show as a number
@@ -42,7 +44,7 @@ def test_bf16_prefill_pads_rows_and_matches_float32(tiny_llama, monkeypatch):
     all_logits = dec.prefill(ids, 2, cache.k, cache.v, all_logits=True)
     last = dec.prefill(ids, 5, cache.k, cache.v)
     monkeypatch.undo()
-    assert len(seen) == 2 * 4 * cfg.num_layers and set(seen) == {cpu_half_rows(37)} == {40}
+    assert len(seen) == 2 * 4 * cfg.num_layers and set(seen) == {cpu_prefill_rows(37)} == {40}
     assert all_logits.shape == (37, cfg.vocab_size) and last.shape == (cfg.vocab_size,)
     want = ref.prefill(ids, 2, ref_cache.k, ref_cache.v, all_logits=True)
     assert torch.equal(last, all_logits[-1])
@@ -66,10 +68,16 @@ def test_bf16_prefill_many_pads_the_stacked_rows(tiny_llama):
     assert cache.k[0][0, 17:].isnan().all() and cache.k[0][1, 20:].isnan().all()
 
 
-def test_float32_prefill_is_not_padded(tiny_llama, monkeypatch):
-    cfg, dec, cache = _decoder(tiny_llama, torch.float32)
+@pytest.mark.parametrize("packed", [True, False])
+def test_float32_prefill_pads_only_with_packed_weights(tiny_llama, monkeypatch, packed):
+    """float32 on MKL (F.linear) keeps no memory per row count: its rows stay as they are."""
+    cfg, dec, cache = _decoder(tiny_llama, torch.float32, packed)
+    if packed and dec._packed is None:
+        pytest.skip("torch built without oneDNN")
     seen: list[int] = []
     project = dec.project
     monkeypatch.setattr(dec, "project", lambda x, i, role: seen.append(x.shape[0]) or project(x, i, role))
-    dec.prefill(torch.arange(3, 40), 0, cache.k, cache.v)
-    assert len(seen) == 4 * cfg.num_layers and set(seen) == {37}
+    logits = dec.prefill(torch.arange(3, 40), 0, cache.k, cache.v, all_logits=True)
+    assert len(seen) == 4 * cfg.num_layers and set(seen) == {40 if packed else 37}
+    assert logits.shape == (37, cfg.vocab_size) and torch.isfinite(logits).all()
+    assert not cache.k[0][0, :37].isnan().any() and cache.k[0][0, 37:].isnan().all()
