@@ -41,7 +41,8 @@ def physical_memory_bytes() -> int | None:
         return None
 
 
-def _weight(lw, role: str) -> torch.Tensor:
+def role_weight(lw, role: str) -> torch.Tensor:
+    """A layer's projection weight by role ("qkv", "o", "gate_up", "down")."""
     return {"qkv": lw.wqkv, "o": lw.wo, "gate_up": lw.w_gate_up, "down": lw.w_down}[role]
 
 
@@ -79,7 +80,7 @@ class PackedProjections:
         module's invariants). budget_bytes: the most their copies may take (default: the RAM share)."""
         if weights.embed.device.type != "cpu" or not weights.layers:
             return None
-        need = sum(_weight(lw, r).numel() * _weight(lw, r).element_size() for lw in weights.layers for r in ROLES)
+        need = sum(role_weight(lw, r).numel() * role_weight(lw, r).element_size() for lw in weights.layers for r in ROLES)
         if budget_bytes is None:
             ram = physical_memory_bytes()
             budget_bytes = ram // PACK_RAM_SHARE if ram else 0
@@ -91,7 +92,7 @@ class PackedProjections:
             for lw in weights.layers:
                 packed = {}
                 for role in ROLES:
-                    w = _weight(lw, role)
+                    w = role_weight(lw, role)
                     packed[role] = p = pack(w)
                     key = (tuple(w.shape), w.dtype)
                     if key not in checked:

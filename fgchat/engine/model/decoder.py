@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from fgchat.protocol.errors import ModelLoadError
 from fgchat.engine.model.config import ModelConfig, rope_inv_freq
-from fgchat.engine.model.cpu_linear import PackedProjections
+from fgchat.engine.model.cpu_linear import PackedProjections, role_weight
 from fgchat.engine.model.ops import CpuHead, apply_rope, head_logits, rms_norm
 from fgchat.protocol.tuning import Tuning
 
@@ -279,8 +279,7 @@ class Decoder:
         bias = lw.bqkv if role == "qkv" else None
         if self._packed is not None:
             return self._packed.linear(x, i, role, bias)
-        w = {"qkv": lw.wqkv, "o": lw.wo, "gate_up": lw.w_gate_up, "down": lw.w_down}[role]
-        return F.linear(x, w, bias)
+        return F.linear(x, role_weight(lw, role), bias)
 
     def head(self, st: StepState, greedy: bool = False,
              sample: SampleArgs | None = None) -> None:
