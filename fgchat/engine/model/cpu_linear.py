@@ -80,7 +80,8 @@ class PackedProjections:
         module's invariants). budget_bytes: the most their copies may take (default: the RAM share)."""
         if weights.embed.device.type != "cpu" or not weights.layers:
             return None
-        need = sum(role_weight(lw, r).numel() * role_weight(lw, r).element_size() for lw in weights.layers for r in ROLES)
+        ws = [role_weight(lw, r) for lw in weights.layers for r in ROLES]
+        need = sum(w.numel() * w.element_size() for w in ws)
         if budget_bytes is None:
             ram = physical_memory_bytes()
             budget_bytes = ram // PACK_RAM_SHARE if ram else 0
