@@ -61,7 +61,7 @@ NUM_WARPS, NUM_STAGES, MAX_K_TILE, MAX_K_TILE_OUT = 4, 4, 256, 512
 # norm-fed phases normalise only rows [0, next_pow2(B)) of their activation tile (None: where
 # `norm_rows_only` says so, else forced on or off); o and down load only those rows of x; the grid
 # barrier sleeps this many ns between polls of its counter (0: none).
-NORM_BATCH_ROWS_ONLY: bool | None = None
+NORM_BATCH_ROWS_ONLY: bool | None = False
 OUT_BATCH_ROWS_ONLY = False
 # The H200 sweep (notes V46): normalising the batch's rows only took Llama-3.2-1B (hidden 2048) at
 # batch 1 from 1.391 to 1.211 ms a step, and was slower at batch 8 and on SmolLM2 (hidden 576).
