@@ -1,7 +1,8 @@
 """One bar chart (SVG) of fgchat bench results with llama.cpp's rows from `scripts/llama_cpp.sh
 bench` (its llamacpp.json) as one more runner in the panel of the same preset.
 
-Usage: python tools/peer_chart.py --llamacpp llamacpp.json [--dtype bf16] --chart OUT.svg BENCH.json...
+Usage: python tools/peer_chart.py --llamacpp llamacpp.json [--dtype bf16] [--skip RUNNER,...] --chart OUT.svg
+       BENCH.json...
 (BENCH.json: `fgchat bench --preset P --random-weights --json` results; llama.cpp rows of a
 preset without one are left out, as are rows of other weight dtypes)
 """
@@ -44,10 +45,15 @@ def main() -> None:
     ap.add_argument("--llamacpp", required=True, type=Path)
     ap.add_argument("--dtype", default="bf16", help="llama.cpp weight dtype to draw (default bf16)")
     ap.add_argument("--chart", required=True, type=Path)
+    ap.add_argument("--skip", default="", help="runners left out of the chart, comma separated (e.g. hf-eager, "
+                    "whose bars would flatten the others)")
     ap.add_argument("bench", nargs="+")
     a = ap.parse_args()
     try:
         results = load_results(a.bench)
+        skip = {r.strip() for r in a.skip.split(",") if r.strip()}
+        for r in results:
+            r["runs"] = [run for run in r["runs"] if run["runner"] not in skip]
         rows = json.loads(a.llamacpp.read_text())
         peers = llamacpp_results(rows, a.dtype, results)
         if not peers:
