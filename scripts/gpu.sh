@@ -72,7 +72,9 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 fi
 export PYTHONPATH="$PWD:/tmp/site" FGCHAT_CACHE_DIR=/tmp/fgchat-cache
 GGUF=""  # real weights where the two put calls left them; targets that need them say so without
-if (cd "$DEST" 2>/dev/null && { [[ -f $NAME ]] || cat part.0 part.1 part.2 part.3 > "$NAME"; } \
+# joined through a temporary file: a call that has only some of the parts leaves no partial GGUF
+if (cd "$DEST" 2>/dev/null && { [[ -f $NAME ]] || { cat part.0 part.1 part.2 part.3 > "$NAME.part" 2>/dev/null \
+      && mv "$NAME.part" "$NAME"; }; } \
     && sha256sum -c sha256 >&2); then
   GGUF=$DEST/$NAME; export FGCHAT_REAL_GGUF=$GGUF
 else
