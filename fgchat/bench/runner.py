@@ -99,6 +99,9 @@ def run_all(spec: BenchSpec) -> dict[str, Any]:
         from fgchat.protocol.errors import FgchatError
 
         raise FgchatError(f"prompt + output ({need} tokens) exceed the context ({engine.max_context})")
+    from fgchat.engine.heap import freeze_heap
+
+    frozen = freeze_heap(collect=True)  # no full collection of the whole heap inside a timed round
     info = engine.info()
     result: dict[str, Any] = {
         "meta": {
@@ -108,6 +111,7 @@ def run_all(spec: BenchSpec) -> dict[str, Any]:
             "pipelined": engine.pipelined,
             "pdl": engine.decoder.pdl,
             "tuning_changed": engine.tuning.changed(),
+            "gc_frozen_objects": frozen,
             "kernel_warmup_s": info.kernel_warmup_s,
             "startup_check": asdict(info.startup_check) if info.startup_check else None,
             "torch": torch.__version__, "python": platform.python_version(), "host_cpu": _cpu_name(),

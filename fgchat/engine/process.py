@@ -389,11 +389,14 @@ def _process_main(config: Any, commands: Any, events: Any, log_path: str | None)
 
     def make_engine() -> Any:
         from fgchat.engine.core import Engine
+        from fgchat.engine.heap import freeze_heap
 
         startup_mark("engine: imports done")
         if primer is not None:
             primer.imports_done()
-        return Engine(engine_process_config(config))
+        engine = Engine(engine_process_config(config))
+        freeze_heap()  # a later full collection walks only what the serving makes (engine.heap)
+        return engine
 
     try:
         serve(make_engine, next_command, send, keep_going=lambda: parent is None or parent.is_alive(),
