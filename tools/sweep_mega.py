@@ -99,15 +99,17 @@ def configure(layers: mk.DecodeLayers, cfg, conf: str) -> None:
     """conf WARPSxSTAGESxK[:BNI][+FLAG...], K the largest K tile of every projection or KQKV/KO/KDOWN
     one per phase kind (gate/up takes qkv's: both run over the hidden size), BNI the gate/up item
     width (default 16). Flags: +rows / +norows normalise the batch's rows only / every padded row
-    (megakernel.NORM_BATCH_ROWS_ONLY; neither: that constant, the engine's default), +xrows loads o / down's x for those rows only (OUT_BATCH_ROWS_ONLY),
-    +sleepN sleeps N ns between polls of a grid barrier (BARRIER_SLEEP_NS), +splitsN caps the
+    (megakernel.NORM_BATCH_ROWS_ONLY; neither: that constant, the engine's default), +xrows loads o /
+    down's x for those rows only (OUT_BATCH_ROWS_ONLY), +sleepN sleeps N ns between polls of a grid barrier (BARRIER_SLEEP_NS), +splitsN caps the
     attention splits per (row, kv head) at N (DecodeLayers.max_splits, 1..16), +ppsN launches N
     programs per SM (PROGRAMS_PER_SM; refused where the driver says they cannot all be resident)."""
     conf, *flags = conf.split("+")
-    unknown = [f for f in flags if f not in ("rows", "norows", "xrows") and not re.fullmatch(r"(sleep|splits|pps)\d+", f)]
+    known = ("rows", "norows", "xrows")
+    unknown = [f for f in flags if f not in known and not re.fullmatch(r"(sleep|splits|pps)\d+", f)]
     if unknown:
         raise SystemExit(f"unknown setting flag(s) {unknown} in {conf}")
-    layers.norm_batch_rows_only = True if "rows" in flags else False if "norows" in flags else mk.NORM_BATCH_ROWS_ONLY
+    rows = True if "rows" in flags else False if "norows" in flags else mk.NORM_BATCH_ROWS_ONLY
+    layers.norm_batch_rows_only = rows
     layers.out_batch_rows_only = "xrows" in flags
     layers.barrier_sleep_ns = next((int(f[5:]) for f in flags if f.startswith("sleep")), 0)
     layers.max_splits = next((int(f[6:]) for f in flags if f.startswith("splits")), mk.MAX_SPLITS)
