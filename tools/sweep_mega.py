@@ -101,8 +101,9 @@ def configure(layers: mk.DecodeLayers, cfg, conf: str) -> None:
     width (default 16). Flags: +rows / +norows normalise the batch's rows only / every padded row
     (megakernel.NORM_BATCH_ROWS_ONLY; neither: that constant, the engine's default), +xrows loads
     o / down's x for those rows only (OUT_BATCH_ROWS_ONLY), +sleepN sleeps N ns between polls of a
-    grid barrier (BARRIER_SLEEP_NS), +splitsN caps the attention splits per (row, kv head) at N (DecodeLayers.max_splits, 1..16), +ppsN launches N
-    programs per SM (PROGRAMS_PER_SM; refused where the driver says they cannot all be resident)."""
+    grid barrier (BARRIER_SLEEP_NS), +splitsN caps the attention splits per (row, kv head) at N
+    (DecodeLayers.max_splits, 1..16), +ppsN launches N programs per SM (PROGRAMS_PER_SM; refused
+    where the driver says they cannot all be resident)."""
     conf, *flags = conf.split("+")
     known = ("rows", "norows", "xrows")
     unknown = [f for f in flags if f not in known and not re.fullmatch(r"(sleep|splits|pps)\d+", f)]
