@@ -2,9 +2,9 @@
 memory accelerator (TMA: one bulk copy per weight tile, described once on the host) against our
 pointer-load kernel (engine.kernels.gemv) and cuBLAS, at 1 and 8 rows.
 
-Each variant runs REPS times inside one CUDA graph, cycling through enough copies of the weight
-that they do not fit in L2 (every call reads HBM, as a decode step does); prints us per call,
-weight GB/s and the largest error against a float32 product. A TMA variant is
+Each variant runs 50 times inside one CUDA graph (bench_proj's timing), cycling through enough
+copies of the weight that they do not fit in L2 (every call reads HBM, as a decode step does);
+prints us per call, weight GB/s and the largest error against a float32 product. A TMA variant is
 BLOCK_N x BLOCK_K tiles, warps, stages. Usage: python tools/bench_tma_proj.py [1b|135m|8b ...]
 """
 
@@ -18,9 +18,10 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from bench_proj import graph_time_us  # tools/ is the script's directory
+
 from fgchat.engine.kernels import gemv
 
-REPS = 60
 L2_BYTES = 60 * 2**20
 SHAPES = {  # name -> (N, K, GLU); gate_up: N = 2 x intermediate (rows gate | up)
     "1b": [("qkv", 3072, 2048, False), ("o", 2048, 2048, False), ("gate_up", 16384, 2048, True),
@@ -92,28 +93,10 @@ def reference(x: torch.Tensor, w: torch.Tensor, glu: bool) -> torch.Tensor:
 
 
 def graph_us(calls: list) -> float:
-    """us per call over REPS calls cycling through `calls` (one per weight copy), in one graph."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for c in calls:
-            c()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for i in range(REPS):
-            calls[i % len(calls)]()
-    g.replay()
-    torch.cuda.synchronize()
-    best = float("inf")
-    for _ in range(5):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        best = min(best, a.elapsed_time(b) * 1000 / REPS)
-    return best
+    """us per call over bench_proj.REPS calls in one graph, cycling through `calls` (one per weight
+    copy): bench_proj's timing with each captured call on the next copy."""
+    turn = itertools.cycle(calls)
+    return graph_time_us(lambda: next(turn)())
 
 
 def main() -> None:
