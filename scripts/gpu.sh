@@ -27,7 +27,9 @@
 #   8b      fgchat bench of the 8B preset, full mode
 #   launch  host time per Triton launch (tools/bench_launch.py)
 #   timeline  per-kernel durations and gaps of full and piecewise 1B steps (tools/timeline_step.py)
-#   tma     the projections with TMA weight loads against ours and cuBLAS (tools/bench_tma_proj.py)
+#   tma     our projections with TMA weight loads against pointer loads and cuBLAS (tools/bench_tma_proj.py;
+#           TMA_MODELS, TMA_TILES extra tiles)
+#   envab   fgchat bench with AB_ARGS, ENVAB_VAR=0 and =1 alternating AB_ROUNDS times (one tree)
 #   merge   full mode's step with the attention splits merged three ways (tools/ab_attention_merge.py)
 #   ncumega Nsight Compute (full set, source-level stalls) on one persistent mega launch, 1B batch 1
 #   megaprofile  the mega kernel's timeline from its clock stamps, then its settings sweep
@@ -171,8 +173,15 @@ for what in "$@"; do
       timeout 300 python3 tools/ab_attention_merge.py llama-3.2-1b,smollm2-135m 1,8 2 2>&1 | tee "$OUT/merge.log" ;;
     timeline)  # per-kernel durations and gaps of full and piecewise steps (tools/timeline_step.py)
       timeout 240 python3 tools/timeline_step.py llama-3.2-1b full,piecewise 1 2>&1 | tee "$OUT/timeline-step.log" ;;
-    tma)  # the projections with TMA weight loads against ours and cuBLAS (tools/bench_tma_proj.py)
-      timeout 300 python3 tools/bench_tma_proj.py ${TMA_MODELS:-1b 8b} 2>&1 | tee "$OUT/tma-proj.log" ;;
+    tma)  # our projections with TMA weight loads against pointer loads and cuBLAS (tools/bench_tma_proj.py)
+      read -r -a tiles <<< "${TMA_TILES:-}"  # e.g. "--tile head=64,128,4,4,1,1"
+      timeout 300 python3 tools/bench_tma_proj.py ${TMA_MODELS:-1b 8b} "${tiles[@]}" 2>&1 | tee "$OUT/tma-proj.log" ;;
+    envab)  # fgchat bench with AB_ARGS, ENVAB_VAR=0 then =1 alternating AB_ROUNDS (2) times, one tree
+      read -r -a args <<< "${AB_ARGS:---preset llama-3.2-1b --random-weights --batch-sizes 1,8 --repeats 2}"
+      for i in $(seq "${AB_ROUNDS:-2}"); do
+        for v in 0 1; do export "${ENVAB_VAR:?}=$v"; bench new "envab-$ENVAB_VAR$v-$i" "${args[@]}"; done
+      done
+      unset "$ENVAB_VAR" ;;
     launch)  # host time per Triton launch: plain, fast, bound with tensors, bound with addresses (V51)
       timeout 120 python3 tools/bench_launch.py 2>&1 | tee "$OUT/launch.log" ;;
     8b)  # the 8B preset, full mode only (its random weights take ~16 GB)

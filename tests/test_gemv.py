@@ -78,9 +78,12 @@ def test_swapped_operands_give_the_plain_product(m):
 
 def test_config_text_parses_and_rejects():
     assert ProjConfig.parse("64,128,4,3,1") == ProjConfig(64, 128, 4, 3, True)
+    assert ProjConfig.parse("64,128,4,3,1,1") == ProjConfig(64, 128, 4, 3, True, tma=True)
     assert ProjConfig.parse("16,512,4,4") == ProjConfig(16, 512, 4, 4, False)
     with pytest.raises(ValueError, match="bn,bk"):
         ProjConfig.parse("16,512")
+    with pytest.raises(ValueError, match="bn,bk"):
+        ProjConfig.parse("16,512,4,4,1,1,1")
 
 
 def test_rows_do_not_depend_on_batch_size():
@@ -100,7 +103,10 @@ def test_config_and_routing_depend_on_shape_only():
     assert pick_config(2048, 2048).block_k == 512
     assert pick_config(576, 576).block_k == 128  # K not a multiple of 512: masked 128-wide tiles
     assert wins_over_cublas(torch.empty(2048, 2048)) and not wins_over_cublas(torch.empty(2048, 8192))
-    assert pick_config(8192, 2048, glu=True) == ProjConfig(64, 256, 4, 3, swap=True)  # 1B gate/up
+    # 1B gate/up: 64 x 128 tiles by TMA (four stages fit), 64 x 256 with pointer loads
+    assert pick_config(8192, 2048, glu=True) == ProjConfig(64, 128, 4, 4, swap=True, tma=True)
+    assert pick_config(8192, 2048, glu=True, tma=False) == ProjConfig(64, 256, 4, 3, swap=True)
+    assert pick_config(14336, 4096, glu=True) == ProjConfig(64, 256, 4, 3, swap=True, tma=True)  # 8B
     assert not pick_config(1536, 576, glu=True).swap  # SmolLM2's: the small-matrix rule
 
 
@@ -122,7 +128,8 @@ def test_routes_of_llama_1b_projections():
     st = _stages(Tuning())
     assert st.gate_up == Route(True, glu=True) and st.o == Route(True, split=4)
     assert st.qkv == Route(True) and st.down == Route(False)  # qkv: ours at every size; down: cuBLAS
-    assert pick_config(3072, 2048) == ProjConfig(32, 128, 4, 6)  # 1B qkv: the mid-size tile
+    assert pick_config(3072, 2048, tma=False) == ProjConfig(32, 128, 4, 6)  # 1B qkv: the mid-size tile
+    assert pick_config(3072, 2048) == ProjConfig(64, 256, 4, 4, swap=True, tma=True)  # by TMA
     # above the size rule: cuBLAS without PDL (nothing launches early), or without our kernel
     assert _stages(Tuning(), pdl=False).qkv == Route(False) == _stages(Tuning(gemv=False)).qkv
     assert _stages(Tuning(gemv=False)).gate_up == Route(False)
@@ -139,7 +146,13 @@ def test_routes_of_llama_8b_projections():
     st = _stages(Tuning(), hidden=4096, inter=14336, q=6144)
     assert st.qkv == Route(True) and st.gate_up == Route(True, glu=True)
     assert st.o == Route(True, split=8) and st.down == Route(True, split=2)
-    assert pick_config(6144, 4096) == ProjConfig(64, 256, 4, 3, swap=True)
+    assert pick_config(6144, 4096) == ProjConfig(64, 256, 4, 4, swap=True, tma=True)
+    assert pick_config(6144, 4096, tma=False) == ProjConfig(64, 256, 4, 3, swap=True)
+    # FGCHAT_TMA=0: every role of ours on the pointer-load tile of its shape, split as before
+    st = _stages(Tuning(tma=False), hidden=4096, inter=14336, q=6144)
+    assert st.qkv == Route(True, config=pick_config(6144, 4096, tma=False))
+    assert st.gate_up == Route(True, glu=True, config=pick_config(14336, 4096, glu=True, tma=False))
+    assert st.down == Route(True, split=2, config=pick_config(4096, 14336, tma=False))
     st = _stages(Tuning(gemv=False), hidden=4096, inter=14336, q=6144)
     assert st.qkv == st.o == st.down == st.gate_up == Route(False)
 
@@ -278,3 +291,46 @@ def test_lm_head_logits_are_float32_sums_not_rounded():
     assert got.dtype == torch.float32
     assert ((got.double() - exact).abs() <= 1e-5 * exact.abs().max()).all()
     assert not torch.equal(got, got.half().float())  # not fp16 values
+
+
+@pytest.fixture
+def tma_in_interpreter(monkeypatch):
+    """TMA configs run: on a Hopper GPU by bulk copies, on CPU in Triton's interpreter."""
+    from fgchat.engine.kernels import tma
+
+    monkeypatch.setattr(tma, "INTERPRETER", True)
+    if not tma.available(torch.device(DEV)):
+        pytest.skip("no TMA on this device")
+
+
+@pytest.mark.parametrize("m", [1, 5])
+def test_tma_tiles_give_the_pointer_load_sums(tma_in_interpreter, m):
+    """The same tiles in the same order: equal bits with and without TMA (float32 weights)."""
+    x, w = _inputs(m, 128, 256, 70 + m)
+    pointer = ProjConfig(64, 64, 4, 2, swap=True)
+    bulk = ProjConfig(64, 64, 4, 2, swap=True, tma=True)
+    got = project(x, w, bulk)
+    assert torch.equal(got, project(x, w, pointer))
+    torch.testing.assert_close(got, F.linear(x, w), rtol=1e-5, atol=1e-5)
+    parts = project_partials(x, w, 2, bulk)
+    assert torch.equal(parts, project_partials(x, w, 2, pointer))
+
+
+def test_tma_gate_up_reads_the_up_rows_n_below(tma_in_interpreter):
+    x, w = _inputs(3, 256, 128, 77)
+    bulk = ProjConfig(64, 64, 4, 2, swap=True, tma=True)
+    got = project_glu(x, w, bulk)
+    assert torch.equal(got, project_glu(x, w, ProjConfig(64, 64, 4, 2, swap=True)))
+    torch.testing.assert_close(got, F.silu(F.linear(x, w[:128])) * F.linear(x, w[128:]), rtol=1e-5, atol=1e-5)
+
+
+def test_tma_config_whose_tiles_do_not_divide_falls_back(tma_in_interpreter):
+    x, w = _inputs(2, 96, 192, 78)  # 96 rows: not whole 64-row tiles
+    got = project(x, w, ProjConfig(64, 64, 4, 2, swap=True, tma=True))
+    torch.testing.assert_close(got, F.linear(x, w), rtol=1e-5, atol=1e-5)
+
+
+def test_no_tma_on_cpu_outside_tests():
+    from fgchat.engine.kernels import tma
+
+    assert not tma.INTERPRETER and not tma.available(torch.device("cpu"))

@@ -75,6 +75,17 @@ def tensors() -> list[torch.Tensor]:
     return out
 
 
+def descriptors() -> list:
+    """Host tensor descriptors: dtypes, block shapes, paddings, shapes and strides."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    w16 = torch.zeros(128, 256, dtype=torch.bfloat16)
+    w32 = torch.zeros(128, 256, dtype=torch.float32)
+    return [TensorDescriptor.from_tensor(w16, [64, 128]), TensorDescriptor.from_tensor(w16[:64], [64, 128]),
+            TensorDescriptor.from_tensor(w16, [64, 64]), TensorDescriptor.from_tensor(w32, [64, 128]),
+            TensorDescriptor.from_tensor(w32, [64, 128], padding="nan")]
+
+
 SCALARS = [0, 1, 2, 3, 15, 16, 17, 32, -1, -16, -17, 2**31 - 1, 2**31, 2**31 + 16, -(2**31), -(2**31) - 1,
            -(2**31) - 16, 2**32, 2**63 - 1, 2**63 - 16, 2**63, 2**63 + 16, 2**64 - 1, 2**64 - 16,
            True, False, 0.0, 1.0, -0.5, 1e300, None]
@@ -87,14 +98,14 @@ def native(a, is_const=False, specialize=True, align=True):
 @needs_jit
 def test_inline_key_matches_arg_code():
     la = FastLauncher(_probe_kernel)
-    for a in tensors() + SCALARS:
+    for a in tensors() + SCALARS + descriptors():
         assert la.cache_key((a,), {}, 0)[2] == _arg_code(a), a
 
 
 @needs_jit
 def test_key_never_coarser_than_triton_specialization():
     """Equal key elements imply equal Triton specialization, for every specialize/align/const flag."""
-    values = tensors() + SCALARS
+    values = tensors() + SCALARS + descriptors()
     la = FastLauncher(_probe_kernel)
     for a, b in itertools.combinations(values, 2):
         if la.cache_key((a,), {}, 0) != la.cache_key((b,), {}, 0):
@@ -138,6 +149,10 @@ def test_key_distinguishes_what_triton_does():
     assert key(t16, BLOCK=True) != key(t16, BLOCK=1) != key(t16, BLOCK=1.0)
     assert key(t16, BLOCK=0.0) != key(t16, BLOCK=-0.0)
     assert key(t16, BLOCK=16) == key(other16, BLOCK=16)
+    # descriptors: dtype, block shape and padding; not the address, shape or strides
+    d16, d16_half, d16_64, d32, d32_nan = descriptors()
+    assert key(d16) == key(d16_half) != key(d16_64)
+    assert key(d16) != key(d32) != key(d32_nan) and key(d16) != key(t16)
     # the number of positional arguments and the device
     assert key(t16, 16) != key(t16)
     assert la.cache_key((t16,), {}, 0) != la.cache_key((t16,), {}, 1)

@@ -20,6 +20,8 @@ TARGET = GPUTarget("cuda", 90, 32)
 
 def build(fn, signature: dict, constexprs: dict, **options) -> None:
     sig = dict(signature)
+    if fn is gemv._proj_kernel and "w_desc" not in sig:
+        constexprs = dict(constexprs, w_desc=None)  # pointer loads: no descriptor
     for name in constexprs:
         sig[name] = "constexpr"
     # pointers 16-byte aligned, as the launches specialise them
@@ -57,6 +59,14 @@ def main() -> None:
             build(gemv._proj_kernel, dict(proj, y_ptr="*bf16"),
                   dict(N=8192, K=2048, EVEN_K=True, EVEN_N=True, BLOCK_M=16, BLOCK_N=c.block_n,
                        BLOCK_K=c.block_k, DOT_PRECISION="tf32", USE_PDL=pdl, SPLIT_K=1, GLU=True, SWAP=c.swap),
+                  num_warps=c.num_warps, num_stages=c.num_stages, launch_pdl=pdl)
+        # weight tiles by TMA: 1B gate/up, 1B qkv, 8B down split in two (gemv.pick_config's TMA tiles)
+        for n, k, glu, split in ((8192, 2048, True, 1), (3072, 2048, False, 1), (4096, 14336, False, 2)):
+            c = gemv.pick_config(n, k, glu)
+            build(gemv._proj_kernel, dict(proj, y_ptr="*fp32" if split > 1 else "*bf16",
+                                          w_desc=f"tensordesc<bf16[{c.block_n}, {c.block_k}]>"),
+                  dict(N=n, K=k, EVEN_K=True, EVEN_N=True, BLOCK_M=16, BLOCK_N=c.block_n, BLOCK_K=c.block_k,
+                       DOT_PRECISION="tf32", USE_PDL=pdl, SPLIT_K=split, GLU=glu, SWAP=c.swap, TMA=c.tma),
                   num_warps=c.num_warps, num_stages=c.num_stages, launch_pdl=pdl)
         build(gemv._argmax_finish_kernel, {"pmax_ptr": "*fp32", "pidx_ptr": "*i32", "out_ptr": "*i64", "P": "i32",
                                            "stride_p": "i32"}, dict(BLOCK_P=2048, USE_PDL=pdl), num_warps=4,

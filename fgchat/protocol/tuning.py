@@ -11,6 +11,7 @@ EngineConfig (which holds a Tuning) without loading torch.
 | FGCHAT_PIPELINE=0 | on | read step n's tokens before launching step n+1 (CUDA) |
 | FGCHAT_GEMV=0 | on | cuBLAS for every projection instead of our skinny kernel where it wins |
 | FGCHAT_PROJ_CONFIGS=spec | "" | tiles per projection role, e.g. "gate_up=64,128,4,4;qkv=32,256,4,4,1" |
+| FGCHAT_TMA=0 | on | projection weight tiles by pointer loads instead of Hopper bulk copies (sm_90+) |
 | FGCHAT_PDL=0 | on | no programmatic dependent launch between the step's Triton kernels |
 | FGCHAT_L2_PREFETCH_MB=n | 16 | full graphs: weights prefetched into L2 beside attention (0: none) |
 | FGCHAT_PREFILL_GRAPHS=0 | on | full mode prefills eagerly instead of replaying prefill graphs |
@@ -52,6 +53,8 @@ class Tuning:
     pipeline: bool | None = None
     gemv: bool = True
     proj_configs: str = ""
+    # the projection kernel's large tiles load weights by TMA where the GPU has it (kernels.tma)
+    tma: bool = True
     pdl: bool = True
     l2_prefetch_mb: int = 16
     prefill_graphs: bool = True
@@ -80,6 +83,7 @@ class Tuning:
             pipeline=None if _flag("FGCHAT_PIPELINE", True) else False,
             gemv=_flag("FGCHAT_GEMV", d.gemv),
             proj_configs=os.environ.get("FGCHAT_PROJ_CONFIGS", d.proj_configs).strip(),
+            tma=_flag("FGCHAT_TMA", d.tma),
             pdl=_flag("FGCHAT_PDL", d.pdl),
             l2_prefetch_mb=_int("FGCHAT_L2_PREFETCH_MB", d.l2_prefetch_mb),
             prefill_graphs=_flag("FGCHAT_PREFILL_GRAPHS", d.prefill_graphs),

@@ -11,6 +11,7 @@ config is chosen from shapes only; no host sync, so it is safe under CUDA graph 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 
@@ -19,6 +20,7 @@ import triton
 import triton.language as tl
 
 from fgchat.engine.intmath import cdiv, next_pow2
+from fgchat.engine.kernels import tma
 from fgchat.engine.kernels.launch import fast
 from fgchat.engine.kernels.pdl import pdl_enter
 from fgchat.engine.kernels.sampling_triton import LIBDEVICE, gumbel_scores, row_hash
@@ -40,7 +42,7 @@ def _tile_product(x, w, SWAP: tl.constexpr, DOT_PRECISION: tl.constexpr):
 
 @triton.jit
 def _proj_kernel(
-    x_ptr, w_ptr, y_ptr, M, stride_y, stride_split,
+    x_ptr, w_ptr, w_desc, y_ptr, M, stride_y, stride_split,
     pmax_ptr, pidx_ptr, stride_p,  # ARGMAX outputs (None without)
     temp_ptr, seed_ptr, pos_ptr,  # SAMPLE: per row temperature, seed, position (None without)
     N: tl.constexpr, K: tl.constexpr,
@@ -49,7 +51,7 @@ def _proj_kernel(
     DOT_PRECISION: tl.constexpr, USE_PDL: tl.constexpr = False,
     SPLIT_K: tl.constexpr = 1, ARGMAX: tl.constexpr = False,
     GLU: tl.constexpr = False, SWAP: tl.constexpr = False, ROUND: tl.constexpr = True,
-    SAMPLE: tl.constexpr = False, LIBDEVICE: tl.constexpr = True,
+    SAMPLE: tl.constexpr = False, LIBDEVICE: tl.constexpr = True, TMA: tl.constexpr = False,
 ):
     """Program (pid, ks) owns columns [pid*BLOCK_N, +BLOCK_N) over K slice ks of SPLIT_K. With
     SPLIT_K > 1 it stores its float32 partial sum in slab ks of y [SPLIT_K, M, N] (the consumer
@@ -60,7 +62,9 @@ def _proj_kernel(
     scores of sampling_triton.gumbel_scores, so the pick is sampling.sample's unfiltered token.
     GLU (SPLIT_K == 1): w is [2N, K], rows gate | up; y = silu(x.gate) * (x.up), each product
     rounded to x's dtype first, the activation as fused.silu_mul computes it.
-    ROUND False (float32 y): the float32 sum is stored as it is (LM head logits: no bf16 ties)."""
+    ROUND False (float32 y): the float32 sum is stored as it is (LM head logits: no bf16 ties).
+    TMA (EVEN_K and EVEN_N): weight tiles come by bulk copy through w_desc, a descriptor of w with
+    [BLOCK_N, BLOCK_K] blocks, instead of pointer loads from w_ptr; same tiles, same sum order."""
     pid = tl.program_id(0)
     K_PART: tl.constexpr = K // SPLIT_K
     k_base = tl.program_id(1) * K_PART
@@ -75,7 +79,12 @@ def _proj_kernel(
     # The first weight tile is loaded before waiting on the previous kernel (weights are never
     # written by a kernel); the K loop below starts at the second tile, so the sum's order is the
     # same with and without PDL: tile 0, tile 1, ...
-    if EVEN_K and EVEN_N:
+    n_row = pid * BLOCK_N
+    if TMA:
+        w = w_desc.load([n_row, k_base])
+        if GLU:
+            wu = w_desc.load([N + n_row, k_base])
+    elif EVEN_K and EVEN_N:
         w = tl.load(w_rows + offs_k0[None, :])
         if GLU:
             wu = tl.load(u_rows + offs_k0[None, :])
@@ -91,7 +100,12 @@ def _proj_kernel(
         acc_u = _tile_product(x, wu, SWAP, DOT_PRECISION)
     for k0 in range(BLOCK_K, K_PART, BLOCK_K):
         offs_k = k0 + offs_k0
-        if EVEN_K:
+        if TMA:
+            x = tl.load(x_rows + offs_k[None, :], mask=m_mask[:, None], other=0.0)
+            w = w_desc.load([n_row, k_base + k0])
+            if GLU:
+                wu = w_desc.load([N + n_row, k_base + k0])
+        elif EVEN_K:
             x = tl.load(x_rows + offs_k[None, :], mask=m_mask[:, None], other=0.0)
             if EVEN_N:
                 w = tl.load(w_rows + offs_k[None, :])
@@ -162,31 +176,41 @@ class ProjConfig:
     num_warps: int = 4
     num_stages: int = 4
     swap: bool = False  # weight rows as the MMA's M dimension (see _tile_product)
+    tma: bool = False  # weight tiles by bulk copy where the device has TMA (sm_90+) and tiles divide
 
     @classmethod
     def parse(cls, text: str) -> ProjConfig:
-        """"bn,bk,warps,stages[,swap]", e.g. "64,128,4,4,1" (benchmark and tuning overrides)."""
+        """"bn,bk,warps,stages[,swap[,tma]]", e.g. "64,128,4,4,1,1" (benchmark and tuning overrides)."""
         parts = [int(p) for p in text.split(",")]
-        if len(parts) not in (4, 5) or min(parts[:4]) < 1:
-            raise ValueError(f"projection config {text!r}: expected bn,bk,warps,stages[,swap]")
-        return cls(*parts[:4], bool(parts[4]) if len(parts) == 5 else False)
+        if not 4 <= len(parts) <= 6 or min(parts[:4]) < 1:
+            raise ValueError(f"projection config {text!r}: expected bn,bk,warps,stages[,swap[,tma]]")
+        return cls(*parts[:4], *(bool(p) for p in parts[4:]))
 
 
-def pick_config(n: int, k: int, glu: bool = False) -> ProjConfig:
+def pick_config(n: int, k: int, glu: bool = False, tma: bool = True) -> ProjConfig:
     """Shape-only (eager and captured launches match). Narrow column tiles keep >= 1 program per
     SM for N >= 2048; wide K tiles keep 16 KiB of weights per stage in flight; vocabulary-sized N
-    takes wide column tiles (LM head: 119 us vs cuBLAS 127 on the H200 sweep); a large gate/up
-    (two weight tiles per step of K) takes 64 rows per half with the weights as the MMA's M."""
+    takes wide column tiles (LM head: 119 us vs cuBLAS 127 on the H200 sweep). The big() shapes,
+    a large gate/up (two weight tiles per step of K) and 1B's qkv take 64 weight rows as the MMA's
+    M; with `tma` (the device has it) those tiles come by bulk copy (H200, tools/bench_tma_proj.py,
+    M=1: 8B down 39.0 -> 30.8 us, 8B qkv 16.7 -> 14.4, 8B gate/up 59.7 -> 56.0, 1B gate/up 19.7 ->
+    17.8, 1B qkv 6.8 -> 6.3)."""
     if n >= 32768:
         return ProjConfig(block_n=64, block_k=128, num_warps=4, num_stages=4)
-    # One tile for 8B-class qkv / o / down (big) and 1B / 8B gate/up (sweep_proj.py, H100: qkv
-    # 19.0 us vs cuBLAS 20.9, o split 12.7 vs 16.3, down split 39.9 vs 44.6; gate/up 23.2 / 79.9
-    # vs cuBLAS + SiLU 26.6 / 86.9)
-    if big(n, k) or (glu and n * k >= 2048 * 2048 and k % 256 == 0):
-        return ProjConfig(block_n=64, block_k=256, num_warps=4, num_stages=3, swap=True)
-    # Mid-sized (1B's 3072 x 2048 qkv): 32-row tiles, 6 stages of 128 (H200 sweep: 5.5 us vs
-    # cuBLAS 6.1 at M=1, 6.5 at M=8; the narrow-tile rule 7.6)
+    if glu and n * k >= 2048 * 2048 and k % 256 == 0:
+        # two tiles per stage: with TMA 64 x 256 fits three stages in shared memory, 64 x 128 four
+        if tma and k < 4096:
+            return ProjConfig(block_n=64, block_k=128, num_warps=4, num_stages=4, swap=True, tma=True)
+        return ProjConfig(block_n=64, block_k=256, num_warps=4, num_stages=3, swap=True, tma=tma)
+    # pointer loads (sweep_proj.py, H100): 8B qkv 19.0 us vs cuBLAS 20.9, o split 12.7 vs 16.3,
+    # down split 39.9 vs 44.6; gate/up 23.2 / 79.9 vs cuBLAS + SiLU 26.6 / 86.9
+    if big(n, k):
+        return ProjConfig(block_n=64, block_k=256, num_warps=4, num_stages=4 if tma else 3, swap=True, tma=tma)
+    # Mid-sized (1B's 3072 x 2048 qkv); pointer loads: 32-row tiles, 6 stages of 128 (H200 sweep:
+    # 5.5 us vs cuBLAS 6.1 at M=1, 6.5 at M=8; the narrow-tile rule 7.6)
     if n * k > MAX_WEIGHT_ELEMENTS and max(n, k) <= 4096 and k % 128 == 0:
+        if tma and k % 256 == 0 and n % 64 == 0:
+            return ProjConfig(block_n=64, block_k=256, num_warps=4, num_stages=4, swap=True, tma=True)
         return ProjConfig(block_n=32, block_k=128, num_warps=4, num_stages=6)
     return ProjConfig(block_k=512 if k % 512 == 0 else 128)
 
@@ -244,7 +268,7 @@ def project_argmax(x: torch.Tensor, w: torch.Tensor, config: ProjConfig | None =
     sampled pick, sampling.sample(filtered=False)'s token (T <= 0 rows: the argmax)."""
     m, n = x.shape[0], w.shape[0]
     plan = _plan(m, n, x.shape[1], x.dtype, w.dtype, torch.float32, 1, True, pdl, config, exact=True,
-                 sample=sample is not None)
+                 sample=sample is not None, tma_ok=tma.available(x.device))
     programs = plan.grid[0]
     pmax = torch.empty((m, programs), dtype=torch.float32, device=x.device)
     pidx = torch.empty((m, programs), dtype=torch.int32, device=x.device)
@@ -282,16 +306,23 @@ class _Plan:
     stride_y: int
     stride_split: int
     kw: dict
+    desc_block: tuple[int, int] | None  # TMA: the weight descriptor's block shape
 
 
 @functools.lru_cache(maxsize=1024)
 def _plan(m: int, n: int, k: int, x_dtype: torch.dtype, w_dtype: torch.dtype, out_dtype: torch.dtype,
           split: int, argmax: bool, pdl: bool, config: ProjConfig | None, glu: bool = False,
-          exact: bool = False, sample: bool = False) -> _Plan:
-    """Grid, output shape and launch options of one call signature (validated once)."""
+          exact: bool = False, sample: bool = False, tma_ok: bool = False) -> _Plan:
+    """Grid, output shape and launch options of one call signature (validated once). tma_ok: the
+    device can load by TMA; a config asking for TMA runs with pointer loads where it cannot or
+    where its tiles do not divide the weight (the default config: the pointer-load one)."""
     if m > MAX_ROWS:
         raise ValueError(f"project handles at most {MAX_ROWS} rows, got {m}")
-    cfg = config or pick_config(n, k, glu)
+    cfg = config or pick_config(n, k, glu, tma=tma_ok)
+    # a TMA box spans at most 256 elements per dimension
+    if cfg.tma and not (tma_ok and n % cfg.block_n == 0 and (k // split) % cfg.block_k == 0
+                        and max(cfg.block_n, cfg.block_k) <= 256):
+        cfg = pick_config(n, k, glu, tma=False) if config is None else dataclasses.replace(cfg, tma=False)
     if k % split or (split > 1 and (k // split) % cfg.block_k):
         raise ValueError(f"split {split} must cut K={k} into whole {cfg.block_k}-wide tiles")
     kw = dict(
@@ -299,11 +330,12 @@ def _plan(m: int, n: int, k: int, x_dtype: torch.dtype, w_dtype: torch.dtype, ou
         BLOCK_M=MAX_ROWS, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         DOT_PRECISION="ieee" if w_dtype == torch.float32 else "tf32", USE_PDL=pdl,
         SPLIT_K=split, ARGMAX=argmax, GLU=glu, SWAP=cfg.swap, ROUND=not exact,
-        SAMPLE=sample, LIBDEVICE=LIBDEVICE,
+        SAMPLE=sample, LIBDEVICE=LIBDEVICE, TMA=cfg.tma,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=pdl,
     )
     shape = (split, m, n) if split > 1 else (m, n)
-    return _Plan((cdiv(n, cfg.block_n), split), shape, n, m * n if split > 1 else 0, kw)
+    return _Plan((cdiv(n, cfg.block_n), split), shape, n, m * n if split > 1 else 0, kw,
+                 (cfg.block_n, cfg.block_k) if cfg.tma else None)
 
 
 def _launch(x: torch.Tensor, w: torch.Tensor, config: ProjConfig | None, out_dtype: torch.dtype | None,
@@ -320,12 +352,13 @@ def _launch(x: torch.Tensor, w: torch.Tensor, config: ProjConfig | None, out_dty
     if sample is not None and argmax is None:
         raise ValueError("sampling in the epilogue needs the argmax outputs")
     plan = _plan(m, n, k, x.dtype, w.dtype, out_dtype, split, argmax is not None, pdl, config, glu, exact,
-                 sample is not None)
+                 sample is not None, tma.available(x.device))
     y = torch.empty(plan.shape, dtype=out_dtype, device=x.device)
     pmax, pidx = argmax if argmax is not None else (None, None)
     temp, seeds, positions = sample if sample is not None else (None, None, None)
+    desc = tma.weight_descriptor(w, plan.desc_block) if plan.desc_block is not None else None
     # non-constexpr arguments positionally: the fast launcher keys them cheaply
-    fast(_proj_kernel)[plan.grid](x, w, y, m, plan.stride_y, plan.stride_split,
+    fast(_proj_kernel)[plan.grid](x, w, desc, y, m, plan.stride_y, plan.stride_split,
                                   pmax, pidx, pmax.stride(0) if pmax is not None else 0,
                                   temp, seeds, positions, **plan.kw)
     return y

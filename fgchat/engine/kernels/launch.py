@@ -30,7 +30,9 @@ Invariants
   looks at: tensors -> (dtype, data_ptr() % 16 == 0); exact ints -> value == 1 (specialized to a
   constexpr), % 16 == 0 (the "D" divisibility attribute) and range class i32 / i64 / u64 (out of
   u64 range -> plain path, which raises); exact bools -> u1; exact floats -> fp32; None ->
-  constexpr None; for each constexpr parameter passed positionally, its exact value and type; every
+  constexpr None; host tensor descriptors (`triton.tools.tensor_descriptor.TensorDescriptor`)
+  -> their base's dtype, block shape and padding (Triton's launcher encodes the CUtensorMap from
+  the descriptor on every launch, fast path included); for each constexpr parameter passed positionally, its exact value and type; every
   keyword argument by name, type and exact value (constexprs and options such as num_warps,
   num_stages; floats and numpy scalars by repr, so 0.0 and -0.0 differ as in Triton's string
   key); and
@@ -38,7 +40,7 @@ Invariants
   which the plain path folds into its options.
 - Anything else takes the plain path, uncached: a triton other than 3.6.x (the convention above
   was read from 3.6); a grid that is not a tuple of 1..3 entries;
-  argument types outside the list above (tuples, tensor descriptors, JIT functions, numpy scalars,
+  argument types outside the list above (tuples, device-side descriptors, JIT functions, numpy scalars,
   int subclasses, ...); a keyword argument naming a non-constexpr parameter; a kernel that is not
   a `JITFunction` (an `InterpretedFunction` made under TRITON_INTERPRET=1, an autotuner, ...);
   TRITON_INTERPRET set (env or `knobs.runtime.interpret`); a launch hook registered in
@@ -88,6 +90,10 @@ except ImportError:  # pragma: no cover - older triton
     ENABLED = False
 
 _Tensor = torch.Tensor
+try:
+    from triton.tools.tensor_descriptor import TensorDescriptor as _TensorDescriptor
+except ImportError:  # pragma: no cover - triton without host tensor descriptors
+    _TensorDescriptor = None
 
 # Raw CUDA entry points, as Triton's GPUDriver uses them (absent from CPU builds of torch).
 _get_device: Callable[[], int] | None = getattr(torch._C, "_cuda_getDevice", None)
@@ -136,7 +142,15 @@ def _arg_code(a: Any) -> Any:
         return 9
     if a is None:
         return 10
+    if t is _TensorDescriptor:
+        return _desc_code(a)
     raise _Unsupported(f"argument type {t.__name__}")
+
+
+def _desc_code(a: Any) -> tuple:
+    """Key element of a host tensor descriptor: Triton specialises on its dtype and block shape;
+    the padding is added (finer). Its address, shape and strides are launch arguments."""
+    return ("desc", a.base.dtype, tuple(a.block_shape), a.padding)
 
 
 def _globals_changed(fn: JITFunction) -> bool:
@@ -196,7 +210,8 @@ class FastLauncher:
         """The launcher's key for these arguments on `device`; raises _Unsupported if unmodelled.
 
         Elements per positional argument of a non-constexpr parameter: tensors (dtype, aligned16);
-        ints 0 (== 1), 2/3 (i32; 3 if % 16 == 0), 4/5 (i64), 6/7 (u64); float 8; bool 9; None 10.
+        ints 0 (== 1), 2/3 (i32; 3 if % 16 == 0), 4/5 (i64), 6/7 (u64); float 8; bool 9; None 10;
+        host tensor descriptors ("desc", dtype, block shape, padding).
         Positional constexpr parameters: (type, value). Keyword arguments: their (name, value)
         items and, separately, their types (True, 1 and 1.0 are equal as values).
         """
@@ -226,6 +241,8 @@ class FastLauncher:
                 append(9)
             elif a is None:
                 append(10)
+            elif t is _TensorDescriptor:
+                append(_desc_code(a))
             elif isinstance(a, _Tensor):
                 append((a.dtype, not a.data_ptr() & 15))
             else:

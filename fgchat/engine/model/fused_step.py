@@ -77,6 +77,9 @@ class FusedStages:
 
     def _route(self, role: str, w: torch.Tensor, bias_free: bool, feeds_norm: bool, sm_count: int) -> Route:
         cfg = self.configs.get(role)
+        if cfg is None and not self.t.tma:  # the shape's tile with pointer loads (FGCHAT_TMA=0)
+            glu = role == "gate_up"
+            cfg = gemv.pick_config(w.shape[0] // 2 if glu else w.shape[0], w.shape[1], glu, tma=False)
         if not (self.t.gemv and bias_free):
             return Route(False)
         if role == "gate_up":
@@ -87,7 +90,7 @@ class FusedStages:
         if role == "qkv" and self.pdl:
             return Route(True, config=cfg)
         # a role given a tile (FGCHAT_PROJ_CONFIGS) runs on our kernel whatever its size
-        mine = cfg is not None or gemv.wins_over_cublas(w)
+        mine = role in self.configs or gemv.wins_over_cublas(w)
         # Narrow norm-fed outputs: more programs in flight, partial sums left to the norm (H200:
         # 1B o 5.0 -> 4.1 us); 1B down on cuBLAS measured 1.009 / 1.090 ms vs split on ours
         # 1.017 / 1.110 (b1 / b8), so wider ones stay unsplit by wins_over_cublas.

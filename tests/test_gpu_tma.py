@@ -1,0 +1,99 @@
+"""Projection weight tiles by TMA (Hopper bulk copies) on the GPU: against a float32 product, against
+the same tiles by pointer loads, through the fast launcher and inside a captured graph."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+
+def _needs_tma():
+    from fgchat.engine.kernels import tma
+
+    if not tma.available(torch.device("cuda")):
+        pytest.skip("the GPU has no TMA (sm_90+)")
+
+
+def _inputs(m: int, rows: int, k: int, seed: int):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(m, k, device="cuda", generator=g).bfloat16()
+    w = (torch.randn(rows, k, device="cuda", generator=g) * 0.02).bfloat16()
+    return x, w
+
+
+# (role, N, K): Llama-3.2-1B qkv and gate/up, Llama-3.1-8B qkv, o, gate/up and down
+SHAPES = [("qkv", 3072, 2048), ("gate_up", 8192, 2048), ("qkv", 6144, 4096), ("o", 4096, 4096),
+          ("gate_up", 14336, 4096), ("down", 4096, 14336)]
+
+
+@pytest.mark.parametrize("m", [1, 8])
+@pytest.mark.parametrize("role,n,k", SHAPES)
+def test_tma_projection_close_to_float32_and_to_pointer_loads(role, n, k, m):
+    _needs_tma()
+    from fgchat.engine.kernels import gemv
+
+    glu = role == "gate_up"
+    x, w = _inputs(m, 2 * n if glu else n, k, n + k + m)
+    bulk = gemv.pick_config(n, k, glu)
+    assert bulk.tma
+    pointer = dataclasses.replace(bulk, tma=False)  # the same tiles by pointer loads
+    ref = x.float() @ w.float().T
+    if glu:
+        got, same = gemv.project_glu(x, w, bulk, pdl=True), gemv.project_glu(x, w, pointer, pdl=True)
+        g, u = ref.chunk(2, dim=1)
+        ref = F.silu(g) * u
+        tol = ref.abs() * 2**-6 + 2e-3
+    elif role in ("o", "down"):
+        split = gemv.pick_split(n, k, torch.cuda.get_device_properties(0).multi_processor_count, bulk)
+        got = gemv.project_partials(x, w, split, bulk, pdl=True).sum(0)
+        same = gemv.project_partials(x, w, split, pointer, pdl=True).sum(0)
+        tol = ref.abs() * 2**-7 + 1e-3
+    else:
+        got, same = gemv.project(x, w, bulk, pdl=True), gemv.project(x, w, pointer, pdl=True)
+        tol = ref.abs() * 2**-7 + 1e-3
+    assert ((got.float() - ref).abs() <= tol).all()
+    assert ((got.float() - same.float()).abs() <= tol).all()
+    one = gemv.project_glu(x[:1].contiguous(), w, bulk) if glu else gemv.project(x[:1].contiguous(), w, bulk)
+    if role not in ("o", "down"):
+        assert torch.equal(one[0], got[0])  # a row's result does not depend on the batch
+
+
+def test_tma_launch_takes_the_fast_path_with_the_plain_bits():
+    _needs_tma()
+    from fgchat.engine.kernels import gemv
+    from fgchat.engine.kernels.launch import fast
+
+    x, w = _inputs(2, 6144, 4096, 5)
+    launcher = fast(gemv._proj_kernel)
+    first = gemv.project(x, w)
+    before = launcher.fast_launches
+    again = gemv.project(x, w)
+    assert launcher.fast_launches == before + 1
+    assert torch.equal(first, again)
+
+
+def test_tma_projection_replays_in_a_graph_with_new_inputs():
+    """The descriptor (the weight's address) is captured by value; inputs change between replays."""
+    _needs_tma()
+    from fgchat.engine.kernels import gemv
+
+    x, w = _inputs(4, 8192 * 2, 2048, 9)
+    static_x = x.clone()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        gemv.project_glu(static_x, w, pdl=True)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = gemv.project_glu(static_x, w, pdl=True)
+    for seed in (1, 2):
+        static_x.copy_(torch.randn(x.shape, device="cuda", generator=torch.Generator(device="cuda").manual_seed(seed)))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, gemv.project_glu(static_x, w, pdl=True))
