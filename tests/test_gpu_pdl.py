@@ -136,7 +136,8 @@ def test_engine_with_pdl_same_bits_as_without(tmp_path):
 
     on, off = engine(True), engine(False)
     assert on.decoder.pdl and on.attention.pdl and not off.decoder.pdl
-    assert on.info().available_modes == {"eager": "", "piecewise": "", "full": ""}, on.info().notes
+    modes = on.info().available_modes  # the graph modes compared below (mega, where built, is not)
+    assert all(modes.get(m) == "" for m in ("eager", "piecewise", "full")), on.info().notes
     g = torch.Generator().manual_seed(4)
     prompts = [torch.randint(3, on.cfg.vocab_size, (9 + 37 * i,), generator=g).tolist() for i in range(5)]
     params = [SamplingParams(max_tokens=24, ignore_eos=True, temperature=0.7 * (i % 2), seed=i) for i in range(5)]

@@ -57,6 +57,19 @@ def timed(calls: list) -> float:
     return graph_time_us(lambda: next(turn)())
 
 
+def variants(role: str, n: int, k: int, extra: dict) -> list[tuple[gemv.ProjConfig, bool]]:
+    """(tile, ACC_IN_DOT) pairs: the pointer-load tile (the baseline), then TMA and the MMA's own
+    accumulation, each alone and together, then --tile extras (both accumulations)."""
+    glu = role == "gate_up"
+    pointer, bulk = gemv.pick_config(n, k, glu, tma=False), gemv.pick_config(n, k, glu)
+    out = [(pointer, False), (pointer, True)]
+    if bulk != pointer:
+        out += [(bulk, False), (bulk, True)]
+    for cfg in extra.get(role, []):
+        out += [(cfg, False), (cfg, True)]
+    return out
+
+
 def main() -> None:
     args = sys.argv[1:]
     extra: dict[str, list[gemv.ProjConfig]] = {}
@@ -68,8 +81,8 @@ def main() -> None:
             extra.setdefault(role, []).append(gemv.ProjConfig.parse(text))
         else:
             models.append(a)
-    print(f"{'model':5} {'proj':8} {'M':>2} {'split':>5} {'cublas':>7} {'pointer':>7} {'TMA':>7} {'TMA GB/s':>8} "
-          f"{'TMA/ptr':>7}  tile  (us per call; max error vs float32: pointer / TMA)")
+    print(f"{'model':5} {'proj':8} {'M':>2} {'split':>5} {'cublas':>7} {'base':>7} {'variant':>7} {'GB/s':>5} "
+          f"{'ratio':>6}  tile  (us per call; base: the pointer-load tile, products added; max error vs float32)")
     for model in models or ["1b", "8b"]:
         for (role, n, k), m in itertools.product(SHAPES[model], (1, 8)):
             glu = role == "gate_up"
@@ -79,21 +92,27 @@ def main() -> None:
             ws = [(torch.randn(rows, k, device="cuda") * 0.02).bfloat16() for _ in range(copies)]
             x = torch.randn(m, k, device="cuda").bfloat16()
             ref = reference(x, ws[0], role)
-            bulk = gemv.pick_config(n, k, glu)
-            pointer = gemv.pick_config(n, k, glu, tma=False)
-            split = gemv.pick_split(n, k, SM_COUNT, pointer) if role in NORM_FED else 1
+            split = gemv.pick_split(n, k, SM_COUNT, gemv.pick_config(n, k, glu, tma=False)) if role in NORM_FED else 1
             t_cub = timed([lambda w=w: F.linear(x, w) for w in ws])
-            row = []
-            for cfg in [pointer, bulk, *extra.get(role, [])]:
-                calls = [call(role, x, w, cfg, split) for w in ws]
-                err = (calls[0]().float() - ref).abs().max().item()
-                row.append((timed(calls), err, cfg))
-            (t_ptr, e_ptr, _), *variants = row
-            for t, e, cfg in variants:
-                tile = f"{cfg.block_n}x{cfg.block_k} w{cfg.num_warps} s{cfg.num_stages}" + (" tma" if cfg.tma else "")
-                print(f"{model:5} {role:8} {m:2d} {split:5d} {t_cub:7.1f} {t_ptr:7.1f} {t:7.1f} "
-                      f"{nbytes / t / 1e3:8.0f} {t / t_ptr:7.3f}  {tile}  ({e_ptr:.2e} / {e:.2e})", flush=True)
+            base = None
+            for cfg, acc in variants(role, n, k, extra):
+                gemv.ACC_IN_DOT = acc
+                gemv._plan.cache_clear()
+                tile = (f"{cfg.block_n}x{cfg.block_k} w{cfg.num_warps} s{cfg.num_stages}" + (" tma" if cfg.tma else "")
+                        + (" acc" if acc else ""))
+                try:
+                    calls = [call(role, x, w, cfg, split) for w in ws]
+                    err = (calls[0]().float() - ref).abs().max().item()
+                    t = timed(calls)
+                except Exception as exc:  # noqa: BLE001 - a tile that does not compile or fit is reported
+                    print(f"{model:5} {role:8} {m:2d}  {tile}: {type(exc).__name__} {str(exc).splitlines()[0][:80]}")
+                    continue
+                base = base or t
+                print(f"{model:5} {role:8} {m:2d} {split:5d} {t_cub:7.1f} {base:7.1f} {t:7.1f} "
+                      f"{nbytes / t / 1e3:5.0f} {t / base:6.3f}  {tile}  ({err:.2e})", flush=True)
             del ws
+    gemv.ACC_IN_DOT = False
+    gemv._plan.cache_clear()
 
 
 if __name__ == "__main__":
