@@ -103,10 +103,10 @@ def test_config_and_routing_depend_on_shape_only():
     assert pick_config(2048, 2048).block_k == 512
     assert pick_config(576, 576).block_k == 128  # K not a multiple of 512: masked 128-wide tiles
     assert wins_over_cublas(torch.empty(2048, 2048)) and not wins_over_cublas(torch.empty(2048, 8192))
-    # 1B gate/up: 64 x 128 tiles by TMA (four stages fit), 64 x 256 with pointer loads
-    assert pick_config(8192, 2048, glu=True) == ProjConfig(64, 128, 4, 4, swap=True, tma=True)
-    assert pick_config(8192, 2048, glu=True, tma=False) == ProjConfig(64, 256, 4, 3, swap=True)
-    assert pick_config(14336, 4096, glu=True) == ProjConfig(64, 256, 4, 3, swap=True, tma=True)  # 8B
+    assert pick_config(8192, 2048, glu=True) == ProjConfig(64, 256, 4, 3, swap=True)  # 1B gate/up
+    # 8B gate/up: the same tile by TMA where the device has it
+    assert pick_config(14336, 4096, glu=True) == ProjConfig(64, 256, 4, 3, swap=True, tma=True)
+    assert pick_config(14336, 4096, glu=True, tma=False) == ProjConfig(64, 256, 4, 3, swap=True)
     assert not pick_config(1536, 576, glu=True).swap  # SmolLM2's: the small-matrix rule
 
 
@@ -128,8 +128,7 @@ def test_routes_of_llama_1b_projections():
     st = _stages(Tuning())
     assert st.gate_up == Route(True, glu=True) and st.o == Route(True, split=4)
     assert st.qkv == Route(True) and st.down == Route(False)  # qkv: ours at every size; down: cuBLAS
-    assert pick_config(3072, 2048, tma=False) == ProjConfig(32, 128, 4, 6)  # 1B qkv: the mid-size tile
-    assert pick_config(3072, 2048) == ProjConfig(64, 256, 4, 4, swap=True, tma=True)  # by TMA
+    assert pick_config(3072, 2048) == ProjConfig(32, 128, 4, 6)  # 1B qkv: the mid-size tile
     # above the size rule: cuBLAS without PDL (nothing launches early), or without our kernel
     assert _stages(Tuning(), pdl=False).qkv == Route(False) == _stages(Tuning(gemv=False)).qkv
     assert _stages(Tuning(gemv=False)).gate_up == Route(False)
@@ -146,13 +145,7 @@ def test_routes_of_llama_8b_projections():
     st = _stages(Tuning(), hidden=4096, inter=14336, q=6144)
     assert st.qkv == Route(True) and st.gate_up == Route(True, glu=True)
     assert st.o == Route(True, split=8) and st.down == Route(True, split=2)
-    assert pick_config(6144, 4096) == ProjConfig(64, 256, 4, 4, swap=True, tma=True)
-    assert pick_config(6144, 4096, tma=False) == ProjConfig(64, 256, 4, 3, swap=True)
-    # FGCHAT_TMA=0: every role of ours on the pointer-load tile of its shape, split as before
-    st = _stages(Tuning(tma=False), hidden=4096, inter=14336, q=6144)
-    assert st.qkv == Route(True, config=pick_config(6144, 4096, tma=False))
-    assert st.gate_up == Route(True, glu=True, config=pick_config(14336, 4096, glu=True, tma=False))
-    assert st.down == Route(True, split=2, config=pick_config(4096, 14336, tma=False))
+    assert pick_config(6144, 4096) == ProjConfig(64, 256, 4, 3, swap=True)
     st = _stages(Tuning(gemv=False), hidden=4096, inter=14336, q=6144)
     assert st.qkv == st.o == st.down == st.gate_up == Route(False)
 
@@ -328,6 +321,32 @@ def test_tma_config_whose_tiles_do_not_divide_falls_back(tma_in_interpreter):
     x, w = _inputs(2, 96, 192, 78)  # 96 rows: not whole 64-row tiles
     got = project(x, w, ProjConfig(64, 64, 4, 2, swap=True, tma=True))
     torch.testing.assert_close(got, F.linear(x, w), rtol=1e-5, atol=1e-5)
+
+
+def test_routes_with_tma():
+    """Where the device has TMA: the o projection's short split slices and the 8B gate/up load by
+    TMA; FGCHAT_TMA=0 keeps every role on its pointer-load tile, split as before."""
+    from fgchat.engine.kernels import gemv, tma
+    from fgchat.engine.model.fused_step import Route
+    from fgchat.protocol.tuning import Tuning
+
+    real = tma.available
+    try:
+        tma.available = lambda device: True
+        st = _stages(Tuning())
+        assert st.o == Route(True, split=4, config=gemv.SHORT_SLICE) and st.qkv == Route(True)
+        assert st.gate_up == Route(True, glu=True)  # the shape rule's tile: pointer loads at 1B
+        st = _stages(Tuning(), hidden=4096, inter=14336, q=6144)
+        assert st.o == Route(True, split=8, config=gemv.SHORT_SLICE)
+        assert st.down == Route(True, split=2) and st.qkv == Route(True)  # 14336 / 2: long slices
+        assert st.gate_up == Route(True, glu=True) and pick_config(14336, 4096, glu=True).tma
+        st = _stages(Tuning(tma=False), hidden=4096, inter=14336, q=6144)
+        assert st.o == Route(True, split=8, config=pick_config(4096, 4096, tma=False))
+        assert st.gate_up == Route(True, glu=True, config=pick_config(14336, 4096, glu=True, tma=False))
+        assert not any(r.config and r.config.tma for r in (st.qkv, st.o, st.gate_up, st.down))
+    finally:
+        tma.available = real
+    assert gemv.short_slice_config(2048, 8192, 2) is None  # 4096-wide slices: pointer loads
 
 
 def test_no_tma_on_cpu_outside_tests():

@@ -26,9 +26,23 @@ def _inputs(m: int, rows: int, k: int, seed: int):
     return x, w
 
 
-# (role, N, K): Llama-3.2-1B qkv and gate/up, Llama-3.1-8B qkv, o, gate/up and down
-SHAPES = [("qkv", 3072, 2048), ("gate_up", 8192, 2048), ("qkv", 6144, 4096), ("o", 4096, 4096),
-          ("gate_up", 14336, 4096), ("down", 4096, 14336)]
+# (role, N, K): Llama-3.2-1B qkv, o and gate/up, Llama-3.1-8B qkv, o, gate/up and down
+SHAPES = [("qkv", 3072, 2048), ("o", 2048, 2048), ("gate_up", 8192, 2048), ("qkv", 6144, 4096),
+          ("o", 4096, 4096), ("gate_up", 14336, 4096), ("down", 4096, 14336)]
+
+
+def _tiles(role: str, n: int, k: int):
+    """(TMA tile, the same tile by pointer loads, split): the engine's TMA tile for o (its short
+    slices), else the shape rule's tile with TMA on."""
+    from fgchat.engine.kernels import gemv
+
+    glu = role == "gate_up"
+    split = 1
+    if role in ("o", "down"):
+        split = gemv.pick_split(n, k, torch.cuda.get_device_properties(0).multi_processor_count)
+    bulk = gemv.short_slice_config(n, k, split) if role == "o" else None
+    bulk = bulk or dataclasses.replace(gemv.pick_config(n, k, glu), tma=True)
+    return bulk, dataclasses.replace(bulk, tma=False), split
 
 
 @pytest.mark.parametrize("m", [1, 8])
@@ -39,17 +53,14 @@ def test_tma_projection_close_to_float32_and_to_pointer_loads(role, n, k, m):
 
     glu = role == "gate_up"
     x, w = _inputs(m, 2 * n if glu else n, k, n + k + m)
-    bulk = gemv.pick_config(n, k, glu)
-    assert bulk.tma
-    pointer = dataclasses.replace(bulk, tma=False)  # the same tiles by pointer loads
+    bulk, pointer, split = _tiles(role, n, k)
     ref = x.float() @ w.float().T
     if glu:
         got, same = gemv.project_glu(x, w, bulk, pdl=True), gemv.project_glu(x, w, pointer, pdl=True)
         g, u = ref.chunk(2, dim=1)
         ref = F.silu(g) * u
         tol = ref.abs() * 2**-6 + 2e-3
-    elif role in ("o", "down"):
-        split = gemv.pick_split(n, k, torch.cuda.get_device_properties(0).multi_processor_count, bulk)
+    elif split > 1:
         got = gemv.project_partials(x, w, split, bulk, pdl=True).sum(0)
         same = gemv.project_partials(x, w, split, pointer, pdl=True).sum(0)
         tol = ref.abs() * 2**-7 + 1e-3
@@ -69,10 +80,11 @@ def test_tma_launch_takes_the_fast_path_with_the_plain_bits():
     from fgchat.engine.kernels.launch import fast
 
     x, w = _inputs(2, 6144, 4096, 5)
+    bulk = _tiles("qkv", 6144, 4096)[0]
     launcher = fast(gemv._proj_kernel)
-    first = gemv.project(x, w)
+    first = gemv.project(x, w, bulk)
     before = launcher.fast_launches
-    again = gemv.project(x, w)
+    again = gemv.project(x, w, bulk)
     assert launcher.fast_launches == before + 1
     assert torch.equal(first, again)
 
@@ -83,17 +95,18 @@ def test_tma_projection_replays_in_a_graph_with_new_inputs():
     from fgchat.engine.kernels import gemv
 
     x, w = _inputs(4, 8192 * 2, 2048, 9)
+    bulk = _tiles("gate_up", 8192, 2048)[0]
     static_x = x.clone()
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
-        gemv.project_glu(static_x, w, pdl=True)
+        gemv.project_glu(static_x, w, bulk, pdl=True)
     torch.cuda.current_stream().wait_stream(s)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = gemv.project_glu(static_x, w, pdl=True)
+        out = gemv.project_glu(static_x, w, bulk, pdl=True)
     for seed in (1, 2):
         static_x.copy_(torch.randn(x.shape, device="cuda", generator=torch.Generator(device="cuda").manual_seed(seed)))
         graph.replay()
         torch.cuda.synchronize()
-        assert torch.equal(out, gemv.project_glu(static_x, w, pdl=True))
+        assert torch.equal(out, gemv.project_glu(static_x, w, bulk, pdl=True))

@@ -60,9 +60,9 @@ def main() -> None:
                   dict(N=8192, K=2048, EVEN_K=True, EVEN_N=True, BLOCK_M=16, BLOCK_N=c.block_n,
                        BLOCK_K=c.block_k, DOT_PRECISION="tf32", USE_PDL=pdl, SPLIT_K=1, GLU=True, SWAP=c.swap),
                   num_warps=c.num_warps, num_stages=c.num_stages, launch_pdl=pdl)
-        # weight tiles by TMA: 1B gate/up, 1B qkv, 8B down split in two (gemv.pick_config's TMA tiles)
-        for n, k, glu, split in ((8192, 2048, True, 1), (3072, 2048, False, 1), (4096, 14336, False, 2)):
-            c = gemv.pick_config(n, k, glu)
+        # weight tiles by TMA: 8B gate/up (the shape rule's), 1B and 8B o (split slices of two tiles)
+        for n, k, glu, split in ((14336, 4096, True, 1), (2048, 2048, False, 4), (4096, 4096, False, 8)):
+            c = gemv.short_slice_config(n, k, split) if split > 1 else gemv.pick_config(n, k, glu)
             build(gemv._proj_kernel, dict(proj, y_ptr="*fp32" if split > 1 else "*bf16",
                                           w_desc=f"tensordesc<bf16[{c.block_n}, {c.block_k}]>"),
                   dict(N=n, K=k, EVEN_K=True, EVEN_N=True, BLOCK_M=16, BLOCK_N=c.block_n, BLOCK_K=c.block_k,

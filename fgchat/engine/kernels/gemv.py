@@ -225,29 +225,36 @@ class ProjConfig:
 def pick_config(n: int, k: int, glu: bool = False, tma: bool = True) -> ProjConfig:
     """Shape-only (eager and captured launches match). Narrow column tiles keep >= 1 program per
     SM for N >= 2048; wide K tiles keep 16 KiB of weights per stage in flight; vocabulary-sized N
-    takes wide column tiles (LM head: 119 us vs cuBLAS 127 on the H200 sweep). The big() shapes,
-    a large gate/up (two weight tiles per step of K) and 1B's qkv take 64 weight rows as the MMA's
-    M; with `tma` (the device has it) those tiles come by bulk copy (H200, tools/bench_tma_proj.py,
-    M=1: 8B down 39.0 -> 30.8 us, 8B qkv 16.7 -> 14.4, 8B gate/up 59.7 -> 56.0, 1B gate/up 19.7 ->
-    17.8, 1B qkv 6.8 -> 6.3)."""
+    takes wide column tiles (LM head: 119 us vs cuBLAS 127 on the H200 sweep); the big() shapes
+    and a large gate/up (two weight tiles per step of K) take 64 weight rows as the MMA's M, an
+    8B-sized gate/up by TMA where `tma` (the device has it; H100, tools/bench_tma_proj.py: 80.3 ->
+    79.3 us; TMA measured slower or even on qkv and down, V61)."""
     if n >= 32768:
         return ProjConfig(block_n=64, block_k=128, num_warps=4, num_stages=4)
-    if glu and n * k >= 2048 * 2048 and k % 256 == 0:
-        # two tiles per stage: with TMA 64 x 256 fits three stages in shared memory, 64 x 128 four
-        if tma and k < 4096:
-            return ProjConfig(block_n=64, block_k=128, num_warps=4, num_stages=4, swap=True, tma=True)
-        return ProjConfig(block_n=64, block_k=256, num_warps=4, num_stages=3, swap=True, tma=tma)
     # pointer loads (sweep_proj.py, H100): 8B qkv 19.0 us vs cuBLAS 20.9, o split 12.7 vs 16.3,
     # down split 39.9 vs 44.6; gate/up 23.2 / 79.9 vs cuBLAS + SiLU 26.6 / 86.9
-    if big(n, k):
-        return ProjConfig(block_n=64, block_k=256, num_warps=4, num_stages=4 if tma else 3, swap=True, tma=tma)
-    # Mid-sized (1B's 3072 x 2048 qkv); pointer loads: 32-row tiles, 6 stages of 128 (H200 sweep:
-    # 5.5 us vs cuBLAS 6.1 at M=1, 6.5 at M=8; the narrow-tile rule 7.6)
+    if big(n, k) or (glu and n * k >= 2048 * 2048 and k % 256 == 0):
+        return ProjConfig(block_n=64, block_k=256, num_warps=4, num_stages=3, swap=True,
+                          tma=tma and glu and k >= 4096)
+    # Mid-sized (1B's 3072 x 2048 qkv): 32-row tiles, 6 stages of 128 (H200 sweep: 5.5 us vs
+    # cuBLAS 6.1 at M=1, 6.5 at M=8; the narrow-tile rule 7.6)
     if n * k > MAX_WEIGHT_ELEMENTS and max(n, k) <= 4096 and k % 128 == 0:
-        if tma and k % 256 == 0 and n % 64 == 0:
-            return ProjConfig(block_n=64, block_k=256, num_warps=4, num_stages=4, swap=True, tma=True)
         return ProjConfig(block_n=32, block_k=128, num_warps=4, num_stages=6)
     return ProjConfig(block_k=512 if k % 512 == 0 else 128)
+
+
+# Split-K slices of at most two of these tiles (the o projection: 1B 2048 / 4, 8B 4096 / 8) load
+# by TMA in 64-row tiles (H100: 1B o 8.8 -> 8.3 us, 8B o 16.5 -> 16.0; V61)
+SHORT_SLICE = ProjConfig(block_n=64, block_k=256, num_warps=4, num_stages=4, swap=True, tma=True)
+
+
+def short_slice_config(n: int, k: int, split: int) -> ProjConfig | None:
+    """SHORT_SLICE where a split-K projection's slices are one or two of its tiles, else None."""
+    part = k // split
+    if split > 1 and part <= 2 * SHORT_SLICE.block_k and part % SHORT_SLICE.block_k == 0 \
+            and n % SHORT_SLICE.block_n == 0:
+        return SHORT_SLICE
+    return None
 
 
 def big(n: int, k: int) -> bool:

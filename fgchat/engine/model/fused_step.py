@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from fgchat.engine.kernels import fused as fk
 from fgchat.engine.kernels import gemv
 from fgchat.engine.kernels import l2_prefetch
+from fgchat.engine.kernels import tma
 from fgchat.protocol.errors import FgchatError
 from fgchat.protocol.tuning import Tuning
 
@@ -95,7 +96,10 @@ class FusedStages:
         # 1B o 5.0 -> 4.1 us); 1B down on cuBLAS measured 1.009 / 1.090 ms vs split on ours
         # 1.017 / 1.110 (b1 / b8), so wider ones stay unsplit by wins_over_cublas.
         if feeds_norm and w.shape[0] <= SPLIT_MAX_N and mine:
-            return Route(True, gemv.pick_split(w.shape[0], w.shape[1], sm_count, cfg), config=cfg)
+            split = gemv.pick_split(w.shape[0], w.shape[1], sm_count, cfg)
+            if role not in self.configs and self.t.tma and tma.available(w.device):
+                cfg = gemv.short_slice_config(w.shape[0], w.shape[1], split) or cfg
+            return Route(True, split, config=cfg)
         return Route(mine, config=cfg)
 
     def after(self, predecessor_ours: bool) -> bool:
