@@ -105,8 +105,8 @@ def test_config_and_routing_depend_on_shape_only():
     assert wins_over_cublas(torch.empty(2048, 2048)) and not wins_over_cublas(torch.empty(2048, 8192))
     assert pick_config(8192, 2048, glu=True) == ProjConfig(64, 256, 4, 3, swap=True)  # 1B gate/up
     # 8B gate/up: the same tile by TMA where the device has it
-    assert pick_config(14336, 4096, glu=True) == ProjConfig(64, 256, 4, 3, swap=True, tma=True)
-    assert pick_config(14336, 4096, glu=True, tma=False) == ProjConfig(64, 256, 4, 3, swap=True)
+    assert pick_config(14336, 4096, glu=True, tma=True) == ProjConfig(64, 256, 4, 3, swap=True, tma=True)
+    assert pick_config(14336, 4096, glu=True) == ProjConfig(64, 256, 4, 3, swap=True)
     assert not pick_config(1536, 576, glu=True).swap  # SmolLM2's: the small-matrix rule
 
 
@@ -324,8 +324,8 @@ def test_tma_config_whose_tiles_do_not_divide_falls_back(tma_in_interpreter):
 
 
 def test_routes_with_tma():
-    """Where the device has TMA: the o projection's short split slices and the 8B gate/up load by
-    TMA; FGCHAT_TMA=0 keeps every role on its pointer-load tile, split as before."""
+    """Where the device has TMA and FGCHAT_TMA=1: the o projection's short split slices and the 8B
+    gate/up load by TMA; off (the default) every role keeps its pointer-load tile, split as before."""
     from fgchat.engine.kernels import gemv, tma
     from fgchat.engine.model.fused_step import Route
     from fgchat.protocol.tuning import Tuning
@@ -333,17 +333,15 @@ def test_routes_with_tma():
     real = tma.available
     try:
         tma.available = lambda device: True
-        st = _stages(Tuning())
+        st = _stages(Tuning(tma=True))
         assert st.o == Route(True, split=4, config=gemv.SHORT_SLICE) and st.qkv == Route(True)
         assert st.gate_up == Route(True, glu=True)  # the shape rule's tile: pointer loads at 1B
-        st = _stages(Tuning(), hidden=4096, inter=14336, q=6144)
+        st = _stages(Tuning(tma=True), hidden=4096, inter=14336, q=6144)
         assert st.o == Route(True, split=8, config=gemv.SHORT_SLICE)
         assert st.down == Route(True, split=2) and st.qkv == Route(True)  # 14336 / 2: long slices
-        assert st.gate_up == Route(True, glu=True) and pick_config(14336, 4096, glu=True).tma
-        st = _stages(Tuning(tma=False), hidden=4096, inter=14336, q=6144)
-        assert st.o == Route(True, split=8, config=pick_config(4096, 4096, tma=False))
-        assert st.gate_up == Route(True, glu=True, config=pick_config(14336, 4096, glu=True, tma=False))
-        assert not any(r.config and r.config.tma for r in (st.qkv, st.o, st.gate_up, st.down))
+        assert st.gate_up == Route(True, glu=True, config=pick_config(14336, 4096, glu=True, tma=True))
+        st = _stages(Tuning(), hidden=4096, inter=14336, q=6144)
+        assert st.o == Route(True, split=8) and st.gate_up == Route(True, glu=True)
     finally:
         tma.available = real
     assert gemv.short_slice_config(2048, 8192, 2) is None  # 4096-wide slices: pointer loads

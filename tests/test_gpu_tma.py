@@ -110,3 +110,45 @@ def test_tma_projection_replays_in_a_graph_with_new_inputs():
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(out, gemv.project_glu(static_x, w, bulk, pdl=True))
+
+
+def test_engine_with_tma_matches_a_float32_reference(tmp_path):
+    """FGCHAT_TMA=1 on a model with Llama-3.2-1B's layer shapes (its o projection split in short
+    slices): each decode step's logits in every graph mode match transformers in float32 on the
+    same prefix, and the greedy token agrees wherever the reference's top-2 margin exceeds bf16 noise."""
+    _needs_tma()
+    transformers = pytest.importorskip("transformers")
+    import tiny_models
+
+    from fgchat.engine.core import Engine, EngineConfig
+    from fgchat.engine.kernels import gemv
+    from fgchat.protocol.events import RequestFinished, SamplingParams
+    from fgchat.protocol.tuning import Tuning
+
+    model = tiny_models.build_model(tmp_path / "m", "llama", hidden=2048, layers=2, heads=32, kv_heads=8,
+                                    head_dim=64, intermediate=8192, max_pos=2048, seed=3)
+    eng = Engine(EngineConfig(model=str(model), device="cuda", dtype="bfloat16", max_context=1024, mode="full",
+                              tuning=Tuning(tma=True)))
+    assert eng.decoder._fused.o.config == gemv.SHORT_SLICE
+    ref = transformers.AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).cuda().eval()
+    g = torch.Generator().manual_seed(11)
+    prompt = torch.randint(3, eng.cfg.vocab_size, (37,), generator=g).tolist()
+    for mode in ("eager", "piecewise", "full"):
+        eng.set_mode(mode)
+        eng.keep_logits, eng.step_logits = True, []
+        rid = eng.submit(prompt, SamplingParams(max_tokens=16, ignore_eos=True))
+        events = []
+        while eng.has_work():
+            events += eng.step()
+        ours = {e.summary.request_id: e.summary for e in events if isinstance(e, RequestFinished)}[rid].token_ids
+        with torch.no_grad():
+            want_all = ref(torch.tensor([prompt + ours], device="cuda")).logits[0].float()
+        checked = 0
+        for i, logits in enumerate(t[0].float() for t in eng.step_logits):  # step i gave token i + 1
+            want = want_all[len(prompt) + i]
+            assert (logits - want).abs().mean() <= 4 * 2**-7 * want.abs().mean(), (mode, i)
+            top2 = want.topk(2).values
+            if (top2[0] - top2[1]).item() > 0.25:
+                assert ours[i + 1] == int(want.argmax()), (mode, i)
+                checked += 1
+        assert checked >= len(eng.step_logits) // 2, mode

@@ -12,6 +12,7 @@ Usage: python tools/bench_tma_proj.py [1b|135m|8b ...] [--tile ROLE=bn,bk,warps,
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import sys
 
@@ -61,7 +62,10 @@ def variants(role: str, n: int, k: int, extra: dict) -> list[tuple[gemv.ProjConf
     """(tile, ACC_IN_DOT) pairs: the pointer-load tile (the baseline), then TMA and the MMA's own
     accumulation, each alone and together, then --tile extras (both accumulations)."""
     glu = role == "gate_up"
-    pointer, bulk = gemv.pick_config(n, k, glu, tma=False), gemv.pick_config(n, k, glu)
+    pointer = gemv.pick_config(n, k, glu)
+    bulk = dataclasses.replace(pointer, tma=True)
+    if role in NORM_FED:  # the engine's TMA tile for short split slices, where it applies
+        bulk = gemv.short_slice_config(n, k, gemv.pick_split(n, k, SM_COUNT, pointer)) or bulk
     out = [(pointer, False), (pointer, True)]
     if bulk != pointer:
         out += [(bulk, False), (bulk, True)]
@@ -92,7 +96,7 @@ def main() -> None:
             ws = [(torch.randn(rows, k, device="cuda") * 0.02).bfloat16() for _ in range(copies)]
             x = torch.randn(m, k, device="cuda").bfloat16()
             ref = reference(x, ws[0], role)
-            split = gemv.pick_split(n, k, SM_COUNT, gemv.pick_config(n, k, glu, tma=False)) if role in NORM_FED else 1
+            split = gemv.pick_split(n, k, SM_COUNT, gemv.pick_config(n, k, glu)) if role in NORM_FED else 1
             t_cub = timed([lambda w=w: F.linear(x, w) for w in ws])
             base = None
             for cfg, acc in variants(role, n, k, extra):

@@ -62,7 +62,7 @@ def main() -> None:
                   num_warps=c.num_warps, num_stages=c.num_stages, launch_pdl=pdl)
         # weight tiles by TMA: 8B gate/up (the shape rule's), 1B and 8B o (split slices of two tiles)
         for n, k, glu, split in ((14336, 4096, True, 1), (2048, 2048, False, 4), (4096, 4096, False, 8)):
-            c = gemv.short_slice_config(n, k, split) if split > 1 else gemv.pick_config(n, k, glu)
+            c = gemv.short_slice_config(n, k, split) if split > 1 else gemv.pick_config(n, k, glu, tma=True)
             build(gemv._proj_kernel, dict(proj, y_ptr="*fp32" if split > 1 else "*bf16",
                                           w_desc=f"tensordesc<bf16[{c.block_n}, {c.block_k}]>"),
                   dict(N=n, K=k, EVEN_K=True, EVEN_N=True, BLOCK_M=16, BLOCK_N=c.block_n, BLOCK_K=c.block_k,

@@ -222,13 +222,13 @@ class ProjConfig:
         return cls(*parts[:4], *(bool(p) for p in parts[4:]))
 
 
-def pick_config(n: int, k: int, glu: bool = False, tma: bool = True) -> ProjConfig:
+def pick_config(n: int, k: int, glu: bool = False, tma: bool = False) -> ProjConfig:
     """Shape-only (eager and captured launches match). Narrow column tiles keep >= 1 program per
     SM for N >= 2048; wide K tiles keep 16 KiB of weights per stage in flight; vocabulary-sized N
     takes wide column tiles (LM head: 119 us vs cuBLAS 127 on the H200 sweep); the big() shapes
     and a large gate/up (two weight tiles per step of K) take 64 weight rows as the MMA's M, an
-    8B-sized gate/up by TMA where `tma` (the device has it; H100, tools/bench_tma_proj.py: 80.3 ->
-    79.3 us; TMA measured slower or even on qkv and down, V61)."""
+    8B-sized gate/up by TMA with `tma` (the caller knows the device has it; H100,
+    tools/bench_tma_proj.py: 80.3 -> 79.3 us; TMA measured slower or even on qkv and down, V61)."""
     if n >= 32768:
         return ProjConfig(block_n=64, block_k=128, num_warps=4, num_stages=4)
     # pointer loads (sweep_proj.py, H100): 8B qkv 19.0 us vs cuBLAS 20.9, o split 12.7 vs 16.3,
@@ -357,14 +357,14 @@ def _plan(m: int, n: int, k: int, x_dtype: torch.dtype, w_dtype: torch.dtype, ou
           exact: bool = False, sample: bool = False, tma_ok: bool = False) -> _Plan:
     """Grid, output shape and launch options of one call signature (validated once). tma_ok: the
     device can load by TMA; a config asking for TMA runs with pointer loads where it cannot or
-    where its tiles do not divide the weight (the default config: the pointer-load one)."""
+    where its tiles do not divide the weight."""
     if m > MAX_ROWS:
         raise ValueError(f"project handles at most {MAX_ROWS} rows, got {m}")
-    cfg = config or pick_config(n, k, glu, tma=tma_ok)
+    cfg = config or pick_config(n, k, glu)
     # a TMA box spans at most 256 elements per dimension
     if cfg.tma and not (tma_ok and n % cfg.block_n == 0 and (k // split) % cfg.block_k == 0
                         and max(cfg.block_n, cfg.block_k) <= 256):
-        cfg = pick_config(n, k, glu, tma=False) if config is None else dataclasses.replace(cfg, tma=False)
+        cfg = dataclasses.replace(cfg, tma=False)
     if k % split or (split > 1 and (k // split) % cfg.block_k):
         raise ValueError(f"split {split} must cut K={k} into whole {cfg.block_k}-wide tiles")
     kw = dict(

@@ -78,27 +78,26 @@ class FusedStages:
 
     def _route(self, role: str, w: torch.Tensor, bias_free: bool, feeds_norm: bool, sm_count: int) -> Route:
         cfg = self.configs.get(role)
-        if cfg is None and not self.t.tma:  # the shape's tile with pointer loads (FGCHAT_TMA=0)
-            glu = role == "gate_up"
-            cfg = gemv.pick_config(w.shape[0] // 2 if glu else w.shape[0], w.shape[1], glu, tma=False)
+        by_tma = cfg is None and self.t.tma and tma.available(w.device)  # FGCHAT_TMA=1 on sm_90+
         if not (self.t.gemv and bias_free):
             return Route(False)
         if role == "gate_up":
-            return Route(True, glu=True, config=cfg)
+            bulk = gemv.pick_config(w.shape[0] // 2, w.shape[1], True, tma=True)
+            return Route(True, glu=True, config=bulk if by_tma and bulk.tma else cfg)
         # qkv on our kernel at every size where PDL chains the step: its programs let the attention
         # kernel launch early and load its K/V meanwhile, which a library kernel does not (H200,
         # 1B full b1: 0.962 -> 0.929 ms with the attention's preload)
         if role == "qkv" and self.pdl:
             return Route(True, config=cfg)
         # a role given a tile (FGCHAT_PROJ_CONFIGS) runs on our kernel whatever its size
-        mine = role in self.configs or gemv.wins_over_cublas(w)
+        mine = cfg is not None or gemv.wins_over_cublas(w)
         # Narrow norm-fed outputs: more programs in flight, partial sums left to the norm (H200:
         # 1B o 5.0 -> 4.1 us); 1B down on cuBLAS measured 1.009 / 1.090 ms vs split on ours
         # 1.017 / 1.110 (b1 / b8), so wider ones stay unsplit by wins_over_cublas.
         if feeds_norm and w.shape[0] <= SPLIT_MAX_N and mine:
             split = gemv.pick_split(w.shape[0], w.shape[1], sm_count, cfg)
-            if role not in self.configs and self.t.tma and tma.available(w.device):
-                cfg = gemv.short_slice_config(w.shape[0], w.shape[1], split) or cfg
+            if by_tma:
+                cfg = gemv.short_slice_config(w.shape[0], w.shape[1], split)
             return Route(True, split, config=cfg)
         return Route(mine, config=cfg)
 
