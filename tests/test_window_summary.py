@@ -11,7 +11,9 @@ import pytest
 import fgchat.metrics.window_summary as window_summary
 from fgchat.metrics import LatencyLog, WindowSummary, summarize_records
 from fgchat.protocol.events import MODES, RequestSummary, TokenEvent
-from fgchat.tui.latency_console import (
+
+pytest.importorskip("textual")  # the GPU machine has no textual unless its wheels are carried
+from fgchat.tui.latency_console import (  # noqa: E402
     STATS_WINDOW_REQUESTS,
     STATS_WINDOW_TOKENS,
     LatencyConsole,
