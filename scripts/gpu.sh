@@ -29,6 +29,8 @@
 #   timeline  per-kernel durations and gaps of full and piecewise 1B steps (tools/timeline_step.py)
 #   tma     our projections with TMA weight loads against pointer loads and cuBLAS (tools/bench_tma_proj.py;
 #           TMA_MODELS, TMA_TILES extra tiles)
+#   bisectmega  the first mega phase whose persistent launch differs from its phase-by-phase launches,
+#           1B batch 1 with and without the batch-rows-only norm (tools/bisect_mega.py)
 #   envab   fgchat bench with AB_ARGS, ENVAB_VAR=0 and =1 alternating AB_ROUNDS times (one tree)
 #   merge   full mode's step with the attention splits merged three ways (tools/ab_attention_merge.py)
 #   ncumega Nsight Compute (full set, source-level stalls) on one persistent mega launch, 1B batch 1
@@ -173,6 +175,10 @@ for what in "$@"; do
       timeout 300 python3 tools/ab_attention_merge.py llama-3.2-1b,smollm2-135m 1,8 2 2>&1 | tee "$OUT/merge.log" ;;
     timeline)  # per-kernel durations and gaps of full and piecewise steps (tools/timeline_step.py)
       timeout 240 python3 tools/timeline_step.py llama-3.2-1b full,piecewise 1 2>&1 | tee "$OUT/timeline-step.log" ;;
+    bisectmega)  # the first phase where the persistent mega launch differs from phase-by-phase (V46's fault)
+      for flags in "" "+rows"; do
+        timeout 200 python3 tools/bisect_mega.py llama-3.2-1b 1 $flags 2>&1 | tee -a "$OUT/bisect-mega.log" | tail -6
+      done ;;
     tma)  # our projections with TMA weight loads against pointer loads and cuBLAS (tools/bench_tma_proj.py)
       read -r -a tiles <<< "${TMA_TILES:-}"  # e.g. "--tile head=64,128,4,4,1,1"
       timeout 300 python3 tools/bench_tma_proj.py ${TMA_MODELS:-1b 8b} "${tiles[@]}" 2>&1 | tee "$OUT/tma-proj.log" ;;
