@@ -22,7 +22,8 @@ def test_freeze_collects_first_and_freezes_what_is_alive():
         kept = _Node()
         frozen = freeze_heap(collect=True)
         assert dead() is None
-        assert frozen == gc.get_freeze_count() > 0
+        # frozen objects freed by reference counting since (the call's own temporaries) leave it
+        assert 0 < gc.get_freeze_count() <= frozen
         assert not gc.is_finalized(kept)
         assert not any(o is kept for o in gc.get_objects())  # in no generation: out of the collector's reach
     finally:
