@@ -5,6 +5,11 @@ CPU steps are never captured in a graph, so this backend may use the host-side l
 (max_len_hint) and the host's view of the slots. Lengths enter as a boolean mask; a lane with
 no positions (seq_len == 0) yields zeros, as in the reference backend (torch_ref), which the
 tests compare this one with.
+
+Half-precision caches are attended in float32 (copies of the lane's K/V window): torch's CPU
+kernel for bf16 took 60 / 277 / 1089 us per layer at 100 / 500 / 2000 positions (SmolLM2's 9 q
+and 3 kv heads, 2 AMD EPYC cores) where the float32 copies and the float32 kernel took 41 / 107 /
+340, with a smaller error against float64.
 """
 
 from __future__ import annotations
@@ -43,9 +48,9 @@ class SdpaDecodeAttention(DecodeAttention):
                 out.zero_()
                 return
             slot = int(slot_ids[0])
-            k = k_cache[slot, :n].transpose(0, 1)[None]  # [1, Hkv, n, D]
-            v = v_cache[slot, :n].transpose(0, 1)[None]
-            result = F.scaled_dot_product_attention(q.unsqueeze(2), k, v, scale=scale, enable_gqa=gqa)
+            k = _f32(k_cache[slot, :n].transpose(0, 1)[None])  # [1, Hkv, n, D]
+            v = _f32(v_cache[slot, :n].transpose(0, 1)[None])
+            result = F.scaled_dot_product_attention(_f32(q.unsqueeze(2)), k, v, scale=scale, enable_gqa=gqa)
             out.copy_(result.view(batch, num_q_heads, head_dim))
             return
         window = cache_window(max_context, max_len_hint)
@@ -54,11 +59,16 @@ class SdpaDecodeAttention(DecodeAttention):
         valid = torch.arange(window, device=q.device)[None, :] < lens[:, None]  # [B, W]
         # copies of the lanes' windows; positions past a lane's length may hold anything (the CPU
         # cache is not zeroed), so they are zeroed before they can reach a product
-        k = k_cache[:, :window].index_select(0, idx).masked_fill_(~valid[:, :, None, None], 0.0)
-        v = v_cache[:, :window].index_select(0, idx).masked_fill_(~valid[:, :, None, None], 0.0)
+        k = _f32(k_cache[:, :window].index_select(0, idx)).masked_fill_(~valid[:, :, None, None], 0.0)
+        v = _f32(v_cache[:, :window].index_select(0, idx)).masked_fill_(~valid[:, :, None, None], 0.0)
         result = F.scaled_dot_product_attention(
-            q.unsqueeze(2), k.transpose(1, 2), v.transpose(1, 2),
+            _f32(q.unsqueeze(2)), k.transpose(1, 2), v.transpose(1, 2),
             attn_mask=valid[:, None, None, :], scale=scale, enable_gqa=gqa,
         ).view(batch, num_q_heads, head_dim)
         # a lane without positions has an all-False mask (NaN row): it attends to nothing
         out.copy_(torch.where((lens > 0)[:, None, None], result, torch.zeros((), dtype=result.dtype)))
+
+
+def _f32(t: Tensor) -> Tensor:
+    """t as float32 (a copy of a half-precision tensor; a float32 one as it is)."""
+    return t if t.dtype == torch.float32 else t.float()
