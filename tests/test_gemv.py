@@ -351,21 +351,3 @@ def test_no_tma_on_cpu_outside_tests():
     from fgchat.engine.kernels import tma
 
     assert not tma.INTERPRETER and not tma.available(torch.device("cpu"))
-
-
-@pytest.mark.parametrize("cfg", [ProjConfig(64, 64, 4, 2, swap=True), ProjConfig(16, 64, 4, 2)])
-def test_accumulating_in_the_mma_gives_the_product(monkeypatch, cfg):
-    """gemv.ACC_IN_DOT: the running sum passed to each tile's dot (swapped: in the MMA's orientation)."""
-    from fgchat.engine.kernels import gemv
-
-    monkeypatch.setattr(gemv, "ACC_IN_DOT", True)
-    gemv._plan.cache_clear()
-    try:
-        x, w = _inputs(3, 128, 256, 90)
-        torch.testing.assert_close(project(x, w, cfg), F.linear(x, w), rtol=1e-5, atol=1e-5)
-        got = project_glu(x, w, cfg)
-        torch.testing.assert_close(got, F.silu(F.linear(x, w[:64])) * F.linear(x, w[64:]), rtol=1e-5, atol=1e-5)
-        one = project(x[:1].contiguous(), w, cfg)
-        assert torch.equal(one[0], project(x, w, cfg)[0])
-    finally:
-        gemv._plan.cache_clear()

@@ -58,20 +58,15 @@ def timed(calls: list) -> float:
     return graph_time_us(lambda: next(turn)())
 
 
-def variants(role: str, n: int, k: int, extra: dict) -> list[tuple[gemv.ProjConfig, bool]]:
-    """(tile, ACC_IN_DOT) pairs: the pointer-load tile (the baseline), then TMA and the MMA's own
-    accumulation, each alone and together, then --tile extras (both accumulations)."""
+def variants(role: str, n: int, k: int, extra: dict) -> list[gemv.ProjConfig]:
+    """The pointer-load tile (the baseline), the same tile by TMA (for o: the engine's TMA tile of
+    short split slices), then the --tile extras."""
     glu = role == "gate_up"
     pointer = gemv.pick_config(n, k, glu)
     bulk = dataclasses.replace(pointer, tma=True)
     if role in NORM_FED:  # the engine's TMA tile for short split slices, where it applies
         bulk = gemv.short_slice_config(n, k, gemv.pick_split(n, k, SM_COUNT, pointer)) or bulk
-    out = [(pointer, False), (pointer, True)]
-    if bulk != pointer:
-        out += [(bulk, False), (bulk, True)]
-    for cfg in extra.get(role, []):
-        out += [(cfg, False), (cfg, True)]
-    return out
+    return [pointer, bulk, *extra.get(role, [])]
 
 
 def main() -> None:
@@ -86,7 +81,7 @@ def main() -> None:
         else:
             models.append(a)
     print(f"{'model':5} {'proj':8} {'M':>2} {'split':>5} {'cublas':>7} {'base':>7} {'variant':>7} {'GB/s':>5} "
-          f"{'ratio':>6}  tile  (us per call; base: the pointer-load tile, products added; max error vs float32)")
+          f"{'ratio':>6}  tile  (us per call; base: the pointer-load tile; max error vs float32)")
     for model in models or ["1b", "8b"]:
         for (role, n, k), m in itertools.product(SHAPES[model], (1, 8)):
             glu = role == "gate_up"
@@ -99,11 +94,8 @@ def main() -> None:
             split = gemv.pick_split(n, k, SM_COUNT, gemv.pick_config(n, k, glu)) if role in NORM_FED else 1
             t_cub = timed([lambda w=w: F.linear(x, w) for w in ws])
             base = None
-            for cfg, acc in variants(role, n, k, extra):
-                gemv.ACC_IN_DOT = acc
-                gemv._plan.cache_clear()
-                tile = (f"{cfg.block_n}x{cfg.block_k} w{cfg.num_warps} s{cfg.num_stages}" + (" tma" if cfg.tma else "")
-                        + (" acc" if acc else ""))
+            for cfg in variants(role, n, k, extra):
+                tile = f"{cfg.block_n}x{cfg.block_k} w{cfg.num_warps} s{cfg.num_stages}" + (" tma" if cfg.tma else "")
                 try:
                     calls = [call(role, x, w, cfg, split) for w in ws]
                     err = (calls[0]().float() - ref).abs().max().item()
@@ -115,8 +107,6 @@ def main() -> None:
                 print(f"{model:5} {role:8} {m:2d} {split:5d} {t_cub:7.1f} {base:7.1f} {t:7.1f} "
                       f"{nbytes / t / 1e3:5.0f} {t / base:6.3f}  {tile}  ({err:.2e})", flush=True)
             del ws
-    gemv.ACC_IN_DOT = False
-    gemv._plan.cache_clear()
 
 
 if __name__ == "__main__":

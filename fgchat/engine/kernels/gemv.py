@@ -29,10 +29,6 @@ MAX_ROWS = 16
 SampleArgs = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 # Largest weight (elements) for which the kernel beat cuBLAS in the H200 sweep.
 MAX_WEIGHT_ELEMENTS = 2048 * 2048
-# True: the MMA accumulates into the running sum (tl.dot's acc), in its own orientation for
-# swapped operands, instead of a fresh product per tile transposed and added (notes: V61). Its
-# pipeline keeps one more stage of tiles in shared memory.
-ACC_IN_DOT = False
 
 
 @triton.jit
@@ -42,17 +38,6 @@ def _tile_product(x, w, SWAP: tl.constexpr, DOT_PRECISION: tl.constexpr):
     if SWAP:
         return tl.trans(tl.dot(w, tl.trans(x), input_precision=DOT_PRECISION))
     return tl.dot(x, tl.trans(w), input_precision=DOT_PRECISION)
-
-
-@triton.jit
-def _mma_acc(acc, x, w, SWAP: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """acc + x . w^T with the MMA adding into acc, kept in the MMA's orientation: [BLOCK_M, BLOCK_N],
-    or [BLOCK_N, BLOCK_M] with SWAP (the caller transposes once, after its loop)."""
-    if SWAP:
-        out = tl.dot(w, tl.trans(x), acc, input_precision=DOT_PRECISION)
-    else:
-        out = tl.dot(x, tl.trans(w), acc, input_precision=DOT_PRECISION)
-    return out
 
 
 @triton.jit
@@ -67,7 +52,6 @@ def _proj_kernel(
     SPLIT_K: tl.constexpr = 1, ARGMAX: tl.constexpr = False,
     GLU: tl.constexpr = False, SWAP: tl.constexpr = False, ROUND: tl.constexpr = True,
     SAMPLE: tl.constexpr = False, LIBDEVICE: tl.constexpr = True, TMA: tl.constexpr = False,
-    ACC_IN_DOT: tl.constexpr = False,
 ):
     """Program (pid, ks) owns columns [pid*BLOCK_N, +BLOCK_N) over K slice ks of SPLIT_K. With
     SPLIT_K > 1 it stores its float32 partial sum in slab ks of y [SPLIT_K, M, N] (the consumer
@@ -111,19 +95,9 @@ def _proj_kernel(
             wu = tl.load(u_rows + offs_k0[None, :], mask=w0_mask, other=0.0)
     pdl_enter(USE_PDL)
     x = tl.load(x_rows + offs_k0[None, :], mask=m_mask[:, None] & (offs_k0[None, :] < K_PART), other=0.0)
-    if ACC_IN_DOT:
-        if SWAP:
-            acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-        else:
-            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        acc_u = acc
-        acc = _mma_acc(acc, x, w, SWAP, DOT_PRECISION)
-        if GLU:
-            acc_u = _mma_acc(acc_u, x, wu, SWAP, DOT_PRECISION)
-    else:
-        acc = _tile_product(x, w, SWAP, DOT_PRECISION)
-        if GLU:
-            acc_u = _tile_product(x, wu, SWAP, DOT_PRECISION)
+    acc = _tile_product(x, w, SWAP, DOT_PRECISION)
+    if GLU:
+        acc_u = _tile_product(x, wu, SWAP, DOT_PRECISION)
     for k0 in range(BLOCK_K, K_PART, BLOCK_K):
         offs_k = k0 + offs_k0
         if TMA:
@@ -147,18 +121,9 @@ def _proj_kernel(
             w = tl.load(w_rows + offs_k[None, :], mask=n_mask[:, None] & k_mask, other=0.0)
             if GLU:
                 wu = tl.load(u_rows + offs_k[None, :], mask=n_mask[:, None] & k_mask, other=0.0)
-        if ACC_IN_DOT:
-            acc = _mma_acc(acc, x, w, SWAP, DOT_PRECISION)
-            if GLU:
-                acc_u = _mma_acc(acc_u, x, wu, SWAP, DOT_PRECISION)
-        else:
-            acc += _tile_product(x, w, SWAP, DOT_PRECISION)
-            if GLU:
-                acc_u += _tile_product(x, wu, SWAP, DOT_PRECISION)
-    if ACC_IN_DOT and SWAP:
-        acc = tl.trans(acc)
+        acc += _tile_product(x, w, SWAP, DOT_PRECISION)
         if GLU:
-            acc_u = tl.trans(acc_u)
+            acc_u += _tile_product(x, wu, SWAP, DOT_PRECISION)
     out_mask = m_mask[:, None] & n_mask[None, :]
     out = y_ptr + offs_m[:, None] * stride_y + offs_n[None, :]
     if SPLIT_K == 1:
@@ -372,7 +337,7 @@ def _plan(m: int, n: int, k: int, x_dtype: torch.dtype, w_dtype: torch.dtype, ou
         BLOCK_M=MAX_ROWS, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         DOT_PRECISION="ieee" if w_dtype == torch.float32 else "tf32", USE_PDL=pdl,
         SPLIT_K=split, ARGMAX=argmax, GLU=glu, SWAP=cfg.swap, ROUND=not exact,
-        SAMPLE=sample, LIBDEVICE=LIBDEVICE, TMA=cfg.tma, ACC_IN_DOT=ACC_IN_DOT,
+        SAMPLE=sample, LIBDEVICE=LIBDEVICE, TMA=cfg.tma,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=pdl,
     )
     shape = (split, m, n) if split > 1 else (m, n)
