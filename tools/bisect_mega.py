@@ -16,11 +16,12 @@ import sys
 
 import torch
 
+from timeline_mega import KINDS  # tools/ is the script's directory
+
 from fgchat.engine.core import Engine, EngineConfig
 from fgchat.engine.kernels import megakernel as mk
 from fgchat.protocol.events import Mode
 
-KINDS = ("embed", "qkv+rope", "attention", "o+add", "gate/up+silu", "down+add")
 BUFFERS = ("h", "stats", "q", "attn", "act", "cnt", "bar")
 
 

@@ -32,8 +32,8 @@ Invariants
   u64 range -> plain path, which raises); exact bools -> u1; exact floats -> fp32; None ->
   constexpr None; host tensor descriptors (`triton.tools.tensor_descriptor.TensorDescriptor`)
   -> their base's dtype, block shape and padding (Triton's launcher encodes the CUtensorMap from
-  the descriptor on every launch, fast path included); for each constexpr parameter passed positionally, its exact value and type; every
-  keyword argument by name, type and exact value (constexprs and options such as num_warps,
+  the descriptor on every launch, fast path included); for each constexpr parameter passed
+  positionally, its exact value and type; every keyword argument by name, type and exact value (constexprs and options such as num_warps,
   num_stages; floats and numpy scalars by repr, so 0.0 and -0.0 differ as in Triton's string
   key); and
   `knobs.runtime.debug`, `knobs.compilation.instrumentation_mode` and the kernel's `debug` flag,

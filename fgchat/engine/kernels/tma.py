@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from fgchat.engine.kernels.pdl import sm90_or_newer
+
 try:
     from triton.tools.tensor_descriptor import TensorDescriptor
 except ImportError:  # pragma: no cover - triton without host tensor descriptors
@@ -25,7 +27,7 @@ except ImportError:  # pragma: no cover - triton without host tensor descriptors
 INTERPRETER = False
 _CACHE_LIMIT = 4096
 _descriptors: dict[tuple, Any] = {}
-_capable: dict[int, bool] = {}
+_capable: dict[int, bool] = {}  # sm90_or_newer per device index (each launch asks)
 
 
 class _Address:
@@ -55,8 +57,7 @@ def available(device: torch.device) -> bool:
     index = device.index if device.index is not None else torch.cuda.current_device()
     ok = _capable.get(index)
     if ok is None:
-        ok = torch.version.hip is None and torch.cuda.get_device_capability(index) >= (9, 0)
-        _capable[index] = ok
+        ok = _capable[index] = sm90_or_newer(torch.device("cuda", index))
     return ok
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from fgchat.engine.model.cpu_linear import pack, packed_linear
+
 # Float32 bytes of LM-head rows upcast per mm on CPU (half-precision weights, no packed head).
 # SmolLM2's [49152, 576] bf16 head on 2 AMD EPYC cores: ~4.5 ms a call in 8 MB blocks (19 MB blocks
 # 7.8-9.3 ms; one float32 copy of the whole head 41 ms).
@@ -13,8 +15,6 @@ HEAD_BLOCK_BYTES = 8 << 20
 # The largest head (float32 bytes) CpuHead keeps a packed float32 copy of: Llama-3.2-1B's
 # [128256, 2048] is 1.05e9.
 HEAD_PACK_MAX_BYTES = 1 << 30
-# rows the packed copy's layout is chosen for (oneDNN's batch hint): the engine's largest batch
-HEAD_PACK_ROWS = 8
 
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
@@ -79,7 +79,7 @@ class CpuHead:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is not None:
-            return torch.ops.mkldnn._linear_pointwise(x.float(), self.packed, None, "none", [], "")
+            return packed_linear(x.float(), self.packed)
         if self.scratch is None:
             return F.linear(x.float(), self.w)
         return blocked_head_logits(x, self.w, self.scratch)
@@ -87,9 +87,9 @@ class CpuHead:
     @staticmethod
     def _pack(w: torch.Tensor) -> torch.Tensor | None:
         try:
-            packed = torch.ops.mkldnn._reorder_linear_weight(w.float(), HEAD_PACK_ROWS)
+            packed = pack(w.float())
             x = torch.linspace(-1.0, 1.0, w.shape[1]).to(w.dtype)[None]
-            got = torch.ops.mkldnn._linear_pointwise(x.float(), packed, None, "none", [], "")
+            got = packed_linear(x.float(), packed)
             want = blocked_head_logits(x, w, head_scratch(w))
             tol = 1e-5 * float(want.abs().max()) + 1e-6
             return packed if got.shape == want.shape and float((got - want).abs().max()) <= tol else None

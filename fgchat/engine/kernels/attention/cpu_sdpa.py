@@ -48,9 +48,10 @@ class SdpaDecodeAttention(DecodeAttention):
                 out.zero_()
                 return
             slot = int(slot_ids[0])
-            k = _f32(k_cache[slot, :n].transpose(0, 1)[None])  # [1, Hkv, n, D]
-            v = _f32(v_cache[slot, :n].transpose(0, 1)[None])
-            result = F.scaled_dot_product_attention(_f32(q.unsqueeze(2)), k, v, scale=scale, enable_gqa=gqa)
+            # .float(): a copy of a half-precision tensor, a float32 one as it is
+            k = k_cache[slot, :n].transpose(0, 1)[None].float()  # [1, Hkv, n, D]
+            v = v_cache[slot, :n].transpose(0, 1)[None].float()
+            result = F.scaled_dot_product_attention(q.unsqueeze(2).float(), k, v, scale=scale, enable_gqa=gqa)
             out.copy_(result.view(batch, num_q_heads, head_dim))
             return
         window = cache_window(max_context, max_len_hint)
@@ -59,16 +60,12 @@ class SdpaDecodeAttention(DecodeAttention):
         valid = torch.arange(window, device=q.device)[None, :] < lens[:, None]  # [B, W]
         # copies of the lanes' windows; positions past a lane's length may hold anything (the CPU
         # cache is not zeroed), so they are zeroed before they can reach a product
-        k = _f32(k_cache[:, :window].index_select(0, idx)).masked_fill_(~valid[:, :, None, None], 0.0)
-        v = _f32(v_cache[:, :window].index_select(0, idx)).masked_fill_(~valid[:, :, None, None], 0.0)
+        k = k_cache[:, :window].index_select(0, idx).float().masked_fill_(~valid[:, :, None, None], 0.0)
+        v = v_cache[:, :window].index_select(0, idx).float().masked_fill_(~valid[:, :, None, None], 0.0)
         result = F.scaled_dot_product_attention(
-            _f32(q.unsqueeze(2)), k.transpose(1, 2), v.transpose(1, 2),
+            q.unsqueeze(2).float(), k.transpose(1, 2), v.transpose(1, 2),
             attn_mask=valid[:, None, None, :], scale=scale, enable_gqa=gqa,
         ).view(batch, num_q_heads, head_dim)
         # a lane without positions has an all-False mask (NaN row): it attends to nothing
         out.copy_(torch.where((lens > 0)[:, None, None], result, torch.zeros((), dtype=result.dtype)))
 
-
-def _f32(t: Tensor) -> Tensor:
-    """t as float32 (a copy of a half-precision tensor; a float32 one as it is)."""
-    return t if t.dtype == torch.float32 else t.float()
