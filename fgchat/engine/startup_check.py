@@ -11,12 +11,17 @@ Why: the modes are checked against each other elsewhere, but all modes share the
 kernel that is wrong on this model's activations (massive activation channels, say) would pass
 that check. This one compares with arithmetic that shares nothing with the fast path.
 
+The decode step's own pick must be the first maximum of its logits. With the int8 LM-head pick
+(kernels.head_pick) the step's logits are exact only where it rescored candidates, so the same step
+runs again eagerly with the exact head for the logits the comparison reads.
+
 Invariants: the check runs before any request is admitted and uses cache slot 0 only (a later
-prefill overwrites it); it reads the device once at the end (one sync).
+prefill overwrites it); it reads the device only at the end.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from dataclasses import dataclass
@@ -86,9 +91,9 @@ def check_prompt(engine: Engine) -> list[int]:
 
 
 @torch.inference_mode()
-def production_logits(engine: Engine, ids: list[int], nxt: int) -> torch.Tensor:
-    """[2, V]: the last prompt position's logits and those of one decode step of `nxt`, both as
-    a request in the engine's current mode would get them."""
+def production_logits(engine: Engine, ids: list[int], nxt: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """([2, V], [1]): the last prompt position's logits and those of one decode step of `nxt`,
+    both as a request in the engine's current mode would get them, and the token that step picked."""
     dev = engine.device
     first = engine.modes.prefill_logits(engine.mode, torch.tensor(ids, dtype=torch.int64, device=dev), 0)
     first = first.float().clone()
@@ -98,8 +103,14 @@ def production_logits(engine: Engine, ids: list[int], nxt: int) -> torch.Tensor:
         out = engine.program.run_eager(1, False)
     else:
         out, _ = engine.modes.run(engine.mode, 1, False)
+    picked, last = out.tokens[:1].clone(), out.logits[0].float().clone()
+    stages = engine.decoder.fused_stages
+    if stages is not None and stages.head_int8 is not None:
+        # exact logits: the same step again (it rewrites the same K/V), eagerly, with the exact head
+        with stages.exact_head():
+            last = engine.program.run_eager(1, False).logits[0].float().clone()
     engine.program.max_len_hint = None
-    return torch.stack([first, out.logits[0].float()])
+    return torch.stack([first, last]), picked
 
 
 def path_name(engine: Engine) -> str:
@@ -139,10 +150,15 @@ def run(engine: Engine) -> StartupCheck:
 
 
 def _compare_path(engine: Engine, ids: list[int], ref: torch.Tensor, fault: bool) -> Comparison:
-    prod = production_logits(engine, ids, ids[-1])
+    prod, picked = production_logits(engine, ids, ids[-1])
     if fault:  # a wrong kernel, as far as the logits can tell
         prod = prod.roll(1, dims=-1) * 0.5
-    return compare(prod.cpu(), ref.cpu(), engine.dtype)
+    prod, picked = prod.cpu(), int(picked.cpu()[0])
+    cmp = compare(prod, ref.cpu(), engine.dtype)
+    if not fault and picked != int(prod[1].argmax()):  # the step picked other than its logits' maximum
+        cmp = dataclasses.replace(cmp, top1_equal=False, top1_ok=False,
+                                  top1=(picked, int(ref[1].argmax())))
+    return cmp
 
 
 def _describe(c: Comparison) -> str:

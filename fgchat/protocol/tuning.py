@@ -18,6 +18,7 @@ EngineConfig (which holds a Tuning) without loading torch.
 | FGCHAT_EAGER_LAUNCH_LIST=0 | on | eager runs every step through the Python stages, not a recorded launch list |
 | FGCHAT_BATCHED_PREFILL=0 | on | CUDA: distinct prompts admitted together are prefilled one by one, not in one pass |
 | FGCHAT_HEAD_SAMPLE=0 | on | sampled steps pick in separate kernels after the LM head, not in its epilogue |
+| FGCHAT_HEAD_INT8=1 | off | half-precision LM heads pick from an int8 copy, candidates rescored exactly (same tokens) |
 | FGCHAT_CPU_PACKED=0 | on | CPU: projections through F.linear instead of oneDNN's packed weights |
 """
 
@@ -71,6 +72,10 @@ class Tuning:
     idle_capture: bool = False
     # the unfiltered, unpenalized sampled pick in the LM head kernel's epilogue (notes V37)
     head_sample: bool = True
+    # the greedy / unfiltered sampled pick reads an int8 copy of a half-precision LM head and
+    # rescores its candidates exactly (kernels.head_pick: the same tokens, half the head's bytes);
+    # off until measured in the whole step on the GPU (notes V63)
+    head_int8: bool = False
     # CPU: the plain path's projections through oneDNN's packed weights (model.cpu_linear)
     cpu_packed: bool = True
 
@@ -93,6 +98,7 @@ class Tuning:
             prefill_batch_route=_flag("FGCHAT_PREFILL_BATCH_ROUTE", d.prefill_batch_route),
             idle_capture=_flag("FGCHAT_IDLE_CAPTURE", d.idle_capture),
             head_sample=_flag("FGCHAT_HEAD_SAMPLE", d.head_sample),
+            head_int8=_flag("FGCHAT_HEAD_INT8", d.head_int8),
             cpu_packed=_flag("FGCHAT_CPU_PACKED", d.cpu_packed),
         )
 

@@ -18,6 +18,8 @@ graphs launch identical kernels (modes stay bit-identical):
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -26,6 +28,7 @@ import torch.nn.functional as F
 
 from fgchat.engine.kernels import fused as fk
 from fgchat.engine.kernels import gemv
+from fgchat.engine.kernels import head_pick
 from fgchat.engine.kernels import l2_prefetch
 from fgchat.engine.kernels import tma
 from fgchat.protocol.errors import FgchatError
@@ -67,6 +70,10 @@ class FusedStages:
         self.head_ours = tuning.gemv
         self.head_sample = tuning.head_sample
         self.head_config = self.configs.get("head")
+        # FGCHAT_HEAD_INT8: the pick's int8 copy of the head (None: the exact kernel picks)
+        self.head_int8: head_pick.Int8Head | None = None
+        if tuning.head_int8 and self.head_ours and head_pick.supports(dec.w.lm_head):
+            self.head_int8 = head_pick.quantize(dec.w.lm_head)
         self.attention_ours = False
         self.rope_in_attention = False
         budget = tuning.l2_prefetch_mb * 2**20
@@ -162,10 +169,24 @@ class FusedStages:
         st.delta = None
         picks = greedy or (sample is not None and self.head_sample)
         if picks and self.head_ours and x.shape[0] <= gemv.MAX_ROWS:
-            st.logits, st.tokens = gemv.project_argmax(x, dec.w.lm_head, self.head_config, pdl=self.after(True),
-                                                       sample=None if greedy else sample)
+            sample = None if greedy else sample
+            if self.head_int8 is not None:  # logits exact only where a candidate was rescored
+                st.logits, st.tokens = head_pick.pick(x, dec.w.lm_head, self.head_int8, self.head_config,
+                                                      pdl=self.after(True), sample=sample)
+            else:
+                st.logits, st.tokens = gemv.project_argmax(x, dec.w.lm_head, self.head_config,
+                                                           pdl=self.after(True), sample=sample)
         else:
             st.logits = self.logits(x)
+
+    @contextlib.contextmanager
+    def exact_head(self) -> Iterator[None]:
+        """Eager steps run inside pick with the exact LM head kernel (graphs keep what they captured)."""
+        saved, self.head_int8 = self.head_int8, None
+        try:
+            yield
+        finally:
+            self.head_int8 = saved
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         """float32 logits [N, V] of normed rows x: our kernel for up to MAX_ROWS rows, else cuBLAS."""
