@@ -32,6 +32,9 @@
 #   bisectmega  the first mega phase whose persistent launch differs from its phase-by-phase launches,
 #           1B batch 1 with and without the batch-rows-only norm (tools/bisect_mega.py)
 #   envab   fgchat bench with AB_ARGS, ENVAB_VAR=0 and =1 alternating AB_ROUNDS times (one tree)
+#   headpick  the LM head's pick from its int8 copy against the exact head's, us per call and tiles
+#           rescored (tools/bench_head_pick.py; the embedded model's head too where put left it;
+#           HEAD_TILES: pass 1's tiles to try beside the default)
 #   merge   full mode's step with the attention splits merged three ways (tools/ab_attention_merge.py)
 #   ncumega Nsight Compute (full set, source-level stalls) on one persistent mega launch, 1B batch 1
 #   megaprofile  the mega kernel's timeline from its clock stamps, then its settings sweep
@@ -182,6 +185,9 @@ for what in "$@"; do
     tma)  # our projections with TMA weight loads against pointer loads and cuBLAS (tools/bench_tma_proj.py)
       read -r -a tiles <<< "${TMA_TILES:-}"  # e.g. "--tile head=64,128,4,4,1,1"
       timeout 300 python3 tools/bench_tma_proj.py ${TMA_MODELS:-1b 8b} "${tiles[@]}" 2>&1 | tee "$OUT/tma-proj.log" ;;
+    headpick)  # the int8 LM-head pick against the exact head kernel's pick (V63)
+      timeout 300 python3 tools/bench_head_pick.py 135m 1b 8b ${GGUF:+--gguf "$GGUF"} \
+        --approx-tiles "${HEAD_TILES:-128,4,6,0 256,4,4,1 256,8,3,0}" 2>&1 | tee "$OUT/head-pick.log" ;;
     envab)  # fgchat bench with AB_ARGS, ENVAB_VAR=0 then =1 alternating AB_ROUNDS (2) times, one tree
       read -r -a args <<< "${AB_ARGS:---preset llama-3.2-1b --random-weights --batch-sizes 1,8 --repeats 2}"
       for i in $(seq "${AB_ROUNDS:-2}"); do

@@ -210,3 +210,17 @@ def test_startup_check_passes_the_int8_pick_and_catches_a_wrong_one(int8_engine,
     monkeypatch.setattr(head_pick, "pick", off_by_one)
     bad = startup_check.run(eng)
     assert not bad.passed and bad.fallback == "plain torch ops" and not eng.decoder.fused
+
+
+@pytest.mark.parametrize("tile", [(64, 4, 2, False), (128, 4, 4, True), (512, 8, 3, False)])
+def test_pass_one_tiles_change_no_pick(tile, monkeypatch):
+    """Other pass-1 tiles (K width, swapped operands; 512 halves to K's 128): the same picks, the
+    approximations still within the bound."""
+    monkeypatch.setattr(head_pick, "APPROX_TILE", tile)
+    w = _head(640, 128, 60)
+    head = head_pick.quantize(w)
+    x = _rows(5, 128, 61)
+    logits, tokens = head_pick.pick(x, w, head, CFG)
+    exact, want = gemv.project_argmax(x, w, CFG)
+    assert torch.equal(tokens, want)
+    assert ((logits.double() - exact.double()).abs() <= _bound(x, head)).all()

@@ -39,6 +39,9 @@ from fgchat.engine.kernels.launch import fast
 from fgchat.engine.kernels.pdl import pdl_enter
 from fgchat.engine.kernels.sampling_triton import LIBDEVICE, gumbel_scores, row_hash
 
+# pass 1's tile: (block_k, warps, stages, swap); None: K tiles of 256 int8, 4 warps, 4 stages, no
+# swap (tools/bench_head_pick.py --approx-tiles sweeps others)
+APPROX_TILE: tuple[int, int, int, bool] | None = None
 TILES_PER_CHUNK = 16  # pass 2: head tiles each program checks (and rescores where needed)
 P_BLOCK = 256  # pass 2: per-tile lower bounds reduced this many at a time
 # Relative margin on the score side of the bound (division by T, adding the noise: a few ulps).
@@ -87,6 +90,7 @@ def _approx_kernel(
     temp_ptr, seed_ptr, pos_ptr,  # SAMPLE: per row temperature, seed, position
     P: tl.constexpr, N: tl.constexpr, K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr, SAMPLE: tl.constexpr, LIBDEVICE: tl.constexpr,
+    SWAP: tl.constexpr = False,
 ):
     """Program pid: vocabulary rows [pid*BLOCK_N, +BLOCK_N). Stores a = s * (x . q) into logits and,
     at [row, pid] of plo / phi, the tile's max of score - bound and of score + bound."""
@@ -101,13 +105,13 @@ def _approx_kernel(
     q = tl.load(q_rows + offs_k0[None, :], mask=n_mask[:, None], other=0)  # weights: before the wait
     pdl_enter(USE_PDL)
     x = tl.load(x_rows + offs_k0[None, :], mask=m_mask[:, None], other=0.0)
-    acc = tl.dot(x, tl.trans(q.to(x_ptr.dtype.element_ty)))
+    acc = _tile_product(x, q.to(x_ptr.dtype.element_ty), SWAP, "tf32")
     xf = x.to(tl.float32)
     xsq = tl.sum(xf * xf, axis=1)
     for k0 in range(BLOCK_K, K, BLOCK_K):
         q = tl.load(q_rows + (k0 + offs_k0)[None, :], mask=n_mask[:, None], other=0)
         x = tl.load(x_rows + (k0 + offs_k0)[None, :], mask=m_mask[:, None], other=0.0)
-        acc += tl.dot(x, tl.trans(q.to(x_ptr.dtype.element_ty)))
+        acc += _tile_product(x, q.to(x_ptr.dtype.element_ty), SWAP, "tf32")
         xf = x.to(tl.float32)
         xsq += tl.sum(xf * xf, axis=1)
     scale = tl.load(scale_ptr + offs_n, mask=n_mask, other=0.0)
@@ -210,15 +214,18 @@ class _Plan:
 
 @functools.lru_cache(maxsize=256)
 def _plan(m: int, n: int, k: int, x_dtype: torch.dtype, config: gemv.ProjConfig | None, pdl: bool,
-          sample: bool) -> _Plan:
+          sample: bool, approx_tile: tuple[int, int, int, bool] | None) -> _Plan:
     if m > gemv.MAX_ROWS:
         raise ValueError(f"the int8 head pick handles at most {gemv.MAX_ROWS} rows, got {m}")
     cfg = config or gemv.pick_config(n, k)
     tiles = cdiv(n, cfg.block_n)
     chunks = cdiv(tiles, TILES_PER_CHUNK)
-    block_k8 = next(b for b in (256, 128, 64) if k % b == 0)  # int8: 256 bytes a row per tile
+    block_k8, warps, stages, swap = approx_tile or (256, 4, 4, False)
+    while k % block_k8:  # int8: up to 256 bytes a row per tile, whole tiles of K
+        block_k8 //= 2
     approx_kw = dict(P=tiles, N=n, K=k, BLOCK_M=gemv.MAX_ROWS, BLOCK_N=cfg.block_n, BLOCK_K=block_k8, USE_PDL=pdl,
-                     SAMPLE=sample, LIBDEVICE=LIBDEVICE, num_warps=4, num_stages=4, launch_pdl=pdl)
+                     SAMPLE=sample, LIBDEVICE=LIBDEVICE, SWAP=swap, num_warps=warps, num_stages=stages,
+                     launch_pdl=pdl)
     # the exact tiles as gemv._plan launches the head (TMA changes the loads, not the sums)
     rescore_kw = dict(P=tiles, CHUNKS=chunks, N=n, K=k, EVEN_K=k % cfg.block_k == 0, BLOCK_M=gemv.MAX_ROWS, BLOCK_N=cfg.block_n,
                       BLOCK_K=cfg.block_k, TILES=TILES_PER_CHUNK, P_BLOCK=P_BLOCK, SWAP=cfg.swap,
@@ -237,7 +244,7 @@ def pick(x: torch.Tensor, w: torch.Tensor, head: Int8Head, config: gemv.ProjConf
     n = w.shape[0]
     if w.shape[1] != k or head.q.shape != w.shape or x.dtype != w.dtype or not x.is_contiguous():
         raise ValueError("the int8 head pick needs contiguous x [M, K] in w's dtype and head = quantize(w)")
-    plan = _plan(m, n, k, x.dtype, config, pdl, sample is not None)
+    plan = _plan(m, n, k, x.dtype, config, pdl, sample is not None, APPROX_TILE)
     dev = x.device
     logits = torch.empty((m, n), dtype=torch.float32, device=dev)
     plo = torch.empty((m, plan.tiles), dtype=torch.float32, device=dev)

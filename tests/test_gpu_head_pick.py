@@ -1,0 +1,120 @@
+"""The int8 LM-head pick (kernels.head_pick) on the GPU, in bf16 at the real heads' shapes: the
+exact kernel's tokens, its logits bit for bit in the rescored tiles, inside a captured graph, and
+an engine with FGCHAT_HEAD_INT8 against a float32 transformers reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+# Llama-3.2-1B / SmolLM2-135M / Llama-3.1-8B heads (vocabulary, hidden)
+HEADS = [(128256, 2048), (49152, 576), (128256, 4096)]
+
+
+def _inputs(m: int, n: int, k: int, seed: int):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(m, k, device="cuda", generator=g).bfloat16()
+    w = (torch.randn(n, k, device="cuda", generator=g) * 0.02).bfloat16()
+    return x, w
+
+
+@pytest.mark.parametrize("n,k", HEADS)
+@pytest.mark.parametrize("m", [1, 8])
+def test_pick_is_the_exact_heads_pick_at_real_shapes(n, k, m):
+    from fgchat.engine.kernels import gemv, head_pick
+
+    x, w = _inputs(m, n, k, n + k + m)
+    head = head_pick.quantize(w)
+    for pdl in (False, True):
+        logits, tokens = head_pick.pick(x, w, head, pdl=pdl)
+        exact, want = gemv.project_argmax(x, w, pdl=pdl)
+        assert torch.equal(tokens, want), pdl
+        bn = gemv.pick_config(n, k).block_n
+        for r in range(m):  # the winning tile came back with the exact kernel's bits
+            t = int(tokens[r]) // bn
+            assert torch.equal(logits[r, t * bn:(t + 1) * bn], exact[r, t * bn:(t + 1) * bn])
+        bound = x.float().norm(dim=1)[:, None] * head.slack[None, :]
+        assert ((logits - exact).abs() <= bound).all()
+        rescored = (logits == exact).all(dim=0).sum().item()
+        assert rescored < n // 4  # most of the head was read as int8 only
+
+
+def test_sampled_pick_is_the_exact_heads_sample():
+    from fgchat.engine.kernels import gemv, head_pick
+
+    n, k, m = 128256, 2048, 8
+    x, w = _inputs(m, n, k, 5)
+    x = x * 0.3  # logits of a few units: the noise matters
+    head = head_pick.quantize(w)
+    temps = torch.tensor([0.0, 0.7, 1.0, 1.6, 0.05, 0.7, 1.0, 2.0], device="cuda")
+    seeds = torch.tensor([3, 2**40 + 1, 7, 9, 11, 13, 15, 17], device="cuda")
+    for step in range(4):
+        positions = torch.arange(m, device="cuda") * 5 + step
+        got = head_pick.pick(x, w, head, pdl=True, sample=(temps, seeds, positions))[1]
+        want = gemv.project_argmax(x, w, pdl=True, sample=(temps, seeds, positions))[1]
+        assert torch.equal(got, want), step
+
+
+def test_pick_replays_in_a_graph_with_new_rows():
+    from fgchat.engine.kernels import gemv, head_pick
+
+    n, k, m = 128256, 2048, 4
+    x, w = _inputs(m, n, k, 7)
+    head = head_pick.quantize(w)
+    out = {}
+    head_pick.pick(x, w, head, pdl=True)  # compiled outside the capture
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out["logits"], out["tokens"] = head_pick.pick(x, w, head, pdl=True)
+    for seed in range(3):
+        x.copy_(torch.randn(m, k, device="cuda", generator=torch.Generator(device="cuda").manual_seed(seed)))
+        g.replay()
+        assert torch.equal(out["tokens"], gemv.project_argmax(x, w)[1]), seed
+
+
+def test_engine_with_the_int8_head_matches_a_float32_reference(tmp_path):
+    """Greedy tokens of every mode with FGCHAT_HEAD_INT8 equal those with the exact head, and each
+    is the float32 reference's argmax wherever its top two are apart; logits close to it."""
+    transformers = pytest.importorskip("transformers")
+    import tiny_models
+
+    from fgchat.engine.core import Engine, EngineConfig
+    from fgchat.protocol.events import RequestFinished, SamplingParams
+    from fgchat.protocol.tuning import Tuning
+
+    model = tiny_models.build_model(tmp_path / "m", "llama", hidden=1024, layers=2, heads=16, kv_heads=4,
+                                    head_dim=64, intermediate=4096, max_pos=2048, seed=5)
+    engines = {int8: Engine(EngineConfig(model=str(model), device="cuda", dtype="bfloat16", max_context=1024,
+                                         mode="full", tuning=Tuning(head_int8=int8))) for int8 in (False, True)}
+    assert engines[True].decoder.fused_stages.head_int8 is not None
+    assert engines[True].startup_check is None or engines[True].startup_check.passed
+    ref = transformers.AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).cuda().eval()
+    prompt = torch.randint(3, engines[True].cfg.vocab_size, (29,), generator=torch.Generator().manual_seed(2)).tolist()
+
+    def decode(eng, mode):
+        eng.set_mode(mode)
+        eng.keep_logits, eng.step_logits = True, []
+        rid = eng.submit(prompt, SamplingParams(max_tokens=16, ignore_eos=True))
+        events = []
+        while eng.has_work():
+            events += eng.step()
+        return {e.summary.request_id: e.summary for e in events if isinstance(e, RequestFinished)}[rid].token_ids
+
+    modes = engines[True].info().available_modes
+    assert all(modes.get(m) == "" for m in ("eager", "piecewise", "full")), engines[True].info().notes
+    for mode in [m for m in ("eager", "piecewise", "full", "mega") if modes.get(m) == ""]:
+        ours = decode(engines[True], mode)
+        assert ours == decode(engines[False], mode), mode
+        with torch.no_grad():
+            want_all = ref(torch.tensor([prompt + ours], device="cuda")).logits[0].float()
+        checked = 0
+        for i, logits in enumerate(t[0].float() for t in engines[True].step_logits):  # step i gave token i + 1
+            want = want_all[len(prompt) + i]
+            assert (logits - want).abs().mean() <= 4 * 2**-7 * want.abs().mean(), (mode, i)
+            top2 = want.topk(2).values
+            if (top2[0] - top2[1]).item() > 0.25:
+                assert ours[i + 1] == int(want.argmax()), (mode, i)
+                checked += 1
+        assert checked >= 8, mode
