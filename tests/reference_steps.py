@@ -24,3 +24,35 @@ def greedy_steps_vs_reference(eng, mode: str, prompt: list[int], max_tokens: int
     ref = reference_logits(eng.cfg, dec.w, torch.tensor(prompt + toks[:-1], device=eng.device), dec.cos,
                            dec.sin, dec.scale)[len(prompt):]
     return compare(steps.cpu(), ref.cpu(), eng.dtype)
+
+
+def decode_keeping_logits(eng, mode: str, prompt: list[int], max_tokens: int = 16):
+    """Greedy decode of `prompt` in `mode`: (the request's tokens, each decode step's logits row)."""
+    from fgchat.protocol.events import RequestFinished, SamplingParams
+
+    eng.set_mode(mode)
+    eng.keep_logits, eng.step_logits = True, []
+    rid = eng.submit(prompt, SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+    events = []
+    while eng.has_work():
+        events += eng.step()
+    eng.keep_logits = False
+    tokens = {e.summary.request_id: e.summary for e in events if isinstance(e, RequestFinished)}[rid].token_ids
+    return tokens, [t[0].float() for t in eng.step_logits]
+
+
+def steps_agree_with_hf(ref, prompt: list[int], tokens: list[int], step_logits, label) -> int:
+    """Each decode step's logits against transformers `ref` (float32) on the same prefix: mean
+    error within 4 bf16 ulps of the mean logit, and the greedy token the reference's argmax wherever
+    its top two are more than 0.25 apart. Returns how many tokens that checked."""
+    with torch.no_grad():
+        want_all = ref(torch.tensor([prompt + tokens], device="cuda")).logits[0].float()
+    checked = 0
+    for i, logits in enumerate(step_logits):  # step i gave token i + 1
+        want = want_all[len(prompt) + i]
+        assert (logits - want).abs().mean() <= 4 * 2**-7 * want.abs().mean(), (label, i)
+        top2 = want.topk(2).values
+        if (top2[0] - top2[1]).item() > 0.25:
+            assert tokens[i + 1] == int(want.argmax()), (label, i)
+            checked += 1
+    return checked

@@ -79,9 +79,9 @@ def test_engine_with_the_int8_head_matches_a_float32_reference(tmp_path):
     is the float32 reference's argmax wherever its top two are apart; logits close to it."""
     transformers = pytest.importorskip("transformers")
     import tiny_models
+    from reference_steps import decode_keeping_logits, steps_agree_with_hf
 
     from fgchat.engine.core import Engine, EngineConfig
-    from fgchat.protocol.events import RequestFinished, SamplingParams
     from fgchat.protocol.tuning import Tuning
 
     model = tiny_models.build_model(tmp_path / "m", "llama", hidden=1024, layers=2, heads=16, kv_heads=4,
@@ -93,28 +93,9 @@ def test_engine_with_the_int8_head_matches_a_float32_reference(tmp_path):
     ref = transformers.AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).cuda().eval()
     prompt = torch.randint(3, engines[True].cfg.vocab_size, (29,), generator=torch.Generator().manual_seed(2)).tolist()
 
-    def decode(eng, mode):
-        eng.set_mode(mode)
-        eng.keep_logits, eng.step_logits = True, []
-        rid = eng.submit(prompt, SamplingParams(max_tokens=16, ignore_eos=True))
-        events = []
-        while eng.has_work():
-            events += eng.step()
-        return {e.summary.request_id: e.summary for e in events if isinstance(e, RequestFinished)}[rid].token_ids
-
     modes = engines[True].info().available_modes
     assert all(modes.get(m) == "" for m in ("eager", "piecewise", "full")), engines[True].info().notes
     for mode in [m for m in ("eager", "piecewise", "full", "mega") if modes.get(m) == ""]:
-        ours = decode(engines[True], mode)
-        assert ours == decode(engines[False], mode), mode
-        with torch.no_grad():
-            want_all = ref(torch.tensor([prompt + ours], device="cuda")).logits[0].float()
-        checked = 0
-        for i, logits in enumerate(t[0].float() for t in engines[True].step_logits):  # step i gave token i + 1
-            want = want_all[len(prompt) + i]
-            assert (logits - want).abs().mean() <= 4 * 2**-7 * want.abs().mean(), (mode, i)
-            top2 = want.topk(2).values
-            if (top2[0] - top2[1]).item() > 0.25:
-                assert ours[i + 1] == int(want.argmax()), (mode, i)
-                checked += 1
-        assert checked >= 8, mode
+        tokens, steps = decode_keeping_logits(engines[True], mode, prompt)
+        assert tokens == decode_keeping_logits(engines[False], mode, prompt)[0], mode
+        assert steps_agree_with_hf(ref, prompt, tokens, steps, mode) >= 8, mode
