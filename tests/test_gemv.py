@@ -166,8 +166,11 @@ def test_fused_decoder_step_matches_unfused(tiny_model_dirs, family):
         eng.bufs.stage(list(range(5, 5 + b)), [9, 20, 30][:b], [4, 0, 7][:b], [0.0] * b, [1.0] * b,
                        [0] * b, [0] * b)
         eng.program.max_len_hint = fused.max_len_hint = 31
-        ref = eng.program.run_eager(b, variant=Variant.GREEDY)
+        picked = eng.program.run_eager(b, variant=Variant.GREEDY).tokens.clone()  # FGCHAT_HEAD_PICK's
+        with eng.decoder.exact_head():
+            ref = eng.program.run_eager(b, variant=Variant.GREEDY)
         ref_logits, ref_k = ref.logits.clone(), [k.clone() for k in eng.cache.k]
+        assert torch.equal(picked, ref.tokens)
         out = fused.run_eager(b, variant=Variant.GREEDY)
         torch.testing.assert_close(out.logits, ref_logits, rtol=1e-4, atol=1e-4)
         assert torch.equal(out.tokens, ref.tokens)  # the LM head kernel's own greedy pick

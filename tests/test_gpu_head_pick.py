@@ -1,6 +1,6 @@
 """The int8 LM-head pick (kernels.head_pick) on the GPU, in bf16 at the real heads' shapes: the
 exact kernel's tokens, its logits bit for bit in the rescored tiles, inside a captured graph, and
-an engine with FGCHAT_HEAD_INT8 against a float32 transformers reference."""
+an engine with FGCHAT_HEAD_PICK against a float32 transformers reference."""
 
 from __future__ import annotations
 
@@ -75,7 +75,7 @@ def test_pick_replays_in_a_graph_with_new_rows():
 
 
 def test_engine_with_the_int8_head_matches_a_float32_reference(tmp_path):
-    """Greedy tokens of every mode with FGCHAT_HEAD_INT8 equal those with the exact head, and each
+    """Greedy tokens of every mode with FGCHAT_HEAD_PICK equal those with the exact head, and each
     is the float32 reference's argmax wherever its top two are apart; logits close to it."""
     transformers = pytest.importorskip("transformers")
     import tiny_models
@@ -87,7 +87,7 @@ def test_engine_with_the_int8_head_matches_a_float32_reference(tmp_path):
     model = tiny_models.build_model(tmp_path / "m", "llama", hidden=1024, layers=2, heads=16, kv_heads=4,
                                     head_dim=64, intermediate=4096, max_pos=2048, seed=5)
     engines = {int8: Engine(EngineConfig(model=str(model), device="cuda", dtype="bfloat16", max_context=1024,
-                                         mode="full", tuning=Tuning(head_int8=int8))) for int8 in (False, True)}
+                                         mode="full", tuning=Tuning(head_pick=int8))) for int8 in (False, True)}
     assert engines[True].decoder.fused_stages.head_int8 is not None
     assert engines[True].startup_check is None or engines[True].startup_check.passed
     ref = transformers.AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).cuda().eval()

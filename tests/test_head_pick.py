@@ -148,7 +148,7 @@ def test_rejects_what_it_cannot_pick():
 
 
 def test_fused_step_with_the_int8_head_picks_the_exact_heads_tokens(tiny_model_dirs):
-    """A fused decoder (fp16) with FGCHAT_HEAD_INT8's head against the same decoder with the exact
+    """A fused decoder (fp16) with FGCHAT_HEAD_PICK's head against the same decoder with the exact
     head: same greedy and sampled tokens, logits within the bound, exact ones inside exact_head()."""
     from fgchat.engine.core import Engine, EngineConfig
     from fgchat.engine.model.decoder import Decoder
@@ -159,7 +159,7 @@ def test_fused_step_with_the_int8_head_picks_the_exact_heads_tokens(tiny_model_d
                               dtype="float16"))
     progs = {}
     for int8 in (False, True):
-        dec = Decoder(eng.cfg, eng.model.weights, eng.max_context, fused=True, tuning=Tuning(head_int8=int8))
+        dec = Decoder(eng.cfg, eng.model.weights, eng.max_context, fused=True, tuning=Tuning(head_pick=int8))
         progs[int8] = StepProgram(dec, eng.cache, eng.bufs, eng.attention)
     stages = progs[True].dec.fused_stages
     assert stages.head_int8 is not None and progs[False].dec.fused_stages.head_int8 is None
@@ -183,11 +183,11 @@ def test_fused_step_with_the_int8_head_picks_the_exact_heads_tokens(tiny_model_d
 
 @pytest.fixture
 def int8_engine(tiny_model_dirs, monkeypatch):
-    """A CPU engine (fp16) rebuilt on the fused stages with FGCHAT_HEAD_INT8, eager (Triton's
+    """A CPU engine (fp16) rebuilt on the fused stages with FGCHAT_HEAD_PICK, eager (Triton's
     interpreter runs the kernels)."""
     from fgchat.engine.core import Engine, EngineConfig
 
-    monkeypatch.setenv("FGCHAT_HEAD_INT8", "1")
+    monkeypatch.setenv("FGCHAT_HEAD_PICK", "1")
     eng = Engine(EngineConfig(model=str(tiny_model_dirs["llama"]), device="cpu", max_context=64,
                               dtype="float16", lazy_capture=True))
     eng._build(True)

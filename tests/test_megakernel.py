@@ -26,7 +26,11 @@ def _engine(model_dir, max_context=96):
     from fgchat.engine.model.decoder import Decoder
     from fgchat.engine.step import StepProgram
 
-    eng = Engine(EngineConfig(model=str(model_dir), device=DEV, max_context=max_context, dtype="float32"))
+    from fgchat.protocol.tuning import Tuning
+
+    # the plain decoder with the exact LM head: every logit of its steps is compared
+    eng = Engine(EngineConfig(model=str(model_dir), device=DEV, max_context=max_context, dtype="float32",
+                              tuning=Tuning(head_pick=False)))
     fused = StepProgram(Decoder(eng.cfg, eng.model.weights, eng.max_context, fused=True),
                         eng.cache, eng.bufs, eng.attention)
     g = torch.Generator(device=DEV).manual_seed(0)

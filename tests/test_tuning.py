@@ -66,11 +66,22 @@ def test_l2_prefetch_budget_from_environment(monkeypatch):
     ("FGCHAT_RESIDUAL_FP32", "residual_fp32", True),
     ("FGCHAT_PREFILL_GRAPHS", "prefill_graphs", True),
     ("FGCHAT_EAGER_LAUNCH_LIST", "eager_launch_list", True),
-    ("FGCHAT_HEAD_INT8", "head_int8", False),
-])
+    ])
 def test_boolean_switch(monkeypatch, var, field, default):
     monkeypatch.delenv(var, raising=False)
     assert getattr(Tuning.from_env(), field) is default
     monkeypatch.setenv(var, "0" if default else "1")
     t = Tuning.from_env()
     assert getattr(t, field) is (not default) and t.changed() == {field: not default}
+
+
+def test_head_pick_defaults_by_device(monkeypatch):
+    monkeypatch.delenv("FGCHAT_HEAD_PICK", raising=False)
+    t = Tuning.from_env()
+    assert t.head_pick is None and t.head_pick_on("cpu") and not t.head_pick_on("cuda")
+    monkeypatch.setenv("FGCHAT_HEAD_PICK", "1")
+    t = Tuning.from_env()
+    assert t.head_pick_on("cpu") and t.head_pick_on("cuda") and t.changed() == {"head_pick": True}
+    monkeypatch.setenv("FGCHAT_HEAD_PICK", "0")
+    t = Tuning.from_env()
+    assert not t.head_pick_on("cpu") and not t.head_pick_on("cuda")

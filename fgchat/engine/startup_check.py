@@ -11,9 +11,9 @@ Why: the modes are checked against each other elsewhere, but all modes share the
 kernel that is wrong on this model's activations (massive activation channels, say) would pass
 that check. This one compares with arithmetic that shares nothing with the fast path.
 
-The decode step's own pick must be the first maximum of its logits. With the int8 LM-head pick
-(kernels.head_pick) the step's logits are exact only where it rescored candidates, so the same step
-runs again eagerly with the exact head for the logits the comparison reads.
+The decode step's own pick must be the first maximum of its logits. Where greedy steps pick from a
+low-precision copy of the LM head (FGCHAT_HEAD_PICK) their logits are exact only for the rescored
+candidates, so the same step runs again eagerly with the exact head for the logits compared.
 
 Invariants: the check runs before any request is admitted and uses cache slot 0 only (a later
 prefill overwrites it); it reads the device only at the end.
@@ -104,10 +104,9 @@ def production_logits(engine: Engine, ids: list[int], nxt: int) -> tuple[torch.T
     else:
         out, _ = engine.modes.run(engine.mode, 1, False)
     picked, last = out.tokens[:1].clone(), out.logits[0].float().clone()
-    stages = engine.decoder.fused_stages
-    if stages is not None and stages.head_int8 is not None:
+    if engine.decoder.picks_approximately:
         # exact logits: the same step again (it rewrites the same K/V), eagerly, with the exact head
-        with stages.exact_head():
+        with engine.decoder.exact_head():
             last = engine.program.run_eager(1, False).logits[0].float().clone()
     engine.program.max_len_hint = None
     return torch.stack([first, last]), picked

@@ -18,7 +18,7 @@ EngineConfig (which holds a Tuning) without loading torch.
 | FGCHAT_EAGER_LAUNCH_LIST=0 | on | eager runs every step through the Python stages, not a recorded launch list |
 | FGCHAT_BATCHED_PREFILL=0 | on | CUDA: distinct prompts admitted together are prefilled one by one, not in one pass |
 | FGCHAT_HEAD_SAMPLE=0 | on | sampled steps pick in separate kernels after the LM head, not in its epilogue |
-| FGCHAT_HEAD_INT8=1 | off | half-precision LM heads pick from an int8 copy, candidates rescored exactly (same tokens) |
+| FGCHAT_HEAD_PICK=0/1 | CPU on, CUDA off | greedy picks from a low-precision copy of the LM head (CPU bf16, CUDA int8), candidates rescored exactly |
 | FGCHAT_CPU_PACKED=0 | on | CPU: projections through F.linear instead of oneDNN's packed weights |
 """
 
@@ -35,6 +35,12 @@ def _flag(name: str, default: bool) -> bool:
     if raw is None or raw.strip() == "":
         return default
     return raw.strip().lower() not in {"0", "off", "no", "false"}
+
+
+def _tristate(name: str, default: bool | None) -> bool | None:
+    """A flag whose default depends on the device (None), unless the environment sets it."""
+    raw = os.environ.get(name, "").strip()
+    return _flag(name, False) if raw else default
 
 
 def _int(name: str, default: int) -> int:
@@ -72,10 +78,11 @@ class Tuning:
     idle_capture: bool = False
     # the unfiltered, unpenalized sampled pick in the LM head kernel's epilogue (notes V37)
     head_sample: bool = True
-    # the greedy / unfiltered sampled pick reads an int8 copy of a half-precision LM head and
-    # rescores its candidates exactly (kernels.head_pick: the same tokens, half the head's bytes);
-    # off until measured in the whole step on the GPU (notes V63)
-    head_int8: bool = False
+    # greedy picks (CUDA: also unfiltered sampled ones) read a low-precision copy of the LM head
+    # and recompute only the candidates exactly: CPU a packed bf16 copy (model.cpu_head_pick), CUDA
+    # an int8 copy of a half-precision head (kernels.head_pick). None: on CPU, off on CUDA until
+    # measured in the whole step there (notes V63)
+    head_pick: bool | None = None
     # CPU: the plain path's projections through oneDNN's packed weights (model.cpu_linear)
     cpu_packed: bool = True
 
@@ -98,9 +105,13 @@ class Tuning:
             prefill_batch_route=_flag("FGCHAT_PREFILL_BATCH_ROUTE", d.prefill_batch_route),
             idle_capture=_flag("FGCHAT_IDLE_CAPTURE", d.idle_capture),
             head_sample=_flag("FGCHAT_HEAD_SAMPLE", d.head_sample),
-            head_int8=_flag("FGCHAT_HEAD_INT8", d.head_int8),
+            head_pick=_tristate("FGCHAT_HEAD_PICK", d.head_pick),
             cpu_packed=_flag("FGCHAT_CPU_PACKED", d.cpu_packed),
         )
+
+    def head_pick_on(self, device_type: str) -> bool:
+        """FGCHAT_HEAD_PICK for a device of this type (its default where unset)."""
+        return self.head_pick if self.head_pick is not None else device_type == "cpu"
 
     def proj_config_texts(self) -> dict[str, str]:
         """FGCHAT_PROJ_CONFIGS as {role: "bn,bk,warps,stages[,swap]"}; raises ValueError if malformed."""

@@ -7,6 +7,8 @@ the same kernels in the same order and stay bit-identical.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
@@ -15,6 +17,7 @@ import torch.nn.functional as F
 
 from fgchat.protocol.errors import ModelLoadError
 from fgchat.engine.model.config import ModelConfig, rope_inv_freq
+from fgchat.engine.model.cpu_head_pick import CpuHeadPick
 from fgchat.engine.model.cpu_linear import PackedProjections, role_weight
 from fgchat.engine.model.ops import CpuHead, apply_rope, head_logits, rms_norm
 from fgchat.protocol.tuning import Tuning
@@ -197,6 +200,8 @@ class Decoder:
         cpu = self.device.type == "cpu"
         # the LM head on CPU (packed where it can be; half weights always, float32 with cpu_packed)
         self._cpu_head = CpuHead(weights.lm_head) if cpu and (t.cpu_packed or self.dtype != torch.float32) else None
+        # greedy picks on CPU from a packed bf16 copy of the head (FGCHAT_HEAD_PICK; None: CpuHead)
+        self._cpu_pick = CpuHeadPick.prepare(weights.lm_head) if cpu and t.head_pick_on("cpu") else None
         # the plain path's projections on CPU through oneDNN's packed weights (None: F.linear)
         self._packed = PackedProjections.prepare(weights) if cpu and not fused and t.cpu_packed else None
 
@@ -290,7 +295,30 @@ class Decoder:
             self._fused.head(st, greedy, sample)
             return
         x = rms_norm(st.h, self.w.final_norm, self.cfg.rms_eps)
-        st.logits = self.head_logits(x)
+        if greedy and self._cpu_pick is not None:
+            st.logits, st.tokens = self._cpu_pick.pick(x)
+        else:
+            st.logits = self.head_logits(x)
+
+    @property
+    def picks_approximately(self) -> bool:
+        """Greedy steps pick from a low-precision copy of the LM head (FGCHAT_HEAD_PICK): their
+        logits are exact only for the rows they rescored."""
+        return self._cpu_pick is not None or (self._fused is not None and self._fused.head_int8 is not None)
+
+    @contextlib.contextmanager
+    def exact_head(self) -> Iterator[None]:
+        """Eager steps run inside compute every logit exactly (graphs keep what they captured)."""
+        saved = self._cpu_pick
+        self._cpu_pick = None
+        try:
+            if self._fused is not None:
+                with self._fused.exact_head():
+                    yield
+            else:
+                yield
+        finally:
+            self._cpu_pick = saved
 
     def head_logits(self, x: torch.Tensor) -> torch.Tensor:
         """Float32 logits of normed rows x (ops.head_logits; on CPU, the decoder's prepared

@@ -70,9 +70,10 @@ class FusedStages:
         self.head_ours = tuning.gemv
         self.head_sample = tuning.head_sample
         self.head_config = self.configs.get("head")
-        # FGCHAT_HEAD_INT8: the pick's int8 copy of the head (None: the exact kernel picks)
+        # FGCHAT_HEAD_PICK: the pick's int8 copy of the head (None: the exact kernel picks); the
+        # fused stages are the CUDA path, whatever device runs them (tests: Triton's interpreter)
         self.head_int8: head_pick.Int8Head | None = None
-        if tuning.head_int8 and self.head_ours and head_pick.supports(dec.w.lm_head):
+        if tuning.head_pick_on("cuda") and self.head_ours and head_pick.supports(dec.w.lm_head):
             self.head_int8 = head_pick.quantize(dec.w.lm_head)
         self.attention_ours = False
         self.rope_in_attention = False
