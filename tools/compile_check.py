@@ -11,7 +11,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from fgchat.engine.kernels import fused, gemv
+from fgchat.engine.kernels import fused, gemv, head_pick
 from fgchat.engine.kernels import megakernel as mk
 from fgchat.engine.kernels.attention import triton_decode as td
 
@@ -68,7 +68,25 @@ def main() -> None:
                   dict(N=n, K=k, EVEN_K=True, EVEN_N=True, BLOCK_M=16, BLOCK_N=c.block_n, BLOCK_K=c.block_k,
                        DOT_PRECISION="tf32", USE_PDL=pdl, SPLIT_K=split, GLU=glu, SWAP=c.swap, TMA=c.tma),
                   num_warps=c.num_warps, num_stages=c.num_stages, launch_pdl=pdl)
-        build(gemv._argmax_finish_kernel, {"pmax_ptr": "*fp32", "pidx_ptr": "*i32", "out_ptr": "*i64", "P": "i32",
+        # the int8 LM-head pick (V63): pass 1 at its default and swapped tiles, pass 2 on 1B's head
+        # (whole K tiles) and SmolLM2's (a K tail); greedy and sampled
+        pick_sig = {"x_ptr": "*bf16", "logits_ptr": "*fp32", "plo_ptr": "*fp32", "phi_ptr": "*fp32", "M": "i32",
+                    "temp_ptr": "*fp32", "seed_ptr": "*i64", "pos_ptr": "*i64"}
+        for sample in (False, True):
+            for bk, warps, stages, swap in ((256, 4, 4, False), (256, 4, 4, True)):
+                build(head_pick._approx_kernel, dict(pick_sig, q_ptr="*i8", scale_ptr="*fp32", slack_ptr="*fp32"),
+                      dict(P=2004, N=128256, K=2048, BLOCK_M=16, BLOCK_N=64, BLOCK_K=bk, USE_PDL=pdl,
+                           SAMPLE=sample, LIBDEVICE=True, SWAP=swap),
+                      num_warps=warps, num_stages=stages, launch_pdl=pdl)
+            for n, k in ((128256, 2048), (49152, 576)):
+                tiles = -(-n // 64)
+                build(head_pick._rescore_kernel, dict(pick_sig, w_ptr="*bf16", cmax_ptr="*fp32", cidx_ptr="*i32"),
+                      dict(P=tiles, CHUNKS=-(-tiles // head_pick.TILES_PER_CHUNK), N=n, K=k, EVEN_K=k % 128 == 0,
+                           BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, TILES=head_pick.TILES_PER_CHUNK,
+                           P_BLOCK=head_pick.P_BLOCK, SWAP=False, DOT_PRECISION="tf32", USE_PDL=pdl,
+                           SAMPLE=sample, LIBDEVICE=True),
+                      num_warps=4, num_stages=4, launch_pdl=pdl)
+        build(gemv.argmax_finish_kernel, {"pmax_ptr": "*fp32", "pidx_ptr": "*i32", "out_ptr": "*i64", "P": "i32",
                                            "stride_p": "i32"}, dict(BLOCK_P=2048, USE_PDL=pdl), num_warps=4,
               launch_pdl=pdl)
         build(gemv._proj_kernel, proj,

@@ -32,7 +32,7 @@ MAX_WEIGHT_ELEMENTS = 2048 * 2048
 
 
 @triton.jit
-def _tile_product(x, w, SWAP: tl.constexpr, DOT_PRECISION: tl.constexpr):
+def tile_product(x, w, SWAP: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """x [BLOCK_M, BLOCK_K] . w [BLOCK_N, BLOCK_K]^T, float32. SWAP: computed as (w . x^T)^T, so the
     weight rows fill the MMA's M dimension and the activation rows its N (same per-row order)."""
     if SWAP:
@@ -57,7 +57,7 @@ def _proj_kernel(
     SPLIT_K > 1 it stores its float32 partial sum in slab ks of y [SPLIT_K, M, N] (the consumer
     adds the slabs in order); else the sum rounded to x's dtype, stored in y's dtype. ARGMAX
     (SPLIT_K == 1): also the maximum of each row's stored values over the program's columns and
-    its first column, at [row, pid] of pmax / pidx (finished by _argmax_finish_kernel). SAMPLE
+    its first column, at [row, pid] of pmax / pidx (finished by argmax_finish_kernel). SAMPLE
     (with ARGMAX): the maximum is over logit / T + Gumbel noise instead (rows with T > 0), the
     scores of sampling_triton.gumbel_scores, so the pick is sampling.sample's unfiltered token.
     GLU (SPLIT_K == 1): w is [2N, K], rows gate | up; y = silu(x.gate) * (x.up), each product
@@ -95,9 +95,9 @@ def _proj_kernel(
             wu = tl.load(u_rows + offs_k0[None, :], mask=w0_mask, other=0.0)
     pdl_enter(USE_PDL)
     x = tl.load(x_rows + offs_k0[None, :], mask=m_mask[:, None] & (offs_k0[None, :] < K_PART), other=0.0)
-    acc = _tile_product(x, w, SWAP, DOT_PRECISION)
+    acc = tile_product(x, w, SWAP, DOT_PRECISION)
     if GLU:
-        acc_u = _tile_product(x, wu, SWAP, DOT_PRECISION)
+        acc_u = tile_product(x, wu, SWAP, DOT_PRECISION)
     for k0 in range(BLOCK_K, K_PART, BLOCK_K):
         offs_k = k0 + offs_k0
         if TMA:
@@ -121,9 +121,9 @@ def _proj_kernel(
             w = tl.load(w_rows + offs_k[None, :], mask=n_mask[:, None] & k_mask, other=0.0)
             if GLU:
                 wu = tl.load(u_rows + offs_k[None, :], mask=n_mask[:, None] & k_mask, other=0.0)
-        acc += _tile_product(x, w, SWAP, DOT_PRECISION)
+        acc += tile_product(x, w, SWAP, DOT_PRECISION)
         if GLU:
-            acc_u += _tile_product(x, wu, SWAP, DOT_PRECISION)
+            acc_u += tile_product(x, wu, SWAP, DOT_PRECISION)
     out_mask = m_mask[:, None] & n_mask[None, :]
     out = y_ptr + offs_m[:, None] * stride_y + offs_n[None, :]
     if SPLIT_K == 1:
@@ -156,7 +156,7 @@ def _proj_kernel(
 
 
 @triton.jit
-def _argmax_finish_kernel(pmax_ptr, pidx_ptr, out_ptr, P, stride_p, BLOCK_P: tl.constexpr,
+def argmax_finish_kernel(pmax_ptr, pidx_ptr, out_ptr, P, stride_p, BLOCK_P: tl.constexpr,
                           USE_PDL: tl.constexpr = False):
     """Row r: the first column holding the row maximum, from the per-program maxima (programs
     cover increasing columns, so the first program with the maximum holds its first column)."""
@@ -175,7 +175,7 @@ class ProjConfig:
     block_k: int = 512
     num_warps: int = 4
     num_stages: int = 4
-    swap: bool = False  # weight rows as the MMA's M dimension (see _tile_product)
+    swap: bool = False  # weight rows as the MMA's M dimension (see tile_product)
     tma: bool = False  # weight tiles by bulk copy where the device has TMA (sm_90+) and tiles divide
 
     @classmethod
@@ -281,7 +281,7 @@ def project_argmax(x: torch.Tensor, w: torch.Tensor, config: ProjConfig | None =
     pidx = torch.empty((m, programs), dtype=torch.int32, device=x.device)
     logits = _launch(x, w, config, torch.float32, pdl, 1, argmax=(pmax, pidx), exact=True, sample=sample)
     tokens = torch.empty(m, dtype=torch.int64, device=x.device)
-    fast(_argmax_finish_kernel)[(m,)](pmax, pidx, tokens, programs, programs,
+    fast(argmax_finish_kernel)[(m,)](pmax, pidx, tokens, programs, programs,
                                       BLOCK_P=max(16, next_pow2(programs)), USE_PDL=pdl,
                                       num_warps=4, launch_pdl=pdl)
     return logits, tokens

@@ -34,7 +34,7 @@ import triton.language as tl
 
 from fgchat.engine.intmath import cdiv, next_pow2
 from fgchat.engine.kernels import gemv
-from fgchat.engine.kernels.gemv import _argmax_finish_kernel, _tile_product
+from fgchat.engine.kernels.gemv import argmax_finish_kernel, tile_product
 from fgchat.engine.kernels.launch import fast
 from fgchat.engine.kernels.pdl import pdl_enter
 from fgchat.engine.kernels.sampling_triton import LIBDEVICE, gumbel_scores, row_hash
@@ -105,13 +105,13 @@ def _approx_kernel(
     q = tl.load(q_rows + offs_k0[None, :], mask=n_mask[:, None], other=0)  # weights: before the wait
     pdl_enter(USE_PDL)
     x = tl.load(x_rows + offs_k0[None, :], mask=m_mask[:, None], other=0.0)
-    acc = _tile_product(x, q.to(x_ptr.dtype.element_ty), SWAP, "tf32")
+    acc = tile_product(x, q.to(x_ptr.dtype.element_ty), SWAP, "tf32")
     xf = x.to(tl.float32)
     xsq = tl.sum(xf * xf, axis=1)
     for k0 in range(BLOCK_K, K, BLOCK_K):
         q = tl.load(q_rows + (k0 + offs_k0)[None, :], mask=n_mask[:, None], other=0)
         x = tl.load(x_rows + (k0 + offs_k0)[None, :], mask=m_mask[:, None], other=0.0)
-        acc += _tile_product(x, q.to(x_ptr.dtype.element_ty), SWAP, "tf32")
+        acc += tile_product(x, q.to(x_ptr.dtype.element_ty), SWAP, "tf32")
         xf = x.to(tl.float32)
         xsq += tl.sum(xf * xf, axis=1)
     scale = tl.load(scale_ptr + offs_n, mask=n_mask, other=0.0)
@@ -178,7 +178,7 @@ def _rescore_kernel(
             k_mask = offs_k0[None, :] < K
             w = tl.load(w_rows + offs_k0[None, :], mask=n_mask[:, None] & k_mask, other=0.0)
             x = tl.load(x_rows + offs_k0[None, :], mask=m_mask[:, None] & k_mask, other=0.0)
-            acc = _tile_product(x, w, SWAP, DOT_PRECISION)
+            acc = tile_product(x, w, SWAP, DOT_PRECISION)
             for k0 in range(BLOCK_K, K, BLOCK_K):
                 offs_k = k0 + offs_k0
                 if EVEN_K:
@@ -188,7 +188,7 @@ def _rescore_kernel(
                     k_mask = offs_k[None, :] < K
                     x = tl.load(x_rows + offs_k[None, :], mask=m_mask[:, None] & k_mask, other=0.0)
                     w = tl.load(w_rows + offs_k[None, :], mask=n_mask[:, None] & k_mask, other=0.0)
-                acc += _tile_product(x, w, SWAP, DOT_PRECISION)
+                acc += tile_product(x, w, SWAP, DOT_PRECISION)
             tl.store(logits_ptr + offs_m[:, None] * N + offs_n[None, :], acc,
                      mask=m_mask[:, None] & n_mask[None, :])
             vals = acc
@@ -257,7 +257,7 @@ def pick(x: torch.Tensor, w: torch.Tensor, head: Int8Head, config: gemv.ProjConf
                                         temp, seeds, positions, **plan.approx_kw)
     fast(_rescore_kernel)[(plan.chunks,)](x, w, logits, plo, phi, cmax, cidx, m,
                                           temp, seeds, positions, **plan.rescore_kw)
-    fast(_argmax_finish_kernel)[(m,)](cmax, cidx, tokens, plan.chunks, plan.chunks,
+    fast(argmax_finish_kernel)[(m,)](cmax, cidx, tokens, plan.chunks, plan.chunks,
                                       BLOCK_P=max(16, next_pow2(plan.chunks)), USE_PDL=pdl,
                                       num_warps=4, launch_pdl=pdl)
     return logits, tokens
