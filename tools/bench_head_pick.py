@@ -5,7 +5,7 @@ decode step launches them (PDL, the engine's head tile), at 1 and 8 rows.
 Each runs 50 times inside one CUDA graph (bench_proj's timing), cycling through enough copies of
 the head that they do not fit in L2 (every call reads HBM, as a decode step does). Per shape: us
 per call, the bytes each reads over its time, the tokens compared (they must be equal), and how
-many head tiles pass 2 recomputed per row (median / max over the rows and a few inputs).
+many head tiles pass 2 recomputed per step (median / max over a few inputs).
 Inputs: a head of N(0, 0.02) rows and rows x ~ N(0, 1) (a normed hidden state); with --gguf PATH
 also the embedded model's own head (its rows x still random). --approx-tiles times pass 1 with
 each given tile (block_k,warps,stages,swap) as well as the default. Usage:
@@ -29,7 +29,7 @@ SHAPES = {"135m": (49152, 576), "1b": (128256, 2048), "8b": (128256, 4096)}
 
 
 def rescored_tiles(x: torch.Tensor, w: torch.Tensor, head: head_pick.Int8Head, block_n: int) -> list[int]:
-    """Per row: head tiles whose logits came back exact (pass 2 recomputed them)."""
+    """Per row: head tiles whose logits came back exact (pass 2 recomputes a tile for every row)."""
     logits, _ = head_pick.pick(x, w, head)
     exact = gemv.project_logits(x, w)
     n = w.shape[0] - w.shape[0] % block_n
@@ -77,7 +77,7 @@ def main() -> None:
         approx_tiles = [(b, w, s, bool(sw)) for b, w, s, sw in approx_tiles]
     print(f"{'head':9} {'M':>2} {'exact':>8} {'int8':>8} {'ratio':>6} {'GB/s':>6} {'GB/s':>6} "
           f"{'tiles':>5} {'max':>5}  (us per call; GB/s: the head's bytes / time, int8 bytes / time; "
-          f"tiles rescored per row: median, max / all)")
+          f"tiles rescored per step (any row): median, max / all)")
     for name in args or ["135m", "1b", "8b"]:
         n, k = SHAPES[name]
         copies = max(2, -(-3 * L2_BYTES // (n * k)))  # the int8 copies must not fit either
