@@ -354,3 +354,44 @@ def test_no_tma_on_cpu_outside_tests():
     from fgchat.engine.kernels import tma
 
     assert not tma.INTERPRETER and not tma.available(torch.device("cpu"))
+
+
+def test_out_buffers_take_the_products():
+    x, w = _inputs(3, 48, 256, 21)
+    buf = torch.full((2, 3, 48), float("nan"), device=DEV)
+    got = project_partials(x, w, 2, ProjConfig(16, 64), out=buf)
+    assert got.data_ptr() == buf.data_ptr() and torch.equal(buf, project_partials(x, w, 2, ProjConfig(16, 64)))
+    flat = torch.empty(3 * 48, device=DEV)
+    project(x, w, ProjConfig(16, 64), out=flat.view(3, 48))
+    assert torch.equal(flat.view(3, 48), project(x, w, ProjConfig(16, 64)))
+    with pytest.raises(ValueError, match="out must be"):
+        project(x, w, ProjConfig(16, 64), out=torch.empty(2, 48, device=DEV))
+
+
+def test_o_projection_with_the_attention_changes_no_bit(tiny_model_dirs):
+    """FGCHAT_PIECEWISE_O moves the o projection from after_attention into the attention's
+    segment (a buffer of fixed address between them): the same step, bit for bit."""
+    from fgchat.engine.core import Engine, EngineConfig
+    from fgchat.engine.model.decoder import Decoder
+    from fgchat.engine.step import StepProgram, Variant
+    from fgchat.protocol.tuning import Tuning
+
+    eng = Engine(EngineConfig(model=str(tiny_model_dirs["llama"]), device="cpu", max_context=64, dtype="float32"))
+    outs = []
+    for o_first in (False, True):
+        dec = Decoder(eng.cfg, eng.model.weights, eng.max_context, fused=True, tuning=Tuning(piecewise_o=o_first))
+        assert dec.o_with_attention == o_first
+        prog = StepProgram(dec, eng.cache, eng.bufs, eng.attention)
+        g = torch.Generator().manual_seed(4)
+        for t in eng.cache.k + eng.cache.v:
+            t.copy_(torch.randn(t.shape, generator=g))
+        steps = []
+        for b in (1, 3):
+            eng.bufs.stage(list(range(5, 5 + b)), [9, 20, 30][:b], [4, 0, 7][:b], [0.0] * b, [1.0] * b,
+                           [0] * b, [0] * b)
+            prog.max_len_hint = 31
+            out = prog.run_eager(b, variant=Variant.GREEDY)
+            steps.append((out.logits.clone(), out.tokens.clone()))
+        outs.append(steps)
+    for (la, ta), (lb, tb) in zip(*outs):
+        assert torch.equal(la, lb) and torch.equal(ta, tb)

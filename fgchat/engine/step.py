@@ -120,7 +120,9 @@ class StepBuffers:
 @dataclass
 class StepOutputs:
     tokens: torch.Tensor  # [B] int64
-    logits: torch.Tensor  # [B, V] float32
+    # [B, V] float32; where the decoder picks approximately (Decoder.picks_approximately) a greedy
+    # step's logits are exact only for the rows it rescored
+    logits: torch.Tensor
 
 
 Piece = Callable[[StepState], None]
@@ -173,15 +175,20 @@ class StepProgram:
             self._finish(st, b, variant)
 
         def attend(i: int) -> Callable[[StepState], None]:
+            o_now = dec.o_with_attention  # the o projection follows in this segment (piecewise: outside graphs)
             if dec.rope_in_attention:
                 def run_rope(st: StepState) -> None:
                     self.attention.decode_with_rope(*self._attention_args(i, st, seq_lens, slots32, attn_out))
+                    if o_now:
+                        dec.project_o(i, attn_out)
 
                 return run_rope
 
             def run(st: StepState) -> None:
                 hint = self.max_len_hint if bufs.device.type == "cpu" else None
                 self.attention(*self._attention_args(i, st, seq_lens, slots32, attn_out), hint)
+                if o_now:
+                    dec.project_o(i, attn_out)
 
             return run
 

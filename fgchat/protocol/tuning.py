@@ -12,6 +12,7 @@ EngineConfig (which holds a Tuning) without loading torch.
 | FGCHAT_GEMV=0 | on | cuBLAS for every projection instead of our skinny kernel where it wins |
 | FGCHAT_PROJ_CONFIGS=spec | "" | tiles per projection role, e.g. "gate_up=64,128,4,4;qkv=32,256,4,4,1" |
 | FGCHAT_TMA=1 | off | Hopper bulk copies (TMA) for the o projection's and 8B gate/up's weight tiles (sm_90+) |
+| FGCHAT_PIECEWISE_O=1 | off | the o projection launched with the attention (piecewise: outside its graphs) |
 | FGCHAT_PDL=0 | on | no programmatic dependent launch between the step's Triton kernels |
 | FGCHAT_L2_PREFETCH_MB=n | 16 | full graphs: weights prefetched into L2 beside attention (0: none) |
 | FGCHAT_PREFILL_GRAPHS=0 | on | full mode prefills eagerly instead of replaying prefill graphs |
@@ -63,6 +64,10 @@ class Tuning:
     # the o projection's short split slices and an 8B-sized gate/up load weights by TMA where the
     # GPU has it (kernels.tma); off until measured in the whole step (notes V61)
     tma: bool = False
+    # the o projection launched with the attention call, so piecewise runs it outside its graphs
+    # right behind the attention (its PDL overlap kept; the boundary moves to o -> add+norm); off
+    # until measured on the GPU (notes V65)
+    piecewise_o: bool = False
     pdl: bool = True
     l2_prefetch_mb: int = 16
     prefill_graphs: bool = True
@@ -97,6 +102,7 @@ class Tuning:
             gemv=_flag("FGCHAT_GEMV", d.gemv),
             proj_configs=os.environ.get("FGCHAT_PROJ_CONFIGS", d.proj_configs).strip(),
             tma=_flag("FGCHAT_TMA", d.tma),
+            piecewise_o=_flag("FGCHAT_PIECEWISE_O", d.piecewise_o),
             pdl=_flag("FGCHAT_PDL", d.pdl),
             l2_prefetch_mb=_int("FGCHAT_L2_PREFETCH_MB", d.l2_prefetch_mb),
             prefill_graphs=_flag("FGCHAT_PREFILL_GRAPHS", d.prefill_graphs),

@@ -252,10 +252,12 @@ def pick_split(n: int, k: int, sm_count: int, config: ProjConfig | None = None) 
 
 
 def project(x: torch.Tensor, w: torch.Tensor, config: ProjConfig | None = None,
-            out_dtype: torch.dtype | None = None, pdl: bool = False) -> torch.Tensor:
+            out_dtype: torch.dtype | None = None, pdl: bool = False,
+            out: torch.Tensor | None = None) -> torch.Tensor:
     """x [M <= 16, K] @ w[N, K]^T -> [M, N] (float32 accumulation, rounded to x's dtype, stored
-    as out_dtype, default x's). pdl: launch with programmatic dependent launch (see engine.pdl)."""
-    return _launch(x, w, config, out_dtype, pdl, 1)
+    as out_dtype, default x's). pdl: launch with programmatic dependent launch (see engine.pdl).
+    out: a contiguous [M, N] tensor of that dtype to store into (a buffer of fixed address)."""
+    return _launch(x, w, config, out_dtype, pdl, 1, out=out)
 
 
 def project_logits(x: torch.Tensor, w: torch.Tensor, config: ProjConfig | None = None,
@@ -298,12 +300,13 @@ def project_glu(x: torch.Tensor, w_gate_up: torch.Tensor, config: ProjConfig | N
 
 
 def project_partials(x: torch.Tensor, w: torch.Tensor, split: int, config: ProjConfig | None = None,
-                     pdl: bool = False) -> torch.Tensor:
+                     pdl: bool = False, out: torch.Tensor | None = None) -> torch.Tensor:
     """Split-K x @ w^T: float32 partial sums [split, M, N], slab s over K slice s. Their sum in
-    slab order, rounded to x's dtype, is the projection (fused.add_rms_norm takes them as delta)."""
+    slab order, rounded to x's dtype, is the projection (fused.add_rms_norm takes them as delta).
+    out: a contiguous float32 [split, M, N] tensor to store into."""
     if split < 2:
         raise ValueError("project_partials needs split >= 2 (use project)")
-    return _launch(x, w, config, torch.float32, pdl, split)
+    return _launch(x, w, config, torch.float32, pdl, split, out=out)
 
 
 @dataclass(frozen=True)
@@ -348,7 +351,7 @@ def _plan(m: int, n: int, k: int, x_dtype: torch.dtype, w_dtype: torch.dtype, ou
 def _launch(x: torch.Tensor, w: torch.Tensor, config: ProjConfig | None, out_dtype: torch.dtype | None,
             pdl: bool, split: int, argmax: tuple[torch.Tensor, torch.Tensor] | None = None,
             glu: bool = False, exact: bool = False,
-            sample: SampleArgs | None = None) -> torch.Tensor:
+            sample: SampleArgs | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     m, k = x.shape
     n = w.shape[0] // 2 if glu else w.shape[0]
     if w.shape[1] != k or not (x.is_contiguous() and w.is_contiguous()):
@@ -360,7 +363,12 @@ def _launch(x: torch.Tensor, w: torch.Tensor, config: ProjConfig | None, out_dty
         raise ValueError("sampling in the epilogue needs the argmax outputs")
     plan = _plan(m, n, k, x.dtype, w.dtype, out_dtype, split, argmax is not None, pdl, config, glu, exact,
                  sample is not None, tma.available(x.device))
-    y = torch.empty(plan.shape, dtype=out_dtype, device=x.device)
+    if out is None:
+        y = torch.empty(plan.shape, dtype=out_dtype, device=x.device)
+    elif tuple(out.shape) != plan.shape or out.dtype != out_dtype or not out.is_contiguous():
+        raise ValueError(f"project's out must be a contiguous {out_dtype} tensor of shape {plan.shape}")
+    else:
+        y = out
     pmax, pidx = argmax if argmax is not None else (None, None)
     temp, seeds, positions = sample if sample is not None else (None, None, None)
     desc = tma.weight_descriptor(w, plan.desc_block) if plan.desc_block is not None else None

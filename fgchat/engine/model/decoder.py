@@ -223,6 +223,15 @@ class Decoder:
             return False
         return self._fused.bind_attention(rope_in_attention, attention_is_triton)
 
+    @property
+    def o_with_attention(self) -> bool:
+        """The o projection is launched with the attention call (`project_o`), not in after_attention."""
+        return self._fused is not None and self._fused.o_with_attention
+
+    def project_o(self, i: int, attn_out: torch.Tensor) -> None:
+        """With o_with_attention: layer i's o projection of attention's output, right after it."""
+        self._fused.project_o(i, attn_out)
+
     def side_work(self) -> Callable[[int], None] | None:
         """Work a whole-step graph may run beside attention call i, on a side branch that joins
         at the end of the step (an L2 weight prefetch: it changes no result). None: nothing."""

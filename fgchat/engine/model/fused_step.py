@@ -77,6 +77,15 @@ class FusedStages:
             self.head_int8 = head_pick.quantize(dec.w.lm_head)
         self.attention_ours = False
         self.rope_in_attention = False
+        # FGCHAT_PIECEWISE_O: the o projection is launched with the attention (the segment piecewise
+        # runs outside its graphs) into a buffer of fixed address that the next piece reads; every
+        # mode runs the same kernels in the same order either way
+        self.o_with_attention = tuning.piecewise_o and self.o.ours
+        self._o_out: torch.Tensor | None = None
+        if self.o_with_attention:
+            rows = self.o.split * gemv.MAX_ROWS * lw.wo.shape[0]
+            dtype = torch.float32 if self.o.split > 1 else lw.wo.dtype
+            self._o_out = torch.empty(rows, dtype=dtype, device=lw.wo.device)
         budget = tuning.l2_prefetch_mb * 2**20
         dev = lw.wo.device
         self.prefetch: list[list[l2_prefetch.Range]] | None = None
@@ -120,13 +129,25 @@ class FusedStages:
         self.attention_ours = attention_ours
         return self.after(self.qkv.ours or not rope_in_attention)
 
-    def _project(self, x: torch.Tensor, w: torch.Tensor, route: Route, predecessor_ours: bool) -> torch.Tensor:
+    def _project(self, x: torch.Tensor, w: torch.Tensor, route: Route, predecessor_ours: bool,
+                 out: torch.Tensor | None = None) -> torch.Tensor:
         if not route.serves(x.shape[0]):
             return F.linear(x, w)
         pdl = self.after(predecessor_ours)
         if route.split > 1:
-            return gemv.project_partials(x, w, route.split, route.config, pdl=pdl)
-        return gemv.project(x, w, route.config, pdl=pdl)
+            return gemv.project_partials(x, w, route.split, route.config, pdl=pdl, out=out)
+        return gemv.project(x, w, route.config, pdl=pdl, out=out)
+
+    def _o_buffer(self, rows: int) -> torch.Tensor:
+        """The o projection's output for `rows` rows, at the fixed address of o_with_attention."""
+        n = self.dec.w.layers[0].wo.shape[0]
+        shape = (self.o.split, rows, n) if self.o.split > 1 else (rows, n)
+        return self._o_out[: self.o.split * rows * n].view(shape)
+
+    def project_o(self, i: int, attn_out: torch.Tensor) -> None:
+        """With o_with_attention: layer i's o projection into the fixed buffer after_attention reads."""
+        x = attn_out.view(attn_out.shape[0], -1)
+        self._project(x, self.dec.w.layers[i].wo, self.o, self.attention_ours, out=self._o_buffer(x.shape[0]))
 
     def beside_attention(self, i: int) -> None:
         """Request layer i's o (then gate/up, down) weights into L2; see Decoder.side_work."""
@@ -153,7 +174,10 @@ class FusedStages:
 
     def after_attention(self, i: int, st: StepState, attn_out: torch.Tensor) -> None:
         c, lw = self.dec.cfg, self.dec.w.layers[i]
-        o = self._project(attn_out.view(attn_out.shape[0], -1), lw.wo, self.o, self.attention_ours)
+        if self.o_with_attention:  # project_o ran right after the attention
+            o = self._o_buffer(attn_out.shape[0])
+        else:
+            o = self._project(attn_out.view(attn_out.shape[0], -1), lw.wo, self.o, self.attention_ours)
         st.h, x = fk.add_rms_norm(st.h, o, lw.mlp_norm, c.rms_eps, self.after(self.o.ours), self.dec.residual_dtype)
         if self.gate_up.glu and self.gate_up.serves(x.shape[0]):
             act = gemv.project_glu(x, lw.w_gate_up, self.gate_up.config, pdl=self.after(True))

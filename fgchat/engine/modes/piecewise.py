@@ -3,7 +3,9 @@ the host between the replays (as vLLM's piecewise graphs leave attention out).
 
 Each attention call runs as a launch list (engine.launch_list) recorded once per batch size and
 layer, right after capture, from a real step: the same launches with the same arguments as the
-eager call, without its Python. A call the recorder cannot capture whole runs eagerly.
+eager call, without its Python. A call the recorder cannot capture whole runs eagerly. With
+FGCHAT_PIECEWISE_O the attention call includes the o projection (Decoder.o_with_attention), so it
+too runs outside the graphs, right behind the attention.
 
 Invariants:
 - each piece writes its outputs (q / qkv, residual) to the same tensors on every replay; the
