@@ -253,3 +253,19 @@ async def test_long_chats_show_their_end_after_streaming_and_on_tab_switch(tiny_
         assert at_end(second), state(second)
         await pilot.pause(0.5)
         assert at_end(second), state(second)
+
+
+async def test_ui_heap_is_frozen_once_the_engine_is_ready(tiny_llama, data_dir):
+    """The UI's long-lived objects leave the cyclic collector's full walks at ready (a full
+    collection of them stalled a streaming reply for 40-115 ms)."""
+    import gc
+
+    gc.unfreeze()
+    app = make_app(tiny_llama, max_tokens=8)
+    try:
+        async with app.run_test(size=(120, 40)) as pilot:
+            assert gc.get_freeze_count() == 0
+            await wait_ready(pilot, app)
+            assert gc.get_freeze_count() > 10_000
+    finally:
+        gc.unfreeze()  # the rest of the test session collects as usual
