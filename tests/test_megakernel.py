@@ -94,7 +94,7 @@ def test_wide_k_tiles_match_the_plain_decoder(tmp_path, bni):
                                     intermediate=1024, seed=3)
     eng, fused = _engine(model)
     layers = DecodeLayers(fused.dec, eng.cache, programs=3)
-    layers.tiles = pick_tiles(128, 128, 1024, 32, 3, max_k_out=512, bni=bni)
+    layers.set_tiles(pick_tiles(128, 128, 1024, 32, 3, max_k_out=512, bni=bni))
     assert (layers.tiles.bkh, layers.tiles.bki, layers.tiles.bni) == (128, 512, bni)
     assert min(layers.items_per_program().values()) > 1
     b, pos, slots = 3, [40, 3, 77], [2, 5, 0]
@@ -204,3 +204,17 @@ def test_occupancy_without_the_driver_is_zero():
     from fgchat.engine.kernels.megakernel import max_resident_per_sm
 
     assert max_resident_per_sm(0, 128, 0, library="libfgchat-no-such-driver.so.1") == 0
+
+
+def test_set_tiles_sizes_the_statistics_for_their_column_width(tiny_llama):
+    """A sweep's own tiles (sweep_mega.configure) with another column width than set_programs'
+    get a statistics buffer of their own column-tile count."""
+    import dataclasses
+
+    eng, fused = _engine(tiny_llama)
+    layers = DecodeLayers(fused.dec, eng.cache, programs=2)
+    hidden = eng.cfg.hidden_size
+    wide = dataclasses.replace(layers.tiles, bn=2 * layers.tiles.bn)
+    layers.set_tiles(wide)
+    assert layers.tiles == wide and layers.stats.shape[0] == -(-hidden // wide.bn)
+    assert layers.np >= layers.stats.shape[0] and layers.np & (layers.np - 1) == 0

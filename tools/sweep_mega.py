@@ -123,8 +123,8 @@ def configure(layers: mk.DecodeLayers, cfg, conf: str) -> None:
     layers.num_warps, layers.num_stages = int(warps), int(stages)
     t = mk.pick_tiles(cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.intermediate_size, cfg.head_dim,
                       layers.programs, int(kh), bni=int(bni or 16))
-    layers.tiles = dataclasses.replace(t, bkq=mk._k_tile(cfg.num_heads * cfg.head_dim, int(kq)),
-                                       bki=mk._k_tile(cfg.intermediate_size, int(ki)))
+    layers.set_tiles(dataclasses.replace(t, bkq=mk._k_tile(cfg.num_heads * cfg.head_dim, int(kq)),
+                                         bki=mk._k_tile(cfg.intermediate_size, int(ki))))
 
 
 def sweep(preset: str, batches: list[int], configs: list[str], phases: bool) -> None:

@@ -501,13 +501,18 @@ class DecodeLayers:
         Graphs captured before must be dropped: the statistics buffer may be a new one."""
         cfg = self.dec.cfg
         self.programs = programs
-        self.tiles = pick_tiles(cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.intermediate_size,
-                                cfg.head_dim, programs)
-        n_col_items = cdiv(cfg.hidden_size, self.tiles.bn)
+        self.set_tiles(pick_tiles(cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.intermediate_size,
+                                  cfg.head_dim, programs))
+        self._resident: dict[tuple, int] = {}  # launch options -> programs per SM the driver allows
+
+    def set_tiles(self, tiles: Tiles) -> None:
+        """Tiles of a launch (set_programs' by default; a sweep's own); the per-column-tile
+        statistics buffer follows their column width. Graphs captured before must be dropped."""
+        self.tiles = tiles
+        n_col_items = cdiv(self.dec.cfg.hidden_size, tiles.bn)
         self.np = next_pow2(n_col_items)
         if self.stats is None or self.stats.shape[0] != n_col_items:
             self.stats = torch.zeros((n_col_items, ROWS_PAD), dtype=torch.float32, device=self.device)
-        self._resident: dict[tuple, int] = {}  # launch options -> programs per SM the driver allows
 
     def items_per_program(self) -> dict[str, int]:
         cfg = self.dec.cfg
