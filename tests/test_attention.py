@@ -148,18 +148,19 @@ def test_torch_backend_rejects_bad_shapes() -> None:
 
 @pytest.mark.parametrize("group", [1, 3, 4])
 @pytest.mark.parametrize("head_dim", [64, 128])
-def test_sdpa_backend_matches_naive_loop_with_poisoned_caches(group: int, head_dim: int) -> None:
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sdpa_backend_matches_naive_loop_with_poisoned_caches(group: int, head_dim: int, dtype) -> None:
     # NaN everywhere a lane must not read: past its length, in other slots, past the hint
     gen = torch.Generator().manual_seed(2000 * group + head_dim)
     backend = SdpaDecodeAttention()
     for seq_lens in ([1], [97], [1, 50, 97], [13, 1, 64, 97, 2, 96, 40, 7]):
-        inputs = make_inputs(len(seq_lens), 2, group, head_dim, 97, seq_lens, torch.float32, "cpu", gen)
+        inputs = make_inputs(len(seq_lens), 2, group, head_dim, 97, seq_lens, dtype, "cpu", gen)
         scale = 1.0 / math.sqrt(head_dim)
         want = naive_attention(inputs, scale)
         for hint in (None, max(seq_lens)):
             out = torch.empty_like(inputs["q"])
             backend(**inputs, out=out, scale=scale, max_len_hint=hint)
-            assert_close_finite(out, want, torch.float32)
+            assert_close_finite(out, want, dtype)
 
 
 def test_sdpa_backend_idle_lanes_give_zeros_and_cuda_is_refused() -> None:
