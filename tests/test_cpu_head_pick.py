@@ -104,3 +104,17 @@ def test_startup_check_catches_a_wrong_cpu_pick(tiny_llama, monkeypatch):
     monkeypatch.setattr(CpuHeadPick, "pick", off_by_one)
     result = startup_check.run(eng)
     assert not result.passed and "top-1" in result.message
+
+
+def test_bounds_do_not_depend_on_the_rows_per_pass():
+    w = _head(1000, 128, 7, torch.float16)
+    whole = _pick(w)
+    chunked = CpuHeadPick(w, whole.packed, rows=96)
+    assert (chunked.max_err, chunked.max_norm) == (whole.max_err, whole.max_norm)
+
+
+def test_no_pick_past_the_memory_share(monkeypatch):
+    from fgchat.engine.model import cpu_head_pick
+
+    monkeypatch.setattr(cpu_head_pick, "physical_memory_bytes", lambda: 4 * 64 * 64 * 2 - 1)
+    assert CpuHeadPick.prepare(_head(64, 64, 0, torch.bfloat16)) is None

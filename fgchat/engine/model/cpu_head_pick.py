@@ -15,15 +15,16 @@ Invariants:
 - The token is the first maximum of x . w_v over the head's own weights, summed in float64 (CpuHead's
   float32 sums differ by ~1e-6 of the logits: only such near-ties could pick otherwise).
 - Logits out: those sums (rounded to float32) for the candidates, bf16-rounded approximations elsewhere.
-- Used only where the CPU computes bf16 natively and oneDNN's packed bf16 product was checked
-  against F.linear at preparation; else the decoder keeps CpuHead for every step.
+- Used only where the CPU computes bf16 natively, the copy fits a 1 / PACK_RAM_SHARE share of
+  physical memory (as cpu_linear's packed projections), and oneDNN's packed bf16 product was
+  checked against F.linear at preparation; else the decoder keeps CpuHead for every step.
 """
 
 from __future__ import annotations
 
 import torch
 
-from fgchat.engine.model.cpu_linear import pack, packed_linear
+from fgchat.engine.model.cpu_linear import PACK_RAM_SHARE, pack, packed_linear, physical_memory_bytes
 
 ROUNDING = 2.0**-7  # twice bf16's unit roundoff, relative to |a|
 
@@ -31,15 +32,19 @@ ROUNDING = 2.0**-7  # twice bf16's unit roundoff, relative to |a|
 class CpuHeadPick:
     """The greedy pick of a [V, K] head on CPU: `pick(x)` -> (float32 logits [M, V], int64 tokens [M])."""
 
-    def __init__(self, w: torch.Tensor, packed: torch.Tensor) -> None:
+    def __init__(self, w: torch.Tensor, packed: torch.Tensor, rows: int = 8192) -> None:
         self.w = w
         self.packed = packed
-        wf = w.double()
-        approx = w.to(torch.bfloat16).double()
         gamma = (w.shape[1] + 16) * 2.0**-22  # 4x the float32 accumulation bound K * 2^-24
-        err = (wf - approx).norm(dim=1) + 2 * gamma * (wf.norm(dim=1) + approx.norm(dim=1))
-        self.max_err = float(err.max()) * (1 + 1e-4)
-        self.max_norm = float(approx.norm(dim=1).max()) * (1 + 1e-4)
+        max_err = max_norm = 0.0
+        for lo in range(0, w.shape[0], rows):  # float64, `rows` rows at a time
+            wf = w[lo: lo + rows].double()
+            approx = w[lo: lo + rows].to(torch.bfloat16).double()
+            approx_norm = approx.norm(dim=1)
+            err = (wf - approx).norm(dim=1) + 2 * gamma * (wf.norm(dim=1) + approx_norm)
+            max_err, max_norm = max(max_err, float(err.max())), max(max_norm, float(approx_norm.max()))
+        self.max_err = max_err * (1 + 1e-4)
+        self.max_norm = max_norm * (1 + 1e-4)
 
     @classmethod
     def prepare(cls, w: torch.Tensor) -> CpuHeadPick | None:
@@ -48,6 +53,9 @@ class CpuHeadPick:
         from fgchat.engine.loader import cpu_computes_bf16
 
         if w.device.type != "cpu" or not cpu_computes_bf16():
+            return None
+        ram = physical_memory_bytes()
+        if ram is not None and 2 * w.numel() > ram // PACK_RAM_SHARE:  # the copy is extra memory
             return None
         try:
             wb = w.to(torch.bfloat16)
