@@ -5,7 +5,7 @@ The embedded model (or --model), `batch` requests of 64 random prompt tokens; ea
 `steps` decode steps with the pick, then as many without it (alternating which comes first is not
 needed: both see the same growth of context); prints the median step of each round and the
 median paired difference. Usage:
-    python tools/ab_cpu_head_pick.py [--model M] [--dtype bfloat16] [--batch 1] [--rounds 12] [--steps 15]
+    python tools/ab_cpu_head_pick.py [--model M | --preset NAME] [--dtype bfloat16] [--batch 1] [--rounds 12] [--steps 15]
 """
 
 from __future__ import annotations
@@ -23,12 +23,13 @@ from fgchat.protocol.events import SamplingParams
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default=None)
+    ap.add_argument("--preset", default=None, help="random weights of a preset's shape instead")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=12)
     ap.add_argument("--steps", type=int, default=15)
     a = ap.parse_args()
-    eng = Engine(EngineConfig(model=a.model, device="cpu", max_context=2048, dtype=a.dtype))
+    eng = Engine(EngineConfig(model=a.model, preset=a.preset, device="cpu", max_context=2048, dtype=a.dtype))
     dec = eng.decoder
     pick = dec._cpu_pick
     if pick is None:
