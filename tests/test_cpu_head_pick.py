@@ -109,7 +109,7 @@ def test_startup_check_catches_a_wrong_cpu_pick(tiny_llama, monkeypatch):
 def test_bounds_do_not_depend_on_the_rows_per_pass():
     w = _head(1000, 128, 7, torch.float16)
     whole = _pick(w)
-    chunked = CpuHeadPick(w, whole.packed, rows=96)
+    chunked = CpuHeadPick(w, w.to(torch.bfloat16), whole.packed, rows=96)
     assert (chunked.max_err, chunked.max_norm) == (whole.max_err, whole.max_norm)
 
 

@@ -213,8 +213,8 @@ class _Plan:
 
 
 @functools.lru_cache(maxsize=256)
-def _plan(m: int, n: int, k: int, x_dtype: torch.dtype, config: gemv.ProjConfig | None, pdl: bool,
-          sample: bool, approx_tile: tuple[int, int, int, bool] | None) -> _Plan:
+def _plan(m: int, n: int, k: int, config: gemv.ProjConfig | None, pdl: bool, sample: bool,
+          approx_tile: tuple[int, int, int, bool] | None) -> _Plan:
     if m > gemv.MAX_ROWS:
         raise ValueError(f"the int8 head pick handles at most {gemv.MAX_ROWS} rows, got {m}")
     cfg = config or gemv.pick_config(n, k)
@@ -244,7 +244,7 @@ def pick(x: torch.Tensor, w: torch.Tensor, head: Int8Head, config: gemv.ProjConf
     n = w.shape[0]
     if w.shape[1] != k or head.q.shape != w.shape or x.dtype != w.dtype or not x.is_contiguous():
         raise ValueError("the int8 head pick needs contiguous x [M, K] in w's dtype and head = quantize(w)")
-    plan = _plan(m, n, k, x.dtype, config, pdl, sample is not None, APPROX_TILE)
+    plan = _plan(m, n, k, config, pdl, sample is not None, APPROX_TILE)
     dev = x.device
     logits = torch.empty((m, n), dtype=torch.float32, device=dev)
     plo = torch.empty((m, plan.tiles), dtype=torch.float32, device=dev)

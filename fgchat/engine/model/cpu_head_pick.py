@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from fgchat.engine.model.cpu_linear import PACK_RAM_SHARE, pack, packed_linear, physical_memory_bytes
+from fgchat.engine.model.cpu_linear import PACK_RAM_SHARE, agrees, pack, packed_linear, physical_memory_bytes
 
 ROUNDING = 2.0**-7  # twice bf16's unit roundoff, relative to |a|
 
@@ -32,14 +32,15 @@ ROUNDING = 2.0**-7  # twice bf16's unit roundoff, relative to |a|
 class CpuHeadPick:
     """The greedy pick of a [V, K] head on CPU: `pick(x)` -> (float32 logits [M, V], int64 tokens [M])."""
 
-    def __init__(self, w: torch.Tensor, packed: torch.Tensor, rows: int = 8192) -> None:
+    def __init__(self, w: torch.Tensor, wb: torch.Tensor, packed: torch.Tensor, rows: int = 8192) -> None:
+        """w: the head; wb: its bf16 copy; packed: wb packed for oneDNN."""
         self.w = w
         self.packed = packed
         gamma = (w.shape[1] + 16) * 2.0**-22  # 4x the float32 accumulation bound K * 2^-24
         max_err = max_norm = 0.0
         for lo in range(0, w.shape[0], rows):  # float64, `rows` rows at a time
             wf = w[lo: lo + rows].double()
-            approx = w[lo: lo + rows].to(torch.bfloat16).double()
+            approx = wb[lo: lo + rows].double()
             approx_norm = approx.norm(dim=1)
             err = (wf - approx).norm(dim=1) + 2 * gamma * (wf.norm(dim=1) + approx_norm)
             max_err, max_norm = max(max_err, float(err.max())), max(max_norm, float(approx_norm.max()))
@@ -49,7 +50,7 @@ class CpuHeadPick:
     @classmethod
     def prepare(cls, w: torch.Tensor) -> CpuHeadPick | None:
         """The pick for head w (float32 or half), or None where a packed bf16 copy cannot be made
-        or its product of a probe row disagrees with F.linear's beyond bf16 rounding."""
+        or its product of a probe row disagrees with F.linear's (cpu_linear.agrees)."""
         from fgchat.engine.loader import cpu_computes_bf16
 
         if w.device.type != "cpu" or not cpu_computes_bf16():
@@ -61,13 +62,11 @@ class CpuHeadPick:
             wb = w.to(torch.bfloat16)
             packed = pack(wb)
             x = torch.linspace(-1.0, 1.0, w.shape[1], dtype=torch.bfloat16)[None]
-            got = packed_linear(x, packed).float()
-            want = torch.nn.functional.linear(x.float(), wb.float())
+            if not agrees(packed_linear(x, packed), torch.nn.functional.linear(x, wb)):
+                return None
         except (RuntimeError, AttributeError, NotImplementedError):  # no oneDNN bf16 in this torch
             return None
-        if got.shape != want.shape or float((got - want).abs().max()) > 2**-7 * float(want.abs().max()) + 1e-6:
-            return None
-        return cls(w, packed)
+        return cls(w, wb, packed)
 
     def pick(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         xb = x.to(torch.bfloat16)

@@ -46,7 +46,9 @@ def role_weight(lw, role: str) -> torch.Tensor:
     return {"qkv": lw.wqkv, "o": lw.wo, "gate_up": lw.w_gate_up, "down": lw.w_down}[role]
 
 
-def _agrees(got: torch.Tensor, want: torch.Tensor) -> bool:
+def agrees(got: torch.Tensor, want: torch.Tensor) -> bool:
+    """A packed product of a probe against F.linear's: same shape and dtype, finite, equal up to the
+    sum order (float32 within 1e-5 of the largest value, half dtypes within one rounding step)."""
     if got.shape != want.shape or got.dtype != want.dtype:
         return False
     g, w = got.float(), want.float()
@@ -98,7 +100,7 @@ class PackedProjections:
                     key = (tuple(w.shape), w.dtype)
                     if key not in checked:
                         probe = torch.linspace(-1.0, 1.0, w.shape[1]).to(w.dtype)[None]
-                        if not _agrees(packed_linear(probe, p), F.linear(probe, w)):
+                        if not agrees(packed_linear(probe, p), F.linear(probe, w)):
                             return None
                         checked.add(key)
                 layers.append(packed)

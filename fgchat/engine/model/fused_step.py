@@ -132,6 +132,8 @@ class FusedStages:
     def _project(self, x: torch.Tensor, w: torch.Tensor, route: Route, predecessor_ours: bool,
                  out: torch.Tensor | None = None) -> torch.Tensor:
         if not route.serves(x.shape[0]):
+            if out is not None:  # cuBLAS writes a tensor of its own
+                raise ValueError(f"a fixed output buffer needs our kernel, which serves at most {gemv.MAX_ROWS} rows")
             return F.linear(x, w)
         pdl = self.after(predecessor_ours)
         if route.split > 1:
