@@ -37,8 +37,21 @@ def test_pick_is_the_exact_heads_pick_at_real_shapes(n, k, m):
             assert torch.equal(logits[r, t * bn:(t + 1) * bn], exact[r, t * bn:(t + 1) * bn])
         bound = x.float().norm(dim=1)[:, None] * head.slack[None, :]
         assert ((logits - exact).abs() <= bound).all()
-        rescored = (logits == exact).all(dim=0).sum().item()
-        assert rescored < n // 4  # most of the head was read as int8 only
+        rescored = (logits == exact).view(m, -1, bn).all(dim=2).all(dim=0)
+        flagged, unsure = _flagged_tiles(x, head, bn)
+        assert torch.equal(rescored | unsure, flagged | unsure)  # pass 2 recomputed what the bound left open
+
+
+def _flagged_tiles(x: torch.Tensor, head, bn: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per head tile, from float64 approximations on the host side: whether any row's upper bound
+    in it reaches that row's largest lower bound, and whether that is too close to call."""
+    a = (x.double() @ head.q.double().T) * head.scale.double()
+    beta = x.double().norm(dim=1)[:, None] * head.slack.double()[None, :]
+    m = x.shape[0]
+    lo, hi = ((a - beta).view(m, -1, bn).amax(dim=2), (a + beta).view(m, -1, bn).amax(dim=2))
+    top = lo.amax(dim=1, keepdim=True)
+    eps = 1e-4 * (top.abs() + 1)
+    return (hi >= top).any(dim=0), ((hi - top).abs() <= eps).any(dim=0)
 
 
 def test_sampled_pick_is_the_exact_heads_sample():
@@ -76,7 +89,9 @@ def test_pick_replays_in_a_graph_with_new_rows():
 
 def test_engine_with_the_int8_head_matches_a_float32_reference(tmp_path):
     """Greedy tokens of every mode with FGCHAT_HEAD_PICK equal those with the exact head, and each
-    is the float32 reference's argmax wherever its top two are apart; logits close to it."""
+    is the float32 reference's argmax wherever its top two are apart. The pick's logits are
+    approximate outside rescored tiles: each step's maximum is still its token, with the exact
+    head's bits, and the exact head's logits stay close to the reference."""
     transformers = pytest.importorskip("transformers")
     import tiny_models
     from reference_steps import decode_keeping_logits, steps_agree_with_hf
@@ -97,5 +112,9 @@ def test_engine_with_the_int8_head_matches_a_float32_reference(tmp_path):
     assert all(modes.get(m) == "" for m in ("eager", "piecewise", "full")), engines[True].info().notes
     for mode in [m for m in ("eager", "piecewise", "full", "mega") if modes.get(m) == ""]:
         tokens, steps = decode_keeping_logits(engines[True], mode, prompt)
-        assert tokens == decode_keeping_logits(engines[False], mode, prompt)[0], mode
-        assert steps_agree_with_hf(ref, prompt, tokens, steps, mode) >= 4, mode
+        exact_tokens, exact_steps = decode_keeping_logits(engines[False], mode, prompt)
+        assert tokens == exact_tokens, mode
+        for i, (approx, exact) in enumerate(zip(steps, exact_steps)):  # step i gave token i + 1
+            assert int(approx.argmax()) == tokens[i + 1], (mode, i)  # approximations stay below the pick
+            assert approx[tokens[i + 1]] == exact[tokens[i + 1]], (mode, i)  # its tile rescored exactly
+        assert steps_agree_with_hf(ref, prompt, tokens, exact_steps, mode) >= 4, mode
