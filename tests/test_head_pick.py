@@ -181,6 +181,38 @@ def test_fused_step_with_the_int8_head_picks_the_exact_heads_tokens(tiny_model_d
             assert torch.equal(progs[True].run_eager(b, variant).logits, want_logits)
 
 
+def test_default_pick_only_where_it_pays(tiny_model_dirs, monkeypatch):
+    """Left to its default on CUDA, the pick copies only heads of PAYS_BYTES and up and picks
+    only batches of PAYS_ROWS; FGCHAT_HEAD_PICK=1 picks every batch of any head."""
+    from fgchat.engine.core import Engine, EngineConfig
+    from fgchat.engine.model.decoder import Decoder
+    from fgchat.engine.step import StepProgram, Variant
+    from fgchat.protocol.tuning import Tuning
+
+    assert head_pick.pays(torch.empty(128256, 2048, dtype=torch.bfloat16, device="meta"))
+    assert not head_pick.pays(torch.empty(49152, 576, dtype=torch.bfloat16, device="meta"))
+    assert not head_pick.pays(torch.empty(128256, 2048, dtype=torch.float32, device="meta"))
+    eng = Engine(EngineConfig(model=str(tiny_model_dirs["llama"]), device="cpu", max_context=64,
+                              dtype="float16"))
+    monkeypatch.setattr(Tuning, "head_pick_on", lambda self, device_type: self.head_pick is not False)
+    small = Decoder(eng.cfg, eng.model.weights, eng.max_context, fused=True, tuning=Tuning(head_pick=None))
+    assert small.fused_stages.head_int8 is None  # too small a head to pay for its copy
+    monkeypatch.setattr(head_pick, "PAYS_BYTES", 0)
+    dec = Decoder(eng.cfg, eng.model.weights, eng.max_context, fused=True, tuning=Tuning(head_pick=None))
+    assert dec.fused_stages.head_int8 is not None and dec.fused_stages.head_pick_rows == head_pick.PAYS_ROWS
+    prog = StepProgram(dec, eng.cache, eng.bufs, eng.attention)
+    calls = []
+    real_pick = head_pick.pick
+    monkeypatch.setattr(head_pick, "pick", lambda x, *a, **kw: calls.append(x.shape[0]) or real_pick(x, *a, **kw))
+    for b in (1, 3):
+        eng.bufs.stage([5, 77, 300][:b], [9, 20, 30][:b], [4, 0, 7][:b], [0.0] * b, [1.0] * b, [0] * b, [0] * b)
+        prog.max_len_hint = 31
+        prog.run_eager(b, Variant.GREEDY)
+    assert calls == [1]  # three rows went to the exact head
+    forced = Decoder(eng.cfg, eng.model.weights, eng.max_context, fused=True, tuning=Tuning(head_pick=True))
+    assert forced.fused_stages.head_pick_rows == gemv.MAX_ROWS
+
+
 @pytest.fixture
 def int8_engine(tiny_model_dirs, monkeypatch):
     """A CPU engine (fp16) rebuilt on the fused stages with FGCHAT_HEAD_PICK, eager (Triton's

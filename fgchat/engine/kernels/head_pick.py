@@ -42,6 +42,12 @@ from fgchat.engine.kernels.sampling_triton import LIBDEVICE, gumbel_scores, row_
 # pass 1's tile: (block_k, warps, stages, swap); None: K tiles of 256 int8, 4 warps, 4 stages, no
 # swap (tools/bench_head_pick.py --approx-tiles sweeps others)
 APPROX_TILE: tuple[int, int, int, bool] | None = None
+# Where the pick pays by default (H100 microbench, tools/bench_head_pick.py, notes V63): one row
+# (1B head 174 -> 140 us, 8B 345 -> 307) and heads of at least PAYS_BYTES; at 8 rows of random
+# weights pass 2 rescores hundreds of tiles and the pick is no faster (1B) or up to 2x slower
+# (8B, 135M heads), and a 135M-sized head gains nothing at any batch.
+PAYS_ROWS = 1
+PAYS_BYTES = 128 * 2**20
 TILES_PER_CHUNK = 16  # pass 2: head tiles each program checks (and rescores where needed)
 P_BLOCK = 256  # pass 2: per-tile lower bounds reduced this many at a time
 # Relative margin on the score side of the bound (division by T, adding the noise: a few ulps).
@@ -60,6 +66,11 @@ class Int8Head:
 def supports(w: torch.Tensor) -> bool:
     """Half-precision heads whose K is whole 64-wide tiles (float32 heads keep the exact kernel)."""
     return w.dtype in (torch.float16, torch.bfloat16) and w.dim() == 2 and w.shape[1] % 64 == 0
+
+
+def pays(w: torch.Tensor) -> bool:
+    """Whether the default pick (one row) is worth an int8 copy of head w."""
+    return supports(w) and w.numel() * w.element_size() >= PAYS_BYTES
 
 
 def quantize(w: torch.Tensor, rows: int = 8192) -> Int8Head:

@@ -70,11 +70,15 @@ class FusedStages:
         self.head_ours = tuning.gemv
         self.head_sample = tuning.head_sample
         self.head_config = self.configs.get("head")
-        # FGCHAT_HEAD_PICK: the pick's int8 copy of the head (None: the exact kernel picks); the
-        # fused stages are the CUDA path, whatever device runs them (tests: Triton's interpreter)
+        # FGCHAT_HEAD_PICK: the pick's int8 copy of the head (None: the exact kernel picks) and the
+        # most rows it picks for (=1 forces every head and batch; the default only where it pays);
+        # the fused stages are the CUDA path, whatever device runs them (tests: Triton's interpreter)
         self.head_int8: head_pick.Int8Head | None = None
-        if tuning.head_pick_on("cuda") and self.head_ours and head_pick.supports(dec.w.lm_head):
-            self.head_int8 = head_pick.quantize(dec.w.lm_head)
+        forced = tuning.head_pick is True
+        self.head_pick_rows = gemv.MAX_ROWS if forced else head_pick.PAYS_ROWS
+        w = dec.w.lm_head
+        if tuning.head_pick_on("cuda") and self.head_ours and (head_pick.supports(w) if forced else head_pick.pays(w)):
+            self.head_int8 = head_pick.quantize(w)
         self.attention_ours = False
         self.rope_in_attention = False
         # FGCHAT_PIECEWISE_O: the o projection is launched with the attention (the segment piecewise
@@ -197,7 +201,7 @@ class FusedStages:
         picks = greedy or (sample is not None and self.head_sample)
         if picks and self.head_ours and x.shape[0] <= gemv.MAX_ROWS:
             sample = None if greedy else sample
-            if self.head_int8 is not None:  # logits exact only where a candidate was rescored
+            if self.head_int8 is not None and x.shape[0] <= self.head_pick_rows:  # logits exact only where rescored
                 st.logits, st.tokens = head_pick.pick(x, dec.w.lm_head, self.head_int8, self.head_config,
                                                       pdl=self.after(True), sample=sample)
             else:
