@@ -19,7 +19,7 @@ from fgchat.protocol.errors import ModelLoadError
 from fgchat.engine.model.config import ModelConfig, rope_inv_freq
 from fgchat.engine.model.cpu_head_pick import CpuHeadPick
 from fgchat.engine.model.cpu_linear import PackedProjections, role_weight
-from fgchat.engine.model.ops import CpuHead, apply_rope, head_logits, rms_norm
+from fgchat.engine.model.ops import CpuHead, apply_rope_rolled, head_logits, rms_norm, signed_sin
 from fgchat.protocol.tuning import Tuning
 
 if TYPE_CHECKING:
@@ -159,6 +159,7 @@ class StepState:
     qkv: torch.Tensor  # with rope_in_attention: the layer's q | k | v rows before RoPE
     logits: torch.Tensor  # [B, V] float32
     tokens: torch.Tensor | None = None  # [B] int64 picks, when head(greedy=True or sample=...) made them
+    rope: tuple[torch.Tensor, torch.Tensor] | None = None  # plain path: this step's cos, signed sin rows
 
 
 class Decoder:
@@ -196,6 +197,7 @@ class Decoder:
         emb = torch.cat((freqs, freqs), dim=-1)
         self.cos = emb.cos().to(self.dtype)  # [T, D]
         self.sin = emb.sin().to(self.dtype)
+        self.ssin = signed_sin(self.sin)  # the plain decode path's rotation (ops.apply_rope_rolled)
         self.scale = cfg.head_dim**-0.5
         cpu = self.device.type == "cpu"
         # the LM head on CPU (packed where it can be; half weights always, float32 with cpu_packed)
@@ -260,13 +262,14 @@ class Decoder:
         x = rms_norm(st.h, lw.attn_norm, c.rms_eps)
         qkv = self.project(x, i, "qkv")
         n = x.shape[0]
-        q = qkv[:, : c.q_size].view(n, c.num_heads, c.head_dim)
-        k = qkv[:, c.q_size : c.q_size + c.kv_size].view(n, c.num_kv_heads, c.head_dim)
-        v = qkv[:, c.q_size + c.kv_size :].view(n, c.num_kv_heads, c.head_dim)
-        cos, sin = self.cos[positions], self.sin[positions]
-        st.q = apply_rope(q, cos, sin)
-        k_cache[slot_ids, positions] = apply_rope(k, cos, sin)
-        v_cache[slot_ids, positions] = v
+        if i == 0 or st.rope is None:  # every layer of a step rotates by the same positions
+            st.rope = (self.cos[positions], self.ssin[positions])
+        # q and k heads are adjacent in each qkv row: one rotation for both
+        qk = apply_rope_rolled(qkv[:, : c.q_size + c.kv_size].view(n, c.num_heads + c.num_kv_heads, c.head_dim),
+                               *st.rope)
+        st.q = qk[:, : c.num_heads]
+        k_cache[slot_ids, positions] = qk[:, c.num_heads:]
+        v_cache[slot_ids, positions] = qkv[:, c.q_size + c.kv_size :].view(n, c.num_kv_heads, c.head_dim)
 
     def after_attention(self, i: int, st: StepState, attn_out: torch.Tensor) -> None:
         """Output projection, residual, norm, gated MLP, residual."""

@@ -97,6 +97,19 @@ class CpuHead:
             return None
 
 
+def signed_sin(sin: torch.Tensor) -> torch.Tensor:
+    """sin with its first half negated: rotate_half(x) * sin == x.roll(D/2, -1) * signed_sin(sin)
+    (the same products: negation is exact)."""
+    half = sin.shape[-1] // 2
+    return torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+
+
+def apply_rope_rolled(x: torch.Tensor, cos: torch.Tensor, ssin: torch.Tensor) -> torch.Tensor:
+    """apply_rope's values (the same roundings) with ssin = signed_sin(sin): one roll instead of
+    a negation and a concatenation. x: [N, heads, D]; cos / ssin: [N, D] in x's dtype."""
+    return x * cos[:, None, :] + x.roll(x.shape[-1] // 2, -1) * ssin[:, None, :]
+
+
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
