@@ -105,7 +105,8 @@ def test_engine_with_the_int8_head_matches_a_float32_reference(tmp_path):
                                          mode="full", tuning=Tuning(head_pick=int8))) for int8 in (False, True)}
     assert engines[True].decoder.fused_stages.head_int8 is not None
     assert engines[True].startup_check is None or engines[True].startup_check.passed
-    ref = transformers.AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).cuda().eval()
+    ref, ref_half = (transformers.AutoModelForCausalLM.from_pretrained(model, dtype=dt).cuda().eval()
+                     for dt in (torch.float32, torch.bfloat16))
     prompt = torch.randint(3, engines[True].cfg.vocab_size, (29,), generator=torch.Generator().manual_seed(2)).tolist()
 
     modes = engines[True].info().available_modes
@@ -117,4 +118,4 @@ def test_engine_with_the_int8_head_matches_a_float32_reference(tmp_path):
         for i, (approx, exact) in enumerate(zip(steps, exact_steps)):  # step i gave token i + 1
             assert int(approx.argmax()) == tokens[i + 1], (mode, i)  # approximations stay below the pick
             assert approx[tokens[i + 1]] == exact[tokens[i + 1]], (mode, i)  # its tile rescored exactly
-        assert steps_agree_with_hf(ref, prompt, tokens, exact_steps, mode) >= 4, mode
+        assert steps_agree_with_hf(ref, prompt, tokens, exact_steps, mode, ref_half) >= 4, mode
