@@ -119,3 +119,32 @@ def test_engine_with_the_int8_head_matches_a_float32_reference(tmp_path):
             assert int(approx.argmax()) == tokens[i + 1], (mode, i)  # approximations stay below the pick
             assert approx[tokens[i + 1]] == exact[tokens[i + 1]], (mode, i)  # its tile rescored exactly
         assert steps_agree_with_hf(ref, prompt, tokens, exact_steps, mode, ref_half) >= 4, mode
+
+
+def test_default_pick_on_1b_gives_the_exact_heads_tokens_in_every_mode():
+    """Llama-3.2-1B's shape (random weights: near ties everywhere), the pick left to its default
+    (one row, a 525 MB head): greedy and sampled tokens of every mode equal the exact head's,
+    batch 1 through the pick and batch 3 through the exact head alike."""
+    from fgchat.engine.core import Engine, EngineConfig
+    from fgchat.protocol.events import RequestFinished, SamplingParams
+    from fgchat.protocol.tuning import Tuning
+
+    engines = {on: Engine(EngineConfig(preset="llama-3.2-1b", device="cuda", dtype="bfloat16", max_context=1024,
+                                       mode="full", tuning=Tuning(head_pick=None if on else False)))
+               for on in (True, False)}
+    assert engines[True].decoder.fused_stages.head_int8 is not None
+    assert engines[False].decoder.fused_stages.head_int8 is None
+    v = engines[True].cfg.vocab_size
+    prompts = [[(31 * j + 7 * i) % v for j in range(40 + 50 * i)] for i in range(3)]
+    modes = engines[True].info().available_modes
+    for mode in [m for m in ("eager", "piecewise", "full", "mega") if modes.get(m) == ""]:
+        for group in ([prompts[0]], prompts):
+            out = {}
+            for on, eng in engines.items():
+                eng.set_mode(mode)
+                rids = [eng.submit(p, SamplingParams(max_tokens=12, ignore_eos=True, temperature=0.7 * (i % 2), seed=i))
+                        for i, p in enumerate(group)]
+                done = {e.summary.request_id: e.summary.token_ids for e in eng.run_until_done()
+                        if isinstance(e, RequestFinished)}
+                out[on] = [done[r] for r in rids]
+            assert out[True] == out[False], (mode, len(group))

@@ -18,8 +18,12 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 @pytest.fixture(scope="module", params=["llama-3.2-1b", "smollm2-135m"])
 def preset_engine(request):
+    """The exact LM head: the float32-reference test compares every logit (the int8 pick's are
+    approximate outside its candidates; tests/test_gpu_head_pick.py checks mega with the pick)."""
+    from fgchat.protocol.tuning import Tuning
+
     return Engine(EngineConfig(preset=request.param, device="cuda", dtype="bfloat16", max_context=2048,
-                               mode="full"))
+                               mode="full", tuning=Tuning(head_pick=False)))
 
 
 @pytest.mark.parametrize("b", [1, 3, 8])

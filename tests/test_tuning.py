@@ -75,13 +75,13 @@ def test_boolean_switch(monkeypatch, var, field, default):
     assert getattr(t, field) is (not default) and t.changed() == {field: not default}
 
 
-def test_head_pick_defaults_by_device(monkeypatch):
+def test_head_pick_switch_has_three_states(monkeypatch):
+    """Unset: the default (on, on CUDA only where it pays); 1 forces every batch and head; 0 off."""
     monkeypatch.delenv("FGCHAT_HEAD_PICK", raising=False)
-    t = Tuning.from_env()
-    assert t.head_pick is None and t.head_pick_on("cpu") and not t.head_pick_on("cuda")
+    assert Tuning.from_env().head_pick is None and Tuning.from_env().changed() == {}
     monkeypatch.setenv("FGCHAT_HEAD_PICK", "1")
     t = Tuning.from_env()
-    assert t.head_pick_on("cpu") and t.head_pick_on("cuda") and t.changed() == {"head_pick": True}
+    assert t.head_pick is True and t.changed() == {"head_pick": True}
     monkeypatch.setenv("FGCHAT_HEAD_PICK", "0")
     t = Tuning.from_env()
-    assert not t.head_pick_on("cpu") and not t.head_pick_on("cuda")
+    assert t.head_pick is False and t.changed() == {"head_pick": False}

@@ -8,9 +8,8 @@ per call, the bytes each reads over its time, the tokens compared (they must be 
 many head tiles pass 2 recomputed per step (median / max over a few inputs).
 Inputs: a head of N(0, 0.02) rows and rows x ~ N(0, 1) (a normed hidden state); with --gguf PATH
 also the embedded model's own head (its rows x still random). --approx-tiles times pass 1 with
-each given tile (block_k,warps,stages,swap[,fma]) as well as the default. Usage:
-    python tools/bench_head_pick.py [135m|1b|8b ...] [--gguf PATH] [--approx-tiles "128,4,6,0 256,4,4,1 128,4,4,0,1"]
-(a fifth field 1: pass 1's products on the CUDA cores, used at 1 and 2 rows)
+each given tile (block_k,warps,stages,swap) as well as the default. Usage:
+    python tools/bench_head_pick.py [135m|1b|8b ...] [--gguf PATH] [--approx-tiles "128,4,6,0 256,4,4,1"]
 """
 
 from __future__ import annotations
@@ -75,7 +74,7 @@ def main() -> None:
         text = args.pop(args.index("--approx-tiles") + 1)
         args.remove("--approx-tiles")
         approx_tiles = [tuple(int(v) for v in t.split(",")) for t in text.split()]
-        approx_tiles = [(b, w, s, bool(sw), *map(bool, rest)) for b, w, s, sw, *rest in approx_tiles]
+        approx_tiles = [(b, w, s, bool(sw)) for b, w, s, sw in approx_tiles]
     print(f"{'head':9} {'M':>2} {'exact':>8} {'int8':>8} {'ratio':>6} {'GB/s':>6} {'GB/s':>6} "
           f"{'tiles':>5} {'max':>5}  (us per call; GB/s: the head's bytes / time, int8 bytes / time; "
           f"tiles rescored per step (any row): median, max / all)")

@@ -68,16 +68,15 @@ def main() -> None:
                   dict(N=n, K=k, EVEN_K=True, EVEN_N=True, BLOCK_M=16, BLOCK_N=c.block_n, BLOCK_K=c.block_k,
                        DOT_PRECISION="tf32", USE_PDL=pdl, SPLIT_K=split, GLU=glu, SWAP=c.swap, TMA=c.tma),
                   num_warps=c.num_warps, num_stages=c.num_stages, launch_pdl=pdl)
-        # the int8 LM-head pick (V63): pass 1 at its default and swapped tiles, on the CUDA cores at one row, pass 2 on 1B's head
+        # the int8 LM-head pick (V63): pass 1 at its default and swapped tiles, pass 2 on 1B's head
         # (whole K tiles) and SmolLM2's (a K tail); greedy and sampled
         pick_sig = {"x_ptr": "*bf16", "logits_ptr": "*fp32", "plo_ptr": "*fp32", "phi_ptr": "*fp32", "M": "i32",
                     "temp_ptr": "*fp32", "seed_ptr": "*i64", "pos_ptr": "*i64"}
         for sample in (False, True):
-            for bk, warps, stages, swap, fma in ((256, 4, 4, False, False), (256, 4, 4, True, False),
-                                                 (128, 4, 4, False, True)):
+            for bk, warps, stages, swap in ((256, 4, 4, False), (256, 4, 4, True)):
                 build(head_pick._approx_kernel, dict(pick_sig, q_ptr="*i8", scale_ptr="*fp32", slack_ptr="*fp32"),
-                      dict(P=2004, N=128256, K=2048, BLOCK_M=1 if fma else 16, BLOCK_N=64, BLOCK_K=bk, USE_PDL=pdl,
-                           SAMPLE=sample, LIBDEVICE=True, SWAP=swap, FMA=fma),
+                      dict(P=2004, N=128256, K=2048, BLOCK_M=16, BLOCK_N=64, BLOCK_K=bk, USE_PDL=pdl,
+                           SAMPLE=sample, LIBDEVICE=True, SWAP=swap),
                       num_warps=warps, num_stages=stages, launch_pdl=pdl)
             for n, k in ((128256, 2048), (49152, 576)):
                 tiles = -(-n // 64)

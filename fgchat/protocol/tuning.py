@@ -85,8 +85,8 @@ class Tuning:
     head_sample: bool = True
     # greedy picks (CUDA: also unfiltered sampled ones) read a low-precision copy of the LM head
     # and recompute only the candidates exactly: CPU a packed bf16 copy (model.cpu_head_pick), CUDA
-    # an int8 copy of a half-precision head (kernels.head_pick). None: on CPU, off on CUDA until
-    # measured in the whole step there (notes V63)
+    # an int8 copy of a half-precision head (kernels.head_pick). None: on, on CUDA only where it
+    # paid (one row, heads of head_pick.PAYS_BYTES; notes V63); True: every batch and head
     head_pick: bool | None = None
     # CPU: the plain path's projections through oneDNN's packed weights (model.cpu_linear)
     cpu_packed: bool = True
@@ -114,10 +114,6 @@ class Tuning:
             head_pick=_tristate("FGCHAT_HEAD_PICK", d.head_pick),
             cpu_packed=_flag("FGCHAT_CPU_PACKED", d.cpu_packed),
         )
-
-    def head_pick_on(self, device_type: str) -> bool:
-        """FGCHAT_HEAD_PICK for a device of this type (its default where unset)."""
-        return self.head_pick if self.head_pick is not None else device_type == "cpu"
 
     def proj_config_texts(self) -> dict[str, str]:
         """FGCHAT_PROJ_CONFIGS as {role: "bn,bk,warps,stages[,swap]"}; raises ValueError if malformed."""

@@ -39,11 +39,9 @@ from fgchat.engine.kernels.launch import fast
 from fgchat.engine.kernels.pdl import pdl_enter
 from fgchat.engine.kernels.sampling_triton import LIBDEVICE, gumbel_scores, row_hash
 
-# pass 1's tile: (block_k, warps, stages, swap[, fma]); None: K tiles of 256 int8, 4 warps, 4
-# stages, no swap, MMA (tools/bench_head_pick.py --approx-tiles sweeps others). fma: products on the
-# CUDA cores (no MMA operand layouts) for batches of at most FMA_ROWS rows, the MMA above that.
-APPROX_TILE: tuple | None = None
-FMA_ROWS = 2
+# pass 1's tile: (block_k, warps, stages, swap); None: K tiles of 256 int8, 4 warps, 4 stages, no
+# swap (tools/bench_head_pick.py --approx-tiles sweeps others)
+APPROX_TILE: tuple[int, int, int, bool] | None = None
 # Where the pick pays by default (H100 microbench, tools/bench_head_pick.py, notes V63): one row
 # (1B head 174 -> 140 us, 8B 345 -> 307) and heads of at least PAYS_BYTES; at 8 rows of random
 # weights pass 2 rescores hundreds of tiles and the pick is no faster (1B) or up to 2x slower
@@ -98,24 +96,15 @@ def quantize(w: torch.Tensor, rows: int = 8192) -> Int8Head:
 
 
 @triton.jit
-def _approx_product(xf, x, q, SWAP: tl.constexpr, FMA: tl.constexpr):
-    """x [BLOCK_M, BLOCK_K] (xf: in float32) . q [BLOCK_N, BLOCK_K]^T int8, float32 (exact products)."""
-    if FMA:
-        return tl.sum(xf[:, None, :] * q.to(tl.float32)[None, :, :], axis=2)
-    return tile_product(x, q.to(x.dtype), SWAP, "tf32")
-
-
-@triton.jit
 def _approx_kernel(
     x_ptr, q_ptr, scale_ptr, slack_ptr, logits_ptr, plo_ptr, phi_ptr, M,
     temp_ptr, seed_ptr, pos_ptr,  # SAMPLE: per row temperature, seed, position
     P: tl.constexpr, N: tl.constexpr, K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr, SAMPLE: tl.constexpr, LIBDEVICE: tl.constexpr,
-    SWAP: tl.constexpr = False, FMA: tl.constexpr = False,
+    SWAP: tl.constexpr = False,
 ):
     """Program pid: vocabulary rows [pid*BLOCK_N, +BLOCK_N). Stores a = s * (x . q) into logits and,
-    at [row, pid] of plo / phi, the tile's max of score - bound and of score + bound. FMA: the
-    products on the CUDA cores (float32, any order: the bound's gamma covers it)."""
+    at [row, pid] of plo / phi, the tile's max of score - bound and of score + bound."""
     pid = tl.program_id(0)
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -127,14 +116,14 @@ def _approx_kernel(
     q = tl.load(q_rows + offs_k0[None, :], mask=n_mask[:, None], other=0)  # weights: before the wait
     pdl_enter(USE_PDL)
     x = tl.load(x_rows + offs_k0[None, :], mask=m_mask[:, None], other=0.0)
+    acc = tile_product(x, q.to(x_ptr.dtype.element_ty), SWAP, "tf32")
     xf = x.to(tl.float32)
-    acc = _approx_product(xf, x, q, SWAP, FMA)
     xsq = tl.sum(xf * xf, axis=1)
     for k0 in range(BLOCK_K, K, BLOCK_K):
         q = tl.load(q_rows + (k0 + offs_k0)[None, :], mask=n_mask[:, None], other=0)
         x = tl.load(x_rows + (k0 + offs_k0)[None, :], mask=m_mask[:, None], other=0.0)
+        acc += tile_product(x, q.to(x_ptr.dtype.element_ty), SWAP, "tf32")
         xf = x.to(tl.float32)
-        acc += _approx_product(xf, x, q, SWAP, FMA)
         xsq += tl.sum(xf * xf, axis=1)
     scale = tl.load(scale_ptr + offs_n, mask=n_mask, other=0.0)
     slack = tl.load(slack_ptr + offs_n, mask=n_mask, other=0.0)
@@ -236,19 +225,18 @@ class _Plan:
 
 @functools.lru_cache(maxsize=256)
 def _plan(m: int, n: int, k: int, config: gemv.ProjConfig | None, pdl: bool, sample: bool,
-          approx_tile: tuple | None) -> _Plan:
+          approx_tile: tuple[int, int, int, bool] | None) -> _Plan:
     if m > gemv.MAX_ROWS:
         raise ValueError(f"the int8 head pick handles at most {gemv.MAX_ROWS} rows, got {m}")
     cfg = config or gemv.pick_config(n, k)
     tiles = cdiv(n, cfg.block_n)
     chunks = cdiv(tiles, TILES_PER_CHUNK)
-    block_k8, warps, stages, swap, *fma = approx_tile or (256, 4, 4, False)
-    fma = bool(fma and fma[0]) and m <= FMA_ROWS
+    block_k8, warps, stages, swap = approx_tile or (256, 4, 4, False)
     while k % block_k8:  # int8: up to 256 bytes a row per tile, whole tiles of K
         block_k8 //= 2
-    approx_kw = dict(P=tiles, N=n, K=k, BLOCK_M=next_pow2(m) if fma else gemv.MAX_ROWS, BLOCK_N=cfg.block_n,
-                     BLOCK_K=block_k8, USE_PDL=pdl, SAMPLE=sample, LIBDEVICE=LIBDEVICE, SWAP=swap and not fma,
-                     FMA=fma, num_warps=warps, num_stages=stages, launch_pdl=pdl)
+    approx_kw = dict(P=tiles, N=n, K=k, BLOCK_M=gemv.MAX_ROWS, BLOCK_N=cfg.block_n, BLOCK_K=block_k8, USE_PDL=pdl,
+                     SAMPLE=sample, LIBDEVICE=LIBDEVICE, SWAP=swap, num_warps=warps, num_stages=stages,
+                     launch_pdl=pdl)
     # the exact tiles as gemv._plan launches the head (TMA changes the loads, not the sums)
     rescore_kw = dict(P=tiles, CHUNKS=chunks, N=n, K=k, EVEN_K=k % cfg.block_k == 0, BLOCK_M=gemv.MAX_ROWS, BLOCK_N=cfg.block_n,
                       BLOCK_K=cfg.block_k, TILES=TILES_PER_CHUNK, P_BLOCK=P_BLOCK, SWAP=cfg.swap,

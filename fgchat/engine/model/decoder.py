@@ -203,7 +203,7 @@ class Decoder:
         # the LM head on CPU (packed where it can be; half weights always, float32 with cpu_packed)
         self._cpu_head = CpuHead(weights.lm_head) if cpu and (t.cpu_packed or self.dtype != torch.float32) else None
         # greedy picks on CPU from a packed bf16 copy of the head (FGCHAT_HEAD_PICK; None: CpuHead)
-        self._cpu_pick = CpuHeadPick.prepare(weights.lm_head) if cpu and not fused and t.head_pick_on("cpu") else None
+        self._cpu_pick = CpuHeadPick.prepare(weights.lm_head) if cpu and not fused and t.head_pick is not False else None
         # the plain path's projections on CPU through oneDNN's packed weights (None: F.linear)
         self._packed = PackedProjections.prepare(weights) if cpu and not fused and t.cpu_packed else None
 

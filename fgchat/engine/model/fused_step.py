@@ -77,7 +77,7 @@ class FusedStages:
         forced = tuning.head_pick is True
         self.head_pick_rows = gemv.MAX_ROWS if forced else head_pick.PAYS_ROWS
         w = dec.w.lm_head
-        if tuning.head_pick_on("cuda") and self.head_ours and (head_pick.supports(w) if forced else head_pick.pays(w)):
+        if tuning.head_pick is not False and self.head_ours and (head_pick.supports(w) if forced else head_pick.pays(w)):
             self.head_int8 = head_pick.quantize(w)
         self.attention_ours = False
         self.rope_in_attention = False
