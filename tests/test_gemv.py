@@ -118,7 +118,8 @@ def _stages(tuning, hidden=2048, inter=8192, q=3072, pdl=True):
     meta = lambda *shape: torch.empty(*shape, device="meta")  # noqa: E731
     layer = SimpleNamespace(wqkv=meta(q, hidden), bqkv=None, wo=meta(hidden, hidden),
                             w_gate_up=meta(2 * inter, hidden), w_down=meta(hidden, inter))
-    return FusedStages(SimpleNamespace(w=SimpleNamespace(layers=[layer])), tuning, 132, pdl=pdl)
+    weights = SimpleNamespace(layers=[layer], lm_head=meta(32000, hidden))  # float32: no int8 pick copy
+    return FusedStages(SimpleNamespace(w=weights), tuning, 132, pdl=pdl)
 
 
 def test_routes_of_llama_1b_projections():
