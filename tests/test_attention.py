@@ -11,6 +11,7 @@ import torch
 
 from fgchat.engine.kernels.attention import BACKEND_NAMES, get_backend
 from fgchat.engine.kernels.attention.base import plan_num_splits
+from fgchat.engine.kernels.attention import cpu_sdpa
 from fgchat.engine.kernels.attention.cpu_sdpa import SdpaDecodeAttention
 from fgchat.engine.kernels.attention.torch_ref import TorchDecodeAttention
 from fgchat.protocol.errors import FgchatError
@@ -149,8 +150,11 @@ def test_torch_backend_rejects_bad_shapes() -> None:
 @pytest.mark.parametrize("group", [1, 3, 4])
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_sdpa_backend_matches_naive_loop_with_poisoned_caches(group: int, head_dim: int, dtype) -> None:
+@pytest.mark.parametrize("per_lane_window", [512, 1])  # batches gather whole windows / lane by lane
+def test_sdpa_backend_matches_naive_loop_with_poisoned_caches(group: int, head_dim: int, dtype, per_lane_window,
+                                                              monkeypatch) -> None:
     # NaN everywhere a lane must not read: past its length, in other slots, past the hint
+    monkeypatch.setattr(cpu_sdpa, "PER_LANE_WINDOW", per_lane_window)
     gen = torch.Generator().manual_seed(2000 * group + head_dim)
     backend = SdpaDecodeAttention()
     for seq_lens in ([1], [97], [1, 50, 97], [13, 1, 64, 97, 2, 96, 40, 7]):
@@ -161,6 +165,21 @@ def test_sdpa_backend_matches_naive_loop_with_poisoned_caches(group: int, head_d
             out = torch.empty_like(inputs["q"])
             backend(**inputs, out=out, scale=scale, max_len_hint=hint)
             assert_close_finite(out, want, dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sdpa_batch_routes_give_the_same_bits(dtype, monkeypatch) -> None:
+    """Whole windows gathered then converted, or each lane's positions converted into the window:
+    the same float32 values reach the kernel."""
+    gen = torch.Generator().manual_seed(77)
+    inputs = make_inputs(5, 3, 3, 64, 120, [120, 1, 77, 0, 64], dtype, "cpu", gen)
+    outs = []
+    for per_lane_window in (10**9, 1):
+        monkeypatch.setattr(cpu_sdpa, "PER_LANE_WINDOW", per_lane_window)
+        out = torch.empty_like(inputs["q"])
+        SdpaDecodeAttention()(**inputs, out=out, scale=0.125, max_len_hint=120)
+        outs.append(out)
+    assert torch.equal(outs[0], outs[1])
 
 
 def test_sdpa_backend_idle_lanes_give_zeros_and_cuda_is_refused() -> None:
