@@ -1,7 +1,9 @@
 """A GPU-rate token stream through the TUI: a fake engine handle emits K=8 replies' tokens a
 step every millisecond, and nothing shown may be lost on the way (every token in the latency
 log, every reply's full text in its Markdown widget), while the poll thread gathers the steps
-into few messages (at most one per POST_S) instead of one per step.
+into few messages (at most one per POST_S) instead of one per step. An engine on this machine's
+CPU gets the UI's lighter pace (messages at most every CPU_POST_S, the prompt's cursor not
+blinking, text drawn under CPU_DRAW_SHARE of the UI thread), with nothing lost either.
 
 No assertion depends on how fast this machine is: a slower UI only gathers more per message.
 """
@@ -12,12 +14,14 @@ import threading
 import time
 
 import pytest
+from textual.widgets import Input
 
 from fgchat.engine.core import EngineConfig
 from fgchat.protocol.events import EngineInfo, Mode, RequestFinished, RequestSummary, SamplingParams, TokenEvent
 from fgchat.tui import engine_link
 from fgchat.tui.app import FgchatApp
 from fgchat.tui.messages import EngineEvents
+from fgchat.tui.replies import CPU_DRAW_SHARE
 from test_tui import data_dir, wait_for  # noqa: F401
 from test_tui_endpoint import EndpointHandle
 
@@ -35,9 +39,12 @@ class FastHandle(EndpointHandle):
     """EngineProcess's interface (the endpoint test's double, local this time); each prompt's
     replies decode together, one step a millisecond."""
 
+    device = "cuda"
+    step_s = 0.001
+
     def start(self) -> None:
         self.events.put(EngineInfo(
-            model_name="fast", architecture="llama", device="cuda", dtype="bfloat16", max_context=4096,
+            model_name="fast", architecture="llama", device=self.device, dtype="bfloat16", max_context=4096,
             num_layers=2, attention_backend="triton", available_modes={}, mode=Mode.FULL))
 
     def submit_chats(self, messages, requests) -> None:
@@ -45,7 +52,7 @@ class FastHandle(EndpointHandle):
 
     def _stream(self, rids: list[int]) -> None:
         for i in range(N):
-            time.sleep(0.001)
+            time.sleep(self.step_s)
             now = time.monotonic_ns()
             for rid in rids:
                 self.events.put(TokenEvent(
@@ -99,3 +106,44 @@ async def test_every_token_of_a_fast_k8_stream_is_logged_and_shown_from_few_mess
         gaps = [b - a for a, b in zip(stream_posts, stream_posts[1:])]
         assert min(gaps) >= engine_link.POST_S * 0.9, "messages come at most every POST_S"
         assert app.link.posted == len(posted_at)
+        assert app.query_one("#prompt", Input).cursor_blink  # a GPU engine leaves the UI as it is
+
+
+class CpuHandle(FastHandle):
+    """The same stream at a CPU engine's pace, from an engine on this machine's CPU."""
+
+    device = "cpu"
+    step_s = 0.01
+
+
+async def test_an_engine_on_this_cpu_gets_fewer_messages_and_frames_and_loses_nothing(data_dir):
+    app = FgchatApp(EngineConfig(model="fast"), engine_factory=lambda cfg: CpuHandle(),
+                    sampling=SamplingParams(max_tokens=N, ignore_eos=True))
+    posted_at: list[float] = []
+    post = app.post_message
+
+    def post_message(message) -> bool:  # called on the poll thread
+        if isinstance(message, EngineEvents):
+            posted_at.append(time.monotonic())
+        return post(message)
+
+    app.post_message = post_message
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: app.link.state == "ready", "the engine's info", 10)
+        assert not app.query_one("#prompt", Input).cursor_blink
+        assert app.replies.draw_share == CPU_DRAW_SHARE
+        first_post = len(posted_at)
+        assert await app.send_prompt("go")
+        await wait_for(pilot, lambda: app.latency.log.request_count == 1 and not app.replies, "the reply", 60)
+
+        tokens = app.latency.log.tokens_since(0)
+        assert [t.token_index for t in tokens] == list(range(N))
+        (bubble,) = [b for b in app.chats.current.bubbles() if b.role == "assistant"]
+        expected = "".join(token_text(i) for i in range(N))
+        assert bubble.text == expected and bubble._body_md.source == expected
+
+        stream_posts = posted_at[first_post:]
+        gaps = [b - a for a, b in zip(stream_posts, stream_posts[1:])]
+        # N steps of 10 ms: ~N / 10 messages at 10 Hz where a GPU engine's pace would post ~N / 2
+        assert len(stream_posts) <= N * CpuHandle.step_s / engine_link.CPU_POST_S + 3
+        assert min(gaps) >= engine_link.CPU_POST_S * 0.9, "messages come at most every CPU_POST_S"

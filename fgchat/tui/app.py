@@ -60,7 +60,7 @@ from fgchat.protocol.events import MODES, EngineError, SamplingParams
 from fgchat.tui import exit_signals
 from fgchat.tui.chat_tabs import ChatTabs
 from fgchat.tui.dialogs import ExportScreen, SamplingScreen
-from fgchat.tui.engine_link import EngineLink, EngineUpdate
+from fgchat.tui.engine_link import CPU_POST_S, EngineLink, EngineUpdate
 from fgchat.tui.help_screen import HelpScreen
 from fgchat.tui.latency_console import CPU_REFRESH_S, REFRESH_S, LatencyConsole, PanelStatus
 from fgchat.tui.latency_panel import LatencyPanel
@@ -326,6 +326,8 @@ class FgchatApp(App[int]):
         info = self.link.info
         if info.device == "cpu":  # the engine computes on the cores this UI runs on: draw less often
             self.replies.draw_share, self.latency.refresh_s = CPU_DRAW_SHARE, CPU_REFRESH_S
+            self.link.post_s = CPU_POST_S
+            self.query_one("#prompt", Input).cursor_blink = False  # a blink is a frame every 0.5 s
         self.sampling.set_defaults(info.sampling_defaults, info.sampling_source)
         self.refresh_bindings()  # mode keys of an endpoint
         self._update_subtitle()

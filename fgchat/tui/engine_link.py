@@ -6,10 +6,12 @@ to the app; the app's handler calls `apply`, which updates this object's state a
 batch sorted for the other components (`EngineUpdate`).
 
 Invariants:
-- Every event is posted once, in order. Messages go at most every POST_S: events arriving
-  sooner after the previous post are gathered into the next one, so a GPU-rate stream (a step
-  every 2-3 ms) costs the UI one handler pass per frame, not one per step. Events after a quiet
-  POST_S (a first token, a lone event) are posted at once; a fatal error never waits.
+- Every event is posted once, in order. Messages go at most every `post_s` (POST_S; CPU_POST_S
+  once the engine says it computes on this machine's CPU): events arriving sooner after the
+  previous post are gathered into the next one, so a GPU-rate stream (a step every 2-3 ms) costs
+  the UI one handler pass per frame, not one per step, and a CPU engine (a step every ~30 ms) is
+  not handled token by token on the cores it computes on. Events after a quiet `post_s` (a first
+  token, a lone event) are posted at once; a fatal error never waits.
 - Each start bumps `generation`; batches of a replaced engine are dropped by `apply`.
 - `state` is "starting" until the engine's EngineInfo arrives ("ready"), "failed" from its
   first fatal EngineError until a restart; `error` says why in one line.
@@ -51,6 +53,7 @@ from fgchat.tui.messages import EngineEvents
 
 POLL_S = 0.05
 POST_S = 0.016  # at most one EngineEvents message per frame (~60 Hz)
+CPU_POST_S = 0.1  # ... and 10 Hz while the engine computes on this machine's CPU (it needs the cores)
 REMOTE_MODES = "the server decides how it runs"  # why a mode is unavailable on an endpoint
 
 
@@ -95,6 +98,7 @@ class EngineLink:
         self.requested_mode: Mode | None = Mode(configured) if configured in MODES else None
         self.mode_note = ""  # why the engine did not switch as asked ("" when it did)
         self.posted = 0  # EngineEvents messages posted (all engines of this link)
+        self.post_s = POST_S  # shortest time between two EngineEvents messages
 
     # ---- lifecycle -----------------------------------------------------------------------
     def start(self) -> None:
@@ -122,7 +126,7 @@ class EngineLink:
             if not events:
                 continue
             fatal = _fatal(events)
-            due = posted_at + POST_S
+            due = posted_at + self.post_s
             while not fatal and not worker.is_cancelled and (wait := due - time.monotonic()) > 0:
                 more = handle.get_events(wait)
                 events.extend(more)

@@ -33,7 +33,7 @@ from fgchat.tui.store_guard import StoreGuard
 
 TEXT_S = 0.05  # streamed text is redrawn at most this often (20 Hz)
 DRAW_SHARE = 0.5  # ... and less often when a redraw costs more than this share of the UI thread
-CPU_DRAW_SHARE = 0.1  # the share while the engine computes on this machine's CPU (it needs the cores)
+CPU_DRAW_SHARE = 0.03  # the share while the engine computes on this machine's CPU (it needs the cores)
 
 
 @dataclass
