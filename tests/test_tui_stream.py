@@ -67,9 +67,8 @@ class FastHandle(EndpointHandle):
                 e2e_ms=2.0 + N - 1, finish_reason="length", text=text)))
 
 
-async def test_every_token_of_a_fast_k8_stream_is_logged_and_shown_from_few_messages(data_dir):
-    app = FgchatApp(EngineConfig(model="fast"), engine_factory=lambda cfg: FastHandle(),
-                    sampling=SamplingParams(max_tokens=N, ignore_eos=True))
+def record_posts(app: FgchatApp) -> list[float]:
+    """The times at which the poll thread posts EngineEvents messages to `app`, as they happen."""
     posted_at: list[float] = []
     post = app.post_message
 
@@ -79,6 +78,13 @@ async def test_every_token_of_a_fast_k8_stream_is_logged_and_shown_from_few_mess
         return post(message)
 
     app.post_message = post_message
+    return posted_at
+
+
+async def test_every_token_of_a_fast_k8_stream_is_logged_and_shown_from_few_messages(data_dir):
+    app = FgchatApp(EngineConfig(model="fast"), engine_factory=lambda cfg: FastHandle(),
+                    sampling=SamplingParams(max_tokens=N, ignore_eos=True))
+    posted_at = record_posts(app)
     async with app.run_test(size=(120, 40)) as pilot:
         await wait_for(pilot, lambda: app.link.state == "ready", "the engine's info", 10)
         app.set_samples(K)
@@ -119,15 +125,7 @@ class CpuHandle(FastHandle):
 async def test_an_engine_on_this_cpu_gets_fewer_messages_and_frames_and_loses_nothing(data_dir):
     app = FgchatApp(EngineConfig(model="fast"), engine_factory=lambda cfg: CpuHandle(),
                     sampling=SamplingParams(max_tokens=N, ignore_eos=True))
-    posted_at: list[float] = []
-    post = app.post_message
-
-    def post_message(message) -> bool:  # called on the poll thread
-        if isinstance(message, EngineEvents):
-            posted_at.append(time.monotonic())
-        return post(message)
-
-    app.post_message = post_message
+    posted_at = record_posts(app)
     async with app.run_test(size=(120, 40)) as pilot:
         await wait_for(pilot, lambda: app.link.state == "ready", "the engine's info", 10)
         assert not app.query_one("#prompt", Input).cursor_blink
