@@ -189,6 +189,9 @@ def _run(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from fgchat.engine.bytecode import use_own_pycache
+
+    use_own_pycache()  # before anything imports torch (an install without bytecode)
     from fgchat.protocol.errors import FgchatError
     from fgchat.stdio import one_line, silence_stdout
 

@@ -357,6 +357,10 @@ class _EngineHandle:
 def _process_main(config: Any, commands: Any, events: Any, log_path: str | None) -> None:
     """Child entry point (spawned): quiet stdio, ignore Ctrl-C (the UI owns it), serve."""
     startup_mark("engine: child started")
+    from fgchat.engine.bytecode import use_own_pycache  # before anything imports torch
+
+    if use_own_pycache() is not None:
+        startup_mark("engine: own bytecode cache")
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _redirect_stdio(log_path)
     from fgchat.engine import startup_prime  # the child's only: ctypes stays out of the UI process
