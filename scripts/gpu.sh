@@ -248,11 +248,12 @@ print(sys.version.split()[0], 'torch .py', sum(1 for _ in p.rglob('*.py')), '.py
 'pycache prefix', sys.pycache_prefix)" 2>&1 | tee -a "$OUT/importtime.txt"  # are torch's imports compiled there?
       python3 -c "import time; from triton.runtime.cache import triton_key; t=time.perf_counter(); triton_key(); \
 print(f'triton_key {time.perf_counter()-t:.2f} s')" 2>&1 | tee -a "$OUT/importtime.txt"
+      echo "PYTHONDONTWRITEBYTECODE=${PYTHONDONTWRITEBYTECODE-unset}" | tee -a "$OUT/importtime.txt"
       for i in $(seq "${STARTUP_ROUNDS:-2}"); do
-        for prime in 0 1; do  # the helper thread (engine/startup_prime.py) off, then on
-          echo "FGCHAT_STARTUP_PRIME=$prime round $i" | tee -a "$OUT/startup.log"
-          FGCHAT_STARTUP_PRIME=$prime timeout 300 python3 scripts/startup_time.py --model "$GGUF" --runs 2 \
-            --json "$JSON/startup_prime${prime}_$i.json" 2>&1 | tee -a "$OUT/startup.log" | tail -22
+        for pyc in 0 1; do  # fgchat's own bytecode cache (engine/bytecode.py) off, then on
+          echo "FGCHAT_PYCACHE=$pyc round $i" | tee -a "$OUT/startup.log"
+          FGCHAT_PYCACHE=$pyc timeout 300 python3 scripts/startup_time.py --model "$GGUF" --runs 2 \
+            --json "$JSON/startup_pycache${pyc}_$i.json" 2>&1 | tee -a "$OUT/startup.log" | tail -22
         done
       done ;;
     llamacpp)  # the llama.cpp peer, built from the carried .llamacpp/src.tgz (scripts/llama_cpp.sh)
