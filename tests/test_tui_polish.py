@@ -255,17 +255,29 @@ async def test_long_chats_show_their_end_after_streaming_and_on_tab_switch(tiny_
         assert at_end(second), state(second)
 
 
-async def test_ui_heap_is_frozen_once_the_engine_is_ready(tiny_llama, data_dir):
+async def test_ui_heap_is_frozen_once_the_engine_is_ready(tiny_llama, data_dir, monkeypatch):
     """The UI's long-lived objects leave the cyclic collector's full walks at ready (a full
-    collection of them stalled a streaming reply for 40-115 ms)."""
+    collection of them stalled a streaming reply for 40-115 ms). The app's own call is what is
+    checked: an engine thread left by an earlier test may freeze this process's heap too."""
     import gc
 
+    import fgchat.tui.app as app_module
+
+    calls: list[tuple[bool, str]] = []
+
+    def recording_freeze(collect: bool = False) -> int:
+        calls.append((collect, app.link.state))
+        return freeze_heap(collect)
+
+    freeze_heap = app_module.freeze_heap
+    monkeypatch.setattr(app_module, "freeze_heap", recording_freeze)
     gc.unfreeze()
     app = make_app(tiny_llama, max_tokens=8)
     try:
         async with app.run_test(size=(120, 40)) as pilot:
-            assert gc.get_freeze_count() == 0
+            assert calls == []
             await wait_ready(pilot, app)
+            assert calls == [(True, "ready")]
             assert gc.get_freeze_count() > 10_000
     finally:
         gc.unfreeze()  # the rest of the test session collects as usual
