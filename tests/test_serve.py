@@ -203,3 +203,14 @@ def test_stop_matcher_across_deltas():
     assert out[1] == "c" and out[2] == ""  # "E", then "EN" held back until decided
     m2 = StopMatcher(["END"])
     assert m2.feed("aEN") == "a" and m2.flush() == "EN" and not m2.matched
+
+
+def test_the_next_turn_reports_the_prompt_tokens_it_did_not_prefill_again(client, server):
+    first = [{"role": "user", "content": " ".join(f"word{i}" for i in range(60))}]
+    r1 = client.chat.completions.create(model=MODEL, messages=first, max_tokens=8)
+    assert r1.usage.prompt_tokens_details is None or not r1.usage.prompt_tokens_details.cached_tokens
+    _idle(server)
+    nxt = first + [{"role": "assistant", "content": r1.choices[0].message.content}, {"role": "user", "content": "more"}]
+    r2 = client.chat.completions.create(model=MODEL, messages=nxt, max_tokens=8)
+    cached = r2.usage.prompt_tokens_details.cached_tokens
+    assert r1.usage.prompt_tokens <= cached < r2.usage.prompt_tokens

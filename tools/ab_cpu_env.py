@@ -12,11 +12,10 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import subprocess
-import sys
 import time
+
+from alternate import alternating_runs
 
 
 def one_run(a: argparse.Namespace) -> float:
@@ -58,13 +57,9 @@ def main() -> None:
     if a.child:
         print(f"{one_run(a):.4f}")
         return
-    args = [sys.executable, __file__, *sys.argv[1:], "--child"]
     res: dict[str, list[float]] = {"0": [], "1": []}
-    for r in range(a.rounds):
-        for val in (("0", "1") if r % 2 == 0 else ("1", "0")):
-            env = dict(os.environ, **{a.var: val})
-            out = subprocess.run(args, env=env, capture_output=True, text=True, check=True).stdout
-            res[val].append(float(out.strip().splitlines()[-1]))
+    for _, val, line in alternating_runs(__file__, a.var, a.rounds):
+        res[val].append(float(line))
     for val, v in res.items():
         print(f"{a.var}={val} batch {a.batch} prompt {a.prompt}: median {statistics.median(v):.2f} ms; rounds "
               + " ".join(f"{x:.1f}" for x in v))

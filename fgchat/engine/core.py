@@ -16,6 +16,7 @@ from fgchat.engine.kv_cache import NUM_SLOTS, KVCache, choose_max_context
 from fgchat.engine.loader import LoadedModel, load_model, load_random, pick_device, pick_dtype
 from fgchat.engine.model.decoder import Decoder
 from fgchat.engine.modes import GRAPH_MODES, ModeSet
+from fgchat.engine.prefix_reuse import SlotHistory
 from fgchat.engine.process import startup_mark
 from fgchat.engine.requests import Sequence
 from fgchat.engine.scheduler import Scheduler
@@ -86,6 +87,7 @@ class Engine:
         self.cache = KVCache(self.cfg, self.max_context, self.device, self.dtype)
         startup_mark("engine: kv cache allocated")
         self.scheduler = Scheduler()
+        self.history = SlotHistory(NUM_SLOTS)  # what each slot's rows hold (engine.prefix_reuse)
         self._build(self._use_fused())
         cuda = self.device.type == "cuda"
         self._pipelined = cuda if self.tuning.pipeline is None else self.tuning.pipeline
@@ -200,6 +202,7 @@ class Engine:
         from fgchat.engine import startup_check
 
         self.startup_check = startup_check.run(self)
+        self.history.clear()  # its steps may have written any slot
         if self.startup_check.message:
             self.notes.append(self.startup_check.message)
         self._info_due = True
@@ -391,7 +394,8 @@ class Engine:
         and start them with their first tokens."""
         firsts: list[tuple[Sequence, torch.Tensor]] = []
         pending: list[tuple[Sequence, torch.Tensor]] = []
-        for group, logits, reused in self._prefill_groups(share_prompts(self.scheduler.admit())):
+        choose = self._choose_slot if self.reuses_prefixes else None
+        for group, logits, reused in self._prefill_groups(share_prompts(self.scheduler.admit(choose))):
             if logits is None:
                 continue
             lead = group[0]
@@ -428,6 +432,9 @@ class Engine:
         group's prefill may overwrite those logits. One pass over all the prompts where
         `_prefill_together` can (logits kept until the next round), else one prefill per group,
         lazily: a group's logits are consumed before the next group is prefilled."""
+        for group in [g for g in groups if g[0].cached_tokens]:
+            yield group, self._prefill_after(group), False
+        groups = [g for g in groups if not g[0].cached_tokens]
         together = self._prefill_together([g[0] for g in groups]) if len(groups) > 1 else None
         if together is not None:
             for group, logits in zip(groups, together):
@@ -445,6 +452,36 @@ class Engine:
         except torch.OutOfMemoryError:
             for seq in group:
                 self._pending.append(EngineError("out of memory during prefill", seq.request_id))
+                self._finish(seq, "error")
+            return None
+
+    @property
+    def reuses_prefixes(self) -> bool:
+        """A prompt that starts with what a free slot still holds is prefilled from there
+        (engine.prefix_reuse): CPU, plain path (no graph or capture writes a slot behind the
+        histories' back), unless FGCHAT_PREFIX_REUSE=0."""
+        return self.device.type == "cpu" and not self.decoder.fused and self.tuning.prefix_reuse
+
+    def _choose_slot(self, seq: Sequence, free: list[int]) -> int:
+        """The free slot for `seq` (the one holding the longest prefix of its prompt) and how
+        many of its rows the prefill keeps (seq.cached_tokens); the slot's history ends here."""
+        slot, seq.cached_tokens = self.history.choose(seq.prompt_ids, free)
+        self.history.forget(slot)
+        return slot
+
+    def _prefill_after(self, group: list[Sequence]) -> torch.Tensor | None:
+        """Prefill group[0]'s prompt from position seq.cached_tokens (the rows before it are in
+        its slot); returns the last logits [V]."""
+        from fgchat.engine.model.prefill import prefill_after
+
+        lead = group[0]
+        m = lead.cached_tokens
+        ids = torch.tensor(lead.prompt_ids[m:], dtype=torch.int64, device=self.device)
+        try:
+            return prefill_after(self.decoder, ids, m, lead.slot, self.cache.k, self.cache.v)
+        except (RuntimeError, MemoryError) as exc:
+            for seq in group:
+                self._pending.append(EngineError(f"prefill failed: {exc}", seq.request_id))
                 self._finish(seq, "error")
             return None
 
@@ -629,6 +666,11 @@ class Engine:
             self._finish(seq, "length")
 
     def _finish(self, seq: Sequence, reason: str) -> None:
+        if seq.slot >= 0 and self.reuses_prefixes:
+            if reason in ("stop", "length"):  # rows [0, len) hold the prompt and the fed outputs
+                self.history.record(seq.slot, seq.prompt_ids + seq.output_ids[:-1])
+            else:
+                self.history.forget(seq.slot)
         self.scheduler.release(seq)
         if seq.detok is not None:
             tail = seq.detok.flush()
@@ -643,6 +685,7 @@ class Engine:
             RequestFinished(
                 RequestSummary(
                     request_id=seq.request_id, prompt_tokens=len(seq.prompt_ids), output_tokens=n,
+                    cached_tokens=seq.cached_tokens,
                     ttft_ms=ttft, tpot_ms=tpot, e2e_ms=e2e, finish_reason=reason,  # type: ignore[arg-type]
                     text="".join(seq.text_parts), token_ids=list(seq.output_ids),
                     itl_ms=list(seq.itls_ms), mode_counts=dict(seq.mode_counts),

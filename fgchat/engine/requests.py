@@ -15,6 +15,7 @@ class Sequence:
     stop_ids: frozenset[int]
     submit_ns: int
     slot: int = -1
+    cached_tokens: int = 0  # prompt rows already in the slot at admission (engine.prefix_reuse)
     output_ids: list[int] = field(default_factory=list)
     token_times_ns: list[int] = field(default_factory=list)
     itls_ms: list[float] = field(default_factory=list)

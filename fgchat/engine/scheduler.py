@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 
 from fgchat.engine.kv_cache import NUM_SLOTS
 from fgchat.engine.requests import Sequence
@@ -18,12 +19,14 @@ class Scheduler:
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
 
-    def admit(self) -> list[Sequence]:
-        """Move waiting sequences into free slots (FIFO); returns the newly admitted ones."""
+    def admit(self, choose: Callable[[Sequence, list[int]], int] | None = None) -> list[Sequence]:
+        """Move waiting sequences into free slots (FIFO): the lowest free slot, or the one
+        `choose(seq, free_slots)` returns; returns the newly admitted ones."""
         new = []
         while self.waiting and self.free_slots:
             seq = self.waiting.popleft()
-            seq.slot = self.free_slots.pop(0)
+            seq.slot = choose(seq, self.free_slots) if choose is not None else self.free_slots[0]
+            self.free_slots.remove(seq.slot)
             new.append(seq)
         return new
 

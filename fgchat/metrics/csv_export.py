@@ -156,7 +156,7 @@ def _opt_int(s: str) -> int | None:
 
 # columns added after the first release: files written without any of them still read (as
 # empty cells), and --log-csv keeps appending to such a file in its own columns
-ADDED_COLUMNS = frozenset({"launch_ms", "endpoint"})
+ADDED_COLUMNS = frozenset({"launch_ms", "endpoint", "cached_tokens"})
 
 
 def _known_header(names: Sequence[str], columns: Sequence[str]) -> bool:
@@ -233,6 +233,7 @@ def read_requests_csv(path: PathLike) -> list[RequestRecord]:
                 e2e_ms=float(r["e2e_ms"]),
                 finish_reason=r["finish_reason"],
                 endpoint=r.get("endpoint") or "",
+                cached_tokens=int(r.get("cached_tokens") or 0),
             )
             for r in rows
         ]

@@ -64,6 +64,7 @@ REQUEST_COLUMNS: tuple[str, ...] = (
     "e2e_ms",
     "finish_reason",
     "endpoint",
+    "cached_tokens",
 )
 
 
@@ -102,6 +103,7 @@ class RequestRecord:
     e2e_ms: float
     finish_reason: str
     endpoint: str = ""  # URL of the remote server that served it; "" for the local engine
+    cached_tokens: int = 0  # prompt tokens not prefilled again: their K/V rows were in the slot
 
 
 def format_modes(modes: dict[str, int]) -> str:
@@ -207,6 +209,7 @@ class LatencyLog:
                 e2e_ms=float(summary.e2e_ms),
                 finish_reason=str(summary.finish_reason),
                 endpoint=endpoint,
+                cached_tokens=int(summary.cached_tokens),
             )
             self._requests.append(record)
         return record

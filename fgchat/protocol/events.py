@@ -111,6 +111,7 @@ class RequestSummary:
     token_ids: list[int] = field(default_factory=list)
     itl_ms: list[float] = field(default_factory=list)
     mode_counts: dict[str, int] = field(default_factory=dict)
+    cached_tokens: int = 0  # prompt tokens whose K/V rows a slot still held: not prefilled again
 
 
 @dataclass

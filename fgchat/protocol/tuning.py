@@ -90,6 +90,9 @@ class Tuning:
     head_pick: bool | None = None
     # CPU: the plain path's projections through oneDNN's packed weights (model.cpu_linear)
     cpu_packed: bool = True
+    # CPU: a prompt that starts with the tokens a free cache slot still holds (the previous turn
+    # of a chat) is prefilled from there (engine.prefix_reuse)
+    prefix_reuse: bool = True
 
     @classmethod
     def from_env(cls, defaults: Tuning | None = None) -> Tuning:
@@ -113,6 +116,7 @@ class Tuning:
             head_sample=_flag("FGCHAT_HEAD_SAMPLE", d.head_sample),
             head_pick=_tristate("FGCHAT_HEAD_PICK", d.head_pick),
             cpu_packed=_flag("FGCHAT_CPU_PACKED", d.cpu_packed),
+            prefix_reuse=_flag("FGCHAT_PREFIX_REUSE", d.prefix_reuse),
         )
 
     def proj_config_texts(self) -> dict[str, str]:

@@ -34,6 +34,7 @@ class Choice:
     text: list[str] = field(default_factory=list)  # released text
     tokens: int = 0
     prompt_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens the engine did not prefill again (engine.prefix_reuse)
     finish_reason: str | None = None
     error: str | None = None
     summary: dict[str, Any] | None = None
@@ -68,6 +69,7 @@ class Choices:
         if isinstance(ev, RequestFinished):
             s = ev.summary
             c.prompt_tokens = s.prompt_tokens
+            c.cached_tokens = s.cached_tokens
             raw = "".join(c.raw)
             tail = s.text[len(raw):] if s.text.startswith(raw) else ""
             out = self._release(index, c, tail, None) if tail else []
@@ -94,7 +96,13 @@ class Choices:
             self._on_stop(index)
         return out
 
-    def usage(self) -> dict[str, int]:
+    def usage(self) -> dict[str, Any]:
+        """OpenAI's usage object; `prompt_tokens_details.cached_tokens` where a prefill skipped some."""
         prompt = max((c.prompt_tokens for c in self.items), default=0)
         completion = sum(c.tokens for c in self.items)
-        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+        out: dict[str, Any] = {"prompt_tokens": prompt, "completion_tokens": completion,
+                               "total_tokens": prompt + completion}
+        cached = max((c.cached_tokens for c in self.items), default=0)
+        if cached:
+            out["prompt_tokens_details"] = {"cached_tokens": cached}
+        return out

@@ -194,14 +194,16 @@ class ChatView(VerticalScroll):
 
 def reply_stats(meta: dict) -> str:
     """The per-reply stats line of a finished reply, from its stored meta:
-    "24 tok · TTFT 12 ms · 85.3 tok/s" (the parts that are known)."""
+    "24 tok · TTFT 12 ms (448 cached) · 85.3 tok/s" (the parts that are known; "cached": prompt
+    tokens whose K/V the engine still held, so the prefill skipped them)."""
     parts: list[str] = []
     tokens = meta.get("tokens")
     if isinstance(tokens, int):
         parts.append(f"{tokens} tok")
     ttft = meta.get("ttft_ms")
     if isinstance(ttft, (int, float)):
-        parts.append(f"TTFT {ttft:.0f} ms")
+        cached = meta.get("cached")
+        parts.append(f"TTFT {ttft:.0f} ms" + (f" ({cached} cached)" if isinstance(cached, int) and cached else ""))
     tpot = meta.get("tpot_ms")
     if isinstance(tpot, (int, float)) and tpot > 0:
         parts.append(f"{1000.0 / tpot:.1f} tok/s")

@@ -163,6 +163,8 @@ class Replies(Mapping[int, Reply]):
         meta = {"finish": summary.finish_reason, "tokens": summary.output_tokens,
                 "ttft_ms": round(summary.ttft_ms, 3),
                 "tpot_ms": None if summary.tpot_ms is None else round(summary.tpot_ms, 3)}
+        if summary.cached_tokens:
+            meta["cached"] = summary.cached_tokens
         self._persist(reply, summary.text, meta)
         self.on_change(reply.conversation)
         await reply.bubble.finish(reply_status(meta), final_text=summary.text)

@@ -1,4 +1,5 @@
-"""Prefill: one prompt of T tokens through the decoder into its KV-cache slot.
+"""Prefill: one prompt of T tokens through the decoder into its KV-cache slot (or, on the unfused
+path, `prefill_after`: only the tokens after the rows a slot already holds, engine.prefix_reuse).
 
 Two paths, chosen by `dec.fused`:
 - unfused (CPU, or fused=False): plain torch ops, the reference the CPU tests compare with
@@ -80,15 +81,19 @@ def _unfused_rows(
     prompts: list[tuple[torch.Tensor, int]],
     k_caches: list[torch.Tensor],
     v_caches: list[torch.Tensor],
+    first: list[int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The decoder layers over the prompts' rows stacked, each prompt at positions 0..T_i-1 of
-    its slot: final hidden states [sum T_i, H] and the row index of each prompt's last token."""
+    """The decoder layers over the prompts' rows stacked, each prompt at positions
+    first_i..first_i+T_i-1 of its slot (first: 0 for each unless given; rows before first_i are
+    already in the slot and are attended to from there): final hidden states [sum T_i, H] and
+    the row index of each prompt's last token."""
     c, w = dec.cfg, dec.w
     lens = [int(ids.shape[0]) for ids, _ in prompts]
+    first = first or [0] * len(prompts)
     starts = [sum(lens[:j]) for j in range(len(lens))]
     ids = torch.cat([p[0] for p in prompts])
-    cos = torch.cat([dec.cos[:t] for t in lens])
-    sin = torch.cat([dec.sin[:t] for t in lens])
+    cos = torch.cat([dec.cos[p0:p0 + t] for p0, t in zip(first, lens)])
+    sin = torch.cat([dec.sin[p0:p0 + t] for p0, t in zip(first, lens)])
     real = ids.shape[0]
     n = cpu_prefill_rows(real) if dec.pads_prefill_rows else real
     if n > real:  # padding rows: token 0 at angle 0; row-wise work only, never written or returned
@@ -102,20 +107,53 @@ def _unfused_rows(
         v = qkv[:, c.q_size + c.kv_size :].view(n, c.num_kv_heads, c.head_dim)
         a = torch.empty(n, c.num_heads, c.head_dim, dtype=q.dtype, device=q.device)
         a[real:] = 0
-        for (_, slot), s0, t in zip(prompts, starts, lens):
+        for (_, slot), s0, t, p0 in zip(prompts, starts, lens, first):
             rows = slice(s0, s0 + t)
-            k_caches[i][slot, :t] = k[rows]
-            v_caches[i][slot, :t] = v[rows]
-            a[rows] = F.scaled_dot_product_attention(
-                q[rows].transpose(0, 1)[None], k[rows].transpose(0, 1)[None], v[rows].transpose(0, 1)[None],
-                is_causal=True, scale=dec.scale, enable_gqa=c.num_heads != c.num_kv_heads,
-            )[0].transpose(0, 1)
+            k_caches[i][slot, p0:p0 + t] = k[rows]
+            v_caches[i][slot, p0:p0 + t] = v[rows]
+            if p0 == 0:
+                a[rows] = F.scaled_dot_product_attention(
+                    q[rows].transpose(0, 1)[None], k[rows].transpose(0, 1)[None], v[rows].transpose(0, 1)[None],
+                    is_causal=True, scale=dec.scale, enable_gqa=c.num_heads != c.num_kv_heads,
+                )[0].transpose(0, 1)
+            else:
+                a[rows] = _attend_after(q[rows], k_caches[i][slot, :p0 + t], v_caches[i][slot, :p0 + t],
+                                        dec.scale, c.num_heads != c.num_kv_heads)
         h = h + dec.project(a.reshape(n, c.q_size), i, "o")
         x = rms_norm(h, lw.mlp_norm, c.rms_eps)
         g, u = dec.project(x, i, "gate_up").chunk(2, dim=-1)
         h = h + dec.project(F.silu(g) * u, i, "down")
     last = torch.tensor([s0 + t - 1 for s0, t in zip(starts, lens)], device=h.device)
     return h[:real], last
+
+
+def _attend_after(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, gqa: bool) -> torch.Tensor:
+    """Rows q [t, Hq, D] at the last t of the n positions of k / v [n, Hkv, D]: row r attends to
+    positions 0..n-t+r (causal, aligned to the end) -> [t, Hq, D]."""
+    t, n = q.shape[0], k.shape[0]
+    allowed = torch.arange(n, device=q.device)[None, :] <= torch.arange(n - t, n, device=q.device)[:, None]
+    return F.scaled_dot_product_attention(
+        q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
+        attn_mask=allowed, scale=scale, enable_gqa=gqa,
+    )[0].transpose(0, 1)
+
+
+def prefill_after(
+    dec: Decoder,
+    ids: torch.Tensor,
+    first: int,
+    slot: int,
+    k_caches: list[torch.Tensor],
+    v_caches: list[torch.Tensor],
+) -> torch.Tensor:
+    """Unfused path: the prompt tokens `ids` at positions first..first+T-1 of slot `slot`, whose
+    rows [0, first) are already in the cache (engine.prefix_reuse); returns the last logits [V]."""
+    if dec.fused:
+        raise ValueError("prefill_after serves the unfused path")
+    if first + int(ids.shape[0]) > k_caches[0].shape[1]:
+        raise ValueError(f"positions {first}..{first + int(ids.shape[0]) - 1} do not fit the cache")
+    h, _ = _unfused_rows(dec, [(ids, slot)], k_caches, v_caches, first=[first])
+    return dec.head_logits(rms_norm(h[-1:], dec.w.final_norm, dec.cfg.rms_eps))[0]
 
 
 def cpu_prefill_rows(n: int) -> int:
