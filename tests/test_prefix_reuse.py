@@ -121,11 +121,16 @@ def test_the_next_turn_of_a_chat_prefills_only_what_follows_and_gives_transforme
     assert a2.token_ids == hf_greedy(hf, a_next, 8)
 
 
-def test_a_cancelled_reply_leaves_nothing_to_reuse_and_the_switch_turns_it_off(engine, tiny_llama):
+def test_a_stopped_reply_is_reused_and_the_switch_turns_it_off(engine, tiny_llama, hf_models):
     vocab = engine.cfg.vocab_size
     base = random_ids(60, 5, vocab)
     (cut,) = run(engine, [base], 30, cancel_after=3)
-    assert cut.finish_reason == "cancelled"
+    assert cut.finish_reason == "cancelled" and 0 < cut.output_tokens < 30
+    after_cut = base + cut.token_ids + random_ids(7, 8, vocab)
+    (resumed,) = run(engine, [after_cut], 6)
+    assert resumed.cached_tokens == len(base) + cut.output_tokens - 1
+    assert resumed.token_ids == hf_greedy(hf_models("llama"), after_cut, 6)
+    engine.history.clear()
     (again,) = run(engine, [base + random_ids(5, 6, vocab)], 4)
     assert again.cached_tokens == 0
     (third,) = run(engine, [base + random_ids(5, 6, vocab) + again.token_ids[:-1] + [9, 9]], 4)
@@ -177,3 +182,25 @@ def test_the_requests_csv_says_how_many_prompt_tokens_were_reused(engine, tmp_pa
     path = tmp_path / "requests.csv"
     write_requests_csv(path, log.requests_since(0))
     assert [r.cached_tokens for r in read_requests_csv(path)] == [0, 70 + 5 - 1]
+
+
+def test_a_prefill_that_fails_ends_its_request_with_one_line_and_leaves_no_history(engine, monkeypatch):
+    import fgchat.engine.model.prefill as prefill_module
+
+    vocab = engine.cfg.vocab_size
+    base = random_ids(64, 40, vocab)
+    (one,) = run(engine, [base], 5)
+    nxt = base + one.token_ids + [5, 6]
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no memory for the rows")
+
+    monkeypatch.setattr(prefill_module, "prefill_after", broken)
+    rid = engine.submit(nxt, SamplingParams(max_tokens=4, ignore_eos=True))
+    events = engine.run_until_done()
+    (failed,) = [e.summary for e in events if isinstance(e, RequestFinished) and e.summary.request_id == rid]
+    errors = [e for e in events if type(e).__name__ == "EngineError" and e.request_id == rid]
+    assert failed.finish_reason == "error" and len(errors) == 1 and "\n" not in errors[0].message
+    monkeypatch.undo()
+    (retry,) = run(engine, [nxt], 4)
+    assert retry.cached_tokens == 0, "the failed request's slot holds nothing reusable"

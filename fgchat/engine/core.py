@@ -667,7 +667,9 @@ class Engine:
 
     def _finish(self, seq: Sequence, reason: str) -> None:
         if seq.slot >= 0 and self.reuses_prefixes:
-            if reason in ("stop", "length"):  # rows [0, len) hold the prompt and the fed outputs
+            # rows [0, len) hold the prompt and the outputs fed back (a stopped reply's too: a
+            # plain CPU step is never in flight when a request is cancelled)
+            if reason in ("stop", "length", "cancelled"):
                 self.history.record(seq.slot, seq.prompt_ids + seq.output_ids[:-1])
             else:
                 self.history.forget(seq.slot)

@@ -3,14 +3,15 @@ with the same tokens (the next turn of a chat: the whole conversation again, plu
 prefills only what follows them.
 
 A slot's history is the token ids whose K/V rows [0, len) are in the slot: the prompt and every
-output token that was fed back (all but the last), recorded when a sequence ends by a stop token
-or its length. Admission then gives a request the free slot whose history shares the longest
+output token that was fed back (all but the last), recorded when a sequence ends by a stop token,
+its length or a cancel (a stopped reply is kept in the chat, so the next turn starts with it). Admission then gives a request the free slot whose history shares the longest
 prefix with its prompt (at least MIN_REUSE tokens), and the prefill starts at that position.
 
 Invariants:
-- A history is recorded only for a sequence that ended normally ("stop", "length"); a slot whose
-  rows may have been written by anything else (a cancelled or failed sequence, a slot handed to
-  a new request) has none.
+- A history is recorded only for a sequence that ended by "stop", "length" or "cancelled" on an
+  engine whose steps are never in flight at that moment (the CPU's); a slot whose rows may have
+  been written by anything else (a failed sequence, a slot handed to a new request, the start-up
+  check) has none.
 - A match leaves at least one prompt token to prefill: the first output token needs its logits.
 - The rows reused are the ones the earlier sequence computed (its prefill, then one decode step
   per token), so the new request's numbers can differ from a fresh prefill's in the last bits, as
