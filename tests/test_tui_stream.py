@@ -21,7 +21,7 @@ from fgchat.protocol.events import EngineInfo, Mode, RequestFinished, RequestSum
 from fgchat.tui import engine_link
 from fgchat.tui.app import FgchatApp
 from fgchat.tui.messages import EngineEvents
-from fgchat.tui.replies import CPU_DRAW_SHARE
+from fgchat.tui.replies import CPU_DRAW_SHARE, DRAW_SHARE, MAX_TEXT_S, TEXT_S, text_gap
 from test_tui import data_dir, wait_for  # noqa: F401
 from test_tui_endpoint import EndpointHandle
 
@@ -145,3 +145,10 @@ async def test_an_engine_on_this_cpu_gets_fewer_messages_and_frames_and_loses_no
         # N steps of 10 ms: ~N / 10 messages at 10 Hz where a GPU engine's pace would post ~N / 2
         assert len(stream_posts) <= N * CpuHandle.step_s / engine_link.CPU_POST_S + 3
         assert min(gaps) >= engine_link.CPU_POST_S * 0.9, "messages come at most every CPU_POST_S"
+
+
+def test_text_is_drawn_under_its_share_of_the_ui_thread_but_at_least_four_times_a_second():
+    assert text_gap(0.001, DRAW_SHARE) == TEXT_S  # cheap draws: at most 20 Hz
+    assert text_gap(0.04, DRAW_SHARE) == pytest.approx(0.08)  # 50% of the thread
+    assert text_gap(0.003, CPU_DRAW_SHARE) == pytest.approx(0.1)  # beside a CPU engine: 3%
+    assert text_gap(0.013, CPU_DRAW_SHARE) == MAX_TEXT_S == 0.25  # a long chat's dear draws: 4 Hz

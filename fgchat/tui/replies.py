@@ -13,7 +13,8 @@ Invariants:
 - Streamed text is buffered in the bubbles and drawn in one pass for all replies (one layout of
   the screen for all of them, however fast the tokens come), at most every TEXT_S, and no more
   often than keeps drawing (the pass and its frame, `drawn`) under `draw_share` of the UI thread
-  (DRAW_SHARE; CPU_DRAW_SHARE while the engine computes on this machine's CPU);
+  (DRAW_SHARE; CPU_DRAW_SHARE while the engine computes on this machine's CPU), but at least every
+  MAX_TEXT_S;
   a reply's first text, and text after such a pause, is drawn at once. A reply that ends is
   drawn complete when it ends.
 """
@@ -32,8 +33,16 @@ from fgchat.tui.store import Conversation, StoredMessage
 from fgchat.tui.store_guard import StoreGuard
 
 TEXT_S = 0.05  # streamed text is redrawn at most this often (20 Hz)
+MAX_TEXT_S = 0.25  # ... and at least this often (4 Hz), whatever a redraw costs
 DRAW_SHARE = 0.5  # ... and less often when a redraw costs more than this share of the UI thread
 CPU_DRAW_SHARE = 0.03  # the share while the engine computes on this machine's CPU (it needs the cores)
+
+
+def text_gap(cost_s: float, share: float) -> float:
+    """Seconds between two draws of streamed text when one costs `cost_s` of the UI thread:
+    drawing keeps under `share` of it, within [TEXT_S, MAX_TEXT_S] (a long chat makes every draw
+    dearer; text still moves at least 4 times a second)."""
+    return min(MAX_TEXT_S, max(TEXT_S, cost_s / share))
 
 
 @dataclass
@@ -142,7 +151,7 @@ class Replies(Mapping[int, Reply]):
     def drawn(self, cost_s: float) -> None:
         """The last `show` and its frame took `cost_s` of the UI thread's CPU: space the next
         so that drawing stays under `draw_share` of it."""
-        self._gap = max(TEXT_S, cost_s / self.draw_share)
+        self._gap = text_gap(cost_s, self.draw_share)
 
     async def show(self) -> None:
         """Draw the buffered text of every reply (their chat views follow the end)."""
