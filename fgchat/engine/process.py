@@ -41,7 +41,8 @@ from typing import Any
 
 from fgchat.engine import event_pipe
 from fgchat.protocol.errors import FgchatError
-from fgchat.protocol.events import EngineError, EngineInfo, EngineProgress, SamplingParams, TokenEvent
+from fgchat.protocol.events import (EngineError, EngineInfo, EngineProgress, RequestNotice, SamplingParams,
+                                    TokenEvent)
 
 # ---- commands (parent -> engine); plain dataclasses so they pickle -----------------------------
 
@@ -63,6 +64,9 @@ class SubmitChats:
 
     messages: list[dict[str, str]] | str
     requests: tuple[tuple[int, SamplingParams], ...]  # (request_id, params) per reply
+    # a chat longer than the context loses its oldest turns (engine.chat_fit) and a RequestNotice
+    # says so, instead of the request failing (the TUI's chats; the server keeps OpenAI's error)
+    fit_context: bool = False
 
 
 @dataclass(frozen=True)
@@ -256,11 +260,22 @@ def _error_event(exc: Exception, request_id: int | None) -> EngineError:
 
 def _apply_chats(engine: Any, cmd: SubmitChats) -> list:
     """Tokenize once, submit every request; a failure is one EngineError per request it hits."""
+    out: list = []
     try:
-        ids = _chat_ids(engine, cmd.messages)
+        if cmd.fit_context and not isinstance(cmd.messages, str) and engine.tokenizer is not None:
+            from fgchat.engine.chat_fit import fit_chat
+
+            reserve = min(max(p.max_tokens for _, p in cmd.requests), engine.max_context // 4)
+            ids, dropped = fit_chat(lambda m: _chat_ids(engine, m), cmd.messages, engine.max_context, reserve,
+                                    quantum=engine.max_context // 4)
+            if dropped:
+                out.append(RequestNotice(cmd.requests[0][0], (
+                    f"the chat is longer than the model's context ({engine.max_context} tokens): its oldest "
+                    f"{dropped} message{'s' if dropped > 1 else ''} left out of this prompt")))
+        else:
+            ids = _chat_ids(engine, cmd.messages)
     except Exception as exc:
         return [_error_event(exc, rid) for rid, _ in cmd.requests]
-    out: list = []
     for rid, params in cmd.requests:
         try:
             engine.submit(list(ids), params, request_id=rid)
@@ -293,6 +308,8 @@ def _apply(engine: Any, cmd: Command) -> list:
 class _EngineHandle:
     """Parent side: send commands, collect event batches, notice a dead engine."""
 
+    fit_context = False  # SubmitChats.fit_context of this handle's chats (the TUI sets it)
+
     def __init__(self) -> None:
         self._fatal_seen = False
         self._exit_reported = False
@@ -309,7 +326,7 @@ class _EngineHandle:
         prefilled in one round, so their first decode step runs at batch K (not 1, 2, ... as K
         separate submits would)."""
         prompt = messages if isinstance(messages, str) else [dict(m) for m in messages]
-        self._send(SubmitChats(prompt, tuple((int(r), p) for r, p in requests)))
+        self._send(SubmitChats(prompt, tuple((int(r), p) for r, p in requests), self.fit_context))
 
     def cancel(self, request_id: int) -> None:
         self._send(Cancel(request_id))

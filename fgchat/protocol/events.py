@@ -187,6 +187,15 @@ class EngineProgress:
 
 
 @dataclass
+class RequestNotice:
+    """Something the engine changed about a request on its way in, not an error (one line): e.g.
+    the oldest turns of a chat left out of a prompt that no longer fit the context."""
+
+    request_id: int
+    message: str
+
+
+@dataclass
 class EngineError:
     """A failure inside the engine; message is one line. fatal means the engine stopped."""
 
@@ -195,4 +204,5 @@ class EngineError:
     fatal: bool = False
 
 
-EngineEvent = TokenEvent | RequestFinished | ModeChanged | EngineError | EngineInfo | EngineProgress
+EngineEvent = (TokenEvent | RequestFinished | ModeChanged | EngineError | EngineInfo | EngineProgress
+               | RequestNotice)

@@ -192,6 +192,7 @@ class FgchatApp(App[int]):
         # (never in tests that drive the app in-process)
         self.exit_watchdog = False
         self.notices: list[tuple[str, str]] = []  # (severity, text) of every notification shown
+        self._context_notes: dict[str, str] = {}  # chat id -> the last "context full" notice shown
         themes, self.theme_problems = load_themes([BUILTIN_THEME_DIR, self.data_path / "themes"])
         for theme in themes:
             self.register_theme(theme)
@@ -268,6 +269,11 @@ class FgchatApp(App[int]):
         check = update.checked
         if check is not None and not check.passed:
             self.notify(check.message, title="startup check failed", severity="warning", timeout=30)
+        for notice in update.notices:  # once per chat until what is left out changes
+            chat = self.replies.chat_of(notice.request_id)
+            if self._context_notes.get(chat) != notice.message:
+                self._context_notes[chat] = notice.message
+                self.notify(notice.message, title="context full", severity="warning", timeout=10)
         for change in update.mode_changes:
             if change.reason:
                 self.notify(change.reason, title=f"running {change.mode}", severity="warning", timeout=6)

@@ -44,6 +44,7 @@ from fgchat.protocol.events import (
     Mode,
     ModeChanged,
     RequestFinished,
+    RequestNotice,
     RequestSummary,
     SamplingParams,
     StartupCheck,
@@ -73,6 +74,7 @@ class EngineUpdate:
     mode_changes: list[ModeChanged] = field(default_factory=list)
     fatal: EngineError | None = None
     checked: StartupCheck | None = None  # the start-up check's result, in the first info carrying it
+    notices: list[RequestNotice] = field(default_factory=list)
 
 
 class EngineLink:
@@ -115,6 +117,7 @@ class EngineLink:
             self.handle = self._factory(self.config)
             with terminal_signals_blocked():
                 self.handle.start()
+        self.handle.fit_context = True  # a chat outgrowing the context drops its oldest turns
         self.app.run_worker(partial(self._poll, self.handle, self.generation), thread=True,
                             exclusive=True, group="engine-poll", exit_on_error=False)
 
@@ -222,6 +225,8 @@ class EngineLink:
                     update.ready = ev
             elif isinstance(ev, EngineProgress):
                 self.phase = ev.phase
+            elif isinstance(ev, RequestNotice):
+                update.notices.append(ev)
             elif isinstance(ev, EngineError):
                 update.endings.append(ev)
                 if ev.fatal and update.fatal is None:
