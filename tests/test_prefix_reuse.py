@@ -193,7 +193,7 @@ def test_a_prefill_that_fails_ends_its_request_with_one_line_and_leaves_no_histo
     nxt = base + one.token_ids + [5, 6]
 
     def broken(*args, **kwargs):
-        raise RuntimeError("no memory for the rows")
+        raise RuntimeError("no memory\nfor the rows")
 
     monkeypatch.setattr(prefill_module, "prefill_after", broken)
     rid = engine.submit(nxt, SamplingParams(max_tokens=4, ignore_eos=True))

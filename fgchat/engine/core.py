@@ -480,8 +480,9 @@ class Engine:
         try:
             return prefill_after(self.decoder, ids, m, lead.slot, self.cache.k, self.cache.v)
         except (RuntimeError, MemoryError) as exc:
+            reason = " ".join(str(exc).split())[:300] or type(exc).__name__  # one line
             for seq in group:
-                self._pending.append(EngineError(f"prefill failed: {exc}", seq.request_id))
+                self._pending.append(EngineError(f"prefill failed: {reason}", seq.request_id))
                 self._finish(seq, "error")
             return None
 
