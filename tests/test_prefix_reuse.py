@@ -63,14 +63,25 @@ def test_slot_history_picks_the_longest_reusable_prefix_and_keeps_other_historie
     a = list(range(100, 200))
     h.record(1, a[:60])
     h.record(2, a[:80] + [7, 7])
-    assert h.choose(a, [0, 1, 2, 3]) == (2, 80)
-    assert h.choose(a[:80], [0, 1, 2, 3]) == (2, 79), "one prompt token is always prefilled"
-    assert h.choose(a, [0, 1, 3]) == (1, 60)
+    assert h.choose(a, [0, 1, 2, 3]) == (2, 80, None), "the next turn of slot 2's chat"
+    assert h.choose(a[:80], [0, 1, 2, 3]) == (2, 79, None), "one prompt token is always prefilled"
+    assert h.choose(a, [0, 1, 3]) == (1, 60, None)
     assert h.reusable(1, a[: MIN_REUSE - 1] + [5] * 40) == 0, "too short a prefix is prefilled again"
-    assert h.choose([5] * 50, [1, 2, 3]) == (3, 0), "no match: a slot without a history"
-    assert h.choose([5] * 50, [1, 2]) == (1, 0)
+    assert h.choose([5] * 50, [1, 2, 3]) == (3, 0, None), "no match: a slot without a history"
+    assert h.choose([5] * 50, [1, 2]) == (1, 0, None)
     h.forget(2)
-    assert h.choose(a, [2]) == (2, 0)
+    assert h.choose(a, [2]) == (2, 0, None)
+
+
+def test_a_chat_that_shares_only_the_start_of_a_slot_copies_those_rows_and_leaves_the_history():
+    h = SlotHistory(3)
+    system = list(range(1000, 1040))  # a long system prompt both chats start with
+    h.record(0, system + list(range(300)))  # chat 1, several turns
+    other = system + [7] * 30
+    assert h.choose(other, [0, 1, 2]) == (1, 40, 0), "own slot, rows copied from slot 0"
+    assert h.choose(other, [0]) == (0, 40, None), "no slot without a history: taken in place"
+    nearly = system + list(range(290)) + [9] * 5  # its next turn, the last reply re-tokenized apart
+    assert h.choose(nearly, [0, 1, 2]) == (0, 330, None)
 
 
 def hf_greedy(model, ids: list[int], n: int) -> list[int]:
@@ -204,3 +215,32 @@ def test_a_prefill_that_fails_ends_its_request_with_one_line_and_leaves_no_histo
     monkeypatch.undo()
     (retry,) = run(engine, [nxt], 4)
     assert retry.cached_tokens == 0, "the failed request's slot holds nothing reusable"
+
+
+def test_k_replies_to_the_next_turn_share_one_suffix_prefill_and_report_the_same_reuse(engine, hf_models):
+    vocab = engine.cfg.vocab_size
+    engine.history.clear()
+    base = random_ids(56, 50, vocab)
+    (one,) = run(engine, [base], 6)
+    (other,) = run(engine, [base[:40] + random_ids(20, 52, vocab)], 6)  # another slot shares 40 tokens
+    nxt = base + one.token_ids + random_ids(5, 51, vocab)
+    again = run(engine, [nxt, nxt], 5)  # K = 2: one prefill, into the slot that holds the most
+    assert [s.cached_tokens for s in again] == [len(base) + 6 - 1] * 2
+    expected = hf_greedy(hf_models("llama"), nxt, 5)
+    assert [s.token_ids for s in again] == [expected, expected]
+
+
+def test_a_new_chat_with_the_same_start_copies_those_rows_and_the_first_chat_keeps_its_own(engine, hf_models):
+    vocab = engine.cfg.vocab_size
+    engine.history.clear()
+    system = random_ids(40, 60, vocab)  # a long system prompt both chats start with
+    chat1 = system + random_ids(30, 61, vocab)
+    (a1,) = run(engine, [chat1], 8)
+    chat2 = system + random_ids(25, 62, vocab)
+    (b1,) = run(engine, [chat2], 6)
+    assert b1.cached_tokens == 40, "the shared start, copied into chat 2's own slot"
+    assert b1.token_ids == hf_greedy(hf_models("llama"), chat2, 6)
+    a_next = chat1 + a1.token_ids + random_ids(4, 63, vocab)
+    (a2,) = run(engine, [a_next], 6)
+    assert a2.cached_tokens == len(chat1) + 8 - 1, "chat 1's slot kept its whole history"
+    assert a2.token_ids == hf_greedy(hf_models("llama"), a_next, 6)

@@ -400,6 +400,8 @@ class Engine:
                 continue
             lead = group[0]
             self.cache.copy_prefix(lead.slot, [s.slot for s in group[1:]], len(lead.prompt_ids))
+            for seq in group[1:]:  # their rows are the lead's: so is what its prefill skipped
+                seq.cached_tokens = lead.cached_tokens
             pending += [(seq, logits) for seq in group]
             if reused:  # a prefill graph's output buffer: picked from before the next prefill
                 firsts += self._first_tokens(pending)
@@ -463,9 +465,12 @@ class Engine:
         return self.device.type == "cpu" and not self.decoder.fused and self.tuning.prefix_reuse
 
     def _choose_slot(self, seq: Sequence, free: list[int]) -> int:
-        """The free slot for `seq` (the one holding the longest prefix of its prompt) and how
-        many of its rows the prefill keeps (seq.cached_tokens); the slot's history ends here."""
-        slot, seq.cached_tokens = self.history.choose(seq.prompt_ids, free)
+        """The free slot for `seq` (SlotHistory.choose) and how many rows of its prompt are
+        there before the prefill (seq.cached_tokens: kept in place, or copied from a donor slot
+        whose history stays); the chosen slot's history ends here."""
+        slot, seq.cached_tokens, donor = self.history.choose(seq.prompt_ids, free)
+        if donor is not None:
+            self.cache.copy_prefix(donor, [slot], seq.cached_tokens)
         self.history.forget(slot)
         return slot
 

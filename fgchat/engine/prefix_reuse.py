@@ -5,7 +5,9 @@ prefills only what follows them.
 A slot's history is the token ids whose K/V rows [0, len) are in the slot: the prompt and every
 output token that was fed back (all but the last), recorded when a sequence ends by a stop token,
 its length or a cancel (a stopped reply is kept in the chat, so the next turn starts with it). Admission then gives a request the free slot whose history shares the longest
-prefix with its prompt (at least MIN_REUSE tokens), and the prefill starts at that position.
+prefix with its prompt (at least MIN_REUSE tokens), and the prefill starts at that position; a
+slot whose history the prompt shares only in part (another chat with the same system prompt) keeps
+it, and the shared rows are copied to the request's own slot instead.
 
 Invariants:
 - A history is recorded only for a sequence that ended by "stop", "length" or "cancelled" on an
@@ -52,16 +54,24 @@ class SlotHistory:
         m = min(common_prefix(self.ids[slot], prompt), len(prompt) - 1)
         return m if m >= MIN_REUSE else 0
 
-    def choose(self, prompt: list[int], free: list[int]) -> tuple[int, int]:
-        """(slot, rows to keep) for a request with `prompt`, among the `free` slots: the longest
-        reusable prefix; else the first free slot without a history (the others keep theirs for
-        later turns); else the first free slot."""
+    def choose(self, prompt: list[int], free: list[int]) -> tuple[int, int, int | None]:
+        """(slot, rows to keep, donor) for a request with `prompt`, among the `free` slots.
+
+        The free slot sharing the longest reusable prefix is taken as it is when the prompt
+        continues (nearly) all of its history: the next turn of its chat. When it shares only a
+        part (another chat with the same system prompt), its history is kept for its own chat:
+        the request gets a slot without a history and the shared rows are copied there from the
+        donor slot (the caller copies). With no reusable prefix: the first free slot without a
+        history, else the first free slot."""
         best, kept = -1, 0
         for slot in free:
             m = self.reusable(slot, prompt)
             if m > kept:
                 best, kept = slot, m
-        if best < 0:
-            empty = [s for s in free if not self.ids[s]]
-            best = empty[0] if empty else free[0]
-        return best, kept
+        empty = [s for s in free if not self.ids[s]]
+        if best >= 0:
+            rest = len(self.ids[best]) - kept  # history rows this request would overwrite
+            if rest <= max(4, len(self.ids[best]) // 8) or not empty:
+                return best, kept, None
+            return empty[0], kept, best
+        return (empty[0] if empty else free[0]), 0, None
