@@ -125,6 +125,7 @@ def test_bench_smoke_json(tmp_path):
     meta = data["meta"]
     assert meta["pdl"] is False and meta["kernel_warmup_s"] is None  # CPU: no PDL, no graphs
     assert isinstance(meta["tuning_changed"], dict)
+    assert meta["tuning_changed"]["prefix_reuse"] is False  # rounds repeat prompts: each prefilled afresh
     assert meta["gc_frozen_objects"] > 10000  # the heap was frozen before timing (engine.heap)
     assert isinstance(meta["host_cpu"], str) and meta["host_cpu"]
     assert meta["sampling"] is None

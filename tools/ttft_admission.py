@@ -20,6 +20,7 @@ import torch
 from fgchat.engine.core import Engine, EngineConfig
 from fgchat.engine.model import prefill as pf
 from fgchat.protocol.events import RequestFinished, SamplingParams
+from fgchat.protocol.tuning import Tuning
 
 
 def prompt(seed: int, n: int, vocab: int) -> list[int]:
@@ -42,8 +43,8 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=512)
     ap.add_argument("--rounds", type=int, default=5)
     a = ap.parse_args()
-    eng = Engine(EngineConfig(model=a.model, preset=a.preset,
-                              device=a.device, max_context=a.prompt_len + 64))
+    eng = Engine(EngineConfig(model=a.model, preset=a.preset, device=a.device, max_context=a.prompt_len + 64,
+                              tuning=dataclasses.replace(Tuning.from_env(), prefix_reuse=False)))  # fresh prefills
     vocab, n, k = eng.cfg.vocab_size, a.prompt_len, a.k
     batched = eng.tuning
     variants = {"identical (shared prefill)": lambda r: [prompt(r, n, vocab)] * k,

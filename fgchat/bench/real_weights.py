@@ -139,7 +139,7 @@ def run_all(model: str, tokens: int = 16, dtypes: tuple[str, ...] = DTYPES) -> d
         result["runs"][f"transformers {dt_name}"] = hf_tokens(path, dt, prompts, tokens)
         for fused in (True, False):
             t0 = time.perf_counter()
-            engine = Engine(EngineConfig(model=model, dtype=dt_name, tuning=Tuning(fused=fused)))
+            engine = Engine(EngineConfig(model=model, dtype=dt_name, tuning=Tuning(fused=fused, prefix_reuse=False)))
             start_s = time.perf_counter() - t0
             label = "" if fused else " plain"
             info = engine.info()
@@ -170,6 +170,7 @@ def run_cpu(model: str, tokens: int = 32, dtypes: tuple[str, ...] = ("float32", 
     from fgchat.engine.core import Engine
     from fgchat.engine.model.resolve import resolve_model
     from fgchat.bench.runner import _git_commit
+    from fgchat.protocol.tuning import Tuning
 
     path = str(resolve_model(model).path)
     result: dict = {"commit": _git_commit(), "gpu": "CPU", "prompts": PROMPTS, "tokens": tokens,
@@ -177,7 +178,7 @@ def run_cpu(model: str, tokens: int = 32, dtypes: tuple[str, ...] = ("float32", 
     prompts: list[list[int]] = []
     for dt_name in dtypes:
         t0 = time.perf_counter()
-        engine = Engine(EngineConfig(model=model, device="cpu", dtype=dt_name))
+        engine = Engine(EngineConfig(model=model, device="cpu", dtype=dt_name, tuning=Tuning(prefix_reuse=False)))
         info = engine.info()
         result["check"][dt_name] = {"start_s": time.perf_counter() - t0, "notes": info.notes,
                                     "startup_check": info.startup_check}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import platform
 import subprocess
 import time
@@ -16,6 +17,7 @@ from fgchat.bench.spec import BenchSpec, prompts_for, stats
 PENALTIES = (1.1, 0.5, 0.25)  # repetition, presence, frequency of `bench --penalties`
 from fgchat.engine.core import Engine, EngineConfig
 from fgchat.protocol.events import Mode, RequestFinished, SamplingParams, TokenEvent
+from fgchat.protocol.tuning import Tuning
 
 
 def _cpu_name() -> str:
@@ -90,10 +92,12 @@ def run_all(spec: BenchSpec) -> dict[str, Any]:
     from fgchat.bench.progress import progress_bar
 
     need = spec.prompt_len + spec.output_len + 8
+    # every round prefills its prompts afresh: no slot's rows from an earlier round are reused
+    tuning = dataclasses.replace(Tuning.from_env(), prefix_reuse=False)
     engine = Engine(EngineConfig(
         model=spec.model, preset=spec.preset, device=spec.device, dtype=spec.dtype,
         max_context=spec.max_context or need, mode=Mode.EAGER, attention=spec.attention,
-        outliers=spec.outliers,
+        outliers=spec.outliers, tuning=tuning,
     ))
     if engine.max_context < need:
         from fgchat.protocol.errors import FgchatError
