@@ -673,8 +673,9 @@ class Engine:
 
     def _finish(self, seq: Sequence, reason: str) -> None:
         if seq.slot >= 0 and self.reuses_prefixes:
-            # rows [0, len) hold the prompt and the outputs fed back (a stopped reply's too: a
-            # plain CPU step is never in flight when a request is cancelled)
+            # rows [0, len) hold the prompt and the outputs fed back (a stopped reply's too: those
+            # rows were written by steps already read; a step still in flight writes only later
+            # rows, and admission drains it before any prefill)
             if reason in ("stop", "length", "cancelled"):
                 self.history.record(seq.slot, seq.prompt_ids + seq.output_ids[:-1])
             else:

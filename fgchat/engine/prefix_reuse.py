@@ -10,10 +10,10 @@ slot whose history the prompt shares only in part (another chat with the same sy
 it, and the shared rows are copied to the request's own slot instead.
 
 Invariants:
-- A history is recorded only for a sequence that ended by "stop", "length" or "cancelled" on an
-  engine whose steps are never in flight at that moment (the CPU's); a slot whose rows may have
-  been written by anything else (a failed sequence, a slot handed to a new request, the start-up
-  check) has none.
+- A history is recorded only for a sequence that ended by "stop", "length" or "cancelled" (its
+  recorded rows were all written by steps already read); a slot whose rows may have been written
+  by anything else (a failed sequence, a slot handed to a new request, the start-up check) has
+  none.
 - A match leaves at least one prompt token to prefill: the first output token needs its logits.
 - The rows reused are the ones the earlier sequence computed (its prefill, then one decode step
   per token), so the new request's numbers can differ from a fresh prefill's in the last bits, as
