@@ -67,6 +67,13 @@ class FastHandle(EndpointHandle):
                 e2e_ms=2.0 + N - 1, finish_reason="length", text=text)))
 
 
+def streaming_app(handle: type[FastHandle]) -> tuple[FgchatApp, list[float]]:
+    """The app on a `handle` engine, replies of N tokens, and the times of its engine messages."""
+    app = FgchatApp(EngineConfig(model="fast"), engine_factory=lambda cfg: handle(),
+                    sampling=SamplingParams(max_tokens=N, ignore_eos=True))
+    return app, record_posts(app)
+
+
 def record_posts(app: FgchatApp) -> list[float]:
     """The times at which the poll thread posts EngineEvents messages to `app`, as they happen."""
     posted_at: list[float] = []
@@ -82,9 +89,7 @@ def record_posts(app: FgchatApp) -> list[float]:
 
 
 async def test_every_token_of_a_fast_k8_stream_is_logged_and_shown_from_few_messages(data_dir):
-    app = FgchatApp(EngineConfig(model="fast"), engine_factory=lambda cfg: FastHandle(),
-                    sampling=SamplingParams(max_tokens=N, ignore_eos=True))
-    posted_at = record_posts(app)
+    app, posted_at = streaming_app(FastHandle)
     async with app.run_test(size=(120, 40)) as pilot:
         await wait_for(pilot, lambda: app.link.state == "ready", "the engine's info", 10)
         app.set_samples(K)
@@ -123,9 +128,7 @@ class CpuHandle(FastHandle):
 
 
 async def test_an_engine_on_this_cpu_gets_fewer_messages_and_frames_and_loses_nothing(data_dir):
-    app = FgchatApp(EngineConfig(model="fast"), engine_factory=lambda cfg: CpuHandle(),
-                    sampling=SamplingParams(max_tokens=N, ignore_eos=True))
-    posted_at = record_posts(app)
+    app, posted_at = streaming_app(CpuHandle)
     async with app.run_test(size=(120, 40)) as pilot:
         await wait_for(pilot, lambda: app.link.state == "ready", "the engine's info", 10)
         assert not app.query_one("#prompt", Input).cursor_blink

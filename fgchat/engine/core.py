@@ -17,7 +17,7 @@ from fgchat.engine.loader import LoadedModel, load_model, load_random, pick_devi
 from fgchat.engine.model.decoder import Decoder
 from fgchat.engine.modes import GRAPH_MODES, ModeSet
 from fgchat.engine.prefix_reuse import SlotHistory
-from fgchat.engine.process import startup_mark
+from fgchat.engine.process import one_line, startup_mark
 from fgchat.engine.requests import Sequence
 from fgchat.engine.scheduler import Scheduler
 from fgchat.engine.step import ROW_IDS, ROW_POS, StepBuffers, StepOutputs, StepProgram, Variant
@@ -452,10 +452,13 @@ class Engine:
         try:
             return self.modes.prefill_logits(self.mode, ids, lead.slot)
         except torch.OutOfMemoryError:
-            for seq in group:
-                self._pending.append(EngineError("out of memory during prefill", seq.request_id))
-                self._finish(seq, "error")
-            return None
+            return self._fail_group(group, "out of memory during prefill")
+
+    def _fail_group(self, group: list[Sequence], message: str) -> None:
+        """Every request of a group whose prefill failed ends with `message` (one line)."""
+        for seq in group:
+            self._pending.append(EngineError(message, seq.request_id))
+            self._finish(seq, "error")
 
     @property
     def reuses_prefixes(self) -> bool:
@@ -485,11 +488,7 @@ class Engine:
         try:
             return prefill_after(self.decoder, ids, m, lead.slot, self.cache.k, self.cache.v)
         except (RuntimeError, MemoryError) as exc:
-            reason = " ".join(str(exc).split())[:300] or type(exc).__name__  # one line
-            for seq in group:
-                self._pending.append(EngineError(f"prefill failed: {reason}", seq.request_id))
-                self._finish(seq, "error")
-            return None
+            return self._fail_group(group, f"prefill failed: {one_line(exc)}")
 
     def _prefill_together(self, seqs: list[Sequence]) -> list[torch.Tensor] | None:
         """Several prompts in one pass, their last logits [V] each: stacked rows make larger

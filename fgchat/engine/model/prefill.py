@@ -111,14 +111,10 @@ def _unfused_rows(
             rows = slice(s0, s0 + t)
             k_caches[i][slot, p0:p0 + t] = k[rows]
             v_caches[i][slot, p0:p0 + t] = v[rows]
-            if p0 == 0:
-                a[rows] = F.scaled_dot_product_attention(
-                    q[rows].transpose(0, 1)[None], k[rows].transpose(0, 1)[None], v[rows].transpose(0, 1)[None],
-                    is_causal=True, scale=dec.scale, enable_gqa=c.num_heads != c.num_kv_heads,
-                )[0].transpose(0, 1)
-            else:
-                a[rows] = _attend_after(q[rows], k_caches[i][slot, :p0 + t], v_caches[i][slot, :p0 + t],
-                                        dec.scale, c.num_heads != c.num_kv_heads)
+            # a fresh prompt attends to its own new rows, a prompt after cached rows to the slot's
+            a[rows] = _attend_after(q[rows], k[rows] if p0 == 0 else k_caches[i][slot, :p0 + t],
+                                    v[rows] if p0 == 0 else v_caches[i][slot, :p0 + t],
+                                    dec.scale, c.num_heads != c.num_kv_heads)
         h = h + dec.project(a.reshape(n, c.q_size), i, "o")
         x = rms_norm(h, lw.mlp_norm, c.rms_eps)
         g, u = dec.project(x, i, "gate_up").chunk(2, dim=-1)
@@ -129,12 +125,15 @@ def _unfused_rows(
 
 def _attend_after(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, gqa: bool) -> torch.Tensor:
     """Rows q [t, Hq, D] at the last t of the n positions of k / v [n, Hkv, D]: row r attends to
-    positions 0..n-t+r (causal, aligned to the end) -> [t, Hq, D]."""
+    positions 0..n-t+r (causal, aligned to the end) -> [t, Hq, D]. With n == t, SDPA's own causal
+    mask (no mask tensor)."""
     t, n = q.shape[0], k.shape[0]
-    allowed = torch.arange(n, device=q.device)[None, :] <= torch.arange(n - t, n, device=q.device)[:, None]
+    allowed = None
+    if n != t:
+        allowed = torch.arange(n, device=q.device)[None, :] <= torch.arange(n - t, n, device=q.device)[:, None]
     return F.scaled_dot_product_attention(
         q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
-        attn_mask=allowed, scale=scale, enable_gqa=gqa,
+        attn_mask=allowed, is_causal=allowed is None, scale=scale, enable_gqa=gqa,
     )[0].transpose(0, 1)
 
 
