@@ -136,6 +136,7 @@ class Engine:
     def _build(self, fused: bool) -> None:
         """The decode path: decoder (fused Triton stages or plain torch ops), step program,
         attention backend, launch lists and graphs (captured here unless lazy)."""
+        self.history.clear()  # kernel warm-up and captures below run steps on stale inputs
         self.decoder = Decoder(self.cfg, self.model.weights, self.max_context, fused, self.tuning)
         # a step's tokens feed the next step and reach the host through one kernel (fused.advance)
         self._advance_on_device = fused
@@ -292,6 +293,7 @@ class Engine:
         wanted = Mode(mode)
         if wanted in GRAPH_MODES and wanted in self.modes.modes and not self.modes.unavailable.get(wanted):
             self.modes.capture_sizes(wanted, sizes, self.config.self_check)
+            self.history.clear()  # the self-check's steps write slots 0..b-1
 
     def capture_idle(self) -> bool:
         """While no request runs, one piece of work that start-up deferred (Tuning.idle_capture):
@@ -304,6 +306,7 @@ class Engine:
             return True
         if not self.modes.capture_next():
             return False
+        self.history.clear()  # its warm-up, capture and self-check steps write slots 0..b-1
         if self.modes.unavailable.get(self.mode):
             self.set_mode(self.mode)
         return True
@@ -463,19 +466,28 @@ class Engine:
     @property
     def reuses_prefixes(self) -> bool:
         """A prompt that starts with what a free slot still holds is prefilled from there
-        (engine.prefix_reuse): CPU, plain path (no graph or capture writes a slot behind the
-        histories' back), unless FGCHAT_PREFIX_REUSE=0."""
-        return self.device.type == "cpu" and not self.decoder.fused and self.tuning.prefix_reuse
+        (engine.prefix_reuse), unless FGCHAT_PREFIX_REUSE=0. Work that writes slots outside a
+        request's own rows (captures while idle, self-checks, the start-up check, a rebuild)
+        forgets every history first."""
+        return self.tuning.prefix_reuse
 
     def _choose_slot(self, seq: Sequence, free: list[int]) -> int:
         """The free slot for `seq` (SlotHistory.choose) and how many rows of its prompt are
         there before the prefill (seq.cached_tokens: kept in place, or copied from a donor slot
         whose history stays); the chosen slot's history ends here."""
-        slot, seq.cached_tokens, donor = self.history.choose(seq.prompt_ids, free)
+        slot, seq.cached_tokens, donor = self.history.choose(seq.prompt_ids, free,
+                                                             self._suffix_prefill_pays(len(seq.prompt_ids)))
         if donor is not None:
             self.cache.copy_prefix(donor, [slot], seq.cached_tokens)
         self.history.forget(slot)
         return slot
+
+    def _suffix_prefill_pays(self, prompt_len: int) -> bool:
+        """A prefill after cached rows runs eagerly; where a prefill graph would run the whole
+        prompt (full mode), the graph is the faster one (the eager fused path launches ~10 kernels
+        a layer from the host), so there the prompt is prefilled afresh."""
+        graphs = self.modes.prefill_graphs
+        return not (self.mode == Mode.FULL and graphs is not None and graphs.covers(prompt_len))
 
     def _prefill_after(self, group: list[Sequence]) -> torch.Tensor | None:
         """Prefill group[0]'s prompt from position seq.cached_tokens (the rows before it are in

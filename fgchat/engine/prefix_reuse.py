@@ -12,8 +12,10 @@ it, and the shared rows are copied to the request's own slot instead.
 Invariants:
 - A history is recorded only for a sequence that ended by "stop", "length" or "cancelled" (its
   recorded rows were all written by steps already read); a slot whose rows may have been written
-  by anything else (a failed sequence, a slot handed to a new request, the start-up check) has
-  none.
+  by anything else (a failed sequence, a slot handed to a new request) has none, and work that
+  writes slots outside a request's rows (the start-up check, captures and self-checks while idle,
+  a rebuild of the decode path) clears every history. A capture on first use rewrites only the
+  rows of the step it captures, with the same values.
 - A match leaves at least one prompt token to prefill: the first output token needs its logits.
 - The rows reused are the ones the earlier sequence computed (its prefill, then one decode step
   per token), so the new request's numbers can differ from a fresh prefill's in the last bits, as
@@ -54,17 +56,17 @@ class SlotHistory:
         m = min(common_prefix(self.ids[slot], prompt), len(prompt) - 1)
         return m if m >= MIN_REUSE else 0
 
-    def choose(self, prompt: list[int], free: list[int]) -> tuple[int, int, int | None]:
+    def choose(self, prompt: list[int], free: list[int], reuse: bool = True) -> tuple[int, int, int | None]:
         """(slot, rows to keep, donor) for a request with `prompt`, among the `free` slots.
 
         The free slot sharing the longest reusable prefix is taken as it is when the prompt
         continues (nearly) all of its history: the next turn of its chat. When it shares only a
         part (another chat with the same system prompt), its history is kept for its own chat:
         the request gets a slot without a history and the shared rows are copied there from the
-        donor slot (the caller copies). With no reusable prefix: the first free slot without a
-        history, else the first free slot."""
+        donor slot (the caller copies). With no reusable prefix, or reuse False: the first free
+        slot without a history, else the first free slot."""
         best, kept = -1, 0
-        for slot in free:
+        for slot in free if reuse else []:
             m = self.reusable(slot, prompt)
             if m > kept:
                 best, kept = slot, m

@@ -145,12 +145,18 @@ def prefill_after(
     k_caches: list[torch.Tensor],
     v_caches: list[torch.Tensor],
 ) -> torch.Tensor:
-    """Unfused path: the prompt tokens `ids` at positions first..first+T-1 of slot `slot`, whose
-    rows [0, first) are already in the cache (engine.prefix_reuse); returns the last logits [V]."""
-    if dec.fused:
-        raise ValueError("prefill_after serves the unfused path")
-    if first + int(ids.shape[0]) > k_caches[0].shape[1]:
-        raise ValueError(f"positions {first}..{first + int(ids.shape[0]) - 1} do not fit the cache")
+    """The prompt tokens `ids` at positions first..first+T-1 of slot `slot`, whose rows [0, first)
+    are already in the cache (engine.prefix_reuse); returns the last logits [V] (float32)."""
+    t = int(ids.shape[0])
+    if first + t > k_caches[0].shape[1]:
+        raise ValueError(f"positions {first}..{first + t - 1} do not fit the cache")
+    if dec.fused:  # eager: the prefill graphs attend to fresh rows only
+        _check_prompt(dec, first + t, slot, k_caches)
+        dev = dec.device
+        pos = torch.arange(first, first + t, dtype=torch.int64, device=dev)
+        slots = torch.full((t,), slot, dtype=torch.int64, device=dev)
+        h, delta = _fused_layers(dec, ids, pos, slots, None, k_caches, v_caches, after=(slot, first))
+        return final_logits(dec, h[-1:], delta[-1:])[0]
     h, _ = _unfused_rows(dec, [(ids, slot)], k_caches, v_caches, first=[first])
     return dec.head_logits(rms_norm(h[-1:], dec.w.final_norm, dec.cfg.rms_eps))[0]
 
@@ -390,11 +396,13 @@ def _batched_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, b: int, sca
 
 def _fused_layers(dec: Decoder, ids: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor,
                   spans: list[tuple[int, int]] | None, k_caches: list[torch.Tensor],
-                  v_caches: list[torch.Tensor], batch: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+                  v_caches: list[torch.Tensor], batch: int = 1,
+                  after: tuple[int, int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The decoder layers over rows `ids` at positions `pos` of cache slots `slots` (per row).
     spans None: the rows are `batch` prompts of n / batch rows each (right-padded), each attending
     causally to its own rows; else [(first row, length)] per prompt, each attending causally to
-    its own rows only."""
+    its own rows only. after=(slot, first): the rows are one prompt's positions first.. of that
+    slot, attending to the slot's cached rows [0, first) and causally to their own."""
     from fgchat.engine.kernels import fused as fk
 
     c, w = dec.cfg, dec.w
@@ -411,7 +419,11 @@ def _fused_layers(dec: Decoder, ids: torch.Tensor, pos: torch.Tensor, slots: tor
         q = fk.rope_kv_write(qkv, dec.cos, dec.sin, pos, slots, k_caches[i], v_caches[i],
                              c.num_heads, c.num_kv_heads, c.head_dim, k_out=k)
         v = qkv[:, v_at:].view(n, c.num_kv_heads, c.head_dim)  # a strided view: no copy
-        if spans is None and batch > 1:
+        if after is not None:
+            slot, first = after
+            a = _attend_after(q, k_caches[i][slot, :first + n], v_caches[i][slot, :first + n], dec.scale,
+                              c.num_heads != c.num_kv_heads).reshape(n, c.q_size)
+        elif spans is None and batch > 1:
             a = _batched_sdpa(q, k, v, batch, dec.scale)
         elif spans is None:
             a = sdpa_causal(heads_first(q), heads_first(k), heads_first(v), dec.scale)
