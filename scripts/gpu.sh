@@ -41,6 +41,7 @@
 #   penalties  cost per decode step of repetition/presence/frequency penalties (1B, batch 1, 8)
 #   sampling   cost per decode step of sampling (T 0.7) and of filtering (T 0.7, top-k 50) vs greedy;
 #              SAMPLING_WAYS narrows it; with .old/fgchat carried, the old tree and this one alternate
+#   reuse      prefix reuse: tests/test_gpu_prefix_reuse.py, then tools/ttft_next_turn.py (eager, full)
 #   admission  TTFT of 8 prompts admitted together: shared prefill, one pass (attention padded or per
 #              prompt), one by one (1B)
 #   startup    launch -> ready to send in the TUI on the real weights, FGCHAT_STARTUP_PRIME 0 / 1
@@ -228,6 +229,15 @@ for what in "$@"; do
               --repeats 2 --modes full,piecewise "${opt[@]}"
           done
         done
+      done ;;
+    reuse)  # prefix reuse on the GPU: its tests, then TTFT per chat turn with reuse off / on, one
+      # process per run, eager and full mode, on the real weights
+      timeout 300 python3 -m pytest -p no:cacheprovider -m gpu -q -W ignore tests/test_gpu_prefix_reuse.py 2>&1 \
+        | tee "$OUT/tests-reuse.log" | tail -5
+      [[ -n $GGUF ]] || { echo "reuse: the TTFT runs need the real weights"; continue; }
+      for mode in eager full; do
+        timeout 240 python3 tools/ttft_next_turn.py --model "$GGUF" --device cuda --mode $mode --rounds 2 \
+          --turns 5 2>&1 | tee -a "$OUT/ttft-next-turn.log" | tail -3
       done ;;
     admission)  # TTFT of a round of 8 prompts (notes V27, V28, V30)
       for len in 512 32; do

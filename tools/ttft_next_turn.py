@@ -5,7 +5,8 @@ Each run: the embedded model (or --model) on --device, a system prompt and --tur
 every reply (greedy, --max-tokens) goes back into the conversation, as the TUI does. Prints per
 turn the prompt length, the tokens reused and the TTFT, then the medians per setting.
 Usage:
-    python tools/ttft_next_turn.py [--model M] [--device cpu] [--rounds 3] [--turns 4] [--max-tokens 200]
+    python tools/ttft_next_turn.py [--model M] [--device cpu] [--mode eager] [--rounds 3] [--turns 4]
+        [--max-tokens 200]
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ def one_run(a: argparse.Namespace) -> list[dict]:
     from fgchat.engine.core import Engine, EngineConfig
     from fgchat.protocol.events import RequestFinished, SamplingParams, TokenEvent
 
-    eng = Engine(EngineConfig(model=a.model, device=a.device, dtype=a.dtype))
+    eng = Engine(EngineConfig(model=a.model, device=a.device, dtype=a.dtype, mode=a.mode))
     msgs = [{"role": "system", "content": "You are a helpful assistant."}]
     out = []
     for q in QUESTIONS[: a.turns]:
@@ -57,6 +58,7 @@ def main() -> None:
     ap.add_argument("--model", default=None)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--mode", default=None, help="eager, piecewise or full (the engine's default: full)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--turns", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=200)
@@ -70,10 +72,10 @@ def main() -> None:
         res = json.loads(line)
         runs[val].append(res)
         print(f"round {r} reuse={val}: " + "  ".join(
-            f"turn {i + 1}: {t['prompt']} tok, {t['cached']} reused, {t['ttft_ms']:.0f} ms" for i, t in enumerate(res)))
+            f"turn {i + 1}: {t['prompt']} tok, {t['cached']} reused, {t['ttft_ms']:.1f} ms" for i, t in enumerate(res)))
     for val, rs in runs.items():
         med = [statistics.median(run[i]["ttft_ms"] for run in rs) for i in range(a.turns)]
-        print(f"FGCHAT_PREFIX_REUSE={val}: TTFT median per turn " + " / ".join(f"{m:.0f}" for m in med) + " ms")
+        print(f"FGCHAT_PREFIX_REUSE={val}: TTFT median per turn " + " / ".join(f"{m:.1f}" for m in med) + " ms")
 
 
 if __name__ == "__main__":
