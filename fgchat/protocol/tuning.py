@@ -19,7 +19,7 @@ EngineConfig (which holds a Tuning) without loading torch.
 | FGCHAT_EAGER_LAUNCH_LIST=0 | on | eager runs every step through the Python stages, not a recorded launch list |
 | FGCHAT_BATCHED_PREFILL=0 | on | CUDA: distinct prompts admitted together are prefilled one by one, not in one pass |
 | FGCHAT_HEAD_SAMPLE=0 | on | sampled steps pick in separate kernels after the LM head, not in its epilogue |
-| FGCHAT_HEAD_PICK=0/1 | CPU on, CUDA off | greedy picks from a low-precision copy of the LM head (CPU bf16, CUDA int8), candidates rescored exactly |
+| FGCHAT_HEAD_PICK=0/1 | on (CUDA: one row, heads of 128 MB and up) | greedy picks from a low-precision copy of the LM head (CPU bf16, CUDA int8), candidates rescored exactly |
 | FGCHAT_CPU_PACKED=0 | on | CPU: projections through F.linear instead of oneDNN's packed weights |
 """
 
@@ -90,8 +90,8 @@ class Tuning:
     head_pick: bool | None = None
     # CPU: the plain path's projections through oneDNN's packed weights (model.cpu_linear)
     cpu_packed: bool = True
-    # CPU: a prompt that starts with the tokens a free cache slot still holds (the previous turn
-    # of a chat) is prefilled from there (engine.prefix_reuse)
+    # a prompt that starts with the tokens a free cache slot still holds (the previous turn of a
+    # chat) is prefilled from there where that is faster (engine.prefix_reuse)
     prefix_reuse: bool = True
 
     @classmethod
