@@ -30,14 +30,23 @@ def run(eng: Engine, prompt: list[int], n: int, ignore_eos: bool = True) -> obje
 
 
 @pytest.fixture(scope="module")
-def hf(tiny_llama):
-    transformers = pytest.importorskip("transformers")
-    return transformers.AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.float32).eval()
+def model(tmp_path_factory):
+    """Head dim 64 (the Triton attention's), context past the last prefill bucket."""
+    import tiny_models
+
+    return tiny_models.build_model(tmp_path_factory.mktemp("reuse") / "m", "llama", hidden=512, layers=3,
+                                   heads=8, kv_heads=2, head_dim=64, intermediate=1024, max_pos=8192, seed=9)
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_llama):
-    eng = Engine(EngineConfig(model=str(tiny_llama), device="cuda", dtype="float32", max_context=CTX, mode="eager"))
+def hf(model):
+    transformers = pytest.importorskip("transformers")
+    return transformers.AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module")
+def engine(model):
+    eng = Engine(EngineConfig(model=str(model), device="cuda", dtype="float32", max_context=CTX, mode="eager"))
     assert eng.decoder.fused
     return eng
 
@@ -68,8 +77,8 @@ def test_full_mode_prefills_afresh_where_a_graph_covers_the_prompt_and_reuses_pa
     assert cached == possible
 
 
-def test_idle_captures_and_self_checks_forget_every_history(tiny_llama):
-    eng = Engine(EngineConfig(model=str(tiny_llama), device="cuda", dtype="float32", max_context=512,
+def test_idle_captures_and_self_checks_forget_every_history(model):
+    eng = Engine(EngineConfig(model=str(model), device="cuda", dtype="float32", max_context=512,
                               mode="eager", tuning=Tuning(idle_capture=True)))
     vocab = eng.cfg.vocab_size
     base = random_ids(100, 7, vocab)
@@ -109,8 +118,8 @@ def logits_against_float32(eng: Engine, w32: Engine, nxt: list[int]) -> tuple[to
     return reused, fresh, ref, m
 
 
-def test_in_bf16_the_next_turn_stays_as_close_to_float32_as_a_fresh_prefill(tiny_llama):
-    eng, w32 = engines(str(tiny_llama), 512)
+def test_in_bf16_the_next_turn_stays_as_close_to_float32_as_a_fresh_prefill(model):
+    eng, w32 = engines(str(model), 512)
     vocab = eng.cfg.vocab_size
     fresh_err, reuse_err = [], []
     for seed in range(4):
