@@ -19,6 +19,7 @@ from test_prefix_reuse import hf_greedy, random_ids
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
 CTX = 2560
+REUSE = Tuning(prefix_reuse=True)  # on CUDA only where forced (FGCHAT_PREFIX_REUSE=1)
 
 
 def run(eng: Engine, prompt: list[int], n: int, ignore_eos: bool = True) -> object:
@@ -46,7 +47,8 @@ def hf(model):
 
 @pytest.fixture(scope="module")
 def engine(model):
-    eng = Engine(EngineConfig(model=str(model), device="cuda", dtype="float32", max_context=CTX, mode="eager"))
+    eng = Engine(EngineConfig(model=str(model), device="cuda", dtype="float32", max_context=CTX, mode="eager",
+                              tuning=REUSE))
     assert eng.decoder.fused
     return eng
 
@@ -79,7 +81,7 @@ def test_full_mode_prefills_afresh_where_a_graph_covers_the_prompt_and_reuses_pa
 
 def test_idle_captures_and_self_checks_forget_every_history(model):
     eng = Engine(EngineConfig(model=str(model), device="cuda", dtype="float32", max_context=512,
-                              mode="eager", tuning=Tuning(idle_capture=True)))
+                              mode="eager", tuning=Tuning(idle_capture=True, prefix_reuse=True)))
     vocab = eng.cfg.vocab_size
     base = random_ids(100, 7, vocab)
     first = run(eng, base, 8)
@@ -96,7 +98,8 @@ def test_idle_captures_and_self_checks_forget_every_history(model):
 
 def engines(model: str, ctx: int) -> tuple[Engine, Engine]:
     """A bf16 engine and a float32 one whose weights the reference runs on."""
-    eng = Engine(EngineConfig(model=model, device="cuda", dtype="bfloat16", max_context=ctx, mode="eager"))
+    eng = Engine(EngineConfig(model=model, device="cuda", dtype="bfloat16", max_context=ctx, mode="eager",
+                              tuning=REUSE))
     w32 = Engine(EngineConfig(model=model, device="cuda", dtype="float32", max_context=ctx, mode="eager",
                               lazy_capture=True))
     return eng, w32

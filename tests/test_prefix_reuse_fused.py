@@ -89,3 +89,12 @@ def test_without_reuse_a_slot_without_history_is_taken_and_histories_stay():
     assert h.choose(prompt, [0, 1, 2]) == (0, 80, None)
     assert h.choose(prompt, [0, 1, 2], reuse=False) == (1, 0, None)
     assert h.choose(prompt, [0], reuse=False) == (0, 0, None)
+
+
+@pytest.mark.parametrize("device,setting,on", [
+    ("cpu", None, True), ("cuda", None, False), ("cuda", True, True), ("cpu", False, False)])
+def test_reuse_is_on_for_cpu_by_default_and_on_cuda_where_forced(device, setting, on):
+    from fgchat.protocol.tuning import Tuning
+
+    eng = SimpleNamespace(tuning=Tuning(prefix_reuse=setting), device=SimpleNamespace(type=device))
+    assert Engine.reuses_prefixes.fget(eng) is on

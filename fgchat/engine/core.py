@@ -466,10 +466,11 @@ class Engine:
     @property
     def reuses_prefixes(self) -> bool:
         """A prompt that starts with what a free slot still holds is prefilled from there
-        (engine.prefix_reuse), unless FGCHAT_PREFIX_REUSE=0. Work that writes slots outside a
-        request's own rows (captures while idle, self-checks, the start-up check, a rebuild)
-        forgets every history first."""
-        return self.tuning.prefix_reuse
+        (engine.prefix_reuse): on CPU unless FGCHAT_PREFIX_REUSE=0, on CUDA where =1. Work that
+        writes slots outside a request's own rows (captures while idle, self-checks, the start-up
+        check, a rebuild) forgets every history first."""
+        reuse = self.tuning.prefix_reuse
+        return reuse is True or (reuse is None and self.device.type == "cpu")
 
     def _choose_slot(self, seq: Sequence, free: list[int]) -> int:
         """The free slot for `seq` (SlotHistory.choose) and how many rows of its prompt are

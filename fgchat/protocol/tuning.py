@@ -91,8 +91,10 @@ class Tuning:
     # CPU: the plain path's projections through oneDNN's packed weights (model.cpu_linear)
     cpu_packed: bool = True
     # a prompt that starts with the tokens a free cache slot still holds (the previous turn of a
-    # chat) is prefilled from there where that is faster (engine.prefix_reuse)
-    prefix_reuse: bool = True
+    # chat) is prefilled from there (engine.prefix_reuse). None: on CPU only (on CUDA the eager
+    # suffix prefill measured slower than a fresh prefill at chat lengths; notes V71); True: on
+    # CUDA too, where the whole prompt would run eagerly as well
+    prefix_reuse: bool | None = None
 
     @classmethod
     def from_env(cls, defaults: Tuning | None = None) -> Tuning:
@@ -116,7 +118,7 @@ class Tuning:
             head_sample=_flag("FGCHAT_HEAD_SAMPLE", d.head_sample),
             head_pick=_tristate("FGCHAT_HEAD_PICK", d.head_pick),
             cpu_packed=_flag("FGCHAT_CPU_PACKED", d.cpu_packed),
-            prefix_reuse=_flag("FGCHAT_PREFIX_REUSE", d.prefix_reuse),
+            prefix_reuse=_tristate("FGCHAT_PREFIX_REUSE", d.prefix_reuse),
         )
 
     def proj_config_texts(self) -> dict[str, str]:
