@@ -370,3 +370,10 @@ def test_presence_frequency_match_reference_loop(parity):
                                         presence_penalty=pr, frequency_penalty=f))
                      for p, (r, pr, f) in zip(prompts, cases)])
     assert got == want
+
+
+def test_a_top_k_past_any_vocabulary_means_every_token():
+    p = SamplingParams(temperature=1.0, top_k=10**23)
+    p.validate()
+    assert p.top_k == 0 and torch.tensor([p.top_k]).item() == 0
+    assert SamplingParams(top_k=50).top_k == 50

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
+
 import httpx
 import openai
 import pytest
 
+from fgchat.protocol.errors import FgchatError
 from fgchat.serve.launch import start_server
 
 KEY = "sk-test-0123456789"
@@ -51,3 +54,13 @@ def test_endpoint_client_sends_the_key(server):
         assert isinstance(evs[0], want), evs
         if want is EngineError:
             assert evs[0].fatal and "401" in evs[0].message and "bad-key-xyz" not in evs[0].message
+
+
+def test_an_empty_api_key_names_where_it_came_from(monkeypatch):
+    from fgchat.serve.run import API_KEY_ENV, api_key_for
+
+    monkeypatch.setenv(API_KEY_ENV, "a b")
+    with pytest.raises(FgchatError, match=API_KEY_ENV):
+        api_key_for(argparse.Namespace(api_key=None))
+    with pytest.raises(FgchatError, match="--api-key"):
+        api_key_for(argparse.Namespace(api_key=""))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from fgchat.protocol.errors import FgchatError
 from fgchat.protocol.tuning import Tuning
 
 
@@ -22,11 +23,6 @@ def test_environment_switches_and_changed(monkeypatch):
     t = Tuning.from_env()
     assert not t.pdl and not t.gemv and t.pipeline is False
     assert t.changed() == {"pdl": False, "gemv": False, "pipeline": False}
-
-
-def test_unparsable_number_keeps_the_default(monkeypatch):
-    monkeypatch.setenv("FGCHAT_L2_PREFETCH_MB", "lots")
-    assert Tuning.from_env().l2_prefetch_mb == Tuning().l2_prefetch_mb
 
 
 def test_retired_switches_are_not_read(monkeypatch):
@@ -85,3 +81,42 @@ def test_head_pick_switch_has_three_states(monkeypatch):
     monkeypatch.setenv("FGCHAT_HEAD_PICK", "0")
     t = Tuning.from_env()
     assert t.head_pick is False and t.changed() == {"head_pick": False}
+
+
+@pytest.mark.parametrize("raw,value", [("1", True), ("on", True), ("YES", True), ("true", True),
+                                       ("0", False), ("off", False), ("No", False), ("false", False)])
+def test_switches_take_the_usual_spellings(monkeypatch, raw, value):
+    monkeypatch.setenv("FGCHAT_FUSED", raw)
+    monkeypatch.setenv("FGCHAT_HEAD_PICK", raw)
+    t = Tuning.from_env()
+    assert t.fused is value and t.head_pick is value
+
+
+@pytest.mark.parametrize("name,raw", [("FGCHAT_HEAD_PICK", "maybe"), ("FGCHAT_FUSED", "nope"),
+                                      ("FGCHAT_PREFIX_REUSE", "2"), ("FGCHAT_L2_PREFETCH_MB", "inf"),
+                                      ("FGCHAT_L2_PREFETCH_MB", "-5"), ("FGCHAT_L2_PREFETCH_MB", "abc"),
+                                      ("FGCHAT_L2_PREFETCH_MB", "nan")])
+def test_a_malformed_switch_is_a_one_line_error_naming_it(monkeypatch, name, raw):
+    monkeypatch.setenv(name, raw)
+    with pytest.raises(FgchatError) as err:
+        Tuning.from_env()
+    assert name in str(err.value) and repr(raw) in str(err.value) and "\n" not in str(err.value)
+
+
+def test_counts_and_unset_switches(monkeypatch):
+    monkeypatch.setenv("FGCHAT_L2_PREFETCH_MB", "0")
+    monkeypatch.setenv("FGCHAT_PREFIX_REUSE", " ")
+    t = Tuning.from_env()
+    assert t.l2_prefetch_mb == 0 and t.prefix_reuse is None
+
+
+def test_the_engine_process_reads_the_switches_before_it_starts_a_child(monkeypatch, tiny_llama):
+    from fgchat.engine.process import EngineProcess
+    from fgchat.protocol.config import EngineConfig
+
+    monkeypatch.setenv("FGCHAT_HEAD_PICK", "maybe")
+    with pytest.raises(FgchatError, match="FGCHAT_HEAD_PICK"):
+        EngineProcess(EngineConfig(model=str(tiny_llama), device="cpu"))
+    monkeypatch.delenv("FGCHAT_HEAD_PICK")
+    proc = EngineProcess(EngineConfig(model=str(tiny_llama), device="cpu"))
+    assert proc.pid is None and proc.config.tuning.idle_capture, "the child runs what was read here"

@@ -471,7 +471,9 @@ class EngineProcess(_EngineHandle):
 
     def __init__(self, config: Any, log_path: str | os.PathLike[str] | None = None) -> None:
         super().__init__()
-        self.config = config
+        # the FGCHAT_* switches read here, so a malformed one is the caller's one-line error
+        # (FgchatError) before any child starts; the child inherits the same environment
+        self.config = engine_process_config(config)
         self.log_path = os.fspath(log_path) if log_path is not None else None
         self._ctx = mp.get_context("spawn")
         self._commands: Any = None

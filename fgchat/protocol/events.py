@@ -17,6 +17,7 @@ class Mode(StrEnum):
 
 
 MODES: tuple[Mode, ...] = tuple(Mode)
+MAX_TOP_K = 2**31 - 1  # larger top-k values mean "every token" (no vocabulary is that large)
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,11 @@ class SamplingParams:
     # OpenAI's rules over output tokens: logit -= presence * [count > 0] + frequency * count
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+
+    def __post_init__(self) -> None:
+        # a top-k past any vocabulary keeps every token: the same as off, and it must fit int64
+        if isinstance(self.top_k, int) and self.top_k > MAX_TOP_K:
+            object.__setattr__(self, "top_k", 0)
 
     @property
     def penalized(self) -> bool:

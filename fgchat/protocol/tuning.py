@@ -28,14 +28,25 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from fgchat.protocol.errors import FgchatError
+
 PROJ_ROLES = ("qkv", "o", "gate_up", "down", "head")
 
 
+_ON = frozenset({"1", "on", "yes", "true"})
+_OFF = frozenset({"0", "off", "no", "false"})
+
+
 def _flag(name: str, default: bool) -> bool:
-    raw = os.environ.get(name)
-    if raw is None or raw.strip() == "":
+    """An on/off switch; anything but 1/0, on/off, yes/no, true/false is a user error."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
         return default
-    return raw.strip().lower() not in {"0", "off", "no", "false"}
+    if raw.lower() in _ON:
+        return True
+    if raw.lower() in _OFF:
+        return False
+    raise FgchatError(f"{name} must be 1 or 0 (on or off), got {raw!r}")
 
 
 def _tristate(name: str, default: bool | None) -> bool | None:
@@ -45,11 +56,17 @@ def _tristate(name: str, default: bool | None) -> bool | None:
 
 
 def _int(name: str, default: int) -> int:
+    """A count >= 0; anything else is a user error."""
     raw = os.environ.get(name, "").strip()
-    try:
-        return int(float(raw)) if raw else default
-    except ValueError:
+    if not raw:
         return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise FgchatError(f"{name} must be a whole number >= 0, got {raw!r}")
+    return value
 
 
 @dataclass(frozen=True)

@@ -36,10 +36,11 @@ def is_loopback(host: str) -> bool:
 
 def api_key_for(args: argparse.Namespace) -> str | None:
     key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV)
+    source = "--api-key" if args.api_key is not None else API_KEY_ENV
     if key is not None and not key.strip():
-        raise FgchatError("--api-key is empty")
+        raise FgchatError(f"{source} is empty")
     if key is not None and any(ord(c) < 33 or ord(c) > 126 for c in key):
-        raise FgchatError("--api-key must be printable ASCII without spaces")
+        raise FgchatError(f"{source} must be printable ASCII without spaces")
     return key
 
 
