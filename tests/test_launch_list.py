@@ -190,3 +190,42 @@ def test_a_bias_free_linear_replays_as_mm_into_its_result():
             got = [t.clone() for t in lst.replay()]
             want = step()
             assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+PRIME_SCRIPT = """
+import sys, torch
+from fgchat.engine.launch_list import _OpRecorder, prime_recorder
+if sys.argv[1] == "prime":
+    prime_recorder()
+before = set(sys.modules)
+with _OpRecorder([]):
+    torch.ones(2).add_(1)
+print(len(set(sys.modules) - before))
+"""
+
+
+def test_priming_the_recorder_leaves_the_first_recorded_step_no_imports():
+    """What torch imports on a dispatch mode's first op (seconds of it) happens in the prime,
+    which the engine process runs while idle, not in the first eager reply's step."""
+    import subprocess
+    import sys
+
+    new = {how: int(subprocess.run([sys.executable, "-c", PRIME_SCRIPT, how], capture_output=True, text=True,
+                                   check=True).stdout.split()[-1]) for how in ("prime", "cold")}
+    assert new["cold"] > 0, "a dispatch mode's first op imports nothing here: the prime is moot"
+    assert new["prime"] == 0
+
+
+def test_the_engine_primes_the_recorder_once_when_idle_and_only_for_eager_launch_lists(monkeypatch):
+    from types import SimpleNamespace
+
+    from fgchat.engine import launch_list
+    from fgchat.engine.core import Engine
+
+    calls = []
+    monkeypatch.setattr(launch_list, "prime_recorder", lambda: calls.append(1) or 0.0)
+    eng = SimpleNamespace(_recorder_primed=False, modes=SimpleNamespace(eager=SimpleNamespace(launch_lists_on=True)))
+    assert Engine._prime_eager_recorder(eng) and not Engine._prime_eager_recorder(eng)
+    assert calls == [1]
+    cpu = SimpleNamespace(_recorder_primed=False, modes=SimpleNamespace(eager=SimpleNamespace(launch_lists_on=False)))
+    assert not Engine._prime_eager_recorder(cpu) and calls == [1]

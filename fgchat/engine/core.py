@@ -88,6 +88,7 @@ class Engine:
         startup_mark("engine: kv cache allocated")
         self.scheduler = Scheduler()
         self.history = SlotHistory(NUM_SLOTS)  # what each slot's rows hold (engine.prefix_reuse)
+        self._recorder_primed = False  # eager's launch-list recorder warmed while idle
         self._build(self._use_fused())
         cuda = self.device.type == "cuda"
         self._pipelined = cuda if self.tuning.pipeline is None else self.tuning.pipeline
@@ -305,10 +306,22 @@ class Engine:
         if self.run_startup_check():
             return True
         if not self.modes.capture_next():
-            return False
+            return self._prime_eager_recorder()
         self.history.clear()  # its warm-up, capture and self-check steps write slots 0..b-1
         if self.modes.unavailable.get(self.mode):
             self.set_mode(self.mode)
+        return True
+
+    def _prime_eager_recorder(self) -> bool:
+        """Once, after the deferred captures: the imports of eager mode's first recorded step
+        (launch_list.prime_recorder), so that the first eager reply does not wait for them.
+        True when it ran."""
+        if self._recorder_primed or not self.modes.eager.launch_lists_on:
+            return False
+        from fgchat.engine.launch_list import prime_recorder
+
+        self._recorder_primed = True
+        prime_recorder()
         return True
 
     def submit(
