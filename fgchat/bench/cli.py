@@ -205,13 +205,12 @@ def check_chart_args(args: argparse.Namespace) -> None:
         raise FgchatError(f"--chart {args.chart} is one of the --from-json files")
 
 
-def write_chart(results: list[dict], path: str) -> None:
-    """Render results as the SVG chart at `path` (atomically); one line on stdout says where."""
+def write_chart(results: list[dict], path: str | Path) -> None:
+    """Render results as the SVG chart at `path` (atomically)."""
     from fgchat.bench.chart import bar_chart_svg
     from fgchat.metrics.csv_export import atomic_write_text
 
     atomic_write_text(Path(path).expanduser(), bar_chart_svg(results))
-    print(f"chart written to {path}")
 
 
 def run_chart(args: argparse.Namespace) -> int:
@@ -219,7 +218,33 @@ def run_chart(args: argparse.Namespace) -> int:
     from fgchat.bench.chart import load_results
 
     write_chart(load_results(args.from_json), args.chart)
+    print(f"chart written to {args.chart}")
     return 0
+
+
+def write_outputs(result: dict, args: argparse.Namespace) -> tuple[list[str], list[str]]:
+    """Writes every requested result file, whatever became of the others. Returns the lines for
+    stdout (files written) and the error messages, one per file not written."""
+    from fgchat.bench.report import write_csv, write_json
+
+    def chart(r: dict, path: Path) -> None:
+        write_chart([r], path)
+
+    written, failed = [], []
+    for option, path, write in (("--json", args.json, write_json), ("--csv", args.csv, write_csv),
+                                ("--chart", args.chart, chart)):
+        if not path:
+            continue
+        try:
+            write(result, Path(path).expanduser())
+        except FgchatError as e:  # the atomic writer's one line names the file
+            failed.append(f"{option}: {e}")
+        except OSError as e:  # e.g. the disk filled up during the run
+            failed.append(f"cannot write {option} {path}: {e.strerror or e}")
+        else:
+            if option == "--chart":
+                written.append(f"chart written to {path}")
+    return written, failed
 
 
 def run_bench(args: argparse.Namespace) -> int:
@@ -228,8 +253,9 @@ def run_bench(args: argparse.Namespace) -> int:
     check_bench_args(args)
     if args.no_progress:
         silence_progress_bars()  # before the runner imports transformers
-    from fgchat.bench.report import print_report, write_csv, write_json
+    from fgchat.bench.report import print_report
     from fgchat.bench.runner import BenchSpec, run_all
+    from fgchat.stdio import one_line, silence_stdout
 
     spec = BenchSpec(
         model=args.model, preset=args.preset, modes=list(args.modes), batch_sizes=args.batch_sizes,
@@ -245,13 +271,28 @@ def run_bench(args: argparse.Namespace) -> int:
         result = run_endpoint_bench(args)
     else:
         result = run_all(spec)
-    print_report(result, sys.stdout)
-    for option, path, write in (("--json", args.json, write_json), ("--csv", args.csv, write_csv)):
-        if path:
-            try:
-                write(result, Path(path).expanduser())
-            except OSError as e:  # e.g. the disk filled up during the run
-                raise FgchatError(f"cannot write {option} {path}: {e.strerror or e}") from None
-    if args.chart:
-        write_chart([result], args.chart)
+    if not result["runs"]:  # existing result files stay as they are
+        reasons = "; ".join(f"{s['runner']}: {s['reason']}" for s in result["skipped"]) or "none was measured"
+        raise FgchatError(f"no requested mode could run here: {reasons}")
+    interrupted = bool(result["meta"].get("interrupted"))
+    # the files come first: a stdout that fails (closed pipe, full disk) cannot lose them
+    written, failed = write_outputs(result, args)
+    try:
+        print_report(result, sys.stdout)
+        for line in written:
+            print(line)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        if not failed and not interrupted:
+            raise  # the reader went away (`| head`): main stops quietly
+        silence_stdout()
+    except OSError as e:
+        silence_stdout()
+        failed.append(f"cannot write the report to stdout: {e.strerror or e}")
+    if interrupted:
+        for message in failed:
+            print(f"fgchat: error: {one_line(message)}", file=sys.stderr)
+        raise KeyboardInterrupt  # main says "interrupted" and exits 130
+    if failed:
+        raise FgchatError("; ".join(failed))
     return 0

@@ -88,6 +88,8 @@ def print_report(result: dict[str, Any], out: TextIO) -> None:
                   f"{sc['max_rel_err']:.3f}, top-5 overlap {sc['top5_overlap']}/5, {sc['seconds']:.2f} s\n")
     for s in result["skipped"]:
         out.write(f"skipped {s['runner']}: {s['reason']}\n")
+    if m.get("interrupted"):
+        out.write("interrupted (Ctrl-C): only the runs that finished before it are reported\n")
     from rich.console import Console
 
     rows = summary_rows(result)

@@ -123,6 +123,7 @@ def run_all(spec: BenchSpec) -> dict[str, Any]:
             "penalties": dict(zip(("repetition", "presence", "frequency"), PENALTIES)) if spec.penalties else None,
             "sampling": {"temperature": spec.temperature, "top_k": spec.top_k} if spec.temperature > 0 else None,
             "warmup": spec.warmup, "repeats": spec.repeats, "time": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "interrupted": False,
         },
         "captures": [asdict(c) for c in info.captures],
         "skipped": [], "runs": [],
@@ -135,18 +136,24 @@ def run_all(spec: BenchSpec) -> dict[str, Any]:
         else:
             modes.append(mode)
     total = len(modes) * len(spec.batch_sizes) + len(spec.peers) * 2 * len(spec.batch_sizes)
-    with progress_bar(total, spec.progress) as advance:
-        for mode in modes:
-            for b in spec.batch_sizes:
-                advance(f"fgchat {mode} batch {b}")
-                result["runs"].append(measure_engine(engine, mode, b, spec))
-        if spec.peers:
-            from fgchat.bench.peers import run_hf_peers
+    try:
+        with progress_bar(total, spec.progress) as advance:
+            for mode in modes:
+                for b in spec.batch_sizes:
+                    advance(f"fgchat {mode} batch {b}")
+                    result["runs"].append(measure_engine(engine, mode, b, spec))
+            if spec.peers:
+                from fgchat.bench.peers import run_hf_peers
 
-            weights_like = engine.model
-            del engine
-            torch.cuda.empty_cache() if torch.cuda.is_available() else None
-            runs, skipped = run_hf_peers(spec, weights_like, advance)
-            result["runs"] += runs
-            result["skipped"] += skipped
+                weights_like = engine.model
+                del engine
+                torch.cuda.empty_cache() if torch.cuda.is_available() else None
+                runs, skipped = run_hf_peers(spec, weights_like, advance)
+                result["runs"] += runs
+                result["skipped"] += skipped
+    except KeyboardInterrupt:
+        if not result["runs"]:
+            raise
+        # Ctrl-C: "runs" holds every measurement that finished; the caller reports and saves them
+        result["meta"]["interrupted"] = True
     return result
