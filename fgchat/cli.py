@@ -2,12 +2,14 @@
 
 Every user error ends as one line on stderr (`fgchat: error: ...`) and exit status 2, never a
 traceback. Option values are checked while parsing (choices, ranges, device names, UTF-8 text,
-writable output files), so a bad value fails before any model is loaded.
+writable output files), so a bad value fails before any model is loaded. The chat needs a
+terminal on stdin and stdout; without one it fails (status 2) before any engine starts.
 """
 
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from typing import Sequence
 
@@ -21,11 +23,11 @@ from fgchat.cli_args import (
     endpoint_arg,
     model_arg,
     utf8_text,
+    write_stdout,
 )
 from fgchat.protocol.events import MODES
 
 EXIT_USER_ERROR = 2
-EXIT_INTERRUPTED = 130
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a writer whose reader went away
 
 
@@ -49,7 +51,16 @@ class _VersionAction(argparse.Action):
         super().__init__(option_strings=option_strings, dest=dest, default=default, nargs=0, help=help)
 
     def __call__(self, parser, namespace, values, option_string=None):
-        sys.stdout.write(f"fgchat {version()}\n")
+        from fgchat.protocol.errors import FgchatError
+        from fgchat.stdio import silence_stdout
+
+        try:
+            write_stdout(f"fgchat {version()}\n")
+        except BrokenPipeError:
+            silence_stdout()
+            parser.exit(EXIT_BROKEN_PIPE)
+        except FgchatError as exc:
+            parser.exit(EXIT_USER_ERROR, f"fgchat: error: {exc}\n")
         parser.exit(0)
 
 
@@ -83,7 +94,7 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", type=model_arg, default=None,
                    help="HF repo id, local model directory or .gguf file "
                    "(default: the embedded SmolLM2-135M-Instruct)")
-    p.add_argument("--mode", default=None, choices=MODES,
+    p.add_argument("--mode", default=None, choices=[str(m) for m in MODES],
                    help="decode mode (default: full where CUDA graphs work, else eager)")
     p.add_argument("--attention", default="auto", choices=ATTENTION_BACKENDS,
                    help="decode-attention backend")
@@ -174,17 +185,42 @@ def _run(args: argparse.Namespace) -> int:
 
         return run_serve(args, _engine_config(args))
     if args.log_csv is not None:
-        check_writable(args.log_csv, "--log-csv")
+        _check_log_csv(args.log_csv)
     if args.endpoint is not None:
-        from fgchat.client.tui import run_endpoint_tui
+        from fgchat.client.tui import check_endpoint_args, run_endpoint_tui
 
+        check_endpoint_args(args)
+        _check_terminal()
         return run_endpoint_tui(args)
+    _check_terminal()
     from fgchat.tui import run_tui
 
     return run_tui(
         model=args.model, mode=args.mode, attention=args.attention, max_context=args.max_context,
         log_csv=args.log_csv, device=args.device, dtype=args.dtype, lazy_capture=args.lazy_capture,
     )
+
+
+def _check_log_csv(path: str) -> None:
+    """--log-csv's errors (unwritable path, an existing file of another format) come before the
+    terminal check: opening it as the chat will shows both kinds; a new file is left uncreated."""
+    from pathlib import Path
+
+    check_writable(path, "--log-csv")
+    p = Path(path).expanduser()
+    if p.is_file() and p.stat().st_size > 0:
+        from fgchat.metrics import CsvAppender, new_session_id
+
+        CsvAppender(p, session_id=new_session_id()).close()
+
+
+def _check_terminal() -> None:
+    from fgchat.protocol.errors import FgchatError
+    from fgchat.stdio import is_tty
+
+    if not (is_tty(sys.stdin) and is_tty(sys.stdout)):
+        raise FgchatError("the chat needs a terminal on stdin and stdout; use `fgchat generate` or "
+                          "`fgchat serve` for scripts")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -197,7 +233,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         rc = _run(args)
-        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's flush at exit
+        if sys.stdout is not None:
+            write_stdout("")  # a closed pipe or a full disk shows here, not in the flush at exit
         return rc
     except FgchatError as exc:
         print(f"fgchat: error: {one_line(str(exc))}", file=sys.stderr)
@@ -205,9 +242,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # the reader of stdout went away (`| head`): stop quietly
         silence_stdout()
         return EXIT_BROKEN_PIPE
-    except KeyboardInterrupt:
-        print("fgchat: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+    except KeyboardInterrupt as exc:  # ctrl+c, or generate's SIGTERM / SIGHUP (fgchat.generate.Terminated)
+        signum = getattr(exc, "signum", signal.SIGINT)
+        how = "" if signum == signal.SIGINT else f" by {signal.Signals(signum).name}"
+        print(f"fgchat: interrupted{how}", file=sys.stderr)
+        return 128 + signum
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -13,6 +14,7 @@ ATTENTION_BACKENDS = ("auto", "triton", "flash-attn", "torch", "sdpa")  # fgchat
 DTYPES = ("auto", "bfloat16", "bf16", "float16", "fp16", "float32", "fp32")  # fgchat.engine.loader
 DEVICE_RE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 MIN_CONTEXT = 16
+STDOUT_CLOSED = "stdout is closed: nowhere to write the output"
 
 
 def utf8_text(text: str) -> str:
@@ -100,3 +102,23 @@ def check_writable(path: str, option: str, replace: bool = False) -> None:
                 pass
         except OSError as e:
             raise FgchatError(f"cannot write {option} {path}: directory {p.parent}: {e.strerror or e}") from None
+
+
+def write_stdout(text: str) -> None:
+    """Write `text` to stdout and flush ("" only flushes). BrokenPipeError propagates (the reader
+    went away: the caller stops quietly); a closed stdout or any other write error is one
+    FgchatError line, and stdout then points at devnull, so the flush at exit cannot fail again."""
+    from fgchat.protocol.errors import FgchatError
+    from fgchat.stdio import silence_stdout
+
+    if sys.stdout is None:
+        raise FgchatError(STDOUT_CLOSED)
+    try:
+        if text:
+            sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        raise
+    except OSError as e:
+        silence_stdout()
+        raise FgchatError(f"cannot write to stdout: {e.strerror or e}") from None

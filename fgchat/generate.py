@@ -2,17 +2,24 @@
 
 Model text goes to stdout: on a terminal without control or escape sequences (a model cannot
 drive the terminal), to a pipe or file exactly as generated. When the reader of a pipe goes away
-(`fgchat generate ... | head -c 20`) generation stops and the command exits quietly.
+(`fgchat generate ... | head -c 20`) generation stops and the command exits quietly; any other
+failure to write stdout (disk full) also stops it, and is one error line after the summary.
+SIGTERM and SIGHUP stop generation like ctrl+c: the text so far, the JSON and the summary still
+come out, and the exit status is 128 + the signal number.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
+import signal
 import sys
+from collections.abc import Iterator
 from typing import Any
 
+from fgchat.cli_args import STDOUT_CLOSED, write_stdout
 from fgchat.protocol.errors import FgchatError, RequestError
 from fgchat.stdio import TerminalSanitizer, is_tty, one_line, sanitize_terminal_text, silence_stdout
 from fgchat.protocol.events import (
@@ -71,8 +78,10 @@ def sampling_overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 def check_sampling_flags(args: argparse.Namespace) -> None:
     """Fail with one line, before any model loads, when a sampling flag is out of range."""
-    for seed in (args.seed, args.seed + args.n - 1):  # completion i uses seed + i
-        SamplingParams(seed=seed, max_tokens=args.max_tokens, **sampling_overrides(args)).validate()
+    SamplingParams(seed=args.seed, max_tokens=args.max_tokens, **sampling_overrides(args)).validate()
+    if args.seed + args.n - 1 >= 2**63:  # completion i uses seed + i
+        raise RequestError(f"--seed {args.seed} with --n {args.n}: the seeds seed..seed+n-1 must all "
+                           f"be in [0, 2^63); use --seed <= {2**63 - args.n}")
 
 
 def effective_sampling(args: argparse.Namespace, defaults: SamplingParams,
@@ -102,14 +111,53 @@ def summary_line(s: RequestSummary, mode: str, batch: int, sampling: str = "") -
 EXIT_BROKEN_PIPE = 141
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP during generate, handled like ctrl+c; exit status 128 + signum."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def exit_signals_interrupt() -> Iterator[None]:
+    """For the body, the first SIGTERM / SIGHUP raises Terminated where SIGINT would raise
+    KeyboardInterrupt; later ones are ignored, so the report that follows it completes. A signal
+    ignored on entry stays ignored (`nohup`), as Python leaves an ignored SIGINT; outside the main
+    thread nothing changes (Python handlers can only be set there)."""
+    from fgchat.exit_signals import EXIT_SIGNALS, restore
+
+    seen: list[int] = []
+
+    def on_signal(signum: int, frame) -> None:
+        if not seen:
+            seen.append(signum)
+            raise Terminated(signum)
+
+    previous: dict[int, object] = {}
+    for sig in EXIT_SIGNALS:
+        try:
+            if signal.getsignal(sig) is signal.SIG_IGN:
+                continue
+            previous[int(sig)] = signal.signal(sig, on_signal)
+        except (ValueError, OSError):
+            continue
+    try:
+        yield
+    finally:
+        restore(previous)
+
+
 class _Stdout:
-    """Model text to stdout: control sequences removed on a TTY; a closed pipe ends the output
-    (stdout is pointed at devnull) instead of raising."""
+    """Model text to stdout: control sequences removed on a TTY. A failed write ends the output
+    instead of raising (stdout then points at devnull): `broken` is set, and `error` holds the
+    one-line error unless it was a closed pipe."""
 
     def __init__(self) -> None:
         self.tty = is_tty(sys.stdout)
         self.sanitizer = TerminalSanitizer() if self.tty else None
         self.broken = False
+        self.error: FgchatError | None = None
 
     def stream(self, text: str) -> None:
         self.write(self.sanitizer.feed(text) if self.sanitizer else text)
@@ -122,17 +170,26 @@ class _Stdout:
             return
         try:
             try:
-                sys.stdout.write(text)
+                write_stdout(text)
             except UnicodeEncodeError:  # e.g. PYTHONIOENCODING=ascii: replace what it cannot show
                 enc = getattr(sys.stdout, "encoding", None) or "ascii"
-                sys.stdout.write(text.encode(enc, "replace").decode(enc))
-            sys.stdout.flush()
+                write_stdout(text.encode(enc, "replace").decode(enc))
         except BrokenPipeError:
             self.broken = True
             silence_stdout()
+        except FgchatError as e:
+            self.broken = True
+            self.error = e
 
 
 def run_generate(args: argparse.Namespace, config) -> int:
+    with exit_signals_interrupt():
+        return _generate(args, config)
+
+
+def _generate(args: argparse.Namespace, config) -> int:
+    if sys.stdout is None:
+        raise RequestError(STDOUT_CLOSED)
     if not 1 <= args.n <= 8:
         raise RequestError(f"--n must be between 1 and 8, got {args.n}")
     if not args.prompt.strip():
@@ -190,6 +247,8 @@ def run_generate(args: argparse.Namespace, config) -> int:
         if stream:
             out.write("\n")
         _report(args, engine, rids, done, batch_max, out, (params, source, sampling))
+    if out.error is not None:
+        raise out.error
     if out.broken:
         return EXIT_BROKEN_PIPE
     return 0 if all(s.finish_reason != "error" for s in done.values()) else 1

@@ -57,7 +57,7 @@ from fgchat.engine.process import EngineProcess, startup_mark
 from fgchat.metrics import CsvAppender, new_session_id
 from fgchat.protocol.errors import FgchatError
 from fgchat.protocol.events import MODES, EngineError, SamplingParams
-from fgchat.tui import exit_signals
+from fgchat import exit_signals
 from fgchat.tui.chat_tabs import ChatTabs
 from fgchat.tui.dialogs import ExportScreen, SamplingScreen
 from fgchat.tui.engine_link import CPU_POST_S, EngineLink, EngineUpdate

@@ -1,5 +1,5 @@
-"""SIGTERM and SIGHUP end the app like ctrl+q: handlers that only schedule the app's exit on its
-event loop.
+"""SIGTERM and SIGHUP end fgchat like an interrupt: in the TUI, handlers that only schedule the
+app's exit on its event loop (as ctrl+q); `generate` turns them into its ctrl+c path.
 
 Invariants: handlers are Python-level and installed from the main thread only (under a test
 runner the app may run elsewhere: the process's handling then stays). CPython runs them in
