@@ -38,6 +38,27 @@ def test_bench_endpoint_measures_streams_and_skips_unavailable_modes(server, tmp
     assert result["meta"]["fgchat_server"] is True and "client" in result["meta"]["timing"]
 
 
+def test_ctrl_c_keeps_the_endpoint_runs_that_finished(server, tmp_path, capsys, monkeypatch):
+    from fgchat.bench import endpoint
+
+    measured = endpoint.measure
+
+    def interrupted_after_first(session, runner, mode, batch, args):
+        if batch > 1:
+            raise KeyboardInterrupt
+        return measured(session, runner, mode, batch, args)
+
+    monkeypatch.setattr(endpoint, "measure", interrupted_after_first)
+    out = tmp_path / "bench.json"
+    rc = main(["bench", "--endpoint", server.base, "--modes", "eager", "--batch-sizes", "1,2",
+               "--prompt-len", "12", "--output-len", "6", "--warmup", "0", "--repeats", "1", "--no-progress",
+               "--json", str(out)])
+    assert rc == 130 and "interrupted" in capsys.readouterr().err
+    result = json.loads(out.read_text())
+    assert result["meta"]["interrupted"] is True
+    assert [(r["runner"], r["batch_size"]) for r in result["runs"]] == [("endpoint-eager", 1)]
+
+
 @pytest.mark.parametrize("extra, needle", [
     (["--preset", "x"], "preset"),
     (["--device", "cpu"], "--device"),

@@ -107,6 +107,7 @@ def measure(session: _Session, runner: str, mode: str, batch: int, args: argpars
 
 def run_endpoint_bench(args: argparse.Namespace) -> dict[str, Any]:
     from fgchat.bench.progress import progress_bar
+    from fgchat.bench.interrupted import keeping_finished_runs
     from fgchat.client import EndpointClient
 
     import sys
@@ -122,7 +123,8 @@ def run_endpoint_bench(args: argparse.Namespace) -> dict[str, Any]:
         info = next(e for e in evs if isinstance(e, EngineInfo))
         result = _skeleton(info, args, handle.is_fgchat)
         plan = ([(f"endpoint-{m}", m) for m in args.modes] if handle.is_fgchat else [("endpoint", str(info.mode))])
-        with progress_bar(len(plan) * len(args.batch_sizes), not args.no_progress) as advance:
+        with keeping_finished_runs(result), progress_bar(len(plan) * len(args.batch_sizes),
+                                                          not args.no_progress) as advance:
             for runner, mode in plan:
                 if handle.is_fgchat and not _switch(session, mode, result, runner):
                     continue
@@ -153,7 +155,7 @@ def _skeleton(info: EngineInfo, args: argparse.Namespace, fgchat: bool) -> dict[
             "kernel_warmup_s": info.kernel_warmup_s, "startup_check": None,
             "python": platform.python_version(), "prompt_len": args.prompt_len, "output_len": args.output_len,
             "prompt_unit": "words (about as many tokens)", "warmup": args.warmup, "repeats": args.repeats,
-            "time": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "time": time.strftime("%Y-%m-%d %H:%M:%S"), "interrupted": False,
         },
         "captures": [], "skipped": [], "runs": [],
     }

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from fgchat.bench.interrupted import keeping_finished_runs
 from fgchat.bench.spec import BenchSpec, prompts_for, stats
 
 PENALTIES = (1.1, 0.5, 0.25)  # repetition, presence, frequency of `bench --penalties`
@@ -136,24 +137,19 @@ def run_all(spec: BenchSpec) -> dict[str, Any]:
         else:
             modes.append(mode)
     total = len(modes) * len(spec.batch_sizes) + len(spec.peers) * 2 * len(spec.batch_sizes)
-    try:
-        with progress_bar(total, spec.progress) as advance:
-            for mode in modes:
-                for b in spec.batch_sizes:
-                    advance(f"fgchat {mode} batch {b}")
-                    result["runs"].append(measure_engine(engine, mode, b, spec))
-            if spec.peers:
-                from fgchat.bench.peers import run_hf_peers
+    with keeping_finished_runs(result), progress_bar(total, spec.progress) as advance:
+        for mode in modes:
+            for b in spec.batch_sizes:
+                advance(f"fgchat {mode} batch {b}")
+                result["runs"].append(measure_engine(engine, mode, b, spec))
+        if spec.peers:
+            from fgchat.bench.peers import run_hf_peers
 
-                weights_like = engine.model
-                del engine
-                torch.cuda.empty_cache() if torch.cuda.is_available() else None
-                runs, skipped = run_hf_peers(spec, weights_like, advance)
-                result["runs"] += runs
-                result["skipped"] += skipped
-    except KeyboardInterrupt:
-        if not result["runs"]:
-            raise
-        # Ctrl-C: "runs" holds every measurement that finished; the caller reports and saves them
-        result["meta"]["interrupted"] = True
+            weights_like = engine.model
+            del engine
+            torch.cuda.empty_cache() if torch.cuda.is_available() else None
+            runs, skipped = run_hf_peers(spec, weights_like, advance)
+            result["runs"] += runs
+            result["skipped"] += skipped
     return result
+
