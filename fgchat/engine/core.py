@@ -312,6 +312,22 @@ class Engine:
             self.set_mode(self.mode)
         return True
 
+    def fail_all(self, message: str) -> list[EngineEvent]:
+        """After a step that raised: every request the engine holds (running, prefilling,
+        waiting) ends with `message`, the step in flight is dropped unread, and no slot keeps a
+        history, so the engine takes new requests from a clean state. Raises where the device
+        itself is broken (a CUDA error is sticky): the caller must stop then."""
+        self._inflight = None
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        for seq in self.scheduler.every():
+            self.scheduler.remove_waiting(seq)
+            self._pending.append(EngineError(message, seq.request_id))
+            self._finish(seq, "error")
+        self.history.clear()
+        events, self._pending = self._pending, []
+        return events
+
     def _prime_eager_recorder(self) -> bool:
         """Once, after the deferred captures: the imports of eager mode's first recorded step
         (launch_list.prime_recorder), so that the first eager reply does not wait for them.

@@ -7,7 +7,9 @@ event batches come back up a one-way pipe, one batch per engine step.
 Child loop (`serve`): build the engine (a failure sends `EngineError(fatal=True)` with the one-line
 reason and ends the child), send `[EngineInfo, ModeChanged]`, then forever: take commands (block
 when the engine is idle, only drain when it has work), apply them, run one `engine.step()`, send
-its events as one list. Tokenization and the chat template run in the child. While idle, an engine
+its events as one list. A step that raises ends the requests the engine holds, each with the
+one-line error (`Engine.fail_all`), and the loop goes on; it stops (fatal) when the device is
+broken or MAX_FAILED_STEPS steps in a row raised. Tokenization and the chat template run in the child. While idle, an engine
 with deferred graph captures (`capture_idle`) takes them one at a time, each after checking for a
 command, and sends one EngineInfo when they are done.
 
@@ -94,6 +96,7 @@ Command = SubmitChat | SubmitChats | Cancel | SetMode | GetInfo | Shutdown
 IDLE_POLL_S = 0.5  # how often an idle child checks that its parent still lives
 SEND_INTERVAL_S = 0.008  # token events are sent at most this often while generating (~125/s)
 COMMAND_POLL_S = 0.002  # commands (stop, mode switch) are picked up within this while busy
+MAX_FAILED_STEPS = 3  # steps in a row that raised (each ending its requests) before the engine stops
 
 
 STARTUP_TRACE_ENV = "FGCHAT_STARTUP_TRACE"
@@ -184,6 +187,7 @@ def serve(
     startup_mark("engine: info sent")  # before send: the UI may handle it before a later mark
     send(first)
     batch: list = []  # token events waiting to be sent (coalesced: IPC per step would add latency)
+    failed_steps = 0  # steps that raised since the last one that did not
     last_send = last_poll = time.monotonic()
     capture_idle = getattr(engine, "capture_idle", None)
     captured = False  # deferred captures ran since the last EngineInfo
@@ -227,9 +231,23 @@ def serve(
             return
         try:
             out.extend(engine.step())
-        except Exception as exc:  # engine state is unknown after a failed step: stop
-            send([*batch, *out, EngineError(f"engine step failed: {type(exc).__name__}: {one_line(exc)}", fatal=True)])
-            return
+            failed_steps = 0
+        except Exception as exc:
+            # the step's requests cannot go on; the engine can, from a clean state, unless the
+            # device is broken or steps keep failing (then it stops, and says so)
+            message = f"engine step failed: {type(exc).__name__}: {one_line(exc)}"
+            failed_steps += 1
+            try:
+                if failed_steps > MAX_FAILED_STEPS:
+                    raise RuntimeError(f"{failed_steps} steps in a row failed")
+                out.extend(engine.fail_all(message))
+            except Exception:
+                send([*batch, *out, EngineError(message, fatal=True)])
+                return
+            send([*batch, *out])
+            batch = []
+            last_send = time.monotonic()
+            continue
         batch.extend(out)
         now = time.monotonic()
         urgent = any(not isinstance(ev, TokenEvent) for ev in out)
