@@ -11,7 +11,8 @@
 # app dies on its first reply): `pip download --no-deps -d .whl gguf platformdirs ...`.
 #
 # Targets (after put):
-#   tests   every GPU test (pytest -m gpu; the TUI's only where textual imports)
+#   tests   every GPU test (pytest -m gpu; the TUI's only where textual imports); TESTS_PART=1 / 2 runs
+#           one half of the files (by test count) per call: the whole suite needs more than one call
 #   real    the README's Correctness table (scripts/check_real_weights.py) on the real weights
 #   bench   fgchat bench: the embedded model (real weights), the 1B and SmolLM2 presets; with
 #           .old/fgchat carried (`git archive <sha> fgchat assets | tar -x -C .old`) the old and this
@@ -115,8 +116,17 @@ for what in "$@"; do
     tests)
       ignore=(--ignore-glob='tests/test_serve*' --ignore-glob='tests/test_client*')  # CPU-only, need openai
       python3 -c "import textual" 2>/dev/null || ignore+=(--ignore-glob='tests/test_tui*')
+      files=${GPU_TESTS:-tests}
+      if [[ -n ${TESTS_PART:-} ]]; then  # 1 or 2: the files holding GPU tests, split in two halves by
+        # their test count (the whole suite outgrew one call's 540 s in session 29)
+        files=$(grep -l "mark.gpu" tests/test_*.py | grep -v -e test_serve -e test_client | sort \
+          | while read -r f; do echo "$f $(grep -c '^\(async \)\?def test' "$f")"; done \
+          | awk -v part="$TESTS_PART" '{f[NR]=$1; n[NR]=$2; t+=$2} END {for (i=1;i<=NR;i++) {c+=n[i];
+              if ((part==1 && c-n[i] < t/2) || (part==2 && c-n[i] >= t/2)) printf "%s ", f[i]}}')
+        echo "tests part $TESTS_PART: $files"
+      fi
       timeout "${TEST_TIMEOUT:-540}" python3 -m pytest -p no:cacheprovider -m gpu -q --timeout 300 -W ignore \
-        "${ignore[@]}" ${GPU_TESTS:-tests} 2>&1 | tee "$OUT/tests.log" | tail -25 ;;
+        "${ignore[@]}" $files 2>&1 | tee "$OUT/tests${TESTS_PART:-}.log" | tail -25 ;;
     real)
       [[ -n $GGUF ]] || { echo "real: needs the real weights"; continue; }
       timeout 400 python3 scripts/check_real_weights.py --model "$GGUF" --json "$JSON/correctness.json" 2>&1 \
