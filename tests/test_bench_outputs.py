@@ -75,6 +75,25 @@ def test_one_failing_file_does_not_drop_the_others(tmp_path, capsys, monkeypatch
     assert "<svg" in paths["chart"].read_text()
 
 
+def test_ctrl_c_among_the_peers_keeps_their_finished_rows(tmp_path, capsys, monkeypatch):
+    from fgchat.bench import peers
+
+    measured = peers._measure
+
+    def interrupted_at_batch_2(model, spec, b, *rest):
+        if b > 1:
+            raise KeyboardInterrupt
+        return measured(model, spec, b, *rest)
+
+    monkeypatch.setattr(peers, "_measure", interrupted_at_batch_2)
+    args, paths = outputs(tmp_path)
+    assert main([*TINY, "--modes", "eager", "--batch-sizes", "1,2", "--peers", "hf-eager", *args]) == 130
+    data = json.loads(paths["json"].read_text())
+    assert data["meta"]["interrupted"] is True
+    assert [(r["runner"], r["batch_size"]) for r in data["runs"]] == [
+        ("fgchat-eager", 1), ("fgchat-eager", 2), ("hf-eager", 1)]
+
+
 def test_ctrl_c_keeps_the_finished_batch_sizes(tmp_path, capsys, monkeypatch):
     from fgchat.bench import runner
 

@@ -186,9 +186,8 @@ def _measure(model, spec: BenchSpec, batch: int, device, name: str, compiled: _C
 
 
 def _run_peer(model, spec: BenchSpec, device, name: str, compiled: _Compiled | None, budget_s: float,
-              advance: Callable[[str], None]) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
-    runs: list[dict[str, Any]] = []
-    skipped: list[dict[str, str]] = []
+              advance: Callable[[str], None], runs: list[dict[str, Any]], skipped: list[dict[str, str]]) -> None:
+    """Each batch size's row appended to `runs` (or its reason to `skipped`) as it finishes."""
     start = time.perf_counter()
     deadline = start + budget_s
     left: list[int] = []
@@ -214,29 +213,30 @@ def _run_peer(model, spec: BenchSpec, device, name: str, compiled: _Compiled | N
         skipped.append({"runner": name, "reason": (
             f"time budget --peer-timeout {budget_s:g} s spent after {spent:.0f} s, at {where}; "
             f"batch size(s) {sizes} not measured")})
-    return runs, skipped
 
 
-def run_hf_peers(spec: BenchSpec, loaded, advance: Callable[[str], None]):
-    """Returns (runs, skipped). A peer that cannot run is a skipped row, never a crash."""
+def run_hf_peers(spec: BenchSpec, loaded, advance: Callable[[str], None],
+                 runs: list[dict[str, Any]] | None = None, skipped: list[dict[str, str]] | None = None):
+    """Returns (runs, skipped), the given lists when passed: each row is appended as it finishes,
+    so an interrupt keeps the rows already measured. A peer that cannot run is a skipped row,
+    never a crash."""
     from fgchat.engine.loader import pick_device, pick_dtype
 
     device = pick_device(spec.device)
     dtype = pick_dtype(spec.dtype, device)
     budget = float(spec.peer_timeout)
-    runs: list[dict[str, Any]] = []
-    skipped: list[dict[str, str]] = []
+    runs = [] if runs is None else runs
+    skipped = [] if skipped is None else skipped
     try:
         model = _hf_model(spec, device, dtype)
     except Exception as exc:  # noqa: BLE001 - any failure marks the peer rows
-        return [], [{"runner": "hf", "reason": f"could not build the transformers model: {exc}"}]
+        skipped.append({"runner": "hf", "reason": f"could not build the transformers model: {exc}"})
+        return runs, skipped
     wanted = set()
     for p in spec.peers:
         wanted |= {"hf-eager", "hf-compile"} if p == "hf" else {p}
     if "hf-eager" in wanted:
-        r, s = _run_peer(model, spec, device, "hf-eager", None, budget, advance)
-        runs += r
-        skipped += s
+        _run_peer(model, spec, device, "hf-eager", None, budget, advance, runs, skipped)
     if "hf-compile" not in wanted:
         return runs, skipped
     try:
@@ -250,7 +250,7 @@ def run_hf_peers(spec: BenchSpec, loaded, advance: Callable[[str], None]):
     # one static graph per batch size must fit under dynamo's per-function limit (8 by default), else eager
     setattr(torch._dynamo.config, limit_name, max(old_limit, 2 * len(spec.batch_sizes) + 8))
     try:
-        r, s = _run_peer(model, spec, device, "hf-compile", compiled, budget, advance)
+        _run_peer(model, spec, device, "hf-compile", compiled, budget, advance, runs, skipped)
     finally:
         setattr(torch._dynamo.config, limit_name, old_limit)
-    return runs + r, skipped + s
+    return runs, skipped

@@ -148,8 +148,6 @@ def run_all(spec: BenchSpec) -> dict[str, Any]:
             weights_like = engine.model
             del engine
             torch.cuda.empty_cache() if torch.cuda.is_available() else None
-            runs, skipped = run_hf_peers(spec, weights_like, advance)
-            result["runs"] += runs
-            result["skipped"] += skipped
+            run_hf_peers(spec, weights_like, advance, result["runs"], result["skipped"])
     return result
 
