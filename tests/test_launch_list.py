@@ -216,16 +216,20 @@ def test_priming_the_recorder_leaves_the_first_recorded_step_no_imports():
     assert new["prime"] == 0
 
 
-def test_the_engine_primes_the_recorder_once_when_idle_and_only_for_eager_launch_lists(monkeypatch):
+def test_the_engine_primes_the_recorder_and_refreezes_its_heap_once_after_the_deferred_captures(monkeypatch):
     from types import SimpleNamespace
 
-    from fgchat.engine import launch_list
+    from fgchat.engine import heap, launch_list
     from fgchat.engine.core import Engine
 
     calls = []
-    monkeypatch.setattr(launch_list, "prime_recorder", lambda: calls.append(1) or 0.0)
-    eng = SimpleNamespace(_recorder_primed=False, modes=SimpleNamespace(eager=SimpleNamespace(launch_lists_on=True)))
-    assert Engine._prime_eager_recorder(eng) and not Engine._prime_eager_recorder(eng)
-    assert calls == [1]
-    cpu = SimpleNamespace(_recorder_primed=False, modes=SimpleNamespace(eager=SimpleNamespace(launch_lists_on=False)))
-    assert not Engine._prime_eager_recorder(cpu) and calls == [1]
+    monkeypatch.setattr(launch_list, "prime_recorder", lambda: calls.append("prime") or 0.0)
+    monkeypatch.setattr(heap, "freeze_heap", lambda collect=False: calls.append("freeze") or 0)
+    eng = SimpleNamespace(_settled=False, modes=SimpleNamespace(cap=object(), eager=SimpleNamespace(launch_lists_on=True)))
+    assert Engine._settle_after_deferred_work(eng) and not Engine._settle_after_deferred_work(eng)
+    assert calls == ["prime", "freeze"]
+    no_lists = SimpleNamespace(_settled=False, modes=SimpleNamespace(cap=object(),
+                                                                     eager=SimpleNamespace(launch_lists_on=False)))
+    assert Engine._settle_after_deferred_work(no_lists) and calls == ["prime", "freeze", "freeze"]
+    cpu = SimpleNamespace(_settled=False, modes=SimpleNamespace(cap=None, eager=SimpleNamespace(launch_lists_on=False)))
+    assert not Engine._settle_after_deferred_work(cpu) and calls == ["prime", "freeze", "freeze"]

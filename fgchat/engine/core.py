@@ -88,7 +88,7 @@ class Engine:
         startup_mark("engine: kv cache allocated")
         self.scheduler = Scheduler()
         self.history = SlotHistory(NUM_SLOTS)  # what each slot's rows hold (engine.prefix_reuse)
-        self._recorder_primed = False  # eager's launch-list recorder warmed while idle
+        self._settled = False  # the work after the deferred captures is done (capture_idle)
         self._build(self._use_fused())
         cuda = self.device.type == "cuda"
         self._pipelined = cuda if self.tuning.pipeline is None else self.tuning.pipeline
@@ -306,7 +306,7 @@ class Engine:
         if self.run_startup_check():
             return True
         if not self.modes.capture_next():
-            return self._prime_eager_recorder()
+            return self._settle_after_deferred_work()
         self.history.clear()  # its warm-up, capture and self-check steps write slots 0..b-1
         if self.modes.unavailable.get(self.mode):
             self.set_mode(self.mode)
@@ -328,16 +328,22 @@ class Engine:
         events, self._pending = self._pending, []
         return events
 
-    def _prime_eager_recorder(self) -> bool:
-        """Once, after the deferred captures: the imports of eager mode's first recorded step
-        (launch_list.prime_recorder), so that the first eager reply does not wait for them.
-        True when it ran."""
-        if self._recorder_primed or not self.modes.eager.launch_lists_on:
+    def _settle_after_deferred_work(self) -> bool:
+        """Once, when the deferred captures are done: the imports of eager mode's first recorded
+        step (launch_list.prime_recorder, where eager records launch lists), so that the first
+        eager reply does not wait for them; then the heap frozen again (engine.heap), so the
+        objects the captures and those imports made stay out of the collector's full walks.
+        True when it ran; never where nothing was deferred (no graph captures: CPU)."""
+        if self._settled or self.modes.cap is None:
             return False
-        from fgchat.engine.launch_list import prime_recorder
+        self._settled = True
+        if self.modes.eager.launch_lists_on:
+            from fgchat.engine.launch_list import prime_recorder
 
-        self._recorder_primed = True
-        prime_recorder()
+            prime_recorder()
+        from fgchat.engine.heap import freeze_heap
+
+        freeze_heap()
         return True
 
     def submit(
