@@ -43,10 +43,18 @@ def install(on_exit: Callable[[int], None]) -> dict[int, object]:
         except RuntimeError:  # the loop is closed: the app already flushed
             pass
 
+    return set_handlers(on_signal)
+
+
+def set_handlers(handler: Callable[[int, object], None], keep_ignored: bool = False) -> dict[int, object]:
+    """Route EXIT_SIGNALS to `handler`; returns the handlers they replaced (for `restore`).
+    keep_ignored: a signal ignored now stays ignored (`nohup`)."""
     previous: dict[int, object] = {}
     for sig in EXIT_SIGNALS:
         try:
-            previous[int(sig)] = signal.signal(sig, on_signal)
+            if keep_ignored and signal.getsignal(sig) is signal.SIG_IGN:
+                continue
+            previous[int(sig)] = signal.signal(sig, handler)
         except (ValueError, OSError):
             continue
     return previous

@@ -14,7 +14,6 @@ import argparse
 import contextlib
 import dataclasses
 import json
-import signal
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -125,7 +124,7 @@ def exit_signals_interrupt() -> Iterator[None]:
     KeyboardInterrupt; later ones are ignored, so the report that follows it completes. A signal
     ignored on entry stays ignored (`nohup`), as Python leaves an ignored SIGINT; outside the main
     thread nothing changes (Python handlers can only be set there)."""
-    from fgchat.exit_signals import EXIT_SIGNALS, restore
+    from fgchat.exit_signals import restore, set_handlers
 
     seen: list[int] = []
 
@@ -134,14 +133,7 @@ def exit_signals_interrupt() -> Iterator[None]:
             seen.append(signum)
             raise Terminated(signum)
 
-    previous: dict[int, object] = {}
-    for sig in EXIT_SIGNALS:
-        try:
-            if signal.getsignal(sig) is signal.SIG_IGN:
-                continue
-            previous[int(sig)] = signal.signal(sig, on_signal)
-        except (ValueError, OSError):
-            continue
+    previous = set_handlers(on_signal, keep_ignored=True)
     try:
         yield
     finally:

@@ -150,4 +150,3 @@ def run_all(spec: BenchSpec) -> dict[str, Any]:
             torch.cuda.empty_cache() if torch.cuda.is_available() else None
             run_hf_peers(spec, weights_like, advance, result["runs"], result["skipped"])
     return result
-

@@ -320,10 +320,10 @@ class Engine:
         self._inflight = None
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        for seq in self.scheduler.every():
+        held = self.scheduler.every()
+        for seq in held:
             self.scheduler.remove_waiting(seq)
-            self._pending.append(EngineError(message, seq.request_id))
-            self._finish(seq, "error")
+        self._fail_group(held, message)
         self.history.clear()
         events, self._pending = self._pending, []
         return events
@@ -493,7 +493,8 @@ class Engine:
             return self._fail_group(group, "out of memory during prefill")
 
     def _fail_group(self, group: list[Sequence], message: str) -> None:
-        """Every request of a group whose prefill failed ends with `message` (one line)."""
+        """Every request of `group` (one whose prefill failed; or all, after a failed step) ends
+        with `message` (one line)."""
         for seq in group:
             self._pending.append(EngineError(message, seq.request_id))
             self._finish(seq, "error")

@@ -22,7 +22,6 @@ Invariants:
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -139,15 +138,12 @@ def _into(outs: tuple[torch.Tensor, ...], func: Any, args: tuple, kwargs: dict) 
         out.copy_(got)
 
 
-def prime_recorder() -> float:
-    """Dispatch one op under the recorder's mode and return the seconds it took. torch imports
-    what dispatch modes need on the first op one sees (torch._dynamo in torch 2.11-2.13: 1.6 s
-    on a 2-vCPU VM with bytecode), which otherwise lands on the first recorded step: the TTFT
-    of the first eager reply."""
-    t0 = time.perf_counter()
+def prime_recorder() -> None:
+    """Dispatch one op under the recorder's mode. torch imports what dispatch modes need on the
+    first op one sees (torch._dynamo in torch 2.11-2.13: 1.6 s on a 2-vCPU VM with bytecode),
+    which otherwise lands on the first recorded step: the TTFT of the first eager reply."""
     with _OpRecorder([]):
         torch.empty(0)
-    return time.perf_counter() - t0
 
 
 def record(step: Callable[[], T]) -> tuple[T, LaunchList[T] | None, str]:

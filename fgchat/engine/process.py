@@ -9,9 +9,9 @@ reason and ends the child), send `[EngineInfo, ModeChanged]`, then forever: take
 when the engine is idle, only drain when it has work), apply them, run one `engine.step()`, send
 its events as one list. A step that raises ends the requests the engine holds, each with the
 one-line error (`Engine.fail_all`), and the loop goes on; it stops (fatal) when the device is
-broken or MAX_FAILED_STEPS steps in a row raised. Tokenization and the chat template run in the child. While idle, an engine
-with deferred graph captures (`capture_idle`) takes them one at a time, each after checking for a
-command, and sends one EngineInfo when they are done.
+broken or MAX_FAILED_STEPS steps in a row raised. Tokenization and the chat template run in the
+child. While idle, an engine with deferred graph captures (`capture_idle`) takes them one at a
+time, each after checking for a command, and sends one EngineInfo when they are done.
 
 Invariants:
 - Every batch is a list of engine events (TokenEvent, RequestFinished, ModeChanged, EngineError,
@@ -237,13 +237,14 @@ def serve(
             # device is broken or steps keep failing (then it stops, and says so)
             message = f"engine step failed: {type(exc).__name__}: {one_line(exc)}"
             failed_steps += 1
-            try:
-                if failed_steps > MAX_FAILED_STEPS:
-                    raise RuntimeError(f"{failed_steps} steps in a row failed")
-                out.extend(engine.fail_all(message))
-            except Exception:
+            ended = None
+            if failed_steps <= MAX_FAILED_STEPS:
+                with contextlib.suppress(Exception):  # a broken device: fail_all raises too
+                    ended = engine.fail_all(message)
+            if ended is None:
                 send([*batch, *out, EngineError(message, fatal=True)])
                 return
+            out.extend(ended)
             send([*batch, *out])
             batch = []
             last_send = time.monotonic()

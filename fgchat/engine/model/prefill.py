@@ -1,5 +1,5 @@
-"""Prefill: one prompt of T tokens through the decoder into its KV-cache slot (or, on the unfused
-path, `prefill_after`: only the tokens after the rows a slot already holds, engine.prefix_reuse).
+"""Prefill: one prompt of T tokens through the decoder into its KV-cache slot (or, with
+`prefill_after`, only the tokens after the rows a slot already holds: engine.prefix_reuse).
 
 Two paths, chosen by `dec.fused`:
 - unfused (CPU, or fused=False): plain torch ops, the reference the CPU tests compare with
