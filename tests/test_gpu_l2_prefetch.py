@@ -59,8 +59,7 @@ def test_full_graph_prefetches_beside_each_attention_with_the_same_bits(tmp_path
     from fgchat.engine.core import Engine, EngineConfig
     from fgchat.protocol.events import Mode, SamplingParams
 
-    model = tiny_models.build_model(tmp_path / "m", "llama", hidden=512, layers=3, heads=8, kv_heads=2,
-                                    head_dim=64, intermediate=1024, max_pos=4096, seed=7)
+    model = tiny_models.head64_model(tmp_path / "m", max_pos=4096, seed=7)
 
     def engine(mb: int) -> Engine:
         return Engine(EngineConfig(model=str(model), device="cuda", dtype="bfloat16", max_context=2048,

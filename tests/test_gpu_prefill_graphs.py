@@ -21,8 +21,7 @@ CTX = 2560
 def model(tmp_path_factory):
     import tiny_models
 
-    return tiny_models.build_model(tmp_path_factory.mktemp("pg") / "m", "llama", hidden=512, layers=3,
-                                   heads=8, kv_heads=2, head_dim=64, intermediate=1024, max_pos=8192, seed=9)
+    return tiny_models.head64_model(tmp_path_factory.mktemp("pg") / "m")
 
 
 @pytest.fixture(scope="module")

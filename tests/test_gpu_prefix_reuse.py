@@ -35,8 +35,7 @@ def model(tmp_path_factory):
     """Head dim 64 (the Triton attention's), context past the last prefill bucket."""
     import tiny_models
 
-    return tiny_models.build_model(tmp_path_factory.mktemp("reuse") / "m", "llama", hidden=512, layers=3,
-                                   heads=8, kv_heads=2, head_dim=64, intermediate=1024, max_pos=8192, seed=9)
+    return tiny_models.head64_model(tmp_path_factory.mktemp("reuse") / "m")
 
 
 @pytest.fixture(scope="module")

@@ -223,7 +223,7 @@ def test_the_engine_primes_the_recorder_and_refreezes_its_heap_once_after_the_de
     from fgchat.engine.core import Engine
 
     calls = []
-    monkeypatch.setattr(launch_list, "prime_recorder", lambda: calls.append("prime") or 0.0)
+    monkeypatch.setattr(launch_list, "prime_recorder", lambda: calls.append("prime"))
     monkeypatch.setattr(heap, "freeze_heap", lambda collect=False: calls.append("freeze") or 0)
     eng = SimpleNamespace(_settled=False, modes=SimpleNamespace(cap=object(), eager=SimpleNamespace(launch_lists_on=True)))
     assert Engine._settle_after_deferred_work(eng) and not Engine._settle_after_deferred_work(eng)

@@ -122,3 +122,10 @@ def build_model(
     model = model.to(getattr(torch, dtype))
     model.save_pretrained(out, safe_serialization=True)
     return out
+
+
+def head64_model(out: Path, max_pos: int = 8192, seed: int = 9) -> Path:
+    """The GPU tests' small Llama with a real model's head shape: head dim 64 (the Triton
+    attention's), 8 query and 2 KV heads, hidden 512, 3 layers."""
+    return build_model(out, "llama", hidden=512, layers=3, heads=8, kv_heads=2, head_dim=64,
+                       intermediate=1024, max_pos=max_pos, seed=seed)
