@@ -201,24 +201,16 @@ def _generate(args: argparse.Namespace, config) -> int:
                                         getattr(info, "sampling_source", ""))
     sampling = f"sampling {describe_sampling(params[0])} ({source})"
     prompt = build_prompt(engine, args)
-    rids = [engine.submit(prompt, p) for p in params]
-    model_notes = getattr(engine.model, "notes", [])  # shown once, also before the engine relays them
-    for note in list(info.notes) + [n for n in model_notes if n not in info.notes]:
-        print(f"fgchat: {note}", file=sys.stderr)
-    caps = info.captures
-    check = startup_check_text(info.startup_check)
-    if caps:
-        secs, mib = sum(c.seconds for c in caps), sum(c.pool_mib for c in caps)
-        warm = info.kernel_warmup_s or 0.0
-        print(f"fgchat: kernels warmed in {warm:.2f} s; captured {len(caps)} graphs in {secs:.2f} s, "
-              f"pools {mib:.0f} MiB{'; ' + check if check else ''}", file=sys.stderr)
-    elif check:
-        print(f"fgchat: {check}", file=sys.stderr)
     stream = args.n == 1 and not args.json
     out = _Stdout()
     done: dict[int, RequestSummary] = {}
     batch_max = 0
+    rids: list[int] = []
+    # from the first submit on, an interrupt still reports every request submitted
     try:
+        for p in params:
+            rids.append(engine.submit(prompt, p))
+        _print_start_lines(engine, info)
         while engine.has_work():
             if out.broken:  # nobody reads the text any more: stop generating it
                 _cancel(engine, rids, done)
@@ -244,6 +236,22 @@ def _generate(args: argparse.Namespace, config) -> int:
     if out.broken:
         return EXIT_BROKEN_PIPE
     return 0 if all(s.finish_reason != "error" for s in done.values()) else 1
+
+
+def _print_start_lines(engine, info) -> None:
+    """The model's notes, the captures' and the start-up check's line, on stderr."""
+    model_notes = getattr(engine.model, "notes", [])  # shown once, also before the engine relays them
+    for note in list(info.notes) + [n for n in model_notes if n not in info.notes]:
+        print(f"fgchat: {note}", file=sys.stderr)
+    caps = info.captures
+    check = startup_check_text(info.startup_check)
+    if caps:
+        secs, mib = sum(c.seconds for c in caps), sum(c.pool_mib for c in caps)
+        warm = info.kernel_warmup_s or 0.0
+        print(f"fgchat: kernels warmed in {warm:.2f} s; captured {len(caps)} graphs in {secs:.2f} s, "
+              f"pools {mib:.0f} MiB{'; ' + check if check else ''}", file=sys.stderr)
+    elif check:
+        print(f"fgchat: {check}", file=sys.stderr)
 
 
 def _cancel(engine, rids: list[int], done: dict[int, RequestSummary]) -> None:

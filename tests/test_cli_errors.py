@@ -76,6 +76,23 @@ def test_ignored_hangup_stays_ignored(tiny_llama):
     assert json.loads(out)["finish_reason"] != "cancelled"
 
 
+
+def test_interrupt_between_submit_and_first_step_still_reports(tiny_llama, monkeypatch, capsys):
+    """An interrupt after the requests are submitted, before generation starts, still prints the
+    JSON and a summary of every request (cancelled, no tokens)."""
+    import fgchat.generate as generate
+
+    def interrupted(*_a) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(generate, "startup_check_text", interrupted)
+    argv = generate_argv(tiny_llama, "--json", "--n", "2", "--max-tokens", "8")[len(FGCHAT):]
+    assert main(argv) == 128 + signal.SIGINT
+    out, err = capsys.readouterr()
+    obj = json.loads(out)
+    assert [c["finish_reason"] for c in obj["completions"]] == ["cancelled", "cancelled"]
+    assert "[request 1]" in err and "[request 2]" in err and "interrupted" in err
+
 # ---------------------------------------------------------------------------- stdout that cannot be written
 @pytest.mark.parametrize("extra", [[], ["--json"]], ids=["stream", "json"])
 def test_full_stdout_is_one_error_line_after_the_summary(tiny_llama, extra):
