@@ -191,6 +191,33 @@ async def test_sampling_dialog_sets_shows_sends_and_saves(tiny_llama, data_dir):
     assert again.sampling.params == replace(want, max_tokens=7)
 
 
+async def test_largest_seed_with_k_replies_wraps_and_is_kept_after_a_restart(tiny_llama, data_dir):
+    received: list[tuple[int, SamplingParams]] = []
+    app = make_app(tiny_llama, max_tokens=4, make_engine=recording_engine(received))
+    top = 2**63 - 1  # the largest seed the dialog accepts
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_ready(pilot, app)
+        screen = await open_sampling_dialog(pilot, app)
+        screen.query_one("#sampling-seed", Input).value = str(top)
+        screen.query_one("#sampling-seed", Input).focus()
+        await key(pilot, "enter")
+        await wait_for(pilot, lambda: not isinstance(app.screen, SamplingScreen), "the dialog to close")
+        await key(pilot, "f4")
+        await key(pilot, "f4")
+        conv = app.chats.current.conversation
+        await type_prompt(pilot, "three replies")
+        await wait_for(pilot, lambda: len(conv.messages) == 4 and not app.replies, "three replies")
+        # reply j uses seed + j, wrapping around inside the seed range like the server's n
+        assert [p.seed for _, p in received] == [top, 0, 1]
+        assert [m.meta.get("error") for m in conv.messages[1:]] == [None] * 3
+        assert all(m.meta["tokens"] == 4 for m in conv.messages[1:])
+
+    # a restart keeps the saved seed, an int beyond float precision
+    again = make_app(tiny_llama, max_tokens=4)
+    assert again.sampling.problems == []
+    assert again.sampling.params.seed == top
+
+
 async def test_footer_shows_k_open_quit_and_fits_120_columns(tiny_llama, data_dir):
     app = make_app(tiny_llama, thread=True)
     async with app.run_test(size=(120, 30)) as pilot:

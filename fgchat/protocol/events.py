@@ -18,6 +18,7 @@ class Mode(StrEnum):
 
 MODES: tuple[Mode, ...] = tuple(Mode)
 MAX_TOP_K = 2**31 - 1  # larger top-k values mean "every token" (no vocabulary is that large)
+SEED_SPACE = 2**63  # seeds are in [0, SEED_SPACE); seed + j of K samples wraps around in it
 
 
 @dataclass(frozen=True)
@@ -74,7 +75,7 @@ class SamplingParams:
             raise RequestError(f"top-k must be >= 0 (0 disables it), got {self.top_k}")
         if self.max_tokens < 1:
             raise RequestError(f"max tokens must be >= 1, got {self.max_tokens}")
-        if not (0 <= self.seed < 2**63):
+        if not (0 <= self.seed < SEED_SPACE):
             raise RequestError(f"seed must be in [0, 2^63), got {self.seed}")
         if not (0.0 < self.repetition_penalty <= 10.0):
             raise RequestError(f"repetition penalty must be in (0, 10], got {self.repetition_penalty}")

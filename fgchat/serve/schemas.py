@@ -18,13 +18,12 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from fgchat.protocol.errors import RequestError
-from fgchat.protocol.events import SamplingParams
+from fgchat.protocol.events import SEED_SPACE, SamplingParams
 from fgchat.serve.errors import ApiError
 
 MAX_BODY_BYTES = 1 << 20
 MAX_N = 8  # one request's choices run as one batch; the engine batches up to 8
 MAX_STOPS = 4
-SEED_SPACE = 2**63
 
 
 class _Strict(BaseModel):

@@ -23,7 +23,7 @@ import math
 from dataclasses import fields, replace
 from typing import Any
 
-from fgchat.protocol.events import SamplingParams
+from fgchat.protocol.events import SEED_SPACE, SamplingParams
 
 MAX_SAMPLES = 8  # the engine batches at most 8 sequences
 K_TEMPERATURE = 0.7  # temperature of K > 1 replies when the effective one is 0 (greedy)
@@ -38,8 +38,9 @@ LEGACY_KEY = "sampling"
 def reply_params(base: SamplingParams, k: int) -> tuple[list[SamplingParams], str]:
     """The sampling parameters of the K replies asked for together, and a note ("" when none).
 
-    Reply j (0-based) uses seed `base.seed + j`, so the K replies differ from each other and
-    every run of the same prompt and settings gives the same K. K = 1 keeps `base` as it is.
+    Reply j (0-based) uses seed `(base.seed + j) % SEED_SPACE` (as the server's choices do), so
+    the K replies differ from each other and every run of the same prompt and settings gives the
+    same K. K = 1 keeps `base` as it is.
     K > 1 with temperature 0 (greedy) would give K identical copies, so the K replies are sampled
     at K_TEMPERATURE (0.7) instead, with base's other fields; the note says so.
     """
@@ -50,7 +51,7 @@ def reply_params(base: SamplingParams, k: int) -> tuple[list[SamplingParams], st
     if base.temperature == 0:
         base = replace(base, temperature=K_TEMPERATURE)
         note = f"K={k}: sampled at T {K_TEMPERATURE:g} (greedy gives K copies)"
-    return [replace(base, seed=base.seed + j) for j in range(k)], note
+    return [replace(base, seed=(base.seed + j) % SEED_SPACE) for j in range(k)], note
 
 
 def _coerce(name: str, value: Any) -> float | int:
@@ -58,7 +59,7 @@ def _coerce(name: str, value: Any) -> float | int:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"{name} is not a number")
     if "int" in str(kind):
-        if float(value) != int(value):
+        if isinstance(value, float) and not value.is_integer():  # an int is exact at any size
             raise ValueError(f"{name} is not a whole number")
         return int(value)
     if not math.isfinite(float(value)):
