@@ -280,3 +280,24 @@ async def test_ui_heap_is_frozen_once_the_engine_is_ready(tiny_llama, data_dir, 
             assert gc.get_freeze_count() > 10_000
     finally:
         gc.unfreeze()  # the rest of the test session collects as usual
+
+
+async def test_mode_bar_stays_one_line_and_ctrl_c_says_how_to_quit(tiny_llama, data_dir):
+    app = make_app(tiny_llama, thread=True)
+    async with app.run_test(size=(160, 45)) as pilot:
+        await wait_ready(pilot, app)
+        # CPU: three modes unavailable; the four labels and their "n/a" fit the panel's one line
+        await wait_for(pilot, lambda: panel(app).view.info is not None, "panel refresh", 5)
+        for size in [(160, 45), (130, 40), (100, 30)]:
+            await pilot.resize_terminal(*size)
+            await pilot.pause(0.6)  # the panel's refresh beside a CPU engine
+            bar = panel(app).text_of("mode-bar").rstrip()
+            assert "\n" not in bar and len(bar) <= panel(app).content_width(), (size, bar)
+            assert "mega" in bar
+
+        # ctrl+c does not quit: the hint names ctrl+q in plain text, no markup tags
+        await pilot.press("ctrl+c")
+        await wait_for(pilot, lambda: any("to quit" in text for _, text in app.notices), "the quit hint", 5)
+        hint = next(text for _, text in app.notices if "to quit" in text)
+        assert "ctrl+q" in hint and "[b]" not in hint
+        assert app.is_running

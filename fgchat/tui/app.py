@@ -496,6 +496,11 @@ class FgchatApp(App[int]):
 
         self.push_screen(ExportScreen(str(self.log_files.proposed_path())), done)
 
+    def action_help_quit(self) -> None:
+        """ctrl+c (Textual's hint that it does not quit), in plain text like every notice here."""
+        self.notify("Press ctrl+q to quit (replies in flight are stored as interrupted)",
+                    title="Do you want to quit?")
+
     def action_toggle_panel(self) -> None:
         panel = self.query_one(LatencyPanel)
         panel.display = not panel.display

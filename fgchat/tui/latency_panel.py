@@ -144,16 +144,20 @@ class LatencyPanel(VerticalScroll):
 
     @staticmethod
     def _mode_bar(view: PanelView, available: dict[str, str], width: int = 60) -> Content:
+        """One line: the longest labels that fit `width` (key, mode and "n/a"; mode and "n/a";
+        mode). The keys go first: the footer and the help list them too."""
+        variants = (
+            lambda m: f" {MODE_KEYS[m]} {m}{' n/a' if available.get(m) else ''} ",
+            lambda m: f" {m}{' n/a' if available.get(m) else ''} ",
+            lambda m: f" {m} ",
+        )
+        for make in variants:
+            labels = [make(mode) for mode in MODES]
+            if sum(len(label) + 1 for label in labels) <= width:
+                break
         parts: list[Content | tuple[str, str] | str] = []
-        for mode in MODES:
-            key = MODE_KEYS[mode]
+        for mode, label in zip(MODES, labels):
             unavailable = bool(available.get(mode))
-            if width >= 46:
-                label = f" {key} {mode}{' n/a' if unavailable else ''} "
-            elif width >= 36:
-                label = f" {key} {mode} "
-            else:
-                label = f" {mode} "
             if mode == view.mode:
                 style = f"bold reverse {MODE_STYLES[mode]}"
             elif unavailable:
