@@ -218,6 +218,21 @@ async def test_largest_seed_with_k_replies_wraps_and_is_kept_after_a_restart(tin
     assert again.sampling.params.seed == top
 
 
+async def test_sampling_dialog_hint_wraps_inside_the_dialog(tiny_llama, data_dir):
+    app = make_app(tiny_llama, thread=True)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_ready(pilot, app)
+        screen = await open_sampling_dialog(pilot, app)
+        await pilot.pause(0.1)
+        dialog = screen.query_one(".dialog")
+        hint = screen.query_one(".dialog-hint", Label)
+        text = str(hint.visual)
+        assert "reply j uses seed + j" in text
+        # every line of the hint is inside the dialog: it wraps rather than being cut at the edge
+        assert hint.region.right <= dialog.content_region.right
+        assert hint.size.height >= -(-len(text) // hint.size.width)
+
+
 async def test_footer_shows_k_open_quit_and_fits_120_columns(tiny_llama, data_dir):
     app = make_app(tiny_llama, thread=True)
     async with app.run_test(size=(120, 30)) as pilot:
