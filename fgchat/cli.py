@@ -192,6 +192,10 @@ def _run(args: argparse.Namespace) -> int:
         check_endpoint_args(args)
         _check_terminal()
         return run_endpoint_tui(args)
+    if args.model is not None:  # a path that cannot be a model: one line now, not a failed UI
+        from fgchat.engine.model.resolve import check_model_arg
+
+        check_model_arg(args.model)
     _check_terminal()
     from fgchat.tui import run_tui
 

@@ -81,6 +81,11 @@ TUI_CASES = [
     (["--log-csv", "/"], "is a directory"),
     (["--log-csv", ""], "--log-csv: empty path"),
     (["nonsense-command"], "invalid choice: 'nonsense-command'"),
+    # a model path that cannot load: said before the chat starts (and before the terminal check)
+    (["--model", "./models/nope"], "model path not found: ./models/nope"),
+    (["--model", "/nonexistent-fgchat-dir/model.gguf"], "model path not found: /nonexistent-fgchat-dir/model.gguf"),
+    (["--model", __file__], "unsupported model file"),
+    (["--model", str(Path(__file__).parent)], "not a model directory (no config.json)"),
 ]
 GEN_CASES = [
     (["--prompt", ""], "the prompt is empty"),

@@ -88,14 +88,29 @@ def resolve_model(arg: str | None, cache_dir: Path | None = None) -> ResolvedMod
         raise ModelLoadError("empty model name: give a model directory, a .gguf file or a Hugging Face repo id "
                              "(leave --model out for the embedded model)")
     arg = arg.strip()
-    path = Path(arg).expanduser()
-    if path.exists():
+    path = check_model_arg(arg)
+    if path is not None:
         return _resolve_local(path, cache_dir)
-    if arg.lower().endswith(".gguf") or (_looks_like_path(arg) and not is_repo_id(arg)):
-        raise ModelLoadError(f"model path not found: {arg}")
     # No such local path, but the shape of a repo id: the hub decides. When the hub does not have it
     # either, the message says both readings were tried (`models/nope` may be a mistyped path).
     return ResolvedModel(download_snapshot(arg, also_tried_path=True), arg, "hub")
+
+
+def check_model_arg(arg: str) -> Path | None:
+    """The local model path `arg` names (a .gguf file or a directory with config.json), or None
+    when it can only be a repo id. Cheap and offline (no import, no read): ModelLoadError for a
+    path that does not exist or cannot hold a model."""
+    arg = arg.strip()
+    path = Path(arg).expanduser()
+    if path.exists():
+        if path.is_file() and path.suffix.lower() != ".gguf":
+            raise ModelLoadError(f"unsupported model file {path}: pass a model directory, a .gguf file or a repo id")
+        if not path.is_file() and not (path / "config.json").is_file():
+            raise ModelLoadError(f"not a model directory (no config.json): {path}")
+        return path
+    if arg.lower().endswith(".gguf") or (_looks_like_path(arg) and not is_repo_id(arg)):
+        raise ModelLoadError(f"model path not found: {arg}")
+    return None
 
 
 def pending_conversion(arg: str | None) -> Path | None:
@@ -148,12 +163,9 @@ def _looks_like_path(arg: str) -> bool:
 
 
 def _resolve_local(path: Path, cache_dir: Path | None) -> ResolvedModel:
+    """`path` as check_model_arg accepted it: a .gguf file or a directory with config.json."""
     if path.is_file():
-        if path.suffix.lower() == ".gguf":
-            return ResolvedModel(cached_conversion(path, cache_dir), path.stem, "gguf")
-        raise ModelLoadError(f"unsupported model file {path}: pass a model directory, a .gguf file or a repo id")
-    if not (path / "config.json").is_file():
-        raise ModelLoadError(f"not a model directory (no config.json): {path}")
+        return ResolvedModel(cached_conversion(path, cache_dir), path.stem, "gguf")
     return ResolvedModel(path, path.resolve().name, "dir")
 
 
