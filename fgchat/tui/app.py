@@ -59,7 +59,7 @@ from fgchat.protocol.errors import FgchatError
 from fgchat.protocol.events import MODES, EngineError, SamplingParams
 from fgchat import exit_signals
 from fgchat.tui.chat_tabs import ChatTabs
-from fgchat.tui.dialogs import ExportScreen, SamplingScreen
+from fgchat.tui.dialogs import ExportScreen, MessageScreen, SamplingScreen
 from fgchat.tui.engine_link import CPU_POST_S, EngineLink, EngineUpdate
 from fgchat.tui.help_screen import HelpScreen
 from fgchat.tui.latency_console import CPU_REFRESH_S, REFRESH_S, LatencyConsole, PanelStatus
@@ -67,6 +67,7 @@ from fgchat.tui.latency_panel import LatencyPanel
 from fgchat.tui.log_files import SYNC_S, LogFiles
 from fgchat.tui.messages import EngineEvents
 from fgchat.tui.palette import fgchat_commands
+from fgchat.tui.prompt_input import PromptInput
 from fgchat.tui.replies import CPU_DRAW_SHARE, Replies
 from fgchat.tui.sampling import MAX_SAMPLES, SamplingChoice
 from fgchat.tui.store import ChatStore, Settings, usable_data_dir
@@ -205,7 +206,7 @@ class FgchatApp(App[int]):
             with Vertical(id="chat-column"):
                 yield Static(id="engine-banner")
                 yield ChatTabs(self.replies, self.settings, id="chats")
-                yield Input(placeholder="Message · Enter sends · Esc stops · F10 help", id="prompt")
+                yield PromptInput(placeholder="Message · Enter sends · Esc stops · F10 help", id="prompt")
             yield LatencyPanel(id="latency")
         yield Footer(compact=True)
 
@@ -424,6 +425,20 @@ class FgchatApp(App[int]):
         prompt.value = ""
         await self.chats.send(chat, text)
         return True
+
+    @on(PromptInput.MultilinePaste)
+    def _multiline_paste(self, event: PromptInput.MultilinePaste) -> None:
+        self.edit_message(event.text)
+
+    def edit_message(self, text: str) -> None:
+        """A message of several lines, in an editor: ctrl+s sends it; a send that is refused (the
+        notification says why) opens it again, so the text is never lost."""
+
+        async def done(edited: str | None) -> None:
+            if edited is not None and not await self.send_prompt(edited) and edited.strip():
+                self.edit_message(edited)
+
+        self.push_screen(MessageScreen(text), done)
 
     async def action_chat(self, action: str) -> None:
         """Key bindings of chat actions: run ChatTabs.action_<action>."""

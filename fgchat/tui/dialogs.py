@@ -1,4 +1,5 @@
-"""Small modal dialogs: system prompt editor, open a saved chat, export path, sampling."""
+"""Small modal dialogs: system prompt editor, a message of several lines, open a saved chat,
+export path, sampling."""
 
 from __future__ import annotations
 
@@ -41,6 +42,8 @@ class SystemPromptScreen(_SaveOrCancel, ModalScreen[str | None]):
         Binding("escape", "cancel", "Cancel"),
         Binding("ctrl+s", "save", "Save"),
     ]
+    HEADING = "System prompt for this chat (ctrl+s saves, Esc cancels)"
+    SAVE_LABEL = "Save"
 
     def __init__(self, text: str) -> None:
         super().__init__()
@@ -48,10 +51,10 @@ class SystemPromptScreen(_SaveOrCancel, ModalScreen[str | None]):
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog"):
-            yield Label("System prompt for this chat (ctrl+s saves, Esc cancels)", classes="dialog-title")
+            yield Label(self.HEADING, classes="dialog-title")
             yield TextArea(self._text, id="system-text", soft_wrap=True)
             with Horizontal(classes="dialog-buttons"):
-                yield Button("Save", id="save", variant="primary")
+                yield Button(self.SAVE_LABEL, id="save", variant="primary")
                 yield Button("Cancel", id="cancel")
 
     def on_mount(self) -> None:
@@ -59,6 +62,18 @@ class SystemPromptScreen(_SaveOrCancel, ModalScreen[str | None]):
 
     def action_save(self) -> None:
         self.dismiss(self.query_one(TextArea).text)
+
+
+class MessageScreen(SystemPromptScreen):
+    """A message of several lines (a multi-line paste, which the one-line prompt cannot hold):
+    returns the text to send, or None."""
+
+    HEADING = "Message of several lines (Enter: new line, ctrl+s sends, Esc cancels)"
+    SAVE_LABEL = "Send"
+
+    def on_mount(self) -> None:
+        area = self.query_one(TextArea)
+        area.move_cursor(area.document.end)  # typing goes on after the paste
 
 
 class OpenChatScreen(ModalScreen[str | None]):

@@ -29,6 +29,10 @@ Each reply in flight is one sequence of the engine's batch (1..8). Generate in s
 tabs at once, or ask for K replies per prompt (F4 / F5), to drive batch sizes 1..8. The K replies
 of a prompt are submitted together: prefilled in one round, they decode at batch K from the start.
 
+## Pasting
+The prompt is one line: a paste of several lines opens in an editor (Enter: new line, ctrl+s
+sends the message whole, Esc cancels the paste).
+
 ## Sampling
 Replies start from the model's own defaults (its generation_config.json; greedy when it has
 none). F6 sets temperature, top-p, top-k, seed and the repetition, presence and frequency
