@@ -192,11 +192,9 @@ def test_a_bias_free_linear_replays_as_mm_into_its_result():
             assert all(torch.equal(a, b) for a, b in zip(got, want))
 
 
-PRIME_SCRIPT = """
+FIRST_OP_SCRIPT = """
 import sys, torch
-from fgchat.engine.launch_list import _OpRecorder, prime_recorder
-if sys.argv[1] == "prime":
-    prime_recorder()
+from fgchat.engine.launch_list import _OpRecorder
 before = set(sys.modules)
 with _OpRecorder([]):
     torch.ones(2).add_(1)
@@ -204,32 +202,26 @@ print(len(set(sys.modules) - before))
 """
 
 
-def test_priming_the_recorder_leaves_the_first_recorded_step_no_imports():
-    """What torch imports on a dispatch mode's first op (seconds of it) happens in the prime,
-    which the engine process runs while idle, not in the first eager reply's step."""
+def test_a_recorders_first_op_imports_nothing():
+    """TorchDispatchMode's default wraps __torch_dispatch__ so that its first call imports
+    torch._dynamo (seconds); the recorder opts out, or the first eager reply's step would pay it."""
     import subprocess
     import sys
 
-    new = {how: int(subprocess.run([sys.executable, "-c", PRIME_SCRIPT, how], capture_output=True, text=True,
-                                   check=True).stdout.split()[-1]) for how in ("prime", "cold")}
-    assert new["cold"] > 0, "a dispatch mode's first op imports nothing here: the prime is moot"
-    assert new["prime"] == 0
+    out = subprocess.run([sys.executable, "-c", FIRST_OP_SCRIPT], capture_output=True, text=True, check=True)
+    assert int(out.stdout.split()[-1]) == 0
 
 
-def test_the_engine_primes_the_recorder_and_refreezes_its_heap_once_after_the_deferred_captures(monkeypatch):
+def test_the_engine_refreezes_its_heap_once_after_the_deferred_captures(monkeypatch):
     from types import SimpleNamespace
 
-    from fgchat.engine import heap, launch_list
+    from fgchat.engine import heap
     from fgchat.engine.core import Engine
 
     calls = []
-    monkeypatch.setattr(launch_list, "prime_recorder", lambda: calls.append("prime"))
     monkeypatch.setattr(heap, "freeze_heap", lambda collect=False: calls.append("freeze") or 0)
-    eng = SimpleNamespace(_settled=False, modes=SimpleNamespace(cap=object(), eager=SimpleNamespace(launch_lists_on=True)))
+    eng = SimpleNamespace(_settled=False, modes=SimpleNamespace(cap=object()))
     assert Engine._settle_after_deferred_work(eng) and not Engine._settle_after_deferred_work(eng)
-    assert calls == ["prime", "freeze"]
-    no_lists = SimpleNamespace(_settled=False, modes=SimpleNamespace(cap=object(),
-                                                                     eager=SimpleNamespace(launch_lists_on=False)))
-    assert Engine._settle_after_deferred_work(no_lists) and calls == ["prime", "freeze", "freeze"]
-    cpu = SimpleNamespace(_settled=False, modes=SimpleNamespace(cap=None, eager=SimpleNamespace(launch_lists_on=False)))
-    assert not Engine._settle_after_deferred_work(cpu) and calls == ["prime", "freeze", "freeze"]
+    assert calls == ["freeze"]
+    cpu = SimpleNamespace(_settled=False, modes=SimpleNamespace(cap=None))
+    assert not Engine._settle_after_deferred_work(cpu) and calls == ["freeze"]

@@ -329,18 +329,12 @@ class Engine:
         return events
 
     def _settle_after_deferred_work(self) -> bool:
-        """Once, when the deferred captures are done: the imports of eager mode's first recorded
-        step (launch_list.prime_recorder, where eager records launch lists), so that the first
-        eager reply does not wait for them; then the heap frozen again (engine.heap), so the
-        objects the captures and those imports made stay out of the collector's full walks.
-        True when it ran; never where nothing was deferred (no graph captures: CPU)."""
+        """Once, when the deferred captures are done: the heap frozen again (engine.heap), so the
+        objects the captures made stay out of the collector's full walks. True when it ran; never
+        where nothing was deferred (no graph captures: CPU)."""
         if self._settled or self.modes.cap is None:
             return False
         self._settled = True
-        if self.modes.eager.launch_lists_on:
-            from fgchat.engine.launch_list import prime_recorder
-
-            prime_recorder()
         from fgchat.engine.heap import freeze_heap
 
         freeze_heap()

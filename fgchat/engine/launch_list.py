@@ -83,6 +83,14 @@ class _OpRecorder(TorchDispatchMode):
     """Appends a replayable form of each torch op to `calls`; sets `failed` on the first op it
     cannot replay exactly."""
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # False keeps TorchDispatchMode from wrapping __torch_dispatch__ in torch._disable_dynamo,
+        # whose first call imports torch._dynamo (1.6 s on a 2-vCPU VM with bytecode, ~5 s on a
+        # GPU host without): that import would land on the first eager reply's step. A recording
+        # never runs under torch.compile.
+        return False
+
     def __init__(self, calls: list[Callable[[], Any]]) -> None:
         super().__init__()
         self.calls = calls
@@ -136,14 +144,6 @@ def _into(outs: tuple[torch.Tensor, ...], func: Any, args: tuple, kwargs: dict) 
     new = func(*args, **kwargs)
     for out, got in zip(outs, new if isinstance(new, (tuple, list)) else (new,)):
         out.copy_(got)
-
-
-def prime_recorder() -> None:
-    """Dispatch one op under the recorder's mode. torch imports what dispatch modes need on the
-    first op one sees (torch._dynamo in torch 2.11-2.13: 1.6 s on a 2-vCPU VM with bytecode),
-    which otherwise lands on the first recorded step: the TTFT of the first eager reply."""
-    with _OpRecorder([]):
-        torch.empty(0)
 
 
 def record(step: Callable[[], T]) -> tuple[T, LaunchList[T] | None, str]:
