@@ -45,6 +45,7 @@
 #   sampling   cost per decode step of sampling (T 0.7) and of filtering (T 0.7, top-k 50) vs greedy;
 #              SAMPLING_WAYS narrows it; with .old/fgchat carried, the old tree and this one alternate
 #   reuse      prefix reuse: tests/test_gpu_prefix_reuse.py, then tools/ttft_next_turn.py (eager, full)
+#   firstturn  the first eager reply's TTFT from a fresh engine (ttft_next_turn, fgchat generate), real weights
 #   admission  TTFT of 8 prompts admitted together: shared prefill, one pass (attention padded or per
 #              prompt), one by one (1B)
 #   startup    launch -> ready to send in the TUI on the real weights, FGCHAT_STARTUP_PRIME 0 / 1
@@ -252,6 +253,16 @@ for what in "$@"; do
       for mode in eager full; do
         timeout 240 python3 tools/ttft_next_turn.py --model "$GGUF" --device cuda --mode $mode --rounds 2 \
           --turns 5 2>&1 | tee -a "$OUT/ttft-next-turn.log" | tail -3
+      done ;;
+    firstturn)  # the first reply's TTFT in eager mode, from a fresh engine: ttft_next_turn (4 processes)
+      # and `fgchat generate --mode eager` (2), on the real weights
+      [[ -n $GGUF ]] || { echo "firstturn: needs the real weights"; continue; }
+      timeout 240 python3 tools/ttft_next_turn.py --model "$GGUF" --device cuda --mode eager --rounds 2 \
+        --turns 2 2>&1 | tee -a "$OUT/first-turn.log" | tail -6
+      for i in 1 2; do
+        timeout 120 python3 -m fgchat.cli generate --model "$GGUF" --mode eager --json --raw --max-tokens 8 \
+          --prompt "Name three colors." 2>/dev/null | python3 -c "import json,sys; print('generate eager ttft_ms', json.load(sys.stdin)['ttft_ms'])" \
+          | tee -a "$OUT/first-turn.log"
       done ;;
     admission)  # TTFT of a round of 8 prompts (notes V27, V28, V30)
       for len in 512 32; do
