@@ -134,11 +134,25 @@ def run_tui(*, engine_factory: Callable[..., object] | None = None, **options: A
             for sig, handler in previous.items():
                 if handler is not None:
                     signal.signal(sig, handler)
+            if app.kept_log_note:
+                _note(app.kept_log_note)
     if app.return_code not in (None, 0):
         return int(app.return_code)
     if late:
         return 128 + late[0]
     return int(result or 0)
+
+
+def _note(text: str) -> None:
+    """One line on stderr after the UI has given the terminal back (a closed stderr: silent)."""
+    import sys
+
+    from fgchat.stdio import one_line
+
+    try:
+        print(f"fgchat: {one_line(text)}", file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
 
 
 __all__ = ["build_app", "launch_time", "run_tui"]

@@ -186,6 +186,7 @@ class FgchatApp(App[int]):
         self.replies = Replies(self.link, self.sampling, self.guard)
         self.log_files = LogFiles(self.latency.log, self.settings, self.data_path, log_csv, self.notify)
         self._flushed = False
+        self.kept_log_note = ""  # at exit: where the unwritten latency log went, or why it could not
         self._text_timer: Timer | None = None  # draws buffered reply text when it is due
         self.exit_signal: int | None = None  # SIGTERM/SIGHUP that ended the app, if one did
         self._previous_handlers: dict[int, object] = {}
@@ -560,6 +561,18 @@ class FgchatApp(App[int]):
         """Problems at exit cannot be shown any more: they go to <data dir>/ui.log (0600)."""
         log_problem(self.data_path, text)
 
+    def _keep_log(self) -> None:
+        """The latency log's rows that no file holds yet, to <data dir>/latency/; the note for
+        the terminal after the app is gone (and ui.log when it failed)."""
+        try:
+            kept = self.log_files.keep_at_exit()
+        except FgchatError as exc:
+            self.kept_log_note = f"the latency log could not be kept: {exc}"
+            self._log_problem(self.kept_log_note)
+            return
+        if kept is not None:
+            self.kept_log_note = f"latency log kept in {kept} (and -requests.csv beside it)"
+
     def flush_on_exit(self) -> None:
         """Keep everything: partial replies, the rest of --log-csv; then stop the engine. Idempotent."""
         if self._flushed:
@@ -571,6 +584,7 @@ class FgchatApp(App[int]):
         self.guard.quiet = True
         self.replies.interrupt_all(self._log_problem)
         self.log_files.close()
+        self._keep_log()
         self.link.shutdown()
         try:
             self.store.close()

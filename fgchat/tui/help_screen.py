@@ -29,6 +29,10 @@ Each reply in flight is one sequence of the engine's batch (1..8). Generate in s
 tabs at once, or ask for K replies per prompt (F4 / F5), to drive batch sizes 1..8. The K replies
 of a prompt are submitted together: prefilled in one round, they decode at batch K from the start.
 
+## Latency log
+ctrl+s exports it (tokens CSV + requests CSV). At exit, rows that neither an export nor
+--log-csv wrote are kept in <data dir>/latency/<session id>-tokens.csv, and fgchat prints where.
+
 ## Pasting
 The prompt is one line: a paste of several lines opens in an editor (Enter: new line, ctrl+s
 sends the message whole, Esc cancels the paste).

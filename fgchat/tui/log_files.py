@@ -6,8 +6,9 @@ ctrl+s proposes <data dir>/exports/ (created on export), never the current direc
 the user typed instead is remembered for the next export. The latest export's path is shown in
 the latency console.
 
-Invariant: a failed write never loses rows; the log stays in memory and the user is told
-(for --log-csv once per failure streak, with a notice when it recovers).
+Invariants: a failed write never loses rows; the log stays in memory and the user is told
+(for --log-csv once per failure streak, with a notice when it recovers). At exit, a log holding
+rows that neither --log-csv nor an export wrote goes to <data dir>/latency/ (`keep_at_exit`).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ class LogFiles:
         self._notify = notify
         self.last_export = ""  # tokens CSV of the latest ctrl+s export
         self.csv_error = ""  # the current --log-csv failure streak's reason ("" when none)
+        self._written = (0, 0)  # (tokens, requests) of the log that a file already holds
 
     # ---- ctrl+s --------------------------------------------------------------------------
     @property
@@ -72,6 +74,7 @@ class LogFiles:
             self._notify(f"{exc} — the log is kept in memory; export again to another path",
                          title="export failed", severity="error", timeout=10)
             return None
+        self._written = (max(self._written[0], len(tokens)), max(self._written[1], len(requests)))
         folder = tokens_path.parent.resolve()
         if folder != default_dir.resolve():
             self.settings.set("export_folder", str(folder))
@@ -101,8 +104,39 @@ class LogFiles:
         """At exit: the last rows, then the file closed. Quiet: nobody sees notifications now."""
         if self.appender is None:
             return
-        for step in (lambda: self.appender.sync(self.log), self.appender.close):
-            try:
-                step()
-            except FgchatError:
-                pass
+        try:
+            self.appender.sync(self.log)
+            self._written = (self.log.token_count, self.log.request_count)
+        except FgchatError:
+            pass
+        try:
+            self.appender.close()
+        except FgchatError:
+            pass
+
+    # ---- at exit -------------------------------------------------------------------------
+    @property
+    def kept_dir(self) -> Path:
+        """<data dir>/latency: where a log nothing else wrote is kept at exit."""
+        return self.data_path / "latency"
+
+    def keep_at_exit(self) -> Path | None:
+        """After `close`: a log with rows that no file holds yet (no --log-csv, none since the
+        last export) is written whole to <data dir>/latency/<session id>-tokens.csv and
+        -requests.csv. Returns the tokens CSV's path, None when there was nothing to keep; raises
+        FgchatError when it could not be written."""
+        counts = (self.log.token_count, self.log.request_count)
+        if counts[0] <= self._written[0] and counts[1] <= self._written[1]:  # also: an empty log
+            return None
+        tokens, requests = self.log.snapshot()
+        try:
+            self.kept_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError as exc:
+            raise FgchatError(f"cannot create {self.kept_dir}: {exc.strerror or exc}") from None
+        session = self.log.session_id
+        name = session or time.strftime("%Y%m%dT%H%M%S")
+        tokens_path = self.kept_dir / f"{name}-tokens.csv"
+        write_tokens_csv(tokens_path, tokens, session_id=session)
+        write_requests_csv(self.kept_dir / f"{name}-requests.csv", requests, session_id=session)
+        self._written = (len(tokens), len(requests))
+        return tokens_path
