@@ -33,6 +33,8 @@
 #   bisectmega  the first mega phase whose persistent launch differs from its phase-by-phase launches,
 #           1B batch 1 with and without the batch-rows-only norm (tools/bisect_mega.py)
 #   envab   fgchat bench with AB_ARGS, ENVAB_VAR=0 and =1 alternating AB_ROUNDS times (one tree)
+#   sdpashapes  the first SDPA call at a shape no bucket covers (prompts past the last bucket, a
+#           prefill after cached rows): torch's default backend against cuDNN excluded
 #   prefillgemm  the prefill's projections at 512 / 4096 rows: cuBLAS against a Triton GEMM swept over
 #           tiles, TMA and split-K, and gate/up with SiLU in its epilogue (PGEMM_ARGS: the tool's args)
 #   headpick  the LM head's pick from its int8 copy against the exact head's, us per call and tiles
@@ -199,6 +201,10 @@ for what in "$@"; do
     tma)  # our projections with TMA weight loads against pointer loads and cuBLAS (tools/bench_tma_proj.py)
       read -r -a tiles <<< "${TMA_TILES:-}"  # e.g. "--tile head=64,128,4,4,1,1"
       timeout 300 python3 tools/bench_tma_proj.py ${TMA_MODELS:-1b 8b} "${tiles[@]}" 2>&1 | tee "$OUT/tma-proj.log" ;;
+    sdpashapes)  # the first SDPA call at a new shape, torch's default backend against no cuDNN
+      for heads in 32,8 9,3; do
+        timeout 200 python3 tools/bench_sdpa_shapes.py --heads $heads 2>&1 | tee -a "$OUT/sdpa-shapes.log"
+      done ;;
     prefillgemm)  # the prefill's projections: cuBLAS against a swept Triton GEMM (tools/bench_prefill_gemm.py)
       timeout 420 python3 tools/bench_prefill_gemm.py ${PGEMM_ARGS:-1b --rows 512,4096} 2>&1 | tee "$OUT/prefill-gemm.log" ;;
     headpick)  # the int8 LM-head pick against the exact head kernel's pick (V63)
