@@ -118,12 +118,26 @@ def test_completions_stop_string_cuts_and_frees(client, server):
     (json.dumps(_chat(stop=["a", "b", "c", "d", "e"])).encode(), 400, "stop"),
     (json.dumps(_chat(model="gpt-4")).encode(), 404, "does not exist"),
     (json.dumps({"messages": []}).encode(), 400, "messages"),
+    (json.dumps(_chat(stream="yes")).encode(), 400, "stream"),  # no coercion of wrong types
+    (json.dumps(_chat(n="2")).encode(), 400, "n"),
+    (json.dumps(_chat(max_tokens=3.0)).encode(), 400, "max_tokens"),
+    (json.dumps(_chat(temperature="0.5")).encode(), 400, "temperature"),
+    (json.dumps(_chat(logprobs=True)).encode(), 400, "logprobs is not supported"),
+    (json.dumps(_chat(top_logprobs=2)).encode(), 400, "top_logprobs is not supported"),
 ])
 def test_bad_requests_are_4xx_in_openai_shape(server, body, status, needle):
     r = httpx.post(f"{server.base}/chat/completions", content=body, headers={"content-type": "application/json"})
     assert r.status_code == status, r.text
     err = r.json()["error"]
     assert needle in err["message"] and err["type"] and "\n" not in err["message"]
+
+
+def test_logprobs_off_is_accepted(client):
+    r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}],
+                                       max_tokens=2, logprobs=False, top_logprobs=None)
+    assert r.choices[0].logprobs is None
+    c = client.completions.create(model=MODEL, prompt="The capital", max_tokens=2, logprobs=0)
+    assert c.choices[0].logprobs is None
 
 
 def test_prompt_longer_than_context_is_400_stream_or_not(server):

@@ -2,7 +2,10 @@
 
 Invariants:
 - A body is a JSON object of at most MAX_BODY_BYTES; NaN/Infinity are not JSON.
-- Unknown fields are rejected (400), never silently ignored; so are values of the wrong type.
+- Unknown fields are rejected (400), never silently ignored; so are values of the wrong type
+  (strict: "2" is not an int, "yes" not a bool; an int is a valid float).
+- Features the server does not have (logprobs) are a 400 that names them when asked for, and
+  accepted when a client sends their off value (false, null, 0).
 - Unset sampling fields take the model's defaults (EngineInfo.sampling_defaults); an unset seed
   is drawn at random, so that repeated requests at temperature > 0 differ, as with OpenAI.
   Choice i of a request with seed s uses seed s + i (mod 2^63), as `fgchat generate --n` does.
@@ -27,7 +30,7 @@ MAX_STOPS = 4
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class TextPart(_Strict):
@@ -66,6 +69,8 @@ class _Sampling(_Strict):
     repetition_penalty: float | None = None
     ignore_eos: bool = False
     user: str | None = None
+    logprobs: bool | int | None = None  # chat: a bool; completions: an int
+    top_logprobs: int | None = None
 
     def stops(self) -> list[str]:
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -82,6 +87,9 @@ class _Sampling(_Strict):
         """One SamplingParams per choice, validated; a bad value is ApiError 400."""
         if self.stream_options is not None and not self.stream:
             raise ApiError(400, "stream_options needs stream: true", param="stream_options")
+        for key in ("logprobs", "top_logprobs"):
+            if getattr(self, key):
+                raise ApiError(400, f"{key} is not supported by this server", param=key)
         over: dict[str, Any] = {}
         for key in ("temperature", "top_p", "presence_penalty", "frequency_penalty", "repetition_penalty"):
             value = getattr(self, key)
