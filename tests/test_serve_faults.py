@@ -47,3 +47,24 @@ def test_engine_death_is_503_not_a_dead_server(tiny_llama):
         assert httpx.get(f"{srv.base}/models").status_code == 200
     finally:
         assert srv.stop() == 0
+
+
+def test_sigterm_ends_the_streams_in_flight_and_exits_0(tiny_llama):
+    srv = start_server(["--model", str(tiny_llama), "--device", "cpu", "--max-context", "2048"])
+    try:
+        body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2000, "ignore_eos": True,
+                "stream": True, "stream_options": {"include_usage": True}}
+        with httpx.Client(timeout=60) as c, c.stream("POST", f"{srv.base}/chat/completions", json=body) as resp:
+            lines = resp.iter_lines()
+            assert next(lines).startswith("data:")
+            srv.proc.send_signal(signal.SIGTERM)
+            rest = [ln[5:].strip() for ln in lines if ln.startswith("data:")]
+        assert rest[-1] == "[DONE]"  # the stream ends whole, not cut off by the shutdown
+        chunks = [json.loads(d) for d in rest[:-1]]
+        errors = [ch["error"] for ch in chunks if "error" in ch]
+        assert len(errors) == 1 and "shutting down" in errors[0]["message"]
+        assert chunks[-1]["usage"]["completion_tokens"] < 2000
+        assert srv.proc.wait(10) == 0
+        assert not any("Traceback" in line for line in srv.lines), srv.lines[-5:]
+    finally:
+        srv.stop()

@@ -96,6 +96,11 @@ class EngineHub:
             if self.handle.failed and not events:
                 return
 
+    def stop_requests(self, reason: str) -> None:
+        """End every request in flight with `reason`, as a fatal engine error does (a stream's
+        error chunk and [DONE], a 503 for the others), and refuse new ones. On the loop."""
+        self._error(EngineError(reason, fatal=True))
+
     def close(self) -> None:
         self._stop.set()
         if self._pump is not None:

@@ -16,7 +16,7 @@ import signal
 import socket
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from fgchat.protocol.errors import FgchatError
@@ -73,7 +73,10 @@ def _server_class() -> type:
     class Server(uvicorn.Server):
         """uvicorn's server, except that SIGINT/SIGTERM end it gracefully and are not raised again
         afterwards (uvicorn re-raises them, which would skip stopping the engine): stopping on a
-        signal is a server's normal end, exit status 0."""
+        signal is a server's normal end, exit status 0. `before_shutdown` runs on the loop as the
+        shutdown begins, before uvicorn waits for the open responses to end."""
+
+        before_shutdown: Callable[[], None] | None = None
 
         @contextlib.contextmanager
         def capture_signals(self) -> Iterator[None]:
@@ -86,6 +89,11 @@ def _server_class() -> type:
             finally:
                 for sig, handler in saved.items():
                     signal.signal(sig, handler)
+
+        async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+            if self.before_shutdown is not None:
+                self.before_shutdown()
+            await super().shutdown(sockets)
 
     return Server
 
@@ -125,6 +133,7 @@ def _serve(sock: socket.socket, args: argparse.Namespace, config: Any, key: str 
         app = create_app(hub, api_key=key, backlog=backlog)
         server = _Server(uvicorn.Config(app, log_level="warning", access_log=False,
                                                timeout_graceful_shutdown=3, lifespan="on"))
+        server.before_shutdown = lambda: hub.stop_requests("the server is shutting down")
         say(f"{info.model_name} on {info.device}, mode {mode}; listening on {url_of(sock)}/v1"
             f"{' (API key required)' if key else ''}")
         server.run(sockets=[sock])
