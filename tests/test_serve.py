@@ -55,6 +55,13 @@ def test_openai_client_chat_non_streaming(client):
     assert [m.id for m in client.models.list()] == [MODEL]
 
 
+def test_openai_client_retrieves_the_served_model(client):
+    m = client.models.retrieve(MODEL)
+    assert m.id == MODEL and m.object == "model"
+    with pytest.raises(openai.NotFoundError, match="does not exist"):
+        client.models.retrieve("gpt-4")
+
+
 def test_openai_client_streaming_n2_carries_timing(client):
     stream = client.chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=5, n=2, stream=True,

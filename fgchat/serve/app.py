@@ -1,6 +1,6 @@
 """The FastAPI app of `fgchat serve`: OpenAI-compatible routes over one EngineHub.
 
-Routes: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health,
+Routes: POST /v1/chat/completions, POST /v1/completions, GET /v1/models(/<name>), GET /health,
 GET /metrics (Prometheus), GET /fgchat/info (the engine's EngineInfo as JSON), POST /fgchat/mode.
 
 Invariants:
@@ -123,10 +123,23 @@ def create_app(hub: EngineHub, *, api_key: str | None = None, max_body: int = MA
         return JSONResponse({"status": "ok", "model": served_name(), "mode": str(hub.mode),
                              "running": hub.running, "waiting": hub.waiting})
 
+    def check_model(name: str | None) -> None:
+        if name is not None and name != served_name():
+            raise ApiError(404, f"model '{name}' does not exist; this server serves '{served_name()}'",
+                           param="model", code="model_not_found")
+
+    def model_card() -> dict[str, Any]:
+        return {"id": served_name(), "object": "model", "created": 0, "owned_by": "fgchat",
+                "max_model_len": hub.info.max_context}
+
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [{"id": served_name(), "object": "model", "created": 0,
-                                            "owned_by": "fgchat", "max_model_len": hub.info.max_context}]}
+        return {"object": "list", "data": [model_card()]}
+
+    @app.get("/v1/models/{name:path}")  # a hub repo id has a slash
+    async def model(name: str) -> dict[str, Any]:
+        check_model(name)
+        return model_card()
 
     @app.get("/metrics")
     async def metrics() -> Response:
@@ -160,9 +173,7 @@ def create_app(hub: EngineHub, *, api_key: str | None = None, max_body: int = MA
     async def _complete(request: Request, chat: bool) -> Response:
         body = parse_json(await read_body(request, max_body))
         req = parse_model(ChatRequest if chat else CompletionRequest, body)
-        if req.model is not None and req.model != served_name():
-            raise ApiError(404, f"model '{req.model}' does not exist; this server serves '{served_name()}'",
-                           param="model", code="model_not_found")
+        check_model(req.model)
         messages = req.chat() if chat else req.text()  # a str: a raw prompt (SubmitChats)
         if not (any(m["content"] for m in messages) if chat else messages):
             raise ApiError(400, "the prompt is empty", param="messages" if chat else "prompt")
