@@ -129,6 +129,8 @@ def test_completions_stop_string_cuts_and_frees(client, server):
     (json.dumps(_chat(n="2")).encode(), 400, "n"),
     (json.dumps(_chat(max_tokens=3.0)).encode(), 400, "max_tokens"),
     (json.dumps(_chat(temperature="0.5")).encode(), 400, "temperature"),
+    (json.dumps({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}
+                ).encode(), 400, "messages.0.content: content parts of type 'image_url' are not supported"),
     (json.dumps(_chat(logprobs=True)).encode(), 400, "logprobs is not supported"),
     (json.dumps(_chat(top_logprobs=2)).encode(), 400, "top_logprobs is not supported"),
 ])

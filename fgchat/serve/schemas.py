@@ -4,8 +4,8 @@ Invariants:
 - A body is a JSON object of at most MAX_BODY_BYTES; NaN/Infinity are not JSON.
 - Unknown fields are rejected (400), never silently ignored; so are values of the wrong type
   (strict: "2" is not an int, "yes" not a bool; an int is a valid float).
-- Features the server does not have (logprobs) are a 400 that names them when asked for, and
-  accepted when a client sends their off value (false, null, 0).
+- Features the server does not have (logprobs, content parts other than text) are a 400 that
+  names them when asked for, and accepted when a client sends their off value (false, null, 0).
 - Unset sampling fields take the model's defaults (EngineInfo.sampling_defaults); an unset seed
   is drawn at random, so that repeated requests at temperature > 0 differ, as with OpenAI.
   Choice i of a request with seed s uses seed s + i (mod 2^63), as `fgchat generate --n` does.
@@ -18,7 +18,7 @@ import json
 import secrets
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from fgchat.protocol.errors import RequestError
 from fgchat.protocol.events import SEED_SPACE, SamplingParams
@@ -42,6 +42,15 @@ class ChatMessage(_Strict):
     role: Literal["system", "developer", "user", "assistant"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_parts_only(cls, value: Any) -> Any:
+        for part in value if isinstance(value, list) else ():
+            kind = part.get("type") if isinstance(part, dict) else None
+            if isinstance(kind, str) and kind != "text":
+                raise ValueError(f"content parts of type '{kind}' are not supported (text only)")
+        return value
 
     def text(self) -> str:
         if isinstance(self.content, list):
@@ -174,4 +183,6 @@ def parse_model(cls: type[BaseModel], body: dict[str, Any]) -> Any:
             raise ApiError(400, f"unknown field '{loc}'", param=loc) from None
         if err.get("type") == "missing":
             raise ApiError(400, f"missing field '{loc}'", param=loc) from None
+        if err.get("type") == "value_error":  # a validator's own message, without pydantic's prefix
+            raise ApiError(400, f"{loc}: {err['ctx']['error']}", param=loc or None) from None
         raise ApiError(400, f"{loc}: {err.get('msg', 'invalid value')}", param=loc or None) from None
