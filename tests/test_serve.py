@@ -111,6 +111,16 @@ def test_completions_stop_string_cuts_and_frees(client, server):
     assert _idle(server)["running"] == 0  # the engine request was cancelled at the stop string
 
 
+def test_a_reply_cut_by_a_stop_string_keeps_its_timing(server):
+    body = {"prompt": "The capital", "max_tokens": 40, "ignore_eos": True}
+    full = httpx.post(f"{server.base}/completions", json=body, timeout=60).json()["choices"][0]["text"]
+    r = httpx.post(f"{server.base}/completions", json={**body, "n": 2, "stop": full[3:5]}, timeout=60).json()
+    assert [c["finish_reason"] for c in r["choices"]] == ["stop", "stop"]
+    for t in r["fgchat"]["choices"]:  # the engine's numbers for the cancelled request
+        assert t is not None and 0 < t["ttft_ms"] <= t["e2e_ms"], r["fgchat"]
+    assert _idle(server)["running"] == 0
+
+
 @pytest.mark.parametrize("body, status, needle", [
     (b'{"messages": [', 400, "malformed JSON"),
     (b"[1, 2]", 400, "JSON object"),

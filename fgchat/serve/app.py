@@ -185,7 +185,7 @@ def create_app(hub: EngineHub, *, api_key: str | None = None, max_body: int = MA
             raise ApiError(429, str(exc), code="queue_full") from None
         except Unavailable as exc:
             raise ApiError(503, f"engine stopped: {exc}") from None
-        choices = Choices(req.n, stops, on_stop=lambda i: hub.detach(group, i))
+        choices = Choices(req.n, stops, on_stop=lambda i: hub.cancel(group, i))
         shaper = Shaper(chat, served_name())
         handed_over = False
         try:
@@ -218,8 +218,10 @@ def create_app(hub: EngineHub, *, api_key: str | None = None, max_body: int = MA
         return choices.feed(index, ev)
 
     async def _collect(request: Request, group: RequestGroup, choices: Choices) -> bool:
+        """Feed events until every choice is settled (its summary known); False when the client
+        went away meanwhile."""
         with _watching(request, group):
-            while not choices.done:
+            while not choices.settled:
                 index, ev = await group.queue.get()
                 if ev is _GONE:
                     return False
@@ -230,7 +232,7 @@ def create_app(hub: EngineHub, *, api_key: str | None = None, max_body: int = MA
                       usage: bool) -> AsyncIterator[str]:
         for d in pending:
             yield shaper.chunk(d)
-        while not choices.done:
+        while not (choices.settled if usage else choices.done):  # usage: the engine's counts
             index, ev = await group.queue.get()
             for d in choices.feed(index, ev):
                 yield shaper.chunk(d)

@@ -2,7 +2,9 @@
 
 Invariants:
 - Each choice ends exactly once, with finish_reason "stop", "length" or "error"; after that its
-  events are ignored.
+  events are ignored, except that the engine's last word on it (RequestFinished, also for the
+  cancel a stop string asked for, or an EngineError) sets `settled` and the engine's numbers
+  (summary, prompt and cached tokens).
 - The text a choice releases, concatenated, is the engine's text cut at the first stop string
   (the tail the detokenizer flushes at the end is released from RequestFinished's text).
 - `timing` is fgchat's per-token extension: the engine's own numbers for the token.
@@ -38,6 +40,7 @@ class Choice:
     finish_reason: str | None = None
     error: str | None = None
     summary: dict[str, Any] | None = None
+    settled: bool = False  # the engine sent its last event for this choice
 
 
 def timing(ev: TokenEvent) -> dict[str, Any]:
@@ -47,7 +50,8 @@ def timing(ev: TokenEvent) -> dict[str, Any]:
 
 
 class Choices:
-    """`on_stop(index)` is called when a stop string ends choice `index` (the caller cancels it)."""
+    """`on_stop(index)` is called when a stop string ends choice `index` (the caller cancels it
+    and keeps routing its events until it is settled)."""
 
     def __init__(self, n: int, stops: list[str], on_stop: Callable[[int], None]) -> None:
         self.items = [Choice(StopMatcher(stops)) for _ in range(n)]
@@ -57,8 +61,20 @@ class Choices:
     def done(self) -> bool:
         return all(c.finish_reason is not None for c in self.items)
 
+    @property
+    def settled(self) -> bool:
+        return all(c.settled for c in self.items)
+
     def feed(self, index: int, ev: Any) -> list[Delta]:
         c = self.items[index]
+        if isinstance(ev, (RequestFinished, EngineError)):
+            c.settled = True
+        if isinstance(ev, RequestFinished):
+            s = ev.summary
+            c.prompt_tokens = s.prompt_tokens
+            c.cached_tokens = s.cached_tokens
+            c.summary = {"ttft_ms": s.ttft_ms, "tpot_ms": s.tpot_ms, "e2e_ms": s.e2e_ms,
+                         "mode_counts": s.mode_counts}
         if c.finish_reason is not None:
             return []
         if isinstance(ev, TokenEvent):
@@ -68,8 +84,6 @@ class Choices:
             return self._release(index, c, ev.text, timing(ev))
         if isinstance(ev, RequestFinished):
             s = ev.summary
-            c.prompt_tokens = s.prompt_tokens
-            c.cached_tokens = s.cached_tokens
             raw = "".join(c.raw)
             tail = s.text[len(raw):] if s.text.startswith(raw) else ""
             out = self._release(index, c, tail, None) if tail else []
@@ -77,8 +91,6 @@ class Choices:
                 rest = c.stops.flush()
                 c.text.append(rest)
                 c.finish_reason = "length" if s.finish_reason == "length" else "stop"
-                c.summary = {"ttft_ms": s.ttft_ms, "tpot_ms": s.tpot_ms, "e2e_ms": s.e2e_ms,
-                             "mode_counts": s.mode_counts}
                 out.append(Delta(index, rest, finish_reason=c.finish_reason))
             return out
         if isinstance(ev, EngineError):

@@ -131,14 +131,18 @@ class EngineHub:
         self._gauges()
         return group
 
-    def detach(self, group: RequestGroup, index: int | None = None) -> None:
-        """Stop routing the group's events (one choice's, with index); cancel what still runs."""
+    def detach(self, group: RequestGroup) -> None:
+        """Stop routing the group's events; cancel what still runs."""
         for i, rid in enumerate(group.rids):
-            if index is not None and i != index:
-                continue
             self._routes.pop(rid, None)
-            if rid in self._active and not self.failed:
-                self.handle.cancel(rid)
+            self.cancel(group, i)
+
+    def cancel(self, group: RequestGroup, index: int) -> None:
+        """Cancel choice `index` if it still runs; its events (the engine's RequestFinished) are
+        still routed."""
+        rid = group.rids[index]
+        if rid in self._active and not self.failed:
+            self.handle.cancel(rid)
 
     async def set_mode(self, mode: str) -> ModeChanged:
         """Ask the engine for `mode`; returns its answer (an unavailable mode falls back to eager)."""
