@@ -143,6 +143,9 @@ def test_a_reply_cut_by_a_stop_string_keeps_its_timing(server):
                 ).encode(), 400, "messages.0.content: content parts of type 'image_url' are not supported"),
     (json.dumps(_chat(logprobs=True)).encode(), 400, "logprobs is not supported"),
     (json.dumps(_chat(top_logprobs=2)).encode(), 400, "top_logprobs is not supported"),
+    (json.dumps(_chat(store=True)).encode(), 400, "store is not supported"),
+    (json.dumps(_chat(response_format={"type": "json_object"})).encode(), 400,
+     "response_format type 'json_object' is not supported"),
 ])
 def test_bad_requests_are_4xx_in_openai_shape(server, body, status, needle):
     r = httpx.post(f"{server.base}/chat/completions", content=body, headers={"content-type": "application/json"})
@@ -157,6 +160,14 @@ def test_logprobs_off_is_accepted(client):
     assert r.choices[0].logprobs is None
     c = client.completions.create(model=MODEL, prompt="The capital", max_tokens=2, logprobs=0)
     assert c.choices[0].logprobs is None
+
+
+def test_fields_clients_send_with_harmless_values_are_accepted(client):
+    """What SDKs and frameworks send by default: no stored completion, plain text, no tools."""
+    r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=2,
+                                       store=False, metadata={"run": "a"}, response_format={"type": "text"},
+                                       parallel_tool_calls=True)
+    assert r.choices[0].message.content is not None
 
 
 def test_prompt_longer_than_context_is_400_stream_or_not(server):

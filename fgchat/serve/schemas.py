@@ -4,8 +4,10 @@ Invariants:
 - A body is a JSON object of at most MAX_BODY_BYTES; NaN/Infinity are not JSON.
 - Unknown fields are rejected (400), never silently ignored; so are values of the wrong type
   (strict: "2" is not an int, "yes" not a bool; an int is a valid float).
-- Features the server does not have (logprobs, content parts other than text) are a 400 that
-  names them when asked for, and accepted when a client sends their off value (false, null, 0).
+- Features the server does not have (logprobs, content parts other than text, stored
+  completions, structured output) are a 400 that names them when asked for, and accepted when a
+  client sends their off value (false, null, 0, response_format text). Fields that only qualify
+  such a feature (metadata for stored completions, parallel_tool_calls for tools) are accepted.
 - Unset sampling fields take the model's defaults (EngineInfo.sampling_defaults); an unset seed
   is drawn at random, so that repeated requests at temperature > 0 differ, as with OpenAI.
   Choice i of a request with seed s uses seed s + i (mod 2^63), as `fgchat generate --n` does.
@@ -60,6 +62,11 @@ class ChatMessage(_Strict):
 
 class StreamOptions(_Strict):
     include_usage: bool = False
+
+
+class ResponseFormat(_Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: dict[str, Any] | None = None
 
 
 class _Sampling(_Strict):
@@ -124,6 +131,10 @@ class _Sampling(_Strict):
 class ChatRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
+    store: bool | None = None
+    metadata: dict[str, str] | None = None
+    response_format: ResponseFormat | None = None
+    parallel_tool_calls: bool | None = None
 
     def chat(self) -> list[dict[str, str]]:
         """The messages as the engine takes them (developer is OpenAI's newer name for system)."""
@@ -131,6 +142,12 @@ class ChatRequest(_Sampling):
                 for m in self.messages]
 
     def sampling(self, defaults: SamplingParams) -> list[SamplingParams]:
+        if self.store:
+            raise ApiError(400, "store is not supported by this server (completions are not stored)",
+                           param="store")
+        if self.response_format is not None and self.response_format.type != "text":
+            raise ApiError(400, f"response_format type '{self.response_format.type}' is not supported "
+                           "(text only)", param="response_format")
         if self.max_completion_tokens is not None:
             self.max_tokens = self.max_completion_tokens
         return super().sampling(defaults)
