@@ -25,6 +25,7 @@ from fgchat.protocol.events import (
     EngineError,
     RequestFinished,
     RequestSummary,
+    SEED_SPACE,
     SamplingParams,
     StartupCheck,
     TokenEvent,
@@ -78,9 +79,9 @@ def sampling_overrides(args: argparse.Namespace) -> dict[str, Any]:
 def check_sampling_flags(args: argparse.Namespace) -> None:
     """Fail with one line, before any model loads, when a sampling flag is out of range."""
     SamplingParams(seed=args.seed, max_tokens=args.max_tokens, **sampling_overrides(args)).validate()
-    if args.seed + args.n - 1 >= 2**63:  # completion i uses seed + i
+    if args.seed + args.n - 1 >= SEED_SPACE:  # completion i uses seed + i
         raise RequestError(f"--seed {args.seed} with --n {args.n}: the seeds seed..seed+n-1 must all "
-                           f"be in [0, 2^63); use --seed <= {2**63 - args.n}")
+                           f"be in [0, 2^63); use --seed <= {SEED_SPACE - args.n}")
 
 
 def effective_sampling(args: argparse.Namespace, defaults: SamplingParams,

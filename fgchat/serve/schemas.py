@@ -10,7 +10,8 @@ Invariants:
   such a feature (metadata for stored completions, parallel_tool_calls for tools) are accepted.
 - Unset sampling fields take the model's defaults (EngineInfo.sampling_defaults); an unset seed
   is drawn at random, so that repeated requests at temperature > 0 differ, as with OpenAI.
-  Choice i of a request with seed s uses seed s + i (mod 2^63), as `fgchat generate --n` does.
+  Choice i of a request with seed s uses seed s + i (mod 2^63), as the TUI's K replies do
+  (`fgchat generate --n` refuses a seed whose completions would wrap).
 """
 
 from __future__ import annotations

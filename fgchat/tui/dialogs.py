@@ -16,7 +16,7 @@ from textual.widgets import Button, Input, Label, OptionList, TextArea
 from textual.validation import Function
 from textual.widgets.option_list import Option
 
-from fgchat.protocol.events import SamplingParams
+from fgchat.protocol.events import SEED_SPACE, SamplingParams
 from fgchat.tui.sampling import K_TEMPERATURE
 from fgchat.tui.store import ConversationSummary
 
@@ -140,8 +140,6 @@ class ExportScreen(ModalScreen[str | None]):
 
 # ---- sampling ------------------------------------------------------------------------------------
 
-SEED_LIMIT = 2**63
-
 
 def _parse_float(text: str) -> float:
     value = float(text.strip())
@@ -162,7 +160,7 @@ SAMPLING_FIELDS: dict[str, tuple[str, object, object, str]] = {
               "top-p: a number in (0, 1] (1 disables it)"),
     "top_k": ("Top-k", _parse_int, lambda v: v >= 0,
               "top-k: a whole number >= 0 (0 disables it)"),
-    "seed": ("Seed", _parse_int, lambda v: 0 <= v < SEED_LIMIT,
+    "seed": ("Seed", _parse_int, lambda v: 0 <= v < SEED_SPACE,
              "seed: a whole number in [0, 2^63); reply j of K uses seed + j"),
     "repetition_penalty": ("Repetition pen.", _parse_float, lambda v: 0.0 < v <= 10.0,
                            "repetition penalty: a number in (0, 10] (1 disables it)"),
