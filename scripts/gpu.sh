@@ -46,7 +46,10 @@
 #   penalties  cost per decode step of repetition/presence/frequency penalties (1B, batch 1, 8)
 #   sampling   cost per decode step of sampling (T 0.7) and of filtering (T 0.7, top-k 50) vs greedy;
 #              SAMPLING_WAYS narrows it; with .old/fgchat carried, the old tree and this one alternate
-#   reuse      prefix reuse: tests/test_gpu_prefix_reuse.py, then tools/ttft_next_turn.py (eager, full)
+#   reuse      prefix reuse: tests/test_gpu_prefix_reuse.py, then tools/ttft_next_turn.py (eager, full); .old/fgchat
+#              carried: the old tree, then this one (REUSE_MODES narrows the modes)
+#   longprompt TTFT of prompts past the last bucket at new lengths (tools/ttft_long_prompt.py),
+#              real weights; .old/fgchat carried: old, new, new, old
 #   firstturn  the first eager reply's TTFT from a fresh engine (ttft_next_turn, fgchat generate), real weights
 #   admission  TTFT of 8 prompts admitted together: shared prefill, one pass (attention padded or per
 #              prompt), one by one (1B)
@@ -256,9 +259,24 @@ for what in "$@"; do
       timeout 300 python3 -m pytest -p no:cacheprovider -m gpu -q -W ignore tests/test_gpu_prefix_reuse.py 2>&1 \
         | tee "$OUT/tests-reuse.log" | tail -5
       [[ -n $GGUF ]] || { echo "reuse: the TTFT runs need the real weights"; continue; }
-      for mode in eager full; do
-        timeout 240 python3 tools/ttft_next_turn.py --model "$GGUF" --device cuda --mode $mode --rounds 2 \
-          --turns 5 2>&1 | tee -a "$OUT/ttft-next-turn.log" | tail -3
+      trees=(new); [[ -d .old/fgchat ]] && trees=(old new)  # with .old/fgchat carried, both trees
+      for tree in "${trees[@]}"; do
+        pp=$PYTHONPATH; [[ $tree == old ]] && pp="$PWD/.old:/tmp/site"
+        for mode in ${REUSE_MODES:-eager full}; do
+          echo "tree $tree mode $mode" | tee -a "$OUT/ttft-next-turn.log"
+          PYTHONPATH=$pp timeout 240 python3 tools/ttft_next_turn.py --model "$GGUF" --device cuda --mode $mode \
+            --rounds 2 --turns 5 2>&1 | tee -a "$OUT/ttft-next-turn.log" | tail -3
+        done
+      done ;;
+    longprompt)  # TTFT of prompts past the last bucket, each at a new length (tools/ttft_long_prompt.py),
+      # on the real weights; with .old/fgchat carried, the old tree and this one alternate
+      [[ -n $GGUF ]] || { echo "longprompt: needs the real weights"; continue; }
+      trees=(new); [[ -d .old/fgchat ]] && trees=(old new new old)
+      for tree in "${trees[@]}"; do
+        pp=$PYTHONPATH; [[ $tree == old ]] && pp="$PWD/.old:/tmp/site"
+        echo "tree $tree" | tee -a "$OUT/ttft-long-prompt.log"
+        PYTHONPATH=$pp timeout 200 python3 -P tools/ttft_long_prompt.py --model "$GGUF" 2>&1 \
+          | tee -a "$OUT/ttft-long-prompt.log" | tail -2
       done ;;
     firstturn)  # the first reply's TTFT in eager mode, from a fresh engine: ttft_next_turn (4 processes)
       # and `fgchat generate --mode eager` (2), on the real weights

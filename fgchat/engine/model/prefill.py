@@ -28,8 +28,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention.bias import causal_lower_right
 
 from fgchat.engine.intmath import cdiv
 from fgchat.engine.model.ops import apply_rope, rms_norm
@@ -126,10 +130,13 @@ def _unfused_rows(
 def _attend_after(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, gqa: bool) -> torch.Tensor:
     """Rows q [t, Hq, D] at the last t of the n positions of k / v [n, Hkv, D]: row r attends to
     positions 0..n-t+r (causal, aligned to the end) -> [t, Hq, D]. With n == t, SDPA's own causal
-    mask (no mask tensor)."""
+    mask (no mask tensor); on CUDA a lower-right causal bias (flash or memory-efficient kernels,
+    no mask tensor); on CPU a boolean mask."""
     t, n = q.shape[0], k.shape[0]
     allowed = None
-    if n != t:
+    if n != t and q.is_cuda:
+        allowed = causal_lower_right(t, n)
+    elif n != t:
         allowed = torch.arange(n, device=q.device)[None, :] <= torch.arange(n - t, n, device=q.device)[:, None]
     return F.scaled_dot_product_attention(
         q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
@@ -230,6 +237,23 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
 # run the same shapes and kernels and give the same bits. Prompts longer than the last bucket run
 # at their own length, eagerly.
 PREFILL_BUCKETS: tuple[int, ...] = (32, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048)
+
+
+# SDPA backends for the fused prefill's attention at shapes outside the buckets. torch's default
+# picks cuDNN attention in bf16/fp16, which builds a plan the first time it sees a shape: ~40 ms
+# on an H100 (tools/bench_sdpa_shapes.py), ~0.1 ms of flash's run time at 2100 rows. The bucketed
+# shapes are few and warmed, so they keep cuDNN; the rest (prompts past the last bucket, several
+# prompts at their own lengths, a prefill after cached rows) would pay a plan per new length.
+_NO_CUDNN = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+def attention_backends(rows: int | None, device: torch.device) -> contextlib.AbstractContextManager:
+    """The SDPA backends a fused prefill whose prompts attend over `rows` rows each (None: rows
+    that vary or follow cached ones) runs its layers under: torch's default at a bucketed length
+    or off CUDA, cuDNN attention excluded otherwise."""
+    if device.type != "cuda" or rows in PREFILL_BUCKETS:
+        return contextlib.nullcontext()
+    return sdpa_kernel(_NO_CUDNN)
 
 
 def bucket_for(t: int, max_context: int) -> int:
@@ -403,15 +427,31 @@ def _fused_layers(dec: Decoder, ids: torch.Tensor, pos: torch.Tensor, slots: tor
     causally to its own rows; else [(first row, length)] per prompt, each attending causally to
     its own rows only. after=(slot, first): the rows are one prompt's positions first.. of that
     slot, attending to the slot's cached rows [0, first) and causally to their own."""
+    c, dev = dec.cfg, dec.device
+    h = F.embedding(ids, dec.w.embed)
+    padded = PaddedPrompts.build(spans, c.num_heads, c.num_kv_heads, c.head_dim, h.dtype, dev)
+    if padded is not None:
+        rows = padded.tmax
+    elif spans is None and after is None:
+        rows = ids.shape[0] // batch
+    else:
+        rows = None  # prompts at their own lengths, or rows after cached ones
+    with attention_backends(rows, dev):
+        return _layers(dec, ids, h, pos, slots, spans, padded, k_caches, v_caches, batch, after)
+
+
+def _layers(dec: Decoder, ids: torch.Tensor, h: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor,
+            spans: list[tuple[int, int]] | None, padded: PaddedPrompts | None, k_caches: list[torch.Tensor],
+            v_caches: list[torch.Tensor], batch: int,
+            after: tuple[int, int] | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """`_fused_layers`' loop over the layers, under the SDPA backends it chose."""
     from fgchat.engine.kernels import fused as fk
 
     c, w = dec.cfg, dec.w
     n = ids.shape[0]
     dev = dec.device
-    h = F.embedding(ids, w.embed)
     delta: torch.Tensor | None = None
     v_at = c.q_size + c.kv_size
-    padded = PaddedPrompts.build(spans, c.num_heads, c.num_kv_heads, c.head_dim, h.dtype, dev)
     for i, lw in enumerate(w.layers):
         h, x = fk.add_rms_norm(h, delta, lw.attn_norm, c.rms_eps, residual_dtype=dec.residual_dtype)
         qkv = F.linear(x, lw.wqkv, lw.bqkv)
@@ -456,7 +496,7 @@ class PaddedPrompts:
 
     def __init__(self, rows: torch.Tensor, b: int, tmax: int, hq: int, hkv: int, d: int,
                  dtype: torch.dtype, device: torch.device) -> None:
-        self.rows, self.b = rows, b
+        self.rows, self.b, self.tmax = rows, b, tmax
         self.q = torch.zeros((b * tmax, hq, d), dtype=dtype, device=device)
         self.k = torch.zeros((b * tmax, hkv, d), dtype=dtype, device=device)
         self.v = torch.zeros((b * tmax, hkv, d), dtype=dtype, device=device)
