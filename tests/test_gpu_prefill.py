@@ -73,8 +73,9 @@ def test_fused_prefill_matches_unfused(name):
     assert info["fused_max"] <= 2.0 * info["unfused_max"] + 1e-2 * scale, info
     assert info["diff_max"] <= 0.1 * scale, info
     assert (fl - ul).abs().max().item() <= 0.1 * scale
-    # the last row alone is the same computation as the last row of all (rows are independent)
-    torch.testing.assert_close(fl, fa[-1], rtol=1e-2, atol=1e-2 * scale)
+    # the last row alone (padded to its bucket: other attention kernels than the exact rows may
+    # run) is as close to float32 as the unfused last row
+    assert (fl - ra[-1]).abs().max().item() <= 2.0 * (ul - ra[-1]).abs().max().item() + 1e-2 * scale
     ref_tok = ra.argmax(-1)
     agree_f = (fa.argmax(-1) == ref_tok).float().mean().item()
     agree_u = (ua.argmax(-1) == ref_tok).float().mean().item()
