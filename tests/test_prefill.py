@@ -239,6 +239,6 @@ def test_prompts_past_the_buckets_pad_to_a_row_step_within_the_cache():
         b = bucket_for(t, 8192)
         assert b % ROW_STEP == 0 and t <= b < t + ROW_STEP, (t, b)
     assert bucket_for(3000, 3005) == 3005  # the cache's end bounds the padding
-    assert bucket_for(900, 1000) == 1000  # 1024 does not fit: padded to the cache's end
+    assert bucket_for(900, 1000) == 960  # 1024 does not fit: the row step instead
     assert stepped_rows(20, 500) == ROW_STEP
     assert stepped_rows(20, 30) == 30 and stepped_rows(20, 10) == 20
