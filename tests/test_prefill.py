@@ -226,19 +226,3 @@ def test_batch_bucket_takes_short_prompts_with_little_padding():
     assert batch_bucket([40], 4096) is None  # one prompt: the one-prompt graphs
     assert batch_bucket([40, 0], 4096) is None
     assert batch_bucket([40, 50], 48) is None  # the bucket would not fit the cache
-
-
-def test_prompts_past_the_buckets_pad_to_a_row_step_within_the_cache():
-    """A fused prefill past the last bucket pads its rows to a multiple of ROW_STEP (few distinct
-    row counts for cuBLAS to plan), never past the cache, never below the prompt."""
-    from fgchat.engine.model.prefill import PREFILL_BUCKETS, ROW_STEP, bucket_for, stepped_rows
-
-    last = PREFILL_BUCKETS[-1]
-    assert bucket_for(300, 4096) == 384
-    for t in (last + 1, last + ROW_STEP, last + ROW_STEP + 1, 3000):
-        b = bucket_for(t, 8192)
-        assert b % ROW_STEP == 0 and t <= b < t + ROW_STEP, (t, b)
-    assert bucket_for(3000, 3005) == 3005  # the cache's end bounds the padding
-    assert bucket_for(900, 1000) == 960  # 1024 does not fit: the row step instead
-    assert stepped_rows(20, 500) == ROW_STEP
-    assert stepped_rows(20, 30) == 30 and stepped_rows(20, 10) == 20

@@ -160,14 +160,10 @@ def prefill_after(
     if dec.fused:  # eager: the prefill graphs attend to fresh rows only
         _check_prompt(dec, first + t, slot, k_caches)
         dev = dec.device
-        # pad rows after the prompt's (token 0) write K/V that decode overwrites before reading;
-        # under the lower-right causal mask no real row attends to them
-        tp = stepped_rows(t, min(k_caches[0].shape[1], dec.cos.shape[0]) - first)
-        pos = torch.arange(first, first + tp, dtype=torch.int64, device=dev)
-        slots = torch.full((tp,), slot, dtype=torch.int64, device=dev)
-        h, delta = _fused_layers(dec, F.pad(ids, (0, tp - t)), pos, slots, None, k_caches, v_caches,
-                                 after=(slot, first))
-        return final_logits(dec, h[t - 1:t], delta[t - 1:t])[0]
+        pos = torch.arange(first, first + t, dtype=torch.int64, device=dev)
+        slots = torch.full((t,), slot, dtype=torch.int64, device=dev)
+        h, delta = _fused_layers(dec, ids, pos, slots, None, k_caches, v_caches, after=(slot, first))
+        return final_logits(dec, h[-1:], delta[-1:])[0]
     h, _ = _unfused_rows(dec, [(ids, slot)], k_caches, v_caches, first=[first])
     return dec.head_logits(rms_norm(h[-1:], dec.w.final_norm, dec.cfg.rms_eps))[0]
 
@@ -238,12 +234,9 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
 
 # Token counts a fused prefill is padded to (the smallest bucket >= T that fits the cache). Padding
 # is a function of T alone, so eager prefill and the captured prefill graphs (engine.modes.prefill_graphs)
-# run the same shapes and kernels and give the same bits. Prompts longer than the last bucket, and
-# the rows of a prefill after cached ones, run eagerly, padded to a multiple of ROW_STEP (within the
-# cache): cuBLAS spends ~10 ms of host time on the first products at a row count it has not seen
-# (SmolLM2, H100: tools/profile_new_length.py), so each distinct count is paid once.
+# run the same shapes and kernels and give the same bits. Prompts longer than the last bucket run
+# at their own length, eagerly.
 PREFILL_BUCKETS: tuple[int, ...] = (32, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048)
-ROW_STEP = 64
 
 
 # SDPA backends for the fused prefill's attention at shapes outside the buckets. torch's default
@@ -268,12 +261,7 @@ def bucket_for(t: int, max_context: int) -> int:
     for b in PREFILL_BUCKETS:
         if t <= b <= max_context:
             return b
-    return stepped_rows(t, max_context)
-
-
-def stepped_rows(t: int, room: int) -> int:
-    """t rows rounded up to a multiple of ROW_STEP, at most `room` (t itself where t > room)."""
-    return max(t, min(cdiv(t, ROW_STEP) * ROW_STEP, room))
+    return t
 
 
 def _prefill_fused(
