@@ -48,6 +48,8 @@
 #              SAMPLING_WAYS narrows it; with .old/fgchat carried, the old tree and this one alternate
 #   reuse      prefix reuse: tests/test_gpu_prefix_reuse.py, then tools/ttft_next_turn.py (eager, full); .old/fgchat
 #              carried: the old tree, then this one (REUSE_MODES narrows the modes)
+#   newlength  an eager prefill at a new length against a repeated one (torch's profiler), cuBLAS
+#              against cuBLASLt (tools/profile_new_length.py), real weights
 #   longprompt TTFT of prompts past the last bucket at new lengths (tools/ttft_long_prompt.py),
 #              real weights; .old/fgchat carried: old, new, new, old
 #   firstturn  the first eager reply's TTFT from a fresh engine (ttft_next_turn, fgchat generate), real weights
@@ -277,6 +279,13 @@ for what in "$@"; do
         echo "tree $tree" | tee -a "$OUT/ttft-long-prompt.log"
         PYTHONPATH=$pp timeout 200 python3 -P tools/ttft_long_prompt.py --model "$GGUF" 2>&1 \
           | tee -a "$OUT/ttft-long-prompt.log" | tail -2
+      done ;;
+    newlength)  # an eager prefill at a new length against a repeated one, torch's profiler, each BLAS
+      # library (tools/profile_new_length.py), on the real weights
+      [[ -n $GGUF ]] || { echo "newlength: needs the real weights"; continue; }
+      for blas in cublas cublaslt; do
+        timeout 200 python3 tools/profile_new_length.py --model "$GGUF" --blas $blas 2>&1 | cut -c1-200 \
+          | tee -a "$OUT/profile-new-length.log" | grep -E "^==|aten::mm "
       done ;;
     firstturn)  # the first reply's TTFT in eager mode, from a fresh engine: ttft_next_turn (4 processes)
       # and `fgchat generate --mode eager` (2), on the real weights
