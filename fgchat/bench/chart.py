@@ -231,6 +231,8 @@ def _caption_lines(panel: _Panel) -> list[str]:
     hosts = distinct("host_cpu")
     if hosts:
         second.append("host CPU " + ", ".join(hosts))
+    if any((r.get("meta") or {}).get("interrupted") for r in panel.results):
+        second.append("interrupted (Ctrl-C): only the runs that finished")
     n = len(panel.results)
     if any(len(b.values) > 1 for b in panel.bars.values()):
         second.append(f"{n} results: a bar measured in several is their mean, its whisker their range")

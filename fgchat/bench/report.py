@@ -148,7 +148,10 @@ def write_json(result: dict[str, Any], path: Path) -> None:
 
 
 def write_csv(result: dict[str, Any], path: Path) -> None:
-    rows = summary_rows(result)
+    """The summary rows; each says whether the run was interrupted (Ctrl-C: only the finished
+    runs are there), as the JSON's meta.interrupted does."""
+    stopped = "true" if result["meta"].get("interrupted") else "false"
+    rows = [{**row, "interrupted": stopped} for row in summary_rows(result)]
     buf = io.StringIO()
     if rows:
         w = csv.DictWriter(buf, fieldnames=list(rows[0]))
