@@ -14,8 +14,9 @@ cache, v a strided view of the qkv rows (no copies), so the slot is only ever a 
 prefill can be captured in a CUDA graph. In bf16/fp16 the grouped heads go to
 SDPA as they are (enable_gqa=True): both fused CUDA backends that take grouped heads, flash
 and cuDNN, are eligible for these views, and on an H200 with torch 2.11 the default dispatch
-picks cuDNN's flash-style kernel (measured by scripts/profile_prefill.py: ~8.5 us a layer at
-T=512, as fast as flash forced, and no head expansion). Float32 is eligible for neither, and
+picks cuDNN's flash-style kernel (measured by tools/profile_prefill.py: ~8.5 us a layer at
+T=512, as fast as flash forced, and no head expansion) at the bucketed lengths; elsewhere
+`attention_backends` leaves cuDNN out (a plan per new shape). Float32 is eligible for neither, and
 enable_gqa would fall back to the math backend, so there K/V heads are expanded first and the
 efficient kernel runs.
 
@@ -26,9 +27,8 @@ and the last row from device tensors, so the same computation runs eagerly or as
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import contextlib
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -239,11 +239,12 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
 PREFILL_BUCKETS: tuple[int, ...] = (32, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048)
 
 
-# SDPA backends for the fused prefill's attention at shapes outside the buckets. torch's default
-# picks cuDNN attention in bf16/fp16, which builds a plan the first time it sees a shape: ~40 ms
-# on an H100 (tools/bench_sdpa_shapes.py), ~0.1 ms of flash's run time at 2100 rows. The bucketed
-# shapes are few and warmed, so they keep cuDNN; the rest (prompts past the last bucket, several
-# prompts at their own lengths, a prefill after cached rows) would pay a plan per new length.
+# SDPA backends for the fused prefill's attention. torch's default picks cuDNN attention in
+# bf16/fp16, which builds a plan the first time it sees a shape: ~40 ms on an H100, where flash
+# runs a call at 2100 rows ~0.06 ms slower (tools/bench_sdpa_shapes.py). Bucketed lengths are few
+# shapes, each paid once (most at start-up), so they keep cuDNN; the rest (prompts past the last
+# bucket, several prompts at their own lengths, a prefill after cached rows) would pay a plan at
+# nearly every new prompt, so they run without it.
 _NO_CUDNN = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
