@@ -16,7 +16,10 @@ Per round it prints:
 - cpu/token: CPU time of the whole UI process (every thread) over the round, per token;
 - behind: how long after the engine stamped the last token the UI recorded it in the latency
   log (the display's lag at the stream's end), and the largest such lag of any batch;
-- msgs: EngineEvents messages the poll thread posted (each one a pass of the UI's handler).
+- msgs: EngineEvents messages the poll thread posted (each one a pass of the UI's handler);
+- layouts: full-screen layouts (`Screen._refresh_layout`) during the round, and the median UI
+  thread time of one;
+- widgets: the widgets on the screen (the compositor's map) when the round ended.
 
 Headless: the compositor renders every frame but nothing is written to a terminal, so the cost
 of a real terminal's output is not included.
@@ -98,7 +101,7 @@ class PacedEngine(EngineProcess):
     queue, event pipe, receiving, shutdown) is EngineProcess's own."""
 
     def __init__(self, itl_ms: float, tokens: int, device: str) -> None:
-        super().__init__(config=None)
+        super().__init__(config=EngineConfig(model="paced"))  # the child never reads it
         self.stream = (itl_ms, tokens, device)
 
     def _start(self) -> None:
@@ -121,7 +124,10 @@ class RoundProbe:
         self.recorded_at_ns = 0  # when the UI recorded it
         self.max_behind_ns = 0
         self.done = asyncio.Event()
+        self.layout_s: list[float] = []  # UI thread time of each screen layout this round
         record, finish, post = app.latency.record_tokens, app.replies.finish, app.post_message
+        screen = app.screen
+        refresh_layout = screen._refresh_layout
 
         def record_tokens(tokens, *args, **kwargs):
             record(tokens, *args, **kwargs)
@@ -141,13 +147,20 @@ class RoundProbe:
                 self.messages += 1
             return post(message)
 
+        def timed_layout(*args, **kwargs):
+            started = time.thread_time()
+            refresh_layout(*args, **kwargs)
+            self.layout_s.append(time.thread_time() - started)
+
         app.latency.record_tokens = record_tokens
         app.replies.finish = finish_reply
         app.post_message = post_message
+        screen._refresh_layout = timed_layout
 
     def reset(self) -> None:
         self.messages = 0
         self.max_behind_ns = 0
+        self.layout_s = []
         self.done.clear()
 
 
@@ -183,11 +196,15 @@ async def run(args: argparse.Namespace) -> list[dict[str, float]]:
             row = dict(wall_ms=wall_ns / 1e6, stream_ms=stream_ms, cpu_us=1e6 * cpu / max(1, len(tokens)),
                        ui_us=1e6 * ui_cpu / max(1, len(tokens)),
                        behind_ms=(probe.recorded_at_ns - probe.last_t_ns) / 1e6,
-                       max_behind_ms=probe.max_behind_ns / 1e6, msgs=probe.messages, tokens=len(tokens))
+                       max_behind_ms=probe.max_behind_ns / 1e6, msgs=probe.messages, tokens=len(tokens),
+                       layouts=len(probe.layout_s),
+                       layout_ms=1e3 * statistics.median(probe.layout_s) if probe.layout_s else 0.0,
+                       widgets=len(app.screen._compositor.widgets))
             rows.append(row)
             print(f"round {i}: wall {row['wall_ms']:7.0f} ms (stream {stream_ms:6.0f} ms)  "
                   f"cpu/token {row['cpu_us']:5.0f} us (UI thread {row['ui_us']:5.0f})  behind {row['behind_ms']:6.1f} ms "
-                  f"(max {row['max_behind_ms']:6.1f})  msgs {probe.messages:5d}  tokens {len(tokens)}",
+                  f"(max {row['max_behind_ms']:6.1f})  msgs {probe.messages:5d}  tokens {len(tokens)}  "
+                  f"layouts {row['layouts']:3d} ({row['layout_ms']:5.1f} ms)  widgets {row['widgets']}",
                   flush=True)
             await pilot.pause(0.3)
         app.exit()
@@ -212,7 +229,8 @@ def main() -> None:
         later = rows[1:]  # the first round also pays for first-use imports and layouts
         print(f"median of rounds 1..: wall {statistics.median(r['wall_ms'] for r in later):.0f} ms, "
               f"cpu/token {statistics.median(r['cpu_us'] for r in later):.0f} us, "
-              f"behind {statistics.median(r['behind_ms'] for r in later):.1f} ms")
+              f"behind {statistics.median(r['behind_ms'] for r in later):.1f} ms, "
+              f"layout {statistics.median(r['layout_ms'] for r in later):.1f} ms")
 
 
 if __name__ == "__main__":

@@ -215,9 +215,7 @@ class ChatTabs(TabbedContent):
         if ids:  # a failure leaves the old replies on disk; the new one is still generated
             self.guard.call("delete the replaced replies from the store", self.guard.store.delete_messages, conv, ids)
         dropped_ids = {id(m) for m in dropped}
-        for bubble in chat.bubbles():
-            if id(getattr(bubble, "stored", None)) in dropped_ids:
-                await bubble.remove()
+        await chat.remove_bubbles([b for b in chat.bubbles() if id(getattr(b, "stored", None)) in dropped_ids])
         _params, note = self.replies.sampling.replies()
         if note:
             self.app.notify(f"regenerating: {note}", timeout=4)

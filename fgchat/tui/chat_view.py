@@ -6,6 +6,12 @@ Invariants:
   often a streamed reply is redrawn (each redraw lays the screen out again).
 - Every bubble's Markdown uses one shared parser (Textual's default builds a new one for every
   append, which costs more than parsing a streamed fragment).
+- Finished bubbles wholly above the view when a round of replies starts are shelved: hidden
+  (`display` off, out of every layout) behind one spacer exactly as tall as they were, so the
+  content's height and every position in it stay the same. Each draw of streamed text lays out
+  the screen, at a cost that grows with the widgets laid out; shelving keeps that to what the
+  last screens hold however long the chat is. Scrolling up into the spacer, a change of width,
+  or removing bubbles puts them all back first.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from textual.app import ComposeResult
 from textual.containers import Vertical, VerticalScroll
 from textual.content import Content
 from textual.geometry import Size
+from textual.widget import Widget
 from textual.widgets import Markdown, Static
 
 from fgchat.tui.store import Conversation, StoredMessage
@@ -116,9 +123,14 @@ class ChatView(VerticalScroll):
     def __init__(self, conversation: Conversation, *, id: str | None = None) -> None:
         super().__init__(id=id, classes="chat-view")
         self.conversation = conversation
+        self._shelf = Widget(classes="shelf")  # stands in for the shelved bubbles, as tall as they were
+        self._shelf.display = False
+        self._shelf_bottom = 0  # virtual y just below the shelf while it is shown
+        self._shelved_width = 0  # the view's width when bubbles were shelved
 
     def compose(self) -> ComposeResult:
         yield Static(self._system_line(), classes="system-line")
+        yield self._shelf
         for msg in self.conversation.messages:
             yield self._bubble_for(msg)
 
@@ -126,8 +138,50 @@ class ChatView(VerticalScroll):
         self.call_after_refresh(self.follow)
 
     def on_resize(self) -> None:
-        """The view changed size (terminal, panel toggled): keep following the end."""
+        """The view changed size (terminal, panel toggled): keep following the end. A new width
+        re-wraps the shelved bubbles, so the shelf's height no longer holds: they come back."""
+        if self._shelf.display and self.size.width != self._shelved_width:
+            self.unshelve()
         self.follow()
+
+    def watch_scroll_y(self, old_value: float, new_value: float) -> None:
+        """Scrolled up into the shelf: the shelved bubbles come back (at the same positions)."""
+        super().watch_scroll_y(old_value, new_value)
+        if self._shelf.display and new_value < self._shelf_bottom:
+            self.unshelve()
+
+    def shelve(self) -> None:
+        """Shelve the finished bubbles that lie wholly above the view, from the last layout.
+        A bubble is shelved only with every bubble before it, and only when the next bubble has
+        been laid out and starts at or above the view's top (so its own margin is above it too)."""
+        if not self.is_on_screen or self.size.height == 0:
+            return
+        top = int(self.scroll_y)
+        shown = [b for b in self.query_children(MessageBubble) if b.display]
+        regions = [b.virtual_region for b in shown]
+        shelved = 0
+        while (shelved + 1 < len(shown) and not shown[shelved].streaming
+               and regions[shelved].height and regions[shelved + 1].height
+               and regions[shelved + 1].y <= top):
+            shelved += 1
+        if not shelved:
+            return
+        start = self._shelf.virtual_region.y if self._shelf.display else regions[0].y
+        self._shelf_bottom = regions[shelved].y
+        self._shelved_width = self.size.width
+        self._shelf.styles.height = self._shelf_bottom - start
+        self._shelf.display = True
+        for bubble in shown[:shelved]:
+            bubble.display = False
+
+    def unshelve(self) -> None:
+        """Every shelved bubble back in the layout; the shelf hidden."""
+        if not self._shelf.display:
+            return
+        for bubble in self.query_children(MessageBubble):
+            bubble.display = True
+        self._shelf.display = False
+        self._shelf_bottom = 0
 
     def watch_virtual_size(self, old: Size, new: Size) -> None:
         """The content changed size (streamed text, Markdown blocks mounted after their parse,
@@ -184,9 +238,17 @@ class ChatView(VerticalScroll):
         return bubble
 
     async def add_reply(self, label: str) -> MessageBubble:
+        """A streaming reply's bubble at the end; what scrolled off above is shelved first."""
+        self.shelve()
         bubble = MessageBubble("assistant", label=label, streaming=True)
         await self.mount(bubble)
         return bubble
+
+    async def remove_bubbles(self, bubbles: list[MessageBubble]) -> None:
+        """Remove `bubbles` (the shelf's height counts shelved ones: everything comes back first)."""
+        self.unshelve()
+        for bubble in bubbles:
+            await bubble.remove()
 
     def bubbles(self) -> list[MessageBubble]:
         return list(self.query(MessageBubble))
