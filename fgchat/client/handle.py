@@ -9,7 +9,8 @@ EngineError events those threads made, in arrival order.
 Invariants:
 - Only a failed start (server unreachable, key refused, model not served) is fatal; a server
   that goes away mid-reply fails that reply alone (EngineError, then RequestFinished("error")
-  with the partial text) and the next request connects again.
+  with the partial text) and the next request connects again. A choice the server ends with
+  finish_reason "error" (its message in the choice's `error`) fails the same way, alone.
 - cancel(rid) ends that reply at once (RequestFinished "cancelled", partial text kept); once all
   replies of a request are cancelled its connection is closed, which cancels it on the server.
 - Control calls (start, set_mode, request_info) run in order on one control thread.
@@ -250,8 +251,7 @@ class EndpointClient:
         events: list = []
         with req.lock:
             if "error" in obj:
-                err = obj["error"]
-                message = one_line(str(err.get("message") if isinstance(err, dict) else err))
+                message = _error_message(obj["error"])
                 index = ext.get("index") if ext else None
                 rids = [req.choices[index].rid] if isinstance(index, int) and 0 <= index < len(req.choices) \
                     else [c.rid for c in req.choices]
@@ -271,7 +271,11 @@ class EndpointClient:
                         req.choices[index].parts.append(str(text))  # a tail: text, not a token
                 else:
                     events += req.token(index, str(text or ""), token_ext, self._in_flight())
-                if ch.get("finish_reason"):
+                if ch.get("finish_reason") == "error" or ch.get("error"):  # this choice alone failed
+                    if 0 <= index < len(req.choices):
+                        message = _error_message(ch.get("error") or "the server ended the reply with an error")
+                        events += req.fail(req.choices[index].rid, f"server error: {message}")
+                elif ch.get("finish_reason"):
                     req.finished(index, str(ch["finish_reason"]))
         self._put(events)
 
@@ -284,6 +288,11 @@ class EndpointClient:
     def _in_flight(self) -> int:
         with self._lock:
             return max(1, sum(r.live() for r in {id(r): r for r in self._requests.values()}.values()))
+
+
+def _error_message(err: Any) -> str:
+    """One line from an OpenAI error object (or whatever a server put in its place)."""
+    return one_line(str(err.get("message") if isinstance(err, dict) else err))
 
 
 class _Refused(Exception):

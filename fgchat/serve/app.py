@@ -13,6 +13,9 @@ Invariants:
   mid-stream, or while a non-streamed reply is being generated).
 - A request error the engine reports before the first token (prompt longer than the context, a
   template failure) is answered as 400 before any byte of the stream is sent.
+- An engine error for one choice of several ends that choice alone (finish_reason "error", the
+  message in the choice's `error`); the others go on. Only when every choice failed is the
+  request an error: a 503, or in a stream one top-level error chunk before usage and [DONE].
 """
 
 from __future__ import annotations
@@ -198,9 +201,8 @@ def create_app(hub: EngineHub, *, api_key: str | None = None, max_body: int = MA
                                     on_close=lambda: hub.detach(group))
             if not await _collect(request, group, choices):
                 return Response(status_code=499)
-            failed = [c.error for c in choices.items if c.error]
-            if failed:
-                raise ApiError(503, f"generation failed: {failed[0]}")
+            if choices.failure is not None:
+                raise ApiError(503, f"generation failed: {choices.failure}")
             return JSONResponse(shaper.whole(choices))
         finally:
             if not handed_over:
@@ -230,12 +232,17 @@ def create_app(hub: EngineHub, *, api_key: str | None = None, max_body: int = MA
 
     async def _stream(group: RequestGroup, choices: Choices, shaper: Shaper, pending: list[Delta],
                       usage: bool) -> AsyncIterator[str]:
-        for d in pending:
-            yield shaper.chunk(d)
-        while not (choices.settled if usage else choices.done):  # usage: the engine's counts
-            index, ev = await group.queue.get()
-            for d in choices.feed(index, ev):
+        failed = False  # the request's error chunk was sent
+        while True:
+            for d in pending:
                 yield shaper.chunk(d)
+            if choices.done and not failed and choices.failure is not None:
+                failed = True
+                yield shaper.error_chunk(choices.failure)
+            if choices.settled if usage else choices.done:  # usage: the engine's counts
+                break
+            index, ev = await group.queue.get()
+            pending = choices.feed(index, ev)
         if usage:
             yield shaper.usage_chunk(choices)
         yield DONE

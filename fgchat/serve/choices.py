@@ -8,6 +8,8 @@ Invariants:
 - The text a choice releases, concatenated, is the engine's text cut at the first stop string
   (the tail the detokenizer flushes at the end is released from RequestFinished's text).
 - `timing` is fgchat's per-token extension: the engine's own numbers for the token.
+- A choice's engine error ends that choice alone (finish_reason "error", `error` its message);
+  `failure` is the request's error only once every choice ended that way.
 """
 
 from __future__ import annotations
@@ -64,6 +66,13 @@ class Choices:
     @property
     def settled(self) -> bool:
         return all(c.settled for c in self.items)
+
+    @property
+    def failure(self) -> str | None:
+        """The first choice's error when every choice ended with an engine error, else None."""
+        if all(c.error is not None for c in self.items):
+            return self.items[0].error
+        return None
 
     def feed(self, index: int, ev: Any) -> list[Delta]:
         c = self.items[index]

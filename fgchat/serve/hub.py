@@ -21,6 +21,7 @@ import asyncio
 import itertools
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,6 +47,10 @@ class Busy(Exception):
 
 class Unavailable(Exception):
     """The engine stopped (message: why)."""
+
+
+class Stopped(Exception):
+    """The caller of wait_for_info asked it to stop waiting."""
 
 
 @dataclass
@@ -209,13 +214,17 @@ class EngineHub:
         self.metrics.waiting.set(self.waiting)
 
 
-def wait_for_info(handle: Any, timeout_s: float, on_phase: Any = None) -> tuple[EngineInfo, str, list]:
+def wait_for_info(handle: Any, timeout_s: float, on_phase: Any = None,
+                  stopped: Callable[[], bool] | None = None) -> tuple[EngineInfo, str, list]:
     """Block until the started handle sends EngineInfo: (info, mode, events after it). A fatal
-    error while loading raises Unavailable with its one-line message."""
+    error while loading raises Unavailable with its one-line message; `stopped()` turning true
+    raises Stopped within about 0.1 s."""
     deadline = time.monotonic() + timeout_s
     info: EngineInfo | None = None
     rest: list = []
     while time.monotonic() < deadline:
+        if stopped is not None and stopped():
+            raise Stopped()
         for ev in handle.get_events(0.1):
             if isinstance(ev, EngineError) and ev.fatal:
                 raise Unavailable(ev.message)

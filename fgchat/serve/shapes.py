@@ -4,6 +4,9 @@ Invariants:
 - Every chunk is one `data: <json>\\n\\n` SSE event; a stream ends with `data: [DONE]`.
 - The first chunk of each chat choice carries `delta.role = "assistant"`.
 - fgchat's per-token timing rides in a top-level `fgchat` field that OpenAI clients ignore.
+- A choice that failed ends with finish_reason "error" and its error, OpenAI-shaped, in the
+  choice's own `error` field (clients read it or ignore it); a top-level `error` (which the openai
+  client raises) is only sent by `error_chunk`, for a request whose every choice failed.
 """
 
 from __future__ import annotations
@@ -35,6 +38,11 @@ def finite(obj: Any) -> Any:
     return obj
 
 
+def engine_error(message: str) -> dict[str, Any]:
+    """The error object of a choice that the engine failed."""
+    return error_body(503, message, code="engine_error")["error"]
+
+
 class Shaper:
     def __init__(self, chat: bool, model: str) -> None:
         self.chat = chat
@@ -47,8 +55,6 @@ class Shaper:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
 
     def chunk(self, d: Delta) -> str:
-        if d.error is not None:
-            return sse({**error_body(503, d.error, code="engine_error"), "fgchat": {"index": d.index}})
         if self.chat:
             delta: dict[str, Any] = {}
             if d.index not in self._role_sent:
@@ -61,9 +67,15 @@ class Shaper:
         else:
             choice = {"index": d.index, "text": d.text, "logprobs": None, "finish_reason": d.finish_reason}
             obj = {**self._head("text_completion"), "choices": [choice]}
+        if d.error is not None:
+            choice["error"] = engine_error(d.error)
         if d.timing is not None:
             obj["fgchat"] = d.timing
         return sse(obj)
+
+    def error_chunk(self, message: str) -> str:
+        """The request failed as a whole: OpenAI's mid-stream error event."""
+        return sse(error_body(503, message, code="engine_error"))
 
     def usage_chunk(self, choices: Choices) -> str:
         head = self._head("chat.completion.chunk" if self.chat else "text_completion")
@@ -76,6 +88,8 @@ class Shaper:
             body: dict[str, Any] = ({"message": {"role": "assistant", "content": text}} if self.chat
                                     else {"text": text})
             out.append({"index": i, **body, "logprobs": None, "finish_reason": c.finish_reason})
+            if c.error is not None:
+                out[-1]["error"] = engine_error(c.error)
         obj = self._head("chat.completion" if self.chat else "text_completion")
         return finite({**obj, "choices": out, "usage": choices.usage(),
                        "fgchat": {"choices": [c.summary for c in choices.items]}})
