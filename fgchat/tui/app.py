@@ -321,10 +321,10 @@ class FgchatApp(App[int]):
                 await self.replies.finish(ev.summary)
             elif ev.fatal:
                 await self.replies.fail_all(ev.message)
-            else:
+            else:  # the notice first: whoever sees the reply ended sees why
+                self.notify(ev.message, title="request failed", severity="error", timeout=8)
                 if ev.request_id is not None:
                     await self.replies.fail(ev.request_id, ev.message)
-                self.notify(ev.message, title="request failed", severity="error", timeout=8)
 
     def _engine_ready(self) -> None:
         startup_mark("ui: ready")
