@@ -75,6 +75,7 @@ def test_prefills_outside_the_buckets_launch_no_cudnn_attention_and_stay_near_fl
     first = 300
     names = kernel_names(lambda: prefill_after(dec, long[first:first + 37], first, 1, k, v))
     assert not [n for n in names if "cudnn" in n.lower()], "a prefill after cached rows reached cuDNN"
+    assert any("flash" in n.lower() for n in names), "a prefill after cached rows left flash's causal mode"
     close_to(kernel_names.out, reference(w32, long[:first + 37]), bucketed_err)
 
     prompts = [torch.tensor(random_ids(t, 3 + t, vocab), device="cuda") for t in (301, 517)]

@@ -33,7 +33,6 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
-from torch.nn.attention.bias import causal_lower_right
 
 from fgchat.engine.intmath import cdiv
 from fgchat.engine.model.ops import apply_rope, rms_norm
@@ -130,18 +129,31 @@ def _unfused_rows(
 def _attend_after(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, gqa: bool) -> torch.Tensor:
     """Rows q [t, Hq, D] at the last t of the n positions of k / v [n, Hkv, D]: row r attends to
     positions 0..n-t+r (causal, aligned to the end) -> [t, Hq, D]. With n == t, SDPA's own causal
-    mask (no mask tensor); on CUDA a lower-right causal bias (flash or memory-efficient kernels,
-    no mask tensor); on CPU a boolean mask."""
+    mask (no mask tensor); else flash attention's causal mode where it can run (it aligns the mask
+    to the end, and takes grouped heads as they are), or a boolean mask."""
     t, n = q.shape[0], k.shape[0]
+    q4, k4, v4 = q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None]
+    if n != t and _flash_runs(q4, k4, v4):
+        out = torch.ops.aten._scaled_dot_product_flash_attention(
+            q4, k4, v4, 0.0, is_causal=True, return_debug_mask=False, scale=scale)[0]
+        return out[0].transpose(0, 1)
     allowed = None
-    if n != t and q.is_cuda:
-        allowed = causal_lower_right(t, n)
-    elif n != t:
+    if n != t:
         allowed = torch.arange(n, device=q.device)[None, :] <= torch.arange(n - t, n, device=q.device)[:, None]
     return F.scaled_dot_product_attention(
-        q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
-        attn_mask=allowed, is_causal=allowed is None, scale=scale, enable_gqa=gqa,
+        q4, k4, v4, attn_mask=allowed, is_causal=allowed is None, scale=scale, enable_gqa=gqa,
     )[0].transpose(0, 1)
+
+
+def _flash_runs(q4: torch.Tensor, k4: torch.Tensor, v4: torch.Tensor) -> bool:
+    """torch's flash attention takes these [1, H, T, D] views as they are (CUDA, fp16/bf16, a head
+    size it serves unpadded, its backend on): the call torch.nn.attention.bias's lower-right
+    causal bias makes, whose module imports torch._dynamo (seconds) and is not imported here."""
+    if (not q4.is_cuda or q4.dtype not in _FLASH_DTYPES or q4.shape[-1] % 8
+            or not torch.backends.cuda.flash_sdp_enabled()):
+        return False
+    params = torch.backends.cuda.SDPAParams(q4, k4, v4, None, 0.0, False, q4.shape[1] != k4.shape[1])
+    return torch.backends.cuda.can_use_flash_attention(params)
 
 
 def prefill_after(
