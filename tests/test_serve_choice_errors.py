@@ -5,7 +5,8 @@ openai client raises it; a non-streamed request gets a 503).
 
 The server is the real `fgchat serve` process on the tiny model, except that its engine runs on a
 thread of the server (EngineThread) and is wrapped so that a reply whose seed is listed in
-$FGCHAT_TEST_FAIL_SEEDS ends with an engine error after $FGCHAT_TEST_FAIL_AFTER tokens, with the
+$FGCHAT_TEST_FAIL_SEEDS ends with an engine error after $FGCHAT_TEST_FAIL_AFTER tokens (one whose
+seed is $FGCHAT_TEST_FAIL_FIRST_SEED before its first token, as a failed prefill does), with the
 events a per-request engine failure makes (EngineError, then RequestFinished "error")."""
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ MAX_TOKENS = 12
 PARTIAL_SEED = 100  # choice 1 (seed 101) fails, choice 0 (seed 100) does not
 ALL_SEED = 200  # choices 0 and 1 (seeds 200, 201) both fail
 FAIL_SEEDS = (PARTIAL_SEED + 1, ALL_SEED, ALL_SEED + 1)
+FIRST_SEED = 300  # fails before its first token
 MESSAGE = "engine step failed: RuntimeError: injected for this reply"
 
 FAULTY_SERVE = f'''
@@ -36,6 +38,7 @@ from fgchat.protocol.events import EngineError, RequestFinished, TokenEvent
 
 FAIL_SEEDS = {{int(s) for s in os.environ["FGCHAT_TEST_FAIL_SEEDS"].split(",")}}
 AFTER = int(os.environ["FGCHAT_TEST_FAIL_AFTER"])
+FIRST = int(os.environ["FGCHAT_TEST_FAIL_FIRST_SEED"])
 
 
 class FailingReplies:
@@ -43,6 +46,7 @@ class FailingReplies:
         self._engine = engine
         self._doomed = set()  # request ids that fail once they have AFTER tokens
         self._failing = set()  # cancelled: their RequestFinished becomes the error
+        self._at_first = set()  # request ids that fail at their first token, none of their tokens sent
 
     def __getattr__(self, name):
         return getattr(self._engine, name)
@@ -51,6 +55,8 @@ class FailingReplies:
         rid = self._engine.submit(prompt_ids, params, request_id)
         if params is not None and params.seed in FAIL_SEEDS:
             self._doomed.add(rid)
+        if params is not None and params.seed == FIRST:
+            self._at_first.add(rid)
         return rid
 
     def has_work(self):
@@ -61,8 +67,14 @@ class FailingReplies:
         for ev in self._engine.step():
             if isinstance(ev, RequestFinished) and ev.summary.request_id in self._failing:
                 self._failing.discard(ev.summary.request_id)
+                self._at_first.discard(ev.summary.request_id)
                 out += [EngineError({MESSAGE!r}, ev.summary.request_id),
                         dataclasses.replace(ev, summary=dataclasses.replace(ev.summary, finish_reason="error"))]
+                continue
+            if isinstance(ev, TokenEvent) and ev.request_id in self._at_first:  # none of its tokens is sent
+                if ev.request_id not in self._failing:
+                    self._failing.add(ev.request_id)
+                    self._engine.cancel(ev.request_id)
                 continue
             out.append(ev)
             if isinstance(ev, TokenEvent) and ev.request_id in self._doomed and ev.token_index + 1 >= AFTER:
@@ -87,7 +99,7 @@ sys.exit(main())
 @pytest.fixture(scope="module")
 def server(tiny_llama):
     env = {**os.environ, "FGCHAT_TEST_FAIL_SEEDS": ",".join(map(str, FAIL_SEEDS)),
-           "FGCHAT_TEST_FAIL_AFTER": str(AFTER)}
+           "FGCHAT_TEST_FAIL_AFTER": str(AFTER), "FGCHAT_TEST_FAIL_FIRST_SEED": str(FIRST_SEED)}
     proc = subprocess.Popen([sys.executable, "-c", FAULTY_SERVE, "serve", "--port", "0", "--model", str(tiny_llama),
                              "--device", "cpu", "--max-context", "512"],
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
@@ -191,3 +203,19 @@ def test_the_server_takes_requests_after_failed_choices(client, server):
     assert [c.finish_reason for c in r.choices] == ["length", "length"]
     health = httpx.get(f"{server.root}/health").json()
     assert health["running"] == 0 and health["waiting"] == 0
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_before_the_first_token_a_failed_request_is_503_and_a_refused_one_400(client, stream):
+    """The engine failing a request before its first token (a failed prefill) is the server's
+    error, 503; a request it refuses as sent (a prompt past the context) is the client's, 400."""
+    with pytest.raises(openai.InternalServerError, match="generation failed: .*injected") as failed:
+        r = client.chat.completions.create(messages=[{"role": "user", "content": "Hi"}], stream=stream,
+                                           **_request(FIRST_SEED, n=1))
+        list(r) if stream else r
+    assert failed.value.status_code == 503
+    with pytest.raises(openai.BadRequestError, match="context") as refused:
+        r = client.chat.completions.create(messages=[{"role": "user", "content": "word " * 600}], stream=stream,
+                                           **_request(7, n=1))
+        list(r) if stream else r
+    assert refused.value.status_code == 400

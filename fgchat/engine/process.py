@@ -271,10 +271,12 @@ def _chat_ids(engine: Any, messages: list[dict[str, str]] | str) -> list[int]:
     return engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
 
 
-def _error_event(exc: Exception, request_id: int | None) -> EngineError:
+def _error_event(exc: Exception, request_id: int | None, refused: bool = False) -> EngineError:
+    """A command's failure as an event; refused: the request's own input caused it (an
+    FgchatError from submit always is: RequestError and the like)."""
     if isinstance(exc, FgchatError):
-        return EngineError(one_line(exc), request_id)
-    return EngineError(f"{type(exc).__name__}: {one_line(exc)}", request_id)
+        return EngineError(one_line(exc), request_id, refused=refused or request_id is not None)
+    return EngineError(f"{type(exc).__name__}: {one_line(exc)}", request_id, refused=refused)
 
 
 def _apply_chats(engine: Any, cmd: SubmitChats) -> list:
@@ -293,8 +295,8 @@ def _apply_chats(engine: Any, cmd: SubmitChats) -> list:
                     f"{dropped} message{'s' if dropped > 1 else ''} left out of this prompt")))
         else:
             ids = _chat_ids(engine, cmd.messages)
-    except Exception as exc:
-        return [_error_event(exc, rid) for rid, _ in cmd.requests]
+    except Exception as exc:  # the messages do not make a prompt (the chat template refused them)
+        return [_error_event(exc, rid, refused=True) for rid, _ in cmd.requests]
     for rid, params in cmd.requests:
         try:
             engine.submit(list(ids), params, request_id=rid)

@@ -204,11 +204,14 @@ class RequestNotice:
 
 @dataclass
 class EngineError:
-    """A failure inside the engine; message is one line. fatal means the engine stopped."""
+    """A failure inside the engine; message is one line. fatal means the engine stopped. refused
+    means the request was turned away as submitted (its prompt or messages: the sender's to fix);
+    otherwise the engine failed it."""
 
     message: str
     request_id: int | None = None
     fatal: bool = False
+    refused: bool = False
 
 
 EngineEvent = (TokenEvent | RequestFinished | ModeChanged | EngineError | EngineInfo | EngineProgress

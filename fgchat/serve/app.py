@@ -11,8 +11,9 @@ Invariants:
 - Bodies over max_body bytes are refused (413) before they are read whole.
 - A request's engine work is cancelled as soon as its client goes away (before the first token,
   mid-stream, or while a non-streamed reply is being generated).
-- A request error the engine reports before the first token (prompt longer than the context, a
-  template failure) is answered as 400 before any byte of the stream is sent.
+- Before the first token, before any byte of the stream is sent: a request the engine refused as
+  sent (prompt longer than the context, a template failure) is answered as 400, one the engine
+  failed (its prefill) as 503.
 - An engine error for one choice of several ends that choice alone (finish_reason "error", the
   message in the choice's `error`); the others go on. Only when every choice failed is the
   request an error: a 503, or in a stream one top-level error chunk before usage and [DONE].
@@ -209,14 +210,17 @@ def create_app(hub: EngineHub, *, api_key: str | None = None, max_body: int = MA
                 hub.detach(group)
 
     async def _first_deltas(request: Request, group: RequestGroup, choices: Choices) -> list[Delta] | None:
-        """Wait for the request's first event; an engine error then is the client's (400) or the
-        engine's (503). None when the client went away meanwhile."""
+        """Wait for the request's first event; an engine error then is the client's (400: the
+        request was refused as sent) or the engine's (503). None when the client went away
+        meanwhile."""
         with _watching(request, group):
             index, ev = await group.queue.get()
         if ev is _GONE:
             return None
         if isinstance(ev, EngineError):
-            raise ApiError(503 if ev.fatal else 400, ev.message if not ev.fatal else f"engine stopped: {ev.message}")
+            if ev.refused:
+                raise ApiError(400, ev.message)
+            raise ApiError(503, f"engine stopped: {ev.message}" if ev.fatal else f"generation failed: {ev.message}")
         return choices.feed(index, ev)
 
     async def _collect(request: Request, group: RequestGroup, choices: Choices) -> bool:
