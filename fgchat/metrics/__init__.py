@@ -31,7 +31,7 @@ from fgchat.metrics.stats import (
     summarize,
     summarize_records,
 )
-from fgchat.metrics.window_summary import WindowSummary
+from fgchat.metrics.window_summary import RecentItl, WindowSummary
 
 __all__ = [
     "HOST_BOUND_FRACTION",
@@ -43,6 +43,7 @@ __all__ = [
     "RequestRecord",
     "Stats",
     "TokenRecord",
+    "RecentItl",
     "WindowSummary",
     "histogram",
     "host_bound",

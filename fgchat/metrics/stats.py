@@ -42,8 +42,12 @@ class Stats:
 
 
 def clean(values: Iterable[float | None]) -> np.ndarray:
-    """Float64 array of the finite values (None, NaN and ±inf dropped)."""
-    arr = np.asarray([v for v in values if v is not None], dtype=np.float64).reshape(-1)
+    """Float64 array of the finite values (None, NaN and ±inf dropped). A float array is
+    converted in numpy (it holds no None), anything else value by value."""
+    if isinstance(values, np.ndarray) and values.dtype.kind == "f":
+        arr = values.astype(np.float64, copy=False).reshape(-1)
+    else:
+        arr = np.asarray([v for v in values if v is not None], dtype=np.float64).reshape(-1)
     return arr[np.isfinite(arr)]
 
 

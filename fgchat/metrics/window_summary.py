@@ -1,4 +1,5 @@
-"""`summarize_records` of a growing log's latest records, without rescanning them.
+"""`summarize_records` of a growing log's latest records, and each mode's latest inter-token
+latencies, without rescanning them.
 
 Invariants:
 - `WindowSummary.summary()` equals `summarize_records(tokens[-T:], requests[-R:])` of the log's
@@ -6,10 +7,15 @@ Invariants:
 - Each record is converted to numbers once, when it is first seen; the columns hold only the
   latest T tokens and R requests (values, None as NaN), in arrival order.
 - An unchanged log (same token and request counts) returns the previous summary without work.
+- `RecentItl.by_mode()[m]` equals `log.recent_itl(limit, m)` as a float64 array, value for value;
+  each record is read once, so a call costs O(records added since the last) in Python and
+  O(limit) only in numpy, however long the log.
+- The arrays handed out are never written to afterwards (each update makes new ones).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -87,3 +93,31 @@ def _tail(column: np.ndarray, new: list[Any] | np.ndarray, keep: int) -> np.ndar
     """The latest `keep` entries of `column` followed by `new`."""
     joined = np.concatenate([column, np.asarray(new, dtype=column.dtype)])
     return joined[-keep:] if joined.size > keep else joined
+
+
+class RecentItl:
+    """The latest `limit` inter-token latencies of each mode of `log` (the mode that ran their
+    step), oldest first, as float64 arrays: the per-mode histograms' input."""
+
+    def __init__(self, log: LatencyLog, limit: int) -> None:
+        if limit < 1:
+            raise ValueError(f"the window must hold at least one value, got {limit}")
+        self.log = log
+        self.limit = limit
+        self.tokens_seen = 0  # token records of the log read so far
+        self._columns: dict[str, np.ndarray] = {}
+
+    def by_mode(self, modes: Iterable[str]) -> dict[str, np.ndarray]:
+        """Each of `modes` -> its window (an empty array for a mode without values)."""
+        tokens = self.log.tokens_since(self.tokens_seen)
+        self.tokens_seen += len(tokens)
+        new: dict[str, list[float]] = {}
+        for t in tokens:
+            if not t.is_first_token and t.itl_ms is not None:
+                new.setdefault(t.mode, []).append(t.itl_ms)
+        for mode, values in new.items():
+            self._columns[mode] = _tail(self._columns.get(mode, _EMPTY), values[-self.limit:], self.limit)
+        return {m: self._columns.get(str(m), _EMPTY) for m in modes}
+
+
+_EMPTY = np.empty(0, dtype=np.float64)

@@ -288,6 +288,8 @@ class FgchatApp(App[int]):
         await self._apply_endings(update)
         if not self.replies:
             self.latency.idle()
+            if update.endings:
+                self.call_after_refresh(self._settle_heap)
 
     async def _show_text(self) -> None:
         """Draw the replies' buffered text (Replies paces it: at most every TEXT_S), and the
@@ -341,6 +343,15 @@ class FgchatApp(App[int]):
         self._update_subtitle()
         if self.link.ready_s is not None:
             self.notify(f"{info.model_name} ready in {self.link.ready_s:.1f} s", timeout=4)
+
+    def _settle_heap(self) -> None:
+        """No reply in flight (the last one's frame drawn): what the round left alive (its bubbles
+        with their render caches, the log's records) joins the frozen heap (engine.heap), after a
+        collection of what was made since the last freeze. A full collection walks every object
+        not frozen, and chats and the log only grow: this keeps that walk to one round's objects
+        instead of the session's."""
+        if not self.replies and not self._flushed:
+            freeze_heap(collect=True)
 
     def _show_engine_stopped(self, ev: EngineError) -> None:
         loaded = self.link.info is not None

@@ -9,7 +9,8 @@ Invariants:
 - Rebuilding is coalesced and throttled: only when something shown changed, at most every
   `refresh_s` (longer while the engine computes on this machine's CPU), and at most ~20% of
   the UI thread, so a fast token stream never makes the UI fall behind; the windows keep each
-  rebuild O(window), whatever the log's length, and the stats table converts each record once.
+  rebuild O(window), whatever the log's length, and the stats table and the histograms' windows
+  convert each record once (Python work per rebuild: the records added since the last).
 """
 
 from __future__ import annotations
@@ -18,9 +19,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, fields
 
-import numpy as np
-
-from fgchat.metrics import LatencyLog, WindowSummary
+from fgchat.metrics import LatencyLog, RecentItl, WindowSummary
 from fgchat.protocol.events import MODES, EngineInfo, RequestSummary, TokenEvent
 from fgchat.tui.latency_panel import PanelView
 
@@ -59,6 +58,7 @@ class LatencyConsole:
     def __init__(self, session_id: str = "") -> None:
         self.log = LatencyLog(session_id=session_id)
         self.stats = WindowSummary(self.log, STATS_WINDOW_TOKENS, STATS_WINDOW_REQUESTS)
+        self.itl_windows = RecentItl(self.log, HIST_WINDOW)
         self.batch_size_now = 0  # batch of the latest decode step; 0 once no reply is in flight
         self.last_batch_size = 0
         self.batch_sizes_seen: Counter[int] = Counter()  # decode batch sizes of tokens received
@@ -107,7 +107,7 @@ class LatencyConsole:
             batch_size=self.batch_size_now,
             last_batch_size=self.last_batch_size,
             summary=summary,
-            itl_by_mode={m: np.asarray(self.log.recent_itl(HIST_WINDOW, m), dtype=np.float64) for m in MODES},
+            itl_by_mode=self.itl_windows.by_mode(MODES),
             recent_itl=self.log.recent_itl(RECENT_ITL),
             windowed=self.stats.window_tokens if count > STATS_WINDOW_TOKENS else 0,
             total_tokens=count,
