@@ -35,6 +35,7 @@ Invariants:
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import threading
@@ -345,12 +346,13 @@ class FgchatApp(App[int]):
             self.notify(f"{info.model_name} ready in {self.link.ready_s:.1f} s", timeout=4)
 
     def _settle_heap(self) -> None:
-        """No reply in flight (the last one's frame drawn): what the round left alive (its bubbles
-        with their render caches, the log's records) joins the frozen heap (engine.heap), after a
-        collection of what was made since the last freeze. A full collection walks every object
-        not frozen, and chats and the log only grow: this keeps that walk to one round's objects
-        instead of the session's."""
+        """No reply in flight (the last one's frame drawn): the whole heap is collected, cyclic
+        garbage among objects frozen before included (removed bubbles, closed tabs, replaced
+        caches), and frozen again (engine.heap). A full collection walks every object not frozen,
+        and chats and the log only grow: the collections while replies stream then walk only what
+        those replies make, however long the session. The whole walk happens here, between rounds."""
         if not self.replies and not self._flushed:
+            gc.unfreeze()
             freeze_heap(collect=True)
 
     def _show_engine_stopped(self, ev: EngineError) -> None:
