@@ -272,10 +272,9 @@ def _chat_ids(engine: Any, messages: list[dict[str, str]] | str) -> list[int]:
 
 
 def _error_event(exc: Exception, request_id: int | None, refused: bool = False) -> EngineError:
-    """A command's failure as an event; refused: the request's own input caused it (an
-    FgchatError from submit always is: RequestError and the like)."""
+    """A command's failure as an event; refused: the request's own input caused it."""
     if isinstance(exc, FgchatError):
-        return EngineError(one_line(exc), request_id, refused=refused or request_id is not None)
+        return EngineError(one_line(exc), request_id, refused=refused)
     return EngineError(f"{type(exc).__name__}: {one_line(exc)}", request_id, refused=refused)
 
 
@@ -300,19 +299,19 @@ def _apply_chats(engine: Any, cmd: SubmitChats) -> list:
     for rid, params in cmd.requests:
         try:
             engine.submit(list(ids), params, request_id=rid)
-        except Exception as exc:
-            out.append(_error_event(exc, rid))
+        except Exception as exc:  # a RequestError (FgchatError): the request as sent is refused
+            out.append(_error_event(exc, rid, refused=isinstance(exc, FgchatError)))
     return out
 
 
 def _apply(engine: Any, cmd: Command) -> list:
     """Apply one command; request problems come back as non-fatal EngineError events."""
+    if isinstance(cmd, SubmitChat):
+        cmd = SubmitChats(cmd.messages, ((cmd.request_id, cmd.params),))
     if isinstance(cmd, SubmitChats):
         return _apply_chats(engine, cmd)
     try:
-        if isinstance(cmd, SubmitChat):
-            engine.submit(_chat_ids(engine, cmd.messages), cmd.params, request_id=cmd.request_id)
-        elif isinstance(cmd, Cancel):
+        if isinstance(cmd, Cancel):
             engine.cancel(cmd.request_id)
         elif isinstance(cmd, SetMode):
             engine.set_mode(cmd.mode)  # its ModeChanged comes out of the next step()
