@@ -440,55 +440,47 @@ def _fused_layers(dec: Decoder, ids: torch.Tensor, pos: torch.Tensor, slots: tor
     causally to its own rows; else [(first row, length)] per prompt, each attending causally to
     its own rows only. after=(slot, first): the rows are one prompt's positions first.. of that
     slot, attending to the slot's cached rows [0, first) and causally to their own."""
-    c, dev = dec.cfg, dec.device
-    h = F.embedding(ids, dec.w.embed)
-    padded = PaddedPrompts.build(spans, c.num_heads, c.num_kv_heads, c.head_dim, h.dtype, dev)
-    if padded is not None:
-        rows = padded.tmax
-    elif spans is None and after is None:
-        rows = ids.shape[0] // batch
-    else:
-        rows = None  # prompts at their own lengths, or rows after cached ones
-    with attention_backends(rows, dev):
-        return _layers(dec, ids, h, pos, slots, spans, padded, k_caches, v_caches, batch, after)
-
-
-def _layers(dec: Decoder, ids: torch.Tensor, h: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor,
-            spans: list[tuple[int, int]] | None, padded: PaddedPrompts | None, k_caches: list[torch.Tensor],
-            v_caches: list[torch.Tensor], batch: int,
-            after: tuple[int, int] | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """`_fused_layers`' loop over the layers, under the SDPA backends it chose."""
     from fgchat.engine.kernels import fused as fk
 
     c, w = dec.cfg, dec.w
     n = ids.shape[0]
     dev = dec.device
+    h = F.embedding(ids, w.embed)
     delta: torch.Tensor | None = None
     v_at = c.q_size + c.kv_size
-    for i, lw in enumerate(w.layers):
-        h, x = fk.add_rms_norm(h, delta, lw.attn_norm, c.rms_eps, residual_dtype=dec.residual_dtype)
-        qkv = F.linear(x, lw.wqkv, lw.bqkv)
-        k = torch.empty((n, c.num_kv_heads, c.head_dim), dtype=qkv.dtype, device=dev)
-        q = fk.rope_kv_write(qkv, dec.cos, dec.sin, pos, slots, k_caches[i], v_caches[i],
-                             c.num_heads, c.num_kv_heads, c.head_dim, k_out=k)
-        v = qkv[:, v_at:].view(n, c.num_kv_heads, c.head_dim)  # a strided view: no copy
-        if after is not None:
-            slot, first = after
-            a = _attend_after(q, k_caches[i][slot, :first + n], v_caches[i][slot, :first + n], dec.scale,
-                              c.num_heads != c.num_kv_heads).reshape(n, c.q_size)
-        elif spans is None and batch > 1:
-            a = _batched_sdpa(q, k, v, batch, dec.scale)
-        elif spans is None:
-            a = sdpa_causal(heads_first(q), heads_first(k), heads_first(v), dec.scale)
-        elif padded is not None:
-            a = padded.attention(q, k, v, dec.scale)
-        else:
-            a = torch.empty((n, c.q_size), dtype=qkv.dtype, device=dev)
-            for s0, t in spans:
-                r = slice(s0, s0 + t)
-                a[r] = sdpa_causal(heads_first(q[r]), heads_first(k[r]), heads_first(v[r]), dec.scale)
-        h, x = fk.add_rms_norm(h, F.linear(a, lw.wo), lw.mlp_norm, c.rms_eps, residual_dtype=dec.residual_dtype)
-        delta = F.linear(fk.silu_mul(F.linear(x, lw.w_gate_up)), lw.w_down)
+    padded = PaddedPrompts.build(spans, c.num_heads, c.num_kv_heads, c.head_dim, h.dtype, dev)
+    if padded is not None:
+        rows = padded.tmax
+    elif spans is None and after is None:
+        rows = n // batch
+    else:
+        rows = None  # prompts at their own lengths, or rows after cached ones
+    with attention_backends(rows, dev):
+        for i, lw in enumerate(w.layers):
+            h, x = fk.add_rms_norm(h, delta, lw.attn_norm, c.rms_eps, residual_dtype=dec.residual_dtype)
+            qkv = F.linear(x, lw.wqkv, lw.bqkv)
+            k = torch.empty((n, c.num_kv_heads, c.head_dim), dtype=qkv.dtype, device=dev)
+            q = fk.rope_kv_write(qkv, dec.cos, dec.sin, pos, slots, k_caches[i], v_caches[i],
+                                 c.num_heads, c.num_kv_heads, c.head_dim, k_out=k)
+            v = qkv[:, v_at:].view(n, c.num_kv_heads, c.head_dim)  # a strided view: no copy
+            if after is not None:
+                slot, first = after
+                a = _attend_after(q, k_caches[i][slot, :first + n], v_caches[i][slot, :first + n], dec.scale,
+                                  c.num_heads != c.num_kv_heads).reshape(n, c.q_size)
+            elif spans is None and batch > 1:
+                a = _batched_sdpa(q, k, v, batch, dec.scale)
+            elif spans is None:
+                a = sdpa_causal(heads_first(q), heads_first(k), heads_first(v), dec.scale)
+            elif padded is not None:
+                a = padded.attention(q, k, v, dec.scale)
+            else:
+                a = torch.empty((n, c.q_size), dtype=qkv.dtype, device=dev)
+                for s0, t in spans:
+                    r = slice(s0, s0 + t)
+                    a[r] = sdpa_causal(heads_first(q[r]), heads_first(k[r]), heads_first(v[r]), dec.scale)
+            h, x = fk.add_rms_norm(h, F.linear(a, lw.wo), lw.mlp_norm, c.rms_eps,
+                                   residual_dtype=dec.residual_dtype)
+            delta = F.linear(fk.silu_mul(F.linear(x, lw.w_gate_up)), lw.w_down)
     return h, delta
 
 
