@@ -250,13 +250,8 @@ class EndpointClient:
         ext = obj.get("fgchat") if isinstance(obj.get("fgchat"), dict) else None
         events: list = []
         with req.lock:
-            if "error" in obj:
-                message = _error_message(obj["error"])
-                index = ext.get("index") if ext else None
-                rids = [req.choices[index].rid] if isinstance(index, int) and 0 <= index < len(req.choices) \
-                    else [c.rid for c in req.choices]
-                for rid in rids:
-                    events += req.fail(rid, f"server error: {message}")
+            if "error" in obj:  # the request failed as a whole (one choice's error is in the choice)
+                events += req.fail_all(f"server error: {_error_message(obj['error'])}")
             if isinstance(obj.get("usage"), dict):
                 req.usage = obj["usage"]
             for ch in obj.get("choices") or []:

@@ -91,7 +91,7 @@ def _server_class() -> type:
                 yield
                 return
             saved = {sig: signal.signal(sig, self.handle_exit) for sig in STOP_SIGNALS}
-            if self.early is not None and self.early.signum is not None:
+            if self.early is not None and self.early.is_set():
                 self.handle_exit(self.early.signum, None)
             try:
                 yield
