@@ -52,6 +52,8 @@
 #              against cuBLASLt (tools/profile_new_length.py), real weights
 #   longprompt TTFT of prompts past the last bucket at new lengths (tools/ttft_long_prompt.py),
 #              real weights; .old/fgchat carried: old, new, new, old
+#   ttftparts  a full-mode TTFT taken apart (tools/ttft_breakdown.py): 1B at 1 and 8 prompts, SmolLM2, and
+#              the real weights where put left them
 #   firstturn  the first eager reply's TTFT from a fresh engine (ttft_next_turn, fgchat generate), real weights
 #   admission  TTFT of 8 prompts admitted together: shared prefill, one pass (attention padded or per
 #              prompt), one by one (1B)
@@ -286,6 +288,10 @@ for what in "$@"; do
       for blas in cublas cublaslt; do
         timeout 200 python3 tools/profile_new_length.py --model "$GGUF" --blas $blas 2>&1 | cut -c1-200 \
           | tee -a "$OUT/profile-new-length.log" | grep -E "^==|aten::mm "
+      done ;;
+    ttftparts)  # engine TTFT against the prefill graph's replay, kernel sum / span / gaps of one admission
+      for args in "--k 1" "--k 8" "--preset smollm2-135m" ${GGUF:+"--model $GGUF"}; do
+        timeout 150 python3 tools/ttft_breakdown.py $args 2>&1 | grep -vi warn | tee -a "$OUT/ttft-breakdown.log" | head -14
       done ;;
     firstturn)  # the first reply's TTFT in eager mode, from a fresh engine: ttft_next_turn (4 processes)
       # and `fgchat generate --mode eager` (2), on the real weights

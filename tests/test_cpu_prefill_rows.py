@@ -44,10 +44,14 @@ def test_bf16_prefill_pads_rows_and_matches_float32(tiny_llama, monkeypatch):
     all_logits = dec.prefill(ids, 2, cache.k, cache.v, all_logits=True)
     last = dec.prefill(ids, 5, cache.k, cache.v)
     monkeypatch.undo()
-    assert len(seen) == 2 * 4 * cfg.num_layers and set(seen) == {cpu_prefill_rows(37)} == {40}
+    # every projection of the all-rows prefill, and of the last-row one up to its last layer's o and
+    # MLP, which run on the last row alone
+    per_layer = 4 * cfg.num_layers
+    assert len(seen) == 2 * per_layer and set(seen[:2 * per_layer - 3]) == {cpu_prefill_rows(37)} == {40}
+    assert seen[-3:] == [1, 1, 1]
     assert all_logits.shape == (37, cfg.vocab_size) and last.shape == (cfg.vocab_size,)
     want = ref.prefill(ids, 2, ref_cache.k, ref_cache.v, all_logits=True)
-    assert torch.equal(last, all_logits[-1])
+    torch.testing.assert_close(last, all_logits[-1], rtol=0.02, atol=0.02)  # a 1-row product rounds otherwise
     torch.testing.assert_close(all_logits, want, rtol=0.05, atol=0.05)  # bf16 against float32
     for k, v in zip(cache.k, cache.v):
         for slot in (2, 5):

@@ -148,3 +148,39 @@ def test_default_pick_on_1b_gives_the_exact_heads_tokens_in_every_mode():
                         if isinstance(e, RequestFinished)}
                 out[on] = [done[r] for r in rids]
             assert out[True] == out[False], (mode, len(group))
+
+
+def test_greedy_prefill_takes_the_pick_with_the_exact_heads_argmax(tmp_path):
+    """A greedy prompt's last logits from the int8 pick, through a prefill graph (full) and
+    eagerly, against the exact head's (the same argmax, the same bits there) and a float32
+    reference of the same weights (the same argmax where its top two are apart)."""
+    transformers = pytest.importorskip("transformers")
+    import tiny_models
+
+    from fgchat.engine.core import Engine, EngineConfig
+    from fgchat.protocol.tuning import Tuning
+
+    model = tiny_models.build_model(tmp_path / "m", "llama", hidden=1024, layers=2, heads=16, kv_heads=4,
+                                    head_dim=64, intermediate=4096, max_pos=2048, seed=6)
+    eng = Engine(EngineConfig(model=str(model), device="cuda", dtype="bfloat16", max_context=1024, mode="full",
+                              tuning=Tuning(head_pick=True)))
+    assert eng.decoder.fused_stages.head_int8 is not None and eng.modes.prefill_graphs is not None
+    ref = transformers.AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).cuda().eval()
+    g = torch.Generator().manual_seed(8)
+    apart = 0
+    for t in (9, 100, 300):
+        ids = torch.randint(3, eng.cfg.vocab_size, (t,), generator=g).cuda()
+        with torch.no_grad():
+            want = ref(ids[None]).logits[0, -1].float()
+        for mode in ("full", "eager"):
+            eng.set_mode(mode)
+            exact = eng.modes.prefill_logits(eng.mode, ids, 0).clone()
+            picked = eng.modes.prefill_logits(eng.mode, ids, 0, greedy=True)
+            top = int(exact.argmax())
+            assert int(picked.argmax()) == top and picked[top] == exact[top], (t, mode)
+            assert not torch.equal(picked, exact), (t, mode)  # the pick ran: approximations elsewhere
+            two = want.topk(2).values
+            if float(two[0] - two[1]) > 0.05 * float(want.abs().max()):
+                apart += 1
+                assert top == int(want.argmax()), (t, mode)
+    assert apart >= 2

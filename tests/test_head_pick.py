@@ -255,3 +255,36 @@ def test_pass_one_tiles_change_no_pick(tile, monkeypatch):
     exact, want = gemv.project_argmax(x, w, CFG)
     assert torch.equal(tokens, want)
     assert ((logits.double() - exact.double()).abs() <= _bound(x, head)).all()
+
+
+def test_a_greedy_prompts_first_token_comes_from_the_pick(int8_engine, monkeypatch):
+    """A prompt whose requests are all greedy and unpenalized has its last logits from the int8
+    pick (the exact head's argmax, the others within the bound); a sampled or penalized request's
+    prompt gets the exact head's. (On CPU the exact head is torch's product, the pick rescores
+    with the LM head kernel's sums: the same logit to rounding; on CUDA the same bits,
+    tests/test_gpu_head_pick.py.)"""
+    from fgchat.protocol.events import RequestFinished, SamplingParams
+
+    eng = int8_engine
+    calls = []
+    real_pick = head_pick.pick
+    monkeypatch.setattr(head_pick, "pick", lambda x, *a, **kw: calls.append(x.shape[0]) or real_pick(x, *a, **kw))
+    g = torch.Generator().manual_seed(4)
+    for t in (7, 19, 33):
+        ids = torch.randint(3, eng.cfg.vocab_size, (t,), generator=g)
+        exact = eng.modes.prefill_logits(eng.mode, ids, 1)
+        assert not calls
+        picked = eng.modes.prefill_logits(eng.mode, ids, 1, greedy=True)
+        assert calls == [1]
+        calls.clear()
+        top = int(exact.argmax())
+        assert int(picked.argmax()) == top, t
+        torch.testing.assert_close(picked[top], exact[top], rtol=1e-3, atol=1e-3)
+        assert not torch.equal(picked, exact) and (picked - exact).abs().max() < 1.0, t
+    prompt = torch.randint(3, eng.cfg.vocab_size, (21,), generator=g).tolist()
+    for params, picks in ((SamplingParams(max_tokens=1), 1), (SamplingParams(max_tokens=1, temperature=0.8), 0),
+                          (SamplingParams(max_tokens=1, repetition_penalty=1.2), 0)):
+        calls.clear()
+        eng.submit(prompt, params)
+        done = [e for e in eng.run_until_done() if isinstance(e, RequestFinished)]
+        assert len(done) == 1 and len(done[0].summary.token_ids) == 1 and len(calls) == picks, params

@@ -73,9 +73,9 @@ def spy_prefills(monkeypatch, eng: Engine) -> list[int]:
         calls.append(len(prompts))
         return real_many(dec, prompts, k, v)
 
-    def one(mode, ids, slot):
+    def one(mode, ids, slot, greedy=False):
         calls.append(1)
-        return real_one(mode, ids, slot)
+        return real_one(mode, ids, slot, greedy)
 
     monkeypatch.setattr(pf, "prefill_many", many)
     monkeypatch.setattr(eng.modes, "prefill_logits", one)

@@ -145,8 +145,9 @@ async def test_an_engine_on_this_cpu_gets_fewer_messages_and_frames_and_loses_no
 
         stream_posts = posted_at[first_post:]
         gaps = [b - a for a, b in zip(stream_posts, stream_posts[1:])]
-        # N steps of 10 ms: ~N / 10 messages at 10 Hz where a GPU engine's pace would post ~N / 2
-        assert len(stream_posts) <= N * CpuHandle.step_s / engine_link.CPU_POST_S + 3
+        # N steps of 10 ms: ~N / 10 messages at 10 Hz where a GPU engine's pace would post ~N / 2 (a
+        # loaded machine stretches the steps, and the stream with them: the rate is what is bounded)
+        assert len(stream_posts) <= N / 4
         assert min(gaps) >= engine_link.CPU_POST_S * 0.9, "messages come at most every CPU_POST_S"
 
 

@@ -45,6 +45,12 @@ def _now() -> int:
     return time.monotonic_ns()
 
 
+def _only_argmax(group: list[Sequence]) -> bool:
+    """A prompt's last logits serve only an argmax: every request sharing it is greedy and
+    unpenalized (then the prefill may take them from the LM head's int8 pick)."""
+    return all(s.params.temperature <= 0 and not s.params.penalized for s in group)
+
+
 @dataclass
 class _InFlight:
     """A decode step enqueued on the device whose tokens are not read yet."""
@@ -424,10 +430,9 @@ class Engine:
     def _admit(self) -> None:
         """Prefill the newly admitted requests, each distinct prompt once (engine.admission),
         and start them with their first tokens."""
-        firsts: list[tuple[Sequence, torch.Tensor]] = []
         pending: list[tuple[Sequence, torch.Tensor]] = []
         choose = self._choose_slot if self.reuses_prefixes else None
-        for group, logits, reused in self._prefill_groups(share_prompts(self.scheduler.admit(choose))):
+        for group, logits in self._prefill_groups(share_prompts(self.scheduler.admit(choose))):
             if logits is None:
                 continue
             lead = group[0]
@@ -435,10 +440,7 @@ class Engine:
             for seq in group[1:]:  # their rows are the lead's: so is what its prefill skipped
                 seq.cached_tokens = lead.cached_tokens
             pending += [(seq, logits) for seq in group]
-            if reused:  # a prefill graph's output buffer: picked from before the next prefill
-                firsts += self._first_tokens(pending)
-                pending = []
-        firsts += self._first_tokens(pending)
+        firsts = self._first_tokens(pending)
         # First tokens of one admission round are read with one sync and emitted together, so
         # a request's decode latencies never include the prefills of requests admitted with it.
         if firsts:
@@ -460,29 +462,26 @@ class Engine:
     # ---- internals ----
     def _prefill_groups(
         self, groups: list[list[Sequence]]
-    ) -> Iterator[tuple[list[Sequence], torch.Tensor | None, bool]]:
-        """Each group with the last logits [V] of its prompt, prefilled into group[0]'s slot
-        (None when that failed: the group is finished with the error), and whether the next
-        group's prefill may overwrite those logits. One pass over all the prompts where
-        `_prefill_together` can (logits kept until the next round), else one prefill per group,
-        lazily: a group's logits are consumed before the next group is prefilled."""
+    ) -> Iterator[tuple[list[Sequence], torch.Tensor | None]]:
+        """Each group with the last logits [V] of its prompt (a tensor of its own), prefilled into
+        group[0]'s slot (None when that failed: the group is finished with the error). One pass
+        over all the prompts where `_prefill_together` can, else one prefill per group."""
         for group in [g for g in groups if g[0].cached_tokens]:
-            yield group, self._prefill_after(group), False
+            yield group, self._prefill_after(group)
         groups = [g for g in groups if not g[0].cached_tokens]
         together = self._prefill_together([g[0] for g in groups]) if len(groups) > 1 else None
         if together is not None:
-            for group, logits in zip(groups, together):
-                yield group, logits, False
+            yield from zip(groups, together)
             return
         for group in groups:
-            yield group, self._prefill(group), True
+            yield group, self._prefill(group)
 
     def _prefill(self, group: list[Sequence]) -> torch.Tensor | None:
         """Prefill group[0]'s prompt into its slot; returns the last logits [V]."""
         lead = group[0]
         ids = torch.tensor(lead.prompt_ids, dtype=torch.int64, device=self.device)
         try:
-            return self.modes.prefill_logits(self.mode, ids, lead.slot)
+            return self.modes.prefill_logits(self.mode, ids, lead.slot, _only_argmax(group))
         except torch.OutOfMemoryError:
             return self._fail_group(group, "out of memory during prefill")
 
@@ -529,7 +528,7 @@ class Engine:
         m = lead.cached_tokens
         ids = torch.tensor(lead.prompt_ids[m:], dtype=torch.int64, device=self.device)
         try:
-            return prefill_after(self.decoder, ids, m, lead.slot, self.cache.k, self.cache.v)
+            return prefill_after(self.decoder, ids, m, lead.slot, self.cache.k, self.cache.v, _only_argmax(group))
         except (RuntimeError, MemoryError) as exc:
             return self._fail_group(group, f"prefill failed: {one_line(exc)}")
 

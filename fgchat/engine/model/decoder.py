@@ -346,11 +346,13 @@ class Decoder:
         k_caches: list[torch.Tensor],
         v_caches: list[torch.Tensor],
         all_logits: bool = False,
+        greedy: bool = False,
     ) -> torch.Tensor:
         """Run the prompt `ids` [T] into cache slot `slot` at positions 0..T-1.
 
-        Returns the last position's logits [V] (float32), or [T, V] with all_logits.
+        Returns the last position's logits [V] (float32), or [T, V] with all_logits. greedy: the
+        last logits serve an argmax only (where the int8 pick serves, only their argmax is exact).
         """
         from fgchat.engine.model.prefill import prefill
 
-        return prefill(self, ids, slot, k_caches, v_caches, all_logits)
+        return prefill(self, ids, slot, k_caches, v_caches, all_logits, greedy)

@@ -219,6 +219,15 @@ class FusedStages:
         finally:
             self.head_int8 = saved
 
+    def pick_logits(self, x: torch.Tensor) -> torch.Tensor | None:
+        """Float32 logits [N, V] of normed rows x from the int8 pick: each row's argmax is the exact
+        head's (head_pick's invariants), the other logits within its bound; None where the pick
+        does not serve N rows (then `logits`)."""
+        if self.head_int8 is None or not self.head_ours or x.shape[0] > self.head_pick_rows:
+            return None
+        logits, _ = head_pick.pick(x, self.dec.w.lm_head, self.head_int8, self.head_config, pdl=self.after(True))
+        return logits
+
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         """float32 logits [N, V] of normed rows x: our kernel for up to MAX_ROWS rows, else cuBLAS."""
         if self.head_ours and x.shape[0] <= gemv.MAX_ROWS:

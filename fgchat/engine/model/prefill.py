@@ -50,11 +50,13 @@ def prefill(
     k_caches: list[torch.Tensor],
     v_caches: list[torch.Tensor],
     all_logits: bool = False,
+    greedy: bool = False,
 ) -> torch.Tensor:
-    """Positions 0..T-1 of cache slot `slot`; returns last logits [V] or all [T, V] (float32)."""
+    """Positions 0..T-1 of cache slot `slot`; returns last logits [V] or all [T, V] (float32).
+    greedy: the last logits serve an argmax only (see `head`)."""
     if dec.fused:
-        return _prefill_fused(dec, ids, slot, k_caches, v_caches, all_logits)
-    h, _ = _unfused_rows(dec, [(ids, slot)], k_caches, v_caches)
+        return _prefill_fused(dec, ids, slot, k_caches, v_caches, all_logits, greedy)
+    h, _ = _unfused_rows(dec, [(ids, slot)], k_caches, v_caches, last_only=not all_logits)
     x = rms_norm(h if all_logits else h[-1:], dec.w.final_norm, dec.cfg.rms_eps)
     logits = dec.head_logits(x)
     return logits if all_logits else logits[0]
@@ -74,7 +76,7 @@ def prefill_many(
     """
     if dec.fused:
         raise ValueError("prefill_many serves the unfused path")
-    h, last = _unfused_rows(dec, prompts, k_caches, v_caches)
+    h, last = _unfused_rows(dec, prompts, k_caches, v_caches, last_only=True)
     x = rms_norm(h[last], dec.w.final_norm, dec.cfg.rms_eps)
     return list(dec.head_logits(x).unbind(0))
 
@@ -85,11 +87,13 @@ def _unfused_rows(
     k_caches: list[torch.Tensor],
     v_caches: list[torch.Tensor],
     first: list[int] | None = None,
+    last_only: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The decoder layers over the prompts' rows stacked, each prompt at positions
     first_i..first_i+T_i-1 of its slot (first: 0 for each unless given; rows before first_i are
     already in the slot and are attended to from there): final hidden states [sum T_i, H] and
-    the row index of each prompt's last token."""
+    the row index of each prompt's last token. last_only: the hidden states of each prompt's last
+    row only ([P, H], indices 0..P-1), the last layer's o projection and MLP run on those rows."""
     c, w = dec.cfg, dec.w
     lens = [int(ids.shape[0]) for ids, _ in prompts]
     first = first or [0] * len(prompts)
@@ -102,6 +106,7 @@ def _unfused_rows(
     if n > real:  # padding rows: token 0 at angle 0; row-wise work only, never written or returned
         ids, cos, sin = F.pad(ids, (0, n - real)), F.pad(cos, (0, 0, 0, n - real)), F.pad(sin, (0, 0, 0, n - real))
     h = F.embedding(ids, w.embed)
+    last = torch.tensor([s0 + t - 1 for s0, t in zip(starts, lens)], device=h.device)
     for i, lw in enumerate(w.layers):
         x = rms_norm(h, lw.attn_norm, c.rms_eps)
         qkv = dec.project(x, i, "qkv")
@@ -118,11 +123,15 @@ def _unfused_rows(
             a[rows] = _attend_after(q[rows], k[rows] if p0 == 0 else k_caches[i][slot, :p0 + t],
                                     v[rows] if p0 == 0 else v_caches[i][slot, :p0 + t],
                                     dec.scale, c.num_heads != c.num_kv_heads)
-        h = h + dec.project(a.reshape(n, c.q_size), i, "o")
+        a = a.reshape(n, c.q_size)
+        if last_only and i == len(w.layers) - 1:  # nothing reads the other rows' outputs of this layer
+            h, a = h[last], a[last]
+        h = h + dec.project(a, i, "o")
         x = rms_norm(h, lw.mlp_norm, c.rms_eps)
         g, u = dec.project(x, i, "gate_up").chunk(2, dim=-1)
         h = h + dec.project(F.silu(g) * u, i, "down")
-    last = torch.tensor([s0 + t - 1 for s0, t in zip(starts, lens)], device=h.device)
+    if last_only and w.layers:
+        return h, torch.arange(len(lens), device=h.device)
     return h[:real], last
 
 
@@ -163,9 +172,11 @@ def prefill_after(
     slot: int,
     k_caches: list[torch.Tensor],
     v_caches: list[torch.Tensor],
+    greedy: bool = False,
 ) -> torch.Tensor:
     """The prompt tokens `ids` at positions first..first+T-1 of slot `slot`, whose rows [0, first)
-    are already in the cache (engine.prefix_reuse); returns the last logits [V] (float32)."""
+    are already in the cache (engine.prefix_reuse); returns the last logits [V] (float32;
+    greedy: see `head`)."""
     t = int(ids.shape[0])
     if first + t > k_caches[0].shape[1]:
         raise ValueError(f"positions {first}..{first + t - 1} do not fit the cache")
@@ -174,9 +185,10 @@ def prefill_after(
         dev = dec.device
         pos = torch.arange(first, first + t, dtype=torch.int64, device=dev)
         slots = torch.full((t,), slot, dtype=torch.int64, device=dev)
-        h, delta = _fused_layers(dec, ids, pos, slots, None, k_caches, v_caches, after=(slot, first))
-        return final_logits(dec, h[-1:], delta[-1:])[0]
-    h, _ = _unfused_rows(dec, [(ids, slot)], k_caches, v_caches, first=[first])
+        last = torch.full((1,), t - 1, dtype=torch.int64, device=dev)
+        h, delta = _fused_layers(dec, ids, pos, slots, None, k_caches, v_caches, after=(slot, first), keep=last)
+        return final_logits(dec, h, delta, greedy)[0]
+    h, _ = _unfused_rows(dec, [(ids, slot)], k_caches, v_caches, first=[first], last_only=True)
     return dec.head_logits(rms_norm(h[-1:], dec.w.final_norm, dec.cfg.rms_eps))[0]
 
 
@@ -284,6 +296,7 @@ def _prefill_fused(
     k_caches: list[torch.Tensor],
     v_caches: list[torch.Tensor],
     all_logits: bool,
+    greedy: bool = False,
 ) -> torch.Tensor:
     """The fused path. With all_logits, exactly T rows; otherwise the prompt padded to its bucket
     (rows >= T of the slot then hold padding K/V, which decode overwrites before reading)."""
@@ -298,7 +311,7 @@ def _prefill_fused(
     padded = torch.zeros(bucket_for(t, cache_len), dtype=torch.int64, device=dev)
     padded[:t] = ids
     last = torch.full((1,), t - 1, dtype=torch.int64, device=dev)
-    return prefill_last(dec, padded, slot_dev, last, k_caches, v_caches)[0]
+    return head(dec, prefill_last(dec, padded, slot_dev, last, k_caches, v_caches), greedy)[0]
 
 
 def _check_prompt(dec: Decoder, t: int, slot: int, k_caches: list[torch.Tensor]) -> None:
@@ -313,20 +326,21 @@ def _check_prompt(dec: Decoder, t: int, slot: int, k_caches: list[torch.Tensor])
 
 def prefill_last(dec: Decoder, ids: torch.Tensor, slot_dev: torch.Tensor, last: torch.Tensor,
                  k_caches: list[torch.Tensor], v_caches: list[torch.Tensor]) -> torch.Tensor:
-    """Logits [1, V] (float32) of row `last` (a device index) of a fused prefill of `ids` into
-    cache slot `slot_dev` (a device int64 [1]). Graph-capturable: no host values but shapes."""
-    h, delta = prefill_rows(dec, ids, slot_dev, k_caches, v_caches)
-    return final_logits(dec, h.index_select(0, last), delta.index_select(0, last))
+    """The final-normed row `last` [1, H] (a device index) of a fused prefill of `ids` into cache
+    slot `slot_dev` (a device int64 [1]), for `head`. Graph-capturable: no host values but shapes."""
+    h, delta = prefill_rows(dec, ids, slot_dev, k_caches, v_caches, keep=last)
+    return final_rows(dec, h, delta)
 
 
 def prefill_rows(dec: Decoder, ids: torch.Tensor, slot_dev: torch.Tensor, k_caches: list[torch.Tensor],
-                 v_caches: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+                 v_caches: list[torch.Tensor], keep: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Per layer add_rms_norm, qkv, rope_kv_write (K/V to the cache and RoPE'd k to a scratch),
     causal SDPA over the fresh k and v, wo, add_rms_norm, gate_up, silu_mul, down. Returns the
-    residual h and the last MLP output `delta` not yet added to it, for every row."""
+    residual h and the last MLP output `delta` not yet added to it, for every row (keep: for
+    those device row indices only, see _fused_layers)."""
     t = ids.shape[0]
     pos = torch.arange(t, dtype=torch.int64, device=dec.device)
-    return _fused_layers(dec, ids, pos, slot_dev.expand(t), None, k_caches, v_caches)
+    return _fused_layers(dec, ids, pos, slot_dev.expand(t), None, k_caches, v_caches, keep=keep)
 
 
 def prefill_many_fused(
@@ -351,9 +365,8 @@ def prefill_many_fused(
     last = torch.tensor([s0 + t - 1 for s0, t in zip(starts, lens)], dtype=torch.int64)
     ids = torch.cat([p[0].to(dev) for p in prompts])
     h, delta = _fused_layers(dec, ids, pos, slots.to(dev, non_blocking=True), list(zip(starts, lens)),
-                             k_caches, v_caches)
-    last = last.to(dev, non_blocking=True)
-    return list(final_logits(dec, h.index_select(0, last), delta.index_select(0, last)).unbind(0))
+                             k_caches, v_caches, keep=last.to(dev, non_blocking=True))
+    return list(final_logits(dec, h, delta).unbind(0))
 
 
 # Several prompts prefilled as one batch of equal padded length tb = bucket_for(longest) (the
@@ -379,7 +392,7 @@ def batch_bucket(lens: list[int], cache_len: int) -> int | None:
 
 def prefill_batch_last(dec: Decoder, ids: torch.Tensor, slots: torch.Tensor, last: torch.Tensor,
                        k_caches: list[torch.Tensor], v_caches: list[torch.Tensor]) -> torch.Tensor:
-    """Logits [B, V] (float32) of rows `last` (device [B], prompt j's last row j * tb + T_j - 1)
+    """The final-normed rows [B, H] (for `head`) of rows `last` (device [B], prompt j's last row j * tb + T_j - 1)
     of B prompts right-padded to tb tokens each, ids [B * tb], prefilled into cache slots `slots`
     (device int64 [B]). Pad rows write K/V at positions [T_j, tb) of their slot, which decode
     overwrites before reading. Graph-capturable: no host values but shapes."""
@@ -387,8 +400,8 @@ def prefill_batch_last(dec: Decoder, ids: torch.Tensor, slots: torch.Tensor, las
     tb = ids.shape[0] // b
     pos = torch.arange(tb, dtype=torch.int64, device=dec.device).repeat(b)
     row_slots = slots[:, None].expand(b, tb).reshape(b * tb)
-    h, delta = _fused_layers(dec, ids, pos, row_slots, None, k_caches, v_caches, batch=b)
-    return final_logits(dec, h.index_select(0, last), delta.index_select(0, last))
+    h, delta = _fused_layers(dec, ids, pos, row_slots, None, k_caches, v_caches, batch=b, keep=last)
+    return final_rows(dec, h, delta)
 
 
 def pack_batch(prompts: list[tuple[torch.Tensor, int]], tb: int, ids: torch.Tensor, slots: torch.Tensor,
@@ -418,7 +431,7 @@ def prefill_batch(dec: Decoder, prompts: list[tuple[torch.Tensor, int]], tb: int
     slots = torch.empty(b, dtype=torch.int64, device=dev)
     last = torch.empty(b, dtype=torch.int64, device=dev)
     pack_batch(prompts, tb, ids, slots, last)
-    return list(prefill_batch_last(dec, ids, slots, last, k_caches, v_caches).unbind(0))
+    return list(head(dec, prefill_batch_last(dec, ids, slots, last, k_caches, v_caches)).unbind(0))
 
 
 def _batched_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, b: int, scale: float) -> torch.Tensor:
@@ -434,12 +447,16 @@ def _batched_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, b: int, sca
 def _fused_layers(dec: Decoder, ids: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor,
                   spans: list[tuple[int, int]] | None, k_caches: list[torch.Tensor],
                   v_caches: list[torch.Tensor], batch: int = 1,
-                  after: tuple[int, int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                  after: tuple[int, int] | None = None,
+                  keep: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The decoder layers over rows `ids` at positions `pos` of cache slots `slots` (per row).
     spans None: the rows are `batch` prompts of n / batch rows each (right-padded), each attending
     causally to its own rows; else [(first row, length)] per prompt, each attending causally to
     its own rows only. after=(slot, first): the rows are one prompt's positions first.. of that
-    slot, attending to the slot's cached rows [0, first) and causally to their own."""
+    slot, attending to the slot's cached rows [0, first) and causally to their own.
+    keep (device row indices): the only rows whose outputs are returned, in keep's order; the last
+    layer runs its o projection and MLP on those rows alone (its K/V are written for every row
+    before, and no other row's output of that layer is read by anything)."""
     from fgchat.engine.kernels import fused as fk
 
     c, w = dec.cfg, dec.w
@@ -455,6 +472,7 @@ def _fused_layers(dec: Decoder, ids: torch.Tensor, pos: torch.Tensor, slots: tor
         rows = n // batch
     else:
         rows = None  # prompts at their own lengths, or rows after cached ones
+    last_layer = len(w.layers) - 1
     with attention_backends(rows, dev):
         for i, lw in enumerate(w.layers):
             h, x = fk.add_rms_norm(h, delta, lw.attn_norm, c.rms_eps, residual_dtype=dec.residual_dtype)
@@ -478,6 +496,8 @@ def _fused_layers(dec: Decoder, ids: torch.Tensor, pos: torch.Tensor, slots: tor
                 for s0, t in spans:
                     r = slice(s0, s0 + t)
                     a[r] = sdpa_causal(heads_first(q[r]), heads_first(k[r]), heads_first(v[r]), dec.scale)
+            if keep is not None and i == last_layer:
+                h, a = h.index_select(0, keep), a.index_select(0, keep)
             h, x = fk.add_rms_norm(h, F.linear(a, lw.wo), lw.mlp_norm, c.rms_eps,
                                    residual_dtype=dec.residual_dtype)
             delta = F.linear(fk.silu_mul(F.linear(x, lw.w_gate_up)), lw.w_down)
@@ -527,11 +547,26 @@ class PaddedPrompts:
         return _batched_sdpa(self.q, self.k, self.v, self.b, scale).index_select(0, self.rows)
 
 
-def final_logits(dec: Decoder, h: torch.Tensor, delta: torch.Tensor | None) -> torch.Tensor:
+def final_rows(dec: Decoder, h: torch.Tensor, delta: torch.Tensor | None) -> torch.Tensor:
+    """The final norm of residual rows h (+ delta): what the LM head reads."""
     from fgchat.engine.kernels import fused as fk
 
     _, x = fk.add_rms_norm(h, delta, dec.w.final_norm, dec.cfg.rms_eps, residual_dtype=dec.residual_dtype)
+    return x
+
+
+def head(dec: Decoder, x: torch.Tensor, greedy: bool = False) -> torch.Tensor:
+    """Float32 logits [N, V] of final-normed rows x: on CUDA the decode head's route and tile
+    (float32 sums). greedy: rows whose only use is their argmax; where the int8 pick serves N
+    rows the logits come from it: the argmax is the exact head's, other logits approximate."""
     stages = dec.fused_stages
+    picked = stages.pick_logits(x) if greedy and stages is not None else None
+    if picked is not None:
+        return picked
     if stages is not None and x.is_cuda:
-        return stages.logits(x)  # the decode head's route and tile: graph-capturable, float32 sums
+        return stages.logits(x)
     return dec.head_logits(x)
+
+
+def final_logits(dec: Decoder, h: torch.Tensor, delta: torch.Tensor | None, greedy: bool = False) -> torch.Tensor:
+    return head(dec, final_rows(dec, h, delta), greedy)

@@ -235,17 +235,18 @@ class ModeSet:
                 return self.eager.run(b, variant), Mode.EAGER
         return runner.run(b, variant), mode
 
-    def prefill_logits(self, mode: Mode, ids: torch.Tensor, slot: int) -> torch.Tensor:
+    def prefill_logits(self, mode: Mode, ids: torch.Tensor, slot: int, greedy: bool = False) -> torch.Tensor:
         """Full mode replays a prefill graph (captured on first use of a bucket when capture is
         lazy); other modes, and prompts longer than the last bucket, prefill eagerly. Both run
-        the same kernels at the same padded length."""
+        the same kernels at the same padded length. greedy: the logits serve an argmax only
+        (model.prefill.head)."""
         graphs = self.prefill_graphs
         if mode == Mode.FULL and graphs is not None and graphs.covers(ids.shape[0]):
-            out = self._graph_prefill(lambda: graphs.run(ids, slot))
+            out = self._graph_prefill(lambda: graphs.run(ids, slot, greedy))
             if out is not None:
                 return out
         prog = self.program
-        return prog.dec.prefill(ids, slot, prog.cache.k, prog.cache.v)
+        return prog.dec.prefill(ids, slot, prog.cache.k, prog.cache.v, greedy=greedy)
 
     def prefill_many_logits(self, mode: Mode, prompts: list[tuple[torch.Tensor, int]]) -> list[torch.Tensor] | None:
         """Prompts admitted together [(ids [T_j], slot_j)] on the batch route (one padded batch;

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from fgchat.engine.model.decoder import Decoder
-from fgchat.engine.model.prefill import (BATCH_MAX_T, PREFILL_BUCKETS, bucket_for, pack_batch,
+from fgchat.engine.model.prefill import (BATCH_MAX_T, PREFILL_BUCKETS, bucket_for, head, pack_batch,
                                         prefill_batch_last, prefill_last)
 from fgchat.engine.modes.capture import GraphCapture
 from fgchat.protocol.events import CaptureReport, Mode
@@ -30,7 +30,9 @@ from fgchat.protocol.events import CaptureReport, Mode
 @dataclass
 class _Graph:
     graph: torch.cuda.CUDAGraph
-    logits: torch.Tensor  # [1, V] (one prompt) or [B, V] (batch route) float32, written by each replay
+    # [1, H] (one prompt) or [B, H] (batch route): the final-normed last rows, written by each
+    # replay; the LM head runs after the replay (exact, or the int8 pick for a greedy prompt)
+    rows: torch.Tensor
 
 
 class PrefillGraphs:
@@ -71,8 +73,8 @@ class PrefillGraphs:
             cap.stream.synchronize()
             g = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g, pool=cap.pool, stream=cap.stream):
-                logits = prefill_last(self.dec, ids, self.slot, self.last, self.k, self.v)
-            entry = _Graph(g, logits)
+                rows = prefill_last(self.dec, ids, self.slot, self.last, self.k, self.v)
+            entry = _Graph(g, rows)
             self.graphs[bucket] = entry
         return entry
 
@@ -90,8 +92,9 @@ class PrefillGraphs:
             if b not in self.graphs:
                 self.capture_idle(b)
 
-    def run(self, ids: torch.Tensor, slot: int) -> torch.Tensor:
-        """Prefill `ids` [T] (int64, on the device) into `slot`; returns the last logits [V]."""
+    def run(self, ids: torch.Tensor, slot: int, greedy: bool = False) -> torch.Tensor:
+        """Prefill `ids` [T] (int64, on the device) into `slot`; returns the last logits [V]
+        (greedy: they serve an argmax only, see prefill.head)."""
         t = ids.shape[0]
         bucket = bucket_for(t, self.cache_len)
         self.ids[:t].copy_(ids)
@@ -100,7 +103,7 @@ class PrefillGraphs:
         self.last.fill_(t - 1)
         entry = self.graphs.get(bucket) or self.capture(bucket)  # inputs first: see capture
         entry.graph.replay()
-        return entry.logits[0]
+        return head(self.dec, entry.rows, greedy)[0]
 
     def run_batch(self, prompts: list[tuple[torch.Tensor, int]], tb: int) -> list[torch.Tensor]:
         """The batch route (model.prefill.batch_bucket gave tb) for [(ids [T_j], slot_j)]; returns
@@ -110,7 +113,7 @@ class PrefillGraphs:
         pack_batch(prompts, tb, self.batch_ids, self.batch_slots, self.batch_last)
         entry = self.batch_graphs.get((b, tb)) or self._capture_batch(b, tb)
         entry.graph.replay()
-        return list(entry.logits.unbind(0))
+        return list(head(self.dec, entry.rows).unbind(0))
 
     @torch.inference_mode()
     def _capture_batch(self, b: int, tb: int) -> _Graph:
@@ -122,7 +125,7 @@ class PrefillGraphs:
             cap.stream.synchronize()
             g = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g, pool=cap.pool, stream=cap.stream):
-                logits = prefill_batch_last(*args)
-            entry = _Graph(g, logits)
+                rows = prefill_batch_last(*args)
+            entry = _Graph(g, rows)
             self.batch_graphs[(b, tb)] = entry
         return entry
