@@ -4,12 +4,14 @@ span (the gaps between kernels inside the graph) and the host time before the fi
 after the last one.
 
 Rows printed (medians over --rounds, ms):
-  engine ttft   submit -> first TokenEvent (Engine.step, as the bench measures it)
+  engine ttft   submit -> Engine.step() returning the first token (the bench stamps the token
+                when it is emitted, before that step launches the first decode step: ~0.1 ms earlier)
   graph wall    prefill_logits(FULL, greedy) + synchronize, ids already on the device
   graph gpu     CUDA events around the replay alone
 then, from one traced admission: kernels (count, sum of durations), the span from the first
 kernel's start to the last one's end, the gaps inside it, and the time the host spends before
-the first kernel and after the last (the first token's pick and read included).
+the first kernel and after the last (the first token's pick and read included); then the largest
+kernels, the widest gaps between kernels (which two) and the slowest CUDA runtime calls.
 
 Usage: python tools/ttft_breakdown.py [--preset llama-3.2-1b | --model PATH] [--tokens 512]
        [--rounds 20] [--k 1 (prompts admitted together; engine ttft = the last first token)]
@@ -74,6 +76,10 @@ def _trace_admission(eng, prompts: list[list[int]]) -> dict[str, float]:  # noqa
         "gaps_ms": (end - start - busy) / 1e3, "host_before_ms": (start - outer["ts"]) / 1e3,
         "host_after_ms": (outer["ts"] + outer["dur"] - end) / 1e3, "admission_ms": outer["dur"] / 1e3,
         "largest": sorted(((k["dur"], k["name"][:60]) for k in kernels), reverse=True)[:6],
+        "widest_gaps": sorted(((b["ts"] - a["ts"] - a["dur"], f"{a['name'][:40]} -> {b['name'][:40]}")
+                               for a, b in zip(kernels, kernels[1:])), reverse=True)[:8],
+        "slowest_runtime_calls": sorted(((e["dur"], e["name"][:60]) for e in evs if e.get("cat") == "cuda_runtime"
+                                         and e["ts"] >= outer["ts"]), reverse=True)[:8],
     }
 
 
@@ -120,11 +126,14 @@ def main() -> None:
         print(f"  {label:<12} median {statistics.median(xs):7.3f} ms  min {min(xs):7.3f}")
     tr = _trace_admission(eng, prompts)
     print("one traced admission (profiler on: host times inflate):")
+    lists = ("largest", "widest_gaps", "slowest_runtime_calls")
     for k, v in tr.items():
-        if k != "largest":
+        if k not in lists:
             print(f"  {k:<15} {v:8.3f}" if isinstance(v, float) else f"  {k:<15} {v}")
-    for dur, kname in tr["largest"]:
-        print(f"    {dur / 1e3:7.3f} ms  {kname}")
+    for k in lists:
+        print(f"  {k.replace('_', ' ')}:")
+        for dur, what in tr[k]:
+            print(f"    {dur / 1e3:7.3f} ms  {what}")
 
 
 if __name__ == "__main__":
