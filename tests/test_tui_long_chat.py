@@ -50,6 +50,15 @@ async def test_bubbles_scrolled_off_leave_the_layout_while_a_long_chat_streams(t
         assert len(laid_out(view, every_widget)) < len(every_widget) / 2
 
         await wait_for(pilot, lambda: not app.replies, "the last reply", 60)
+        # select all (a triple click) while bubbles are shelved: every message, in order, and
+        # nothing of the spacer that stands in for the shelved ones
+        assert view._shelf.display
+        view.text_select_all()
+        text = app.screen.get_selected_text()
+        at = [text.index(f"question {t}") for t in range(TURNS)]
+        assert at == sorted(at) and "one more" in text[at[-1]:]
+        assert "Widget" not in text and "shelf" not in text, text[:200]
+        app.screen.clear_selection()
         # regenerated while bubbles are shelved: the replaced reply goes, the shelf stays true
         await app.action_chat("regenerate")
         await wait_for(pilot, lambda: not app.replies and len(view.conversation.messages) == 2 * TURNS + 2,

@@ -23,6 +23,7 @@ from textual.app import ComposeResult
 from textual.containers import Vertical, VerticalScroll
 from textual.content import Content
 from textual.geometry import Size
+from textual.selection import Selection
 from textual.widget import Widget
 from textual.widgets import Markdown, Static
 
@@ -117,13 +118,26 @@ class MessageBubble(Vertical):
         await self.show_pending()
 
 
+class _Shelf(Widget):
+    """The spacer standing in for shelved bubbles: blank, and no text of its own in a selection
+    (the shelved bubbles' text is selected from them)."""
+
+    ALLOW_SELECT = False
+
+    def render(self) -> Content:
+        return Content("")
+
+    def get_selection(self, selection: Selection) -> None:
+        return None
+
+
 class ChatView(VerticalScroll):
     """The scrollback of one conversation. The app owns the Conversation and the engine traffic."""
 
     def __init__(self, conversation: Conversation, *, id: str | None = None) -> None:
         super().__init__(id=id, classes="chat-view")
         self.conversation = conversation
-        self._shelf = Widget(classes="shelf")  # stands in for the shelved bubbles, as tall as they were
+        self._shelf = _Shelf(classes="shelf")  # stands in for the shelved bubbles, as tall as they were
         self._shelf.display = False
         self._shelf_bottom = 0  # virtual y just below the shelf while it is shown
         self._shelved_width = 0  # the view's width when bubbles were shelved
