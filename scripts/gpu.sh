@@ -55,7 +55,8 @@
 #   ttftparts  a full-mode TTFT taken apart (tools/ttft_breakdown.py): 1B at 1 and 8 prompts, SmolLM2, and
 #              the real weights where put left them
 #   aftercapture  which later capture slows the decode graphs (V19, V78; tools/decode_after_capture.py):
-#              each action in a process of its own, twice, SmolLM2 batch 2 (CAPTURE_ARGS: other args)
+#              each action in a process of its own (~20 s each), SmolLM2 batch 2 (CAPTURE_ARGS: other
+#              args; CAPTURE_PASSES: passes over the actions, default 1)
 #   firstturn  the first eager reply's TTFT from a fresh engine (ttft_next_turn, fgchat generate), real weights
 #   admission  TTFT of 8 prompts admitted together: shared prefill, one pass (attention padded or per
 #              prompt), one by one (1B)
@@ -296,8 +297,8 @@ for what in "$@"; do
         timeout 150 python3 tools/ttft_breakdown.py $args 2>&1 | grep -vi warn | tee -a "$OUT/ttft-breakdown.log" | head -14
       done ;;
     aftercapture)  # decode GPU time before / after one capture-like action, a process per action
-      for pass in 1 2; do
-        for action in none empty-cache dummy dummy-own cublas cublas-eager prefill batch; do
+      for pass in $(seq "${CAPTURE_PASSES:-1}"); do
+        for action in none empty-cache dummy dummy-own cublas cublas-eager prefill batch batch-upload; do
           timeout 120 python3 tools/decode_after_capture.py --action $action ${CAPTURE_ARGS:-} 2>&1 \
             | grep -E "action|Error" | tee -a "$OUT/decode-after-capture.log"
         done

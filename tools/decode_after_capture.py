@@ -13,6 +13,8 @@ graphs until the action. Actions (--action; one per process, alternate them acro
   prefill        the one-prompt prefill graph of 512 tokens, captured and replayed (PrefillGraphs)
   batch          the batch route's graph of 2 x 512, captured on first use as the engine does (a
                  bucket past BATCH_MAX_T is refused by batch_bucket, not by run_batch)
+  batch-upload   batch, then every full-mode decode graph uploaded again (cuGraphUpload on the
+                 capture stream): whether a later graph costs the decode graphs their upload
 Prints the median decode GPU ms per step (batch --batch, --tokens per request) of --rounds
 rounds before and after the action, and the change.
 
@@ -30,7 +32,8 @@ os.environ.setdefault("FGCHAT_PREFILL_BATCH_ROUTE", "0")
 
 import torch  # noqa: E402
 
-ACTIONS = ("none", "empty-cache", "dummy", "dummy-own", "cublas", "cublas-eager", "prefill", "batch")
+ACTIONS = ("none", "empty-cache", "dummy", "dummy-own", "cublas", "cublas-eager", "prefill", "batch",
+           "batch-upload")
 
 
 def decode_gpu_ms(eng, batch: int, tokens: int, rounds: int) -> float:  # noqa: ANN001
@@ -79,7 +82,7 @@ def act(eng, action: str) -> None:  # noqa: ANN001
                 y = F.linear(a, w)
             g.replay()
             eng._keep = (g, a, w, y)
-    elif action in ("prefill", "batch"):  # as the engine captures on first use: PrefillGraphs' own path
+    elif action in ("prefill", "batch", "batch-upload"):  # as the engine captures on first use: PrefillGraphs' own path
         graphs = PrefillGraphs(dec, eng.cache.k, eng.cache.v, cap)
         prompt = torch.zeros(512, dtype=torch.int64, device="cuda")
         if action == "prefill":
@@ -87,6 +90,25 @@ def act(eng, action: str) -> None:  # noqa: ANN001
         else:
             graphs.run_batch([(prompt, 0), (prompt, 1)], 512)
         eng._keep = graphs
+        if action == "batch-upload":
+            upload_decode_graphs(eng)
+    torch.cuda.synchronize()
+
+
+def upload_decode_graphs(eng) -> None:  # noqa: ANN001
+    """cuGraphUpload of every full-mode decode graph on the current stream (the driver call
+    torch does not offer)."""
+    import ctypes
+
+    from fgchat.engine import cuda_driver
+    from fgchat.protocol.events import Mode
+
+    lib = cuda_driver.open_driver()
+    stream = torch.cuda.current_stream().cuda_stream
+    for g in eng.modes.modes[Mode.FULL].graphs.values():
+        rc = lib.cuGraphUpload(ctypes.c_void_p(g.graph.raw_cuda_graph_exec()), ctypes.c_void_p(stream))
+        if rc != 0:
+            raise RuntimeError(f"cuGraphUpload failed: {rc}")
     torch.cuda.synchronize()
 
 
