@@ -53,7 +53,8 @@ def test_decode_logits_match_prefill(tiny_llama):
     eng = make_engine(tiny_llama, tuning=Tuning(head_pick=False))
     prompt = prompt_of(9, 2, eng.cfg.vocab_size)
     eng.submit(prompt, SamplingParams(max_tokens=6, ignore_eos=True))
-    eng.step()  # prefill + first decode step
+    eng.step()  # the prefill and its first token (on CPU, no decode step in the same call)
+    eng.step()  # the first decode step
     step_logits = eng.last_logits[0].clone()
     out = [e for e in eng._pending] or []
     seq = eng.scheduler.running[0]
@@ -312,3 +313,16 @@ def test_garbage_in_unwritten_cache_never_leaks(tiny_llama):
     rids2 = [eng.submit(p, SamplingParams(max_tokens=10, ignore_eos=True)) for p in prompts]
     dirty = finished(eng.run_until_done())
     assert [dirty[r].token_ids for r in rids2] == [clean[r].token_ids for r in rids]
+
+
+def test_a_cpu_step_returns_first_tokens_before_any_decode_step(tiny_llama):
+    """On CPU a decode step runs on the host before step() returns: the call that prefills hands
+    the first tokens out without one, so they reach the UI a whole decode step sooner."""
+    eng = make_engine(tiny_llama)
+    assert not eng.pipelined
+    for i in range(2):
+        eng.submit(prompt_of(7 + i, 3, eng.cfg.vocab_size), SamplingParams(max_tokens=4, ignore_eos=True))
+    first = [e for e in eng.step() if isinstance(e, TokenEvent)]
+    assert [e.is_first_token for e in first] == [True, True] and not eng.step_graphs
+    second = [e for e in eng.step() if isinstance(e, TokenEvent)]
+    assert len(second) == 2 and not any(e.is_first_token for e in second) and len(eng.step_graphs) == 1

@@ -399,13 +399,18 @@ class Engine:
         Pipelined (CUDA): when the batch is the one of the step still in flight, the next step is
         launched first, fed the in-flight step's tokens on the device, and the in-flight step is
         read afterwards, so host work overlaps GPU work. Its events then arrive one call later.
+        Not pipelined (CPU): a call that emitted first tokens returns them without a decode step,
+        which would run on the host before the call returns.
         """
         if self._step_delay_s:
             time.sleep(self._step_delay_s)
+        started = False
         if self.scheduler.waiting and self.scheduler.free_slots:
             self._drain()  # host staging and prefill need the in-flight step's tokens
-            self._admit()
-        if self.scheduler.running:
+            started = self._admit()
+        if started and not self._pipelined:
+            pass  # a host-run step would hold the first tokens back by a whole decode step: next call
+        elif self.scheduler.running:
             seqs = list(self.scheduler.running)
             prev = self._inflight
             if prev is not None and self._can_follow(prev, seqs):
@@ -427,9 +432,9 @@ class Engine:
         events, self._pending = self._pending, []
         return events
 
-    def _admit(self) -> None:
+    def _admit(self) -> bool:
         """Prefill the newly admitted requests, each distinct prompt once (engine.admission),
-        and start them with their first tokens."""
+        and start them with their first tokens; whether any was emitted."""
         pending: list[tuple[Sequence, torch.Tensor]] = []
         choose = self._choose_slot if self.reuses_prefixes else None
         for group, logits in self._prefill_groups(share_prompts(self.scheduler.admit(choose))):
@@ -448,6 +453,7 @@ class Engine:
             for (seq, _), token in zip(firsts, ids):
                 self.scheduler.start(seq)
                 self._emit(seq, token, Mode.EAGER, 1, None, None)
+        return bool(firsts)
 
     def run_until_done(self, max_steps: int = 1_000_000) -> list[EngineEvent]:
         out: list[EngineEvent] = []

@@ -43,8 +43,8 @@ from typing import Any
 
 from fgchat.engine import event_pipe
 from fgchat.protocol.errors import FgchatError
-from fgchat.protocol.events import (EngineError, EngineInfo, EngineProgress, RequestNotice, SamplingParams,
-                                    TokenEvent)
+from fgchat.protocol.events import (EngineError, EngineInfo, EngineProgress, RequestFinished, RequestNotice,
+                                    SamplingParams, TokenEvent)
 
 # ---- commands (parent -> engine); plain dataclasses so they pickle -----------------------------
 
@@ -97,6 +97,15 @@ IDLE_POLL_S = 0.5  # how often an idle child checks that its parent still lives
 SEND_INTERVAL_S = 0.008  # token events are sent at most this often while generating (~125/s)
 COMMAND_POLL_S = 0.002  # commands (stop, mode switch) are picked up within this while busy
 MAX_FAILED_STEPS = 3  # steps in a row that raised (each ending its requests) before the engine stops
+
+
+def _progressed(events: list) -> bool:
+    """A step's events show the engine working: a decode step's token, or a request finished
+    other than by an error. A call that only prefilled and emitted first tokens does not count
+    (on CPU it runs no decode step: a decode that always raises would otherwise never stop the
+    engine, each new request's admission clearing the count)."""
+    return any((isinstance(e, TokenEvent) and not e.is_first_token)
+               or (isinstance(e, RequestFinished) and e.summary.finish_reason != "error") for e in events)
 
 
 STARTUP_TRACE_ENV = "FGCHAT_STARTUP_TRACE"
@@ -187,7 +196,7 @@ def serve(
     startup_mark("engine: info sent")  # before send: the UI may handle it before a later mark
     send(first)
     batch: list = []  # token events waiting to be sent (coalesced: IPC per step would add latency)
-    failed_steps = 0  # steps that raised since the last one that did not
+    failed_steps = 0  # steps that raised since the last one that moved a request on (_progressed)
     last_send = last_poll = time.monotonic()
     capture_idle = getattr(engine, "capture_idle", None)
     captured = False  # deferred captures ran since the last EngineInfo
@@ -230,8 +239,10 @@ def serve(
                 send([*batch, *out])
             return
         try:
-            out.extend(engine.step())
-            failed_steps = 0
+            stepped = engine.step()
+            out.extend(stepped)
+            if _progressed(stepped):
+                failed_steps = 0
         except Exception as exc:
             # the step's requests cannot go on; the engine can, from a clean state, unless the
             # device is broken or steps keep failing (then it stops, and says so)
