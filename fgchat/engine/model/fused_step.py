@@ -201,7 +201,7 @@ class FusedStages:
         picks = greedy or (sample is not None and self.head_sample)
         if picks and self.head_ours and x.shape[0] <= gemv.MAX_ROWS:
             sample = None if greedy else sample
-            if self.head_int8 is not None and x.shape[0] <= self.head_pick_rows:  # logits exact only where rescored
+            if self.picks_from_int8(x.shape[0]):  # logits exact only where rescored
                 st.logits, st.tokens = head_pick.pick(x, dec.w.lm_head, self.head_int8, self.head_config,
                                                       pdl=self.after(True), sample=sample)
             else:
@@ -219,11 +219,15 @@ class FusedStages:
         finally:
             self.head_int8 = saved
 
+    def picks_from_int8(self, rows: int) -> bool:
+        """The head's pick for `rows` rows comes from its int8 copy (FGCHAT_HEAD_PICK)."""
+        return self.head_int8 is not None and self.head_ours and rows <= self.head_pick_rows
+
     def pick_logits(self, x: torch.Tensor) -> torch.Tensor | None:
         """Float32 logits [N, V] of normed rows x from the int8 pick: each row's argmax is the exact
         head's (head_pick's invariants), the other logits within its bound; None where the pick
         does not serve N rows (then `logits`)."""
-        if self.head_int8 is None or not self.head_ours or x.shape[0] > self.head_pick_rows:
+        if not self.picks_from_int8(x.shape[0]):
             return None
         logits, _ = head_pick.pick(x, self.dec.w.lm_head, self.head_int8, self.head_config, pdl=self.after(True))
         return logits
