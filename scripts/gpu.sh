@@ -302,6 +302,10 @@ for what in "$@"; do
           timeout 120 python3 tools/decode_after_capture.py --action $action ${CAPTURE_ARGS:-} 2>&1 \
             | grep -E "action|Error" | tee -a "$OUT/decode-after-capture.log"
         done
+        # every kernel module loaded at start: whether loading the capture's kernels late is the cost
+        CUDA_MODULE_LOADING=EAGER timeout 180 python3 tools/decode_after_capture.py --action batch \
+          ${CAPTURE_ARGS:-} 2>&1 | grep -E "action|Error" | sed 's/^/CUDA_MODULE_LOADING=EAGER /' \
+          | tee -a "$OUT/decode-after-capture.log"
       done ;;
     firstturn)  # the first reply's TTFT in eager mode, from a fresh engine: ttft_next_turn (4 processes)
       # and `fgchat generate --mode eager` (2), on the real weights

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import sys
+import time
 
 import pytest
 import torch
@@ -151,12 +152,14 @@ def test_torch_backend_rejects_bad_shapes() -> None:
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("per_lane_window", [512, 1])  # batches gather whole windows / lane by lane
+@pytest.mark.parametrize("half_kernel", [False, True])  # a bf16 cache in float32 copies / as it is
 def test_sdpa_backend_matches_naive_loop_with_poisoned_caches(group: int, head_dim: int, dtype, per_lane_window,
-                                                              monkeypatch) -> None:
+                                                              half_kernel: bool, monkeypatch) -> None:
     # NaN everywhere a lane must not read: past its length, in other slots, past the hint
     monkeypatch.setattr(cpu_sdpa, "PER_LANE_WINDOW", per_lane_window)
+    monkeypatch.setattr(cpu_sdpa, "HALF_PER_LANE_WINDOW", per_lane_window)
     gen = torch.Generator().manual_seed(2000 * group + head_dim)
-    backend = SdpaDecodeAttention()
+    backend = SdpaDecodeAttention(half_kernel)
     for seq_lens in ([1], [97], [1, 50, 97], [13, 1, 64, 97, 2, 96, 40, 7]):
         inputs = make_inputs(len(seq_lens), 2, group, head_dim, 97, seq_lens, dtype, "cpu", gen)
         scale = 1.0 / math.sqrt(head_dim)
@@ -177,9 +180,62 @@ def test_sdpa_batch_routes_give_the_same_bits(dtype, monkeypatch) -> None:
     for per_lane_window in (10**9, 1):
         monkeypatch.setattr(cpu_sdpa, "PER_LANE_WINDOW", per_lane_window)
         out = torch.empty_like(inputs["q"])
-        SdpaDecodeAttention()(**inputs, out=out, scale=0.125, max_len_hint=120)
+        SdpaDecodeAttention(half_kernel=False)(**inputs, out=out, scale=0.125, max_len_hint=120)
         outs.append(out)
     assert torch.equal(outs[0], outs[1])
+
+
+def test_sdpa_half_route_keeps_float32_accuracy() -> None:
+    """A bf16 cache attended in bf16 is as close to a float64 attention of the same inputs as the
+    float32 copies route (both round their output to bf16 once), over long windows and a batch
+    whose lanes take the per-lane calls and the gathered window."""
+    gen = torch.Generator().manual_seed(5)
+    for seq_lens, hint in (([1500], None), ([700, 1, 650, 0, 300], 700), ([90, 17, 64], 90)):
+        inputs = make_inputs(len(seq_lens), 3, 3, 64, 1500, seq_lens, torch.bfloat16, "cpu", gen)
+        want = naive_attention(inputs, 0.125)
+        errs = {}
+        for half in (False, True):
+            out = torch.empty_like(inputs["q"])
+            SdpaDecodeAttention(half)(**inputs, out=out, scale=0.125, max_len_hint=hint)
+            assert torch.isfinite(out).all()
+            errs[half] = float((out.double() - want).abs().max())
+        scale = float(want.abs().max())
+        assert errs[True] <= 1.5 * errs[False] + 1e-3 * scale, (seq_lens, errs)
+        assert errs[True] <= 8e-3 * scale
+
+
+@pytest.mark.parametrize("slow", ["half", "float32"])
+def test_half_kernel_pays_picks_the_faster_route(slow: str, monkeypatch) -> None:
+    """The probe times both routes and takes the half kernel only where it is faster by the margin:
+    a kernel made 5 ms slower for one dtype loses, whatever the machine."""
+    real = torch.nn.functional.scaled_dot_product_attention
+    slow_dtype = torch.bfloat16 if slow == "half" else torch.float32
+
+    def kernel(q, *args, **kwargs):
+        if q.dtype == slow_dtype:
+            time.sleep(0.005)
+        return real(q, *args, **kwargs)
+
+    monkeypatch.setattr(cpu_sdpa.F, "scaled_dot_product_attention", kernel)
+    pays = cpu_sdpa.half_kernel_pays.__wrapped__(torch.bfloat16, 6, 2, 64)
+    assert pays is (slow == "float32")
+    backend = SdpaDecodeAttention()
+    monkeypatch.setattr(cpu_sdpa, "half_kernel_pays", lambda *shape: slow == "float32")
+    assert backend.uses_half_kernel(torch.bfloat16, 6, 2, 64) is (slow == "float32")
+    assert backend.uses_half_kernel(torch.float32, 6, 2, 64) is False
+
+
+def test_cpu_attn_half_switch_reaches_the_backend(monkeypatch) -> None:
+    from fgchat.protocol.tuning import Tuning
+
+    for raw, want in (("", None), ("1", True), ("0", False)):
+        monkeypatch.setenv("FGCHAT_CPU_ATTN_HALF", raw)
+        tuning = Tuning.from_env()
+        assert tuning.cpu_attn_half is want
+        assert get_backend("auto", torch.device("cpu"), tuning).half_kernel is want
+    monkeypatch.setenv("FGCHAT_CPU_ATTN_HALF", "maybe")
+    with pytest.raises(FgchatError, match="FGCHAT_CPU_ATTN_HALF"):
+        Tuning.from_env()
 
 
 def test_sdpa_backend_idle_lanes_give_zeros_and_cuda_is_refused() -> None:

@@ -45,7 +45,7 @@ def get_backend(name: str, device: torch.device, tuning: Tuning | None = None) -
             raise FgchatError(f"the sdpa attention backend serves CPU steps, not {device.type} (use --attention torch)")
         from fgchat.engine.kernels.attention.cpu_sdpa import SdpaDecodeAttention
 
-        return SdpaDecodeAttention()
+        return SdpaDecodeAttention((tuning or Tuning()).cpu_attn_half)
     if name == "triton":
         if device.type != "cuda":
             raise FgchatError(f"the triton attention backend needs a CUDA device, not {device.type} (use --attention torch)")
