@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from textual.app import App
+from textual.widgets._markdown import MarkdownFence
 
 from fgchat.tui.chat_view import reply_status
 from fgchat.tui.histogram import ModeHistograms, binned, robust_edges
@@ -301,3 +302,32 @@ async def test_mode_bar_stays_one_line_and_ctrl_c_says_how_to_quit(tiny_llama, d
         hint = next(text for _, text in app.notices if "to quit" in text)
         assert "ctrl+q" in hint and "[b]" not in hint
         assert app.is_running
+
+
+async def test_a_code_line_wider_than_its_bubble_shows_a_scrollbar(tiny_llama, data_dir):
+    """A reply's code block with a line wider than the bubble keeps the line whole (it scrolls
+    sideways) and shows a horizontal bar; a block that fits shows none."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    store = ChatStore(data_dir / "chats.sqlite3")
+    conv = Conversation("seededcode", title="Code")
+    wide = "print('" + "x" * 150 + "')  # END"
+    store.add_message(conv, StoredMessage("user", "code please"))
+    store.add_message(conv, StoredMessage(
+        "assistant", f"Here:\n\n```python\n{wide}\n```\n\nand short:\n\n```\nok = 1\n```\n",
+        {"finish": "stop", "tokens": 40, "ttft_ms": 10.0, "tpot_ms": 5.0, "rid": 1}))
+    store.close()
+    app = make_app(tiny_llama, thread=True, max_tokens=8)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await wait_ready(pilot, app)
+        await app.chats.open_chat(conv.id)
+        await wait_for(pilot, lambda: app.chats.current.conversation.id == conv.id, "chat reopened")
+        await wait_for(pilot, lambda: len(app.chats.current.query(MarkdownFence)) == 2, "code blocks mounted")
+        await pilot.pause(0.3)
+        wide_fence, short_fence = app.chats.current.query(MarkdownFence)
+        assert wide in wide_fence.code
+        assert wide_fence.max_scroll_x > 0 and wide_fence.horizontal_scrollbar.display
+        assert wide_fence.scrollbar_size_horizontal == 1
+        assert short_fence.max_scroll_x == 0 and not short_fence.show_horizontal_scrollbar
+        wide_fence.scroll_to(x=wide_fence.max_scroll_x, animate=False, immediate=True)
+        await pilot.pause(0.1)
+        assert wide_fence.scroll_x == wide_fence.max_scroll_x > 0
