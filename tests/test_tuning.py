@@ -62,6 +62,7 @@ def test_l2_prefetch_budget_from_environment(monkeypatch):
     ("FGCHAT_RESIDUAL_FP32", "residual_fp32", True),
     ("FGCHAT_PREFILL_GRAPHS", "prefill_graphs", True),
     ("FGCHAT_EAGER_LAUNCH_LIST", "eager_launch_list", True),
+    ("FGCHAT_CPU_MALLOC", "cpu_malloc", True),
     ])
 def test_boolean_switch(monkeypatch, var, field, default):
     monkeypatch.delenv(var, raising=False)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from fgchat.engine.admission import share_prompts
+from fgchat.engine.cpu_malloc import keep_freed_blocks
 from fgchat.engine.kernels import sampling
 from fgchat.engine.kv_cache import NUM_SLOTS, KVCache, choose_max_context
 from fgchat.engine.loader import LoadedModel, load_model, load_random, pick_device, pick_dtype
@@ -76,13 +77,15 @@ class Engine:
         self.config = config
         self.device = pick_device(config.device)
         self.dtype = pick_dtype(config.dtype, self.device)
+        self.tuning = config.tuning if config.tuning is not None else Tuning.from_env()
+        if self.device.type == "cpu" and self.tuning.cpu_malloc:
+            keep_freed_blocks()
         if loaded is None:
             if config.preset:
                 loaded = load_random(config.preset, self.device, self.dtype, config.seed, config.outliers)
             else:
                 loaded = load_model(config.model, self.device, self.dtype)
         self.model = loaded
-        self.tuning = config.tuning if config.tuning is not None else Tuning.from_env()
         self.cfg = loaded.cfg
         self.tokenizer = loaded.tokenizer
         self.notes: list[str] = list(config.notes) + list(loaded.notes)

@@ -21,6 +21,7 @@ EngineConfig (which holds a Tuning) without loading torch.
 | FGCHAT_HEAD_SAMPLE=0 | on | sampled steps pick in separate kernels after the LM head, not in its epilogue |
 | FGCHAT_HEAD_PICK=0/1 | on (CUDA: one row, heads of 128 MB and up) | greedy picks from a low-precision copy of the LM head (CPU bf16, CUDA int8), candidates rescored exactly |
 | FGCHAT_CPU_PACKED=0 | on | CPU: projections through F.linear instead of oneDNN's packed weights |
+| FGCHAT_CPU_MALLOC=0 | on | CPU: glibc's default malloc thresholds (freed blocks of 1-32 MB go back to the OS) |
 | FGCHAT_CPU_ATTN_HALF=0/1 | timed at start | CPU: decode attention of a bf16/fp16 cache in float32 copies (0) or in its own dtype (1) |
 """
 
@@ -108,6 +109,8 @@ class Tuning:
     head_pick: bool | None = None
     # CPU: the plain path's projections through oneDNN's packed weights (model.cpu_linear)
     cpu_packed: bool = True
+    # CPU: freed blocks of up to 32 MB kept by glibc's malloc for reuse (engine.cpu_malloc)
+    cpu_malloc: bool = True
     # CPU decode attention of a half-precision cache in its own dtype (True) or through float32
     # copies (False); None: whichever is faster on this machine (attention.cpu_sdpa.half_kernel_pays)
     cpu_attn_half: bool | None = None
@@ -139,6 +142,7 @@ class Tuning:
             head_sample=_flag("FGCHAT_HEAD_SAMPLE", d.head_sample),
             head_pick=_tristate("FGCHAT_HEAD_PICK", d.head_pick),
             cpu_packed=_flag("FGCHAT_CPU_PACKED", d.cpu_packed),
+            cpu_malloc=_flag("FGCHAT_CPU_MALLOC", d.cpu_malloc),
             cpu_attn_half=_tristate("FGCHAT_CPU_ATTN_HALF", d.cpu_attn_half),
             prefix_reuse=_tristate("FGCHAT_PREFIX_REUSE", d.prefix_reuse),
         )
