@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from fgchat.engine.intmath import cdiv
-from fgchat.engine.model.ops import apply_rope, rms_norm
+from fgchat.engine.model.ops import apply_rope_rolled, rms_norm
 
 if TYPE_CHECKING:
     from fgchat.engine.model.decoder import Decoder
@@ -100,18 +100,20 @@ def _unfused_rows(
     starts = [sum(lens[:j]) for j in range(len(lens))]
     ids = torch.cat([p[0] for p in prompts])
     cos = torch.cat([dec.cos[p0:p0 + t] for p0, t in zip(first, lens)])
-    sin = torch.cat([dec.sin[p0:p0 + t] for p0, t in zip(first, lens)])
+    ssin = torch.cat([dec.ssin[p0:p0 + t] for p0, t in zip(first, lens)])
     real = ids.shape[0]
     n = cpu_prefill_rows(real) if dec.pads_prefill_rows else real
     if n > real:  # padding rows: token 0 at angle 0; row-wise work only, never written or returned
-        ids, cos, sin = F.pad(ids, (0, n - real)), F.pad(cos, (0, 0, 0, n - real)), F.pad(sin, (0, 0, 0, n - real))
+        ids, cos, ssin = F.pad(ids, (0, n - real)), F.pad(cos, (0, 0, 0, n - real)), F.pad(ssin, (0, 0, 0, n - real))
     h = F.embedding(ids, w.embed)
     last = torch.tensor([s0 + t - 1 for s0, t in zip(starts, lens)], device=h.device)
     for i, lw in enumerate(w.layers):
         x = rms_norm(h, lw.attn_norm, c.rms_eps)
         qkv = dec.project(x, i, "qkv")
-        q = apply_rope(qkv[:, : c.q_size].view(n, c.num_heads, c.head_dim), cos, sin)
-        k = apply_rope(qkv[:, c.q_size : c.q_size + c.kv_size].view(n, c.num_kv_heads, c.head_dim), cos, sin)
+        # q and k heads are adjacent in each qkv row: one rotation for both (apply_rope's bits)
+        qk = apply_rope_rolled(qkv[:, : c.q_size + c.kv_size].view(n, c.num_heads + c.num_kv_heads, c.head_dim),
+                               cos, ssin)
+        q, k = qk[:, : c.num_heads], qk[:, c.num_heads:]
         v = qkv[:, c.q_size + c.kv_size :].view(n, c.num_kv_heads, c.head_dim)
         a = torch.empty(n, c.num_heads, c.head_dim, dtype=q.dtype, device=q.device)
         a[real:] = 0
