@@ -602,3 +602,14 @@ def test_recorded_launch_same_bits_as_call(rope, fuse_combine, preload) -> None:
         qkv.copy_(torch.randn(qkv.shape, device="cuda", generator=gen))
         q.copy_(torch.randn(q.shape, device="cuda", generator=gen))
     assert attn._scratch, "eager calls share one scratch pair per plan"
+
+
+def test_the_engine_names_the_cpu_route_it_takes(tiny_llama) -> None:
+    from fgchat.engine.core import Engine, EngineConfig
+    from fgchat.protocol.tuning import Tuning
+
+    for dtype, half, want in (("bfloat16", True, "sdpa (bfloat16)"), ("bfloat16", False, "sdpa (float32 copies)"),
+                              ("float32", True, "sdpa")):
+        eng = Engine(EngineConfig(model=str(tiny_llama), device="cpu", mode="eager", max_context=64, dtype=dtype,
+                                  tuning=Tuning(cpu_attn_half=half), self_check=False))
+        assert eng.info().attention_backend == want

@@ -161,6 +161,8 @@ class Engine:
             attention_is_triton=self.attention_name == "triton",
         )
         self.attention.pdl_entry = entry_pdl and self.attention.pdl
+        c = self.cfg
+        self.attention_label = self.attention.label(self.dtype, c.num_heads, c.num_kv_heads, c.head_dim)
         self.program = StepProgram(self.decoder, self.cache, self.bufs, self.attention)
         self.modes = self._make_modes()
         startup_mark("engine: decode path set up")
@@ -260,7 +262,7 @@ class Engine:
             dtype=str(self.dtype).removeprefix("torch."),
             max_context=self.max_context,
             num_layers=self.cfg.num_layers,
-            attention_backend=self.attention_name,
+            attention_backend=self.attention_label,
             available_modes={str(m): why for m, why in self.modes.unavailable.items()},
             mode=self.mode,
             captures=self.modes.reports,

@@ -48,6 +48,11 @@ class DecodeAttention(ABC):
         max_len_hint: int | None = None,  # host-side bound on seq_lens; eager only, may be ignored
     ) -> None: ...
 
+    def label(self, dtype: torch.dtype, num_q_heads: int, num_kv_heads: int, head_dim: int) -> str:
+        """The backend as EngineInfo names it for a cache of `dtype` and these heads (a backend
+        that picks among routes per machine names the one it takes)."""
+        return self.name
+
     def decode_with_rope(
         self,
         qkv: Tensor,  # [B, (Hq + 2 Hkv) * D]: the current token's q | k | v rows before RoPE

@@ -94,6 +94,12 @@ class SdpaDecodeAttention(DecodeAttention):
             self.half_kernel = half_kernel_pays(dtype, num_q_heads, num_kv_heads, head_dim)
         return self.half_kernel
 
+    def label(self, dtype: torch.dtype, num_q_heads: int, num_kv_heads: int, head_dim: int) -> str:
+        if dtype == torch.float32:
+            return self.name
+        half = self.uses_half_kernel(dtype, num_q_heads, num_kv_heads, head_dim)
+        return f"{self.name} ({str(dtype).removeprefix('torch.') if half else 'float32 copies'})"
+
     def __call__(
         self,
         q: Tensor,
