@@ -25,7 +25,8 @@
 #   source            fetch the sdist (PyPI's simple JSON API), write .llamacpp/src.tgz
 #   wheels            pip download cmake and ninja wheels (manylinux x86_64) to .llamacpp/wheels
 #   build [cpu|cuda]  extract src.tgz under $LLAMACPP_WORK, cmake, build llama-batched-bench only
-#   bench PRESET...   random GGUF per preset (tools/random_gguf.py), llama-batched-bench, JSON
+#   bench PRESET...   random GGUF per preset (tools/random_gguf.py), llama-batched-bench, JSON;
+#                     an argument ending in .gguf is benched as that file (dtype "file")
 # Environment:
 #   LLAMACPP_WORK  where sources, builds and GGUFs go (default /tmp/llamacpp)
 #   OUT            results (default /tmp/llamacpp-out)
@@ -33,6 +34,7 @@
 #   BATCHES        batch sizes (default "1,8"); REPEATS timed runs per batch size after one
 #                  warm-up run (default 3, as fgchat bench); PROMPT (512), NEW (128), CTX (8192)
 #   KIND           build to bench (default: cuda where built, else cpu)
+#   THREADS        llama.cpp's -t / -tb (default: its own choice)
 #   JOBS           build parallelism (default nproc)
 #   LIBCUDA        the driver library to link (default: libcuda.so.1 as ldconfig finds it)
 set -euo pipefail
@@ -274,16 +276,22 @@ bench() {
   for ((i = 0; i < repeats; i++)); do npl+=",$batches"; done
   [[ $kind == cuda ]] && nvidia-smi --query-gpu=name,driver_version --format=csv,noheader || true
   local preset dtype
+  local threads=()
+  [[ -n ${THREADS:-} ]] && threads=(-t "$THREADS" -tb "$THREADS")
   for preset in "$@"; do
-    for dtype in ${DTYPES:-bf16 f16}; do
+    local dtypes=${DTYPES:-bf16 f16}
+    [[ $preset == *.gguf ]] && dtypes=file  # a GGUF file as it is (e.g. a quantized model)
+    for dtype in $dtypes; do
       local gguf=$WORK/gguf/$preset-$dtype.gguf log=$WORK/logs/$preset-$dtype.log
-      if [[ ! -f $gguf ]]; then
+      if [[ $dtype == file ]]; then
+        gguf=$preset; log=$WORK/logs/$(basename "$preset").log
+      elif [[ ! -f $gguf ]]; then
         local t0=$SECONDS
         "$PY" tools/random_gguf.py "$preset" --dtype "$dtype" -o "$gguf.part" && mv "$gguf.part" "$gguf"
         echo "$gguf: $(stat -c %s "$gguf") bytes in $((SECONDS - t0)) s"
       fi
       local cmd=("$bin" -m "$gguf" -c "$ctx" -b 2048 -ub 512 -npp "$pp" -ntg "$tg" -npl "$npl"
-                 -ngl 99 -fa on --output-format jsonl)
+                 -ngl 99 -fa on "${threads[@]}" --output-format jsonl)
       echo "+ ${cmd[*]}" | tee "$log"
       local t0=$SECONDS
       "${cmd[@]}" >> "$log" 2>&1 || { tail -30 "$log"; cat "$log" >> "$out/llamacpp.log"; exit 1; }
