@@ -163,7 +163,8 @@ def test_causal_attention_vs_float32_math(hq, hkv, d, t):
     """The backend SDPA picks for our views, against float32 math on expanded heads."""
     import torch.nn.functional as F
 
-    from fgchat.engine.model.prefill import cache_heads_first, heads_first, sdpa_causal
+    from fgchat.engine.kernels.attention.base import cache_heads_first
+    from fgchat.engine.model.prefill import heads_first, sdpa_causal
 
     g = torch.Generator(device="cuda").manual_seed(t + hq)
     q = torch.randn(t, hq, d, device="cuda", generator=g).bfloat16()

@@ -77,7 +77,8 @@ def attention_routes(cfg, t: int, dtype: torch.dtype) -> None:
     """Causal GQA attention at [T, Hq, D] x [T, Hkv, D] by route; which backend the default picks."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from fgchat.engine.model.prefill import cache_heads_first, heads_first, sdpa_causal
+    from fgchat.engine.kernels.attention.base import cache_heads_first
+    from fgchat.engine.model.prefill import heads_first, sdpa_causal
 
     hq, hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -133,7 +134,8 @@ def attention_routes(cfg, t: int, dtype: torch.dtype) -> None:
 def host_costs(cfg, dtype: torch.dtype, n: int = 300) -> None:
     """Host time per call of prefill's building blocks on 8 rows (GPU work negligible)."""
     from fgchat.engine.kernels import fused as fk
-    from fgchat.engine.model.prefill import cache_heads_first, heads_first, sdpa_causal
+    from fgchat.engine.kernels.attention.base import cache_heads_first
+    from fgchat.engine.model.prefill import heads_first, sdpa_causal
 
     rows, hid, hq, hkv, d = 8, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     dev = torch.device("cuda")

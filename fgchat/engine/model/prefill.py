@@ -219,13 +219,6 @@ def heads_first(x: torch.Tensor) -> torch.Tensor:
     return x.as_strided((1, h, t, d), (t * s0, s1, s0, s2))
 
 
-def cache_heads_first(cache: torch.Tensor, slot: int, t: int) -> torch.Tensor:
-    """Rows [0, t) of one slot of a [S, T, Hkv, D] cache as a [1, Hkv, t, D] view, in one op."""
-    s0, s1, s2, s3 = cache.stride()
-    return cache.as_strided((1, cache.shape[2], t, cache.shape[3]), (s0, s2, s1, s3),
-                            cache.storage_offset() + slot * s0)
-
-
 def sdpa_causal(q4: torch.Tensor, k4: torch.Tensor, v4: torch.Tensor, scale: float) -> torch.Tensor:
     """Causal attention of [1, Hq, T, D] over [1, Hkv, T, D] -> [T, Hq*D].
 

@@ -75,6 +75,13 @@ def cache_window(max_context: int, max_len_hint: int | None) -> int:
     return max_context if max_len_hint is None else max(1, min(int(max_len_hint), max_context))
 
 
+def cache_heads_first(cache: Tensor, slot: int, t: int) -> Tensor:
+    """Rows [0, t) of one slot of a [S, T, Hkv, D] cache as a [1, Hkv, t, D] view, in one op."""
+    s0, s1, s2, s3 = cache.stride()
+    return cache.as_strided((1, cache.shape[2], t, cache.shape[3]), (s0, s2, s1, s3),
+                            cache.storage_offset() + slot * s0)
+
+
 def check_decode_shapes(
     q: Tensor, k_cache: Tensor, v_cache: Tensor, slot_ids: Tensor, seq_lens: Tensor, out: Tensor
 ) -> tuple[int, int, int, int, int]:

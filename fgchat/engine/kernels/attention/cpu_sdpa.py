@@ -37,7 +37,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from fgchat.engine.kernels.attention.base import DecodeAttention, cache_window, check_decode_shapes
+from fgchat.engine.kernels.attention.base import (
+    DecodeAttention,
+    cache_heads_first,
+    cache_window,
+    check_decode_shapes,
+)
 
 PER_LANE_WINDOW = 512
 # half route, batch 8: gathered window + mask 150 / 259 / 437 us, a call per lane 224 / 251 / 363
@@ -76,6 +81,20 @@ def half_kernel_pays(dtype: torch.dtype, num_q_heads: int, num_kv_heads: int, he
                 run()
                 times[name].append(time.perf_counter() - start)
     return statistics.median(times["half"][1:]) * HALF_MARGIN <= statistics.median(times["single"][1:])
+
+
+def _attend_lane(q: Tensor, k_cache: Tensor, v_cache: Tensor, slot: int, n: int, out: Tensor, half: bool,
+                 gqa: bool, scale: float) -> None:
+    """One lane ([1, Hq, D] q and out) over positions [0, n) of its slot, in the fewest calls (views
+    of the cache; float32 copies of a half-precision one unless `half`); n <= 0 gives zeros."""
+    if n <= 0:
+        out.zero_()
+        return
+    k, v = cache_heads_first(k_cache, slot, n), cache_heads_first(v_cache, slot, n)  # [1, Hkv, n, D]
+    q4 = q.unsqueeze(2)
+    if not half and k.dtype != torch.float32:
+        q4, k, v = q4.float(), k.float(), v.float()
+    out.unsqueeze(2).copy_(F.scaled_dot_product_attention(q4, k, v, scale=scale, enable_gqa=gqa))
 
 
 class SdpaDecodeAttention(DecodeAttention):
@@ -124,15 +143,8 @@ class SdpaDecodeAttention(DecodeAttention):
         if batch == 1 or (half and window >= HALF_PER_LANE_WINDOW):
             # each lane's own positions, as views of its slot: nothing to mask
             for lane, (slot, n) in enumerate(zip(slot_ids.tolist(), seq_lens.tolist())):
-                n = min(n, max_context)
-                if n <= 0:
-                    out[lane].zero_()
-                    continue
-                k = k_cache[slot, :n].transpose(0, 1)[None].to(kdt)  # [1, Hkv, n, D]
-                v = v_cache[slot, :n].transpose(0, 1)[None].to(kdt)
-                result = F.scaled_dot_product_attention(q[lane:lane + 1].unsqueeze(2).to(kdt), k, v,
-                                                        scale=scale, enable_gqa=gqa)
-                out[lane].copy_(result.view(num_q_heads, head_dim))
+                _attend_lane(q[lane:lane + 1], k_cache, v_cache, slot, min(n, max_context), out[lane:lane + 1],
+                             half, gqa, scale)
             return
         idx = slot_ids.long()
         lens = seq_lens.long()
