@@ -6,8 +6,9 @@ embedded model). By default glibc serves each of those from a fresh mmap and unm
 (or trims the heap's top), so the next tensor of that size faults in every 4 KB page again: a
 [8000, 3072] bf16 product took 26 ms into a fresh output and 9 ms into a reused one. With the mmap
 threshold at glibc's largest and the heap trimmed only past TRIM_THRESHOLD_BYTES of free space,
-those pages are reused (notes V81). Blocks over 32 MB (the KV cache, weights) are still mapped
-and unmapped as before. The cost: memory freed after a large prefill stays resident.
+the pages of tensors up to 32 MB are reused (notes V81). Larger blocks (the KV cache, weights, and
+that 49 MB output) are still mapped and unmapped as before. The cost: memory freed after a large
+prefill stays resident.
 
 Process-wide, set once by a CPU engine (Tuning.cpu_malloc); a libc without `mallopt` (not glibc)
 is left as it is.

@@ -59,7 +59,8 @@ HALF_MARGIN = 1.25
 def half_kernel_pays(dtype: torch.dtype, num_q_heads: int, num_kv_heads: int, head_dim: int) -> bool:
     """Whether torch's CPU attention kernel on a `dtype` cache beats the float32 copies route by
     HALF_MARGIN on this machine: both routes timed on one lane of PROBE_POSITIONS random positions,
-    alternating, median of PROBE_ROUNDS (~2-5 ms once per process and head shape)."""
+    alternating, median of PROBE_ROUNDS (~20 ms with the kernels' first calls, once per process and
+    head shape)."""
     g = torch.Generator().manual_seed(0)
     n = PROBE_POSITIONS
     q = torch.randn(1, num_q_heads, 1, head_dim, generator=g).to(dtype)
