@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from fgchat.engine.admission import share_prompts
-from fgchat.engine.cpu_malloc import keep_freed_blocks
+from fgchat.engine.cpu_malloc import keep_freed_blocks, release_free_blocks
 from fgchat.engine.kernels import sampling
 from fgchat.engine.kv_cache import NUM_SLOTS, KVCache, choose_max_context
 from fgchat.engine.loader import LoadedModel, load_model, load_random, pick_device, pick_dtype
@@ -78,8 +78,10 @@ class Engine:
         self.device = pick_device(config.device)
         self.dtype = pick_dtype(config.dtype, self.device)
         self.tuning = config.tuning if config.tuning is not None else Tuning.from_env()
-        if self.device.type == "cpu" and self.tuning.cpu_malloc:
-            keep_freed_blocks()
+        # CPU: glibc keeps freed blocks for the next prefill's tensors (engine.cpu_malloc); the
+        # free pages go back to the OS once the engine is idle after a prefill (capture_idle)
+        self._keeps_blocks = self.device.type == "cpu" and self.tuning.cpu_malloc and keep_freed_blocks()
+        self._trim_due = False
         if loaded is None:
             if config.preset:
                 loaded = load_random(config.preset, self.device, self.dtype, config.seed, config.outliers)
@@ -314,6 +316,9 @@ class Engine:
         next step())."""
         if self.has_work():
             return False
+        if self._trim_due:  # no event to report: the loop asks again, for the work below
+            self._trim_due = False
+            release_free_blocks()
         if self.run_startup_check():
             return True
         if not self.modes.capture_next():
@@ -413,6 +418,7 @@ class Engine:
         if self.scheduler.waiting and self.scheduler.free_slots:
             self._drain()  # host staging and prefill need the in-flight step's tokens
             started = self._admit()
+            self._trim_due = self._trim_due or (started and self._keeps_blocks)
         if started and not self._pipelined:
             pass  # a host-run step would hold the first tokens back by a whole decode step: next call
         elif self.scheduler.running:

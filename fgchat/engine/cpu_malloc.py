@@ -8,7 +8,9 @@ embedded model). By default glibc serves each of those from a fresh mmap and unm
 threshold at glibc's largest and the heap trimmed only past TRIM_THRESHOLD_BYTES of free space,
 the pages of tensors up to 32 MB are reused (notes V81). Larger blocks (the KV cache, weights, and
 that 49 MB output) are still mapped and unmapped as before. The cost: memory freed after a large
-prefill stays resident.
+prefill stays resident until `release_free_blocks` hands the heap's free pages back (the engine
+does once it is idle after a prefill; the next prefill faults its pages in once, not at every
+layer).
 
 Process-wide, set once by a CPU engine (Tuning.cpu_malloc); a libc without `mallopt` (not glibc)
 is left as it is.
@@ -34,3 +36,15 @@ def keep_freed_blocks() -> bool:
     mallopt.restype = ctypes.c_int
     return (mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES) == 1
             and mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES) == 1)
+
+
+def release_free_blocks() -> bool:
+    """glibc's malloc_trim(0): the free pages anywhere in the heap go back to the OS (the blocks
+    stay, to be faulted in again on their next use); True when some memory was released."""
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return False
+    trim.argtypes = (ctypes.c_size_t,)
+    trim.restype = ctypes.c_int
+    return trim(0) == 1
