@@ -57,7 +57,7 @@ def prefill(
     if dec.fused:
         return _prefill_fused(dec, ids, slot, k_caches, v_caches, all_logits, greedy)
     h, _ = _unfused_rows(dec, [(ids, slot)], k_caches, v_caches, last_only=not all_logits)
-    x = rms_norm(h if all_logits else h[-1:], dec.w.final_norm, dec.cfg.rms_eps)
+    x = rms_norm(h, dec.w.final_norm, dec.cfg.rms_eps)
     logits = dec.head_logits(x)
     return logits if all_logits else logits[0]
 
@@ -76,8 +76,8 @@ def prefill_many(
     """
     if dec.fused:
         raise ValueError("prefill_many serves the unfused path")
-    h, last = _unfused_rows(dec, prompts, k_caches, v_caches, last_only=True)
-    x = rms_norm(h[last], dec.w.final_norm, dec.cfg.rms_eps)
+    h, _ = _unfused_rows(dec, prompts, k_caches, v_caches, last_only=True)
+    x = rms_norm(h, dec.w.final_norm, dec.cfg.rms_eps)
     return list(dec.head_logits(x).unbind(0))
 
 
@@ -132,8 +132,8 @@ def _unfused_rows(
         x = rms_norm(h, lw.mlp_norm, c.rms_eps)
         g, u = dec.project(x, i, "gate_up").chunk(2, dim=-1)
         h = h + dec.project(F.silu(g) * u, i, "down")
-    if last_only and w.layers:
-        return h, torch.arange(len(lens), device=h.device)
+    if last_only:  # the last layer kept those rows alone (a model without layers: taken here)
+        return (h if w.layers else h[last]), torch.arange(len(lens), device=h.device)
     return h[:real], last
 
 
@@ -191,7 +191,7 @@ def prefill_after(
         h, delta = _fused_layers(dec, ids, pos, slots, None, k_caches, v_caches, after=(slot, first), keep=last)
         return final_logits(dec, h, delta, greedy)[0]
     h, _ = _unfused_rows(dec, [(ids, slot)], k_caches, v_caches, first=[first], last_only=True)
-    return dec.head_logits(rms_norm(h[-1:], dec.w.final_norm, dec.cfg.rms_eps))[0]
+    return dec.head_logits(rms_norm(h, dec.w.final_norm, dec.cfg.rms_eps))[0]
 
 
 def cpu_prefill_rows(n: int) -> int:
