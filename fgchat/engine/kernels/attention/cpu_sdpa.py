@@ -138,8 +138,6 @@ class SdpaDecodeAttention(DecodeAttention):
             raise ValueError("the sdpa decode backend serves CPU steps only")
         gqa = num_q_heads != num_kv_heads
         half = self.uses_half_kernel(k_cache.dtype, num_q_heads, num_kv_heads, head_dim)
-        # the kernel's dtype: .to() copies a half-precision tensor into float32, returns others as they are
-        kdt = k_cache.dtype if half else torch.float32
         window = cache_window(max_context, max_len_hint)
         if batch == 1 or (half and window >= HALF_PER_LANE_WINDOW):
             # each lane's own positions, as views of its slot: nothing to mask
@@ -147,6 +145,8 @@ class SdpaDecodeAttention(DecodeAttention):
                 _attend_lane(q[lane:lane + 1], k_cache, v_cache, slot, min(n, max_context), out[lane:lane + 1],
                              half, gqa, scale)
             return
+        # the kernel's dtype: .to() copies a half-precision tensor into float32, returns others as they are
+        kdt = k_cache.dtype if half else torch.float32
         idx = slot_ids.long()
         lens = seq_lens.long()
         valid = torch.arange(window, device=q.device)[None, :] < lens[:, None]  # [B, W]
