@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -11,6 +12,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 
 import tiny_models  # noqa: E402
+
+# engine processes started by tests serve eagerly on CPU: no background build of the compiled
+# step per test (tests/test_cpu_compiled.py turns it on where it is the subject)
+os.environ.setdefault("FGCHAT_CPU_COMPILE", "0")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -67,6 +67,8 @@ def print_report(result: dict[str, Any], out: TextIO) -> None:
               f"prompt {m['prompt_len']} | output {m['output_len']} | commit {m['commit']}\n")
     if m.get("host_cpu"):
         out.write(f"host CPU (eager and piecewise launch times follow it): {m['host_cpu']}\n")
+    if m.get("cpu_step"):
+        out.write(f"CPU decode step at batch 1: {m['cpu_step']}\n")
     out.write("\n")
     for run in result["runs"]:
         out.write(_block(run, result["captures"]) + "\n\n")

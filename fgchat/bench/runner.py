@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import platform
 import subprocess
+import sys
 import time
 from dataclasses import asdict
 from typing import Any
@@ -94,12 +95,17 @@ def run_all(spec: BenchSpec) -> dict[str, Any]:
 
     need = spec.prompt_len + spec.output_len + 8
     # every round prefills its prompts afresh: no slot's rows from an earlier round are reused
-    tuning = dataclasses.replace(Tuning.from_env(), prefix_reuse=False)
+    # on CPU the compiled batch-1 step, as the chat's and the server's engine run it (built here
+    # once for these weights before any round: ~30 s); FGCHAT_CPU_COMPILE=0 times eager alone
+    tuning = dataclasses.replace(Tuning.from_env(Tuning(cpu_compile=True)), prefix_reuse=False)
     engine = Engine(EngineConfig(
         model=spec.model, preset=spec.preset, device=spec.device, dtype=spec.dtype,
         max_context=spec.max_context or need, mode=Mode.EAGER, attention=spec.attention,
         outliers=spec.outliers, tuning=tuning,
     ))
+    if engine.cpu_step is not None and engine.cpu_step.building:
+        print("building the compiled CPU step (once for these weights)...", file=sys.stderr, flush=True)
+    engine.poll_cpu_step(wait=True)
     if engine.max_context < need:
         from fgchat.protocol.errors import FgchatError
 
@@ -116,6 +122,8 @@ def run_all(spec: BenchSpec) -> dict[str, Any]:
             "pipelined": engine.pipelined,
             "pdl": engine.decoder.pdl,
             "tuning_changed": engine.tuning.changed(),
+            "cpu_step": None if engine.device.type != "cpu" else (
+                "compiled" if engine.program.compiled is not None else "eager"),
             "gc_frozen_objects": frozen,
             "kernel_warmup_s": info.kernel_warmup_s,
             "startup_check": asdict(info.startup_check) if info.startup_check else None,

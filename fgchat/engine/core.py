@@ -11,11 +11,13 @@ from dataclasses import dataclass
 import torch
 
 from fgchat.engine.admission import share_prompts
+from fgchat.engine.cpu_compiled import Builder
 from fgchat.engine.cpu_malloc import keep_freed_blocks, release_free_blocks
 from fgchat.engine.kernels import sampling
 from fgchat.engine.kv_cache import NUM_SLOTS, KVCache, choose_max_context
 from fgchat.engine.loader import LoadedModel, load_model, load_random, pick_device, pick_dtype
 from fgchat.engine.model.decoder import Decoder
+from fgchat.engine.model.resolve import default_cache_root
 from fgchat.engine.modes import GRAPH_MODES, ModeSet
 from fgchat.engine.prefix_reuse import SlotHistory
 from fgchat.engine.process import one_line, startup_mark
@@ -82,6 +84,7 @@ class Engine:
         # free pages go back to the OS once the engine is idle after a prefill (capture_idle)
         self._keeps_blocks = self.device.type == "cpu" and self.tuning.cpu_malloc and keep_freed_blocks()
         self._trim_due = False
+        reloadable = loaded is None  # a child process can load these weights again (cpu_compiled)
         if loaded is None:
             if config.preset:
                 loaded = load_random(config.preset, self.device, self.dtype, config.seed, config.outliers)
@@ -101,6 +104,9 @@ class Engine:
         self.history = SlotHistory(NUM_SLOTS)  # what each slot's rows hold (engine.prefix_reuse)
         self._settled = False  # the work after the deferred captures is done (capture_idle)
         self._build(self._use_fused())
+        self.cpu_step: Builder | None = None
+        if self.device.type == "cpu" and self.tuning.cpu_compile and not self.decoder.fused:
+            self._start_cpu_step(reloadable)
         cuda = self.device.type == "cuda"
         self._pipelined = cuda if self.tuning.pipeline is None else self.tuning.pipeline
         self.keep_logits = False  # keep every collected step's logits in step_logits (tests)
@@ -179,6 +185,47 @@ class Engine:
         else:
             self.modes.capture_all(self.config.self_check)
         startup_mark("engine: warmed and captured")
+
+    def _start_cpu_step(self, reloadable: bool) -> None:
+        """CPU batch-1 steps through the compiled step (engine.cpu_compiled): loaded now where its
+        package exists, else built in a child process while this engine serves eagerly."""
+        c = self.config
+        spec = {"config": {"model": c.model, "preset": c.preset, "seed": c.seed, "outliers": c.outliers,
+                           "dtype": self.dtype_name}, "max_context": self.max_context}
+        try:
+            self.cpu_step = Builder(self.decoder, self.cache.k, self.cache.v, spec, default_cache_root())
+            self.cpu_step.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            self.notes.append(f"compiled CPU step off: {exc}")
+            self.cpu_step = None
+            return
+        if not reloadable and not self.cpu_step.path.is_file():
+            self.cpu_step = None  # weights handed in: no child could load them
+            return
+        self.cpu_step.start()
+        if self.cpu_step.building:
+            self.notes.append("compiling the CPU step in the background (once for these weights, "
+                              "~30 s on two cores); eager until it is ready")
+        elif self.cpu_step.failed:
+            self.notes.append(f"compiled CPU step off: {self.cpu_step.failed}")
+        elif not self.tuning.idle_capture:  # else loaded while idle (~1 s), like deferred captures
+            self.poll_cpu_step()
+
+    def poll_cpu_step(self, wait: bool = False) -> bool:
+        """Loads the compiled CPU step once its package is there (wait: until its build is done);
+        True when this call loaded it or found it failed (the next step() sends an EngineInfo)."""
+        if self.cpu_step is None or not self.cpu_step.pending:
+            return False
+        step = self.cpu_step.poll(wait)
+        if step is not None:
+            self.program.compiled = step
+            self.notes.append("batch-1 steps run the compiled CPU step")
+        elif self.cpu_step.failed:
+            self.notes.append(f"compiled CPU step off: {self.cpu_step.failed}")
+        else:
+            return False
+        self._info_due = True
+        return True
 
     def _make_modes(self) -> ModeSet:
         return ModeSet(self.program, self.tuning, self.notes.append)
@@ -319,6 +366,8 @@ class Engine:
         if self._trim_due:  # no event to report: the loop asks again, for the work below
             self._trim_due = False
             release_free_blocks()
+        if self.poll_cpu_step():
+            return True
         if self.run_startup_check():
             return True
         if not self.modes.capture_next():

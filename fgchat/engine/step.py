@@ -23,6 +23,7 @@ from fgchat.engine.kv_cache import NUM_SLOTS, KVCache
 from fgchat.engine.model.decoder import Decoder, StepState
 
 if TYPE_CHECKING:
+    from fgchat.engine.cpu_compiled import CompiledStep
     from fgchat.engine.kernels.megakernel import DecodeLayers
 
 # rows of the packed int64 staging tensor
@@ -140,6 +141,8 @@ class StepProgram:
         self.counts, self.prompt_mask = penalties.alloc_state(NUM_SLOTS, decoder.cfg.vocab_size, bufs.device)
         # host-side bound of seq_lens for eager CPU steps (lets the torch backend slice the cache)
         self.max_len_hint: int | None = None
+        # CPU: batch-1 steps through one compiled function (engine.cpu_compiled) once it is loaded
+        self.compiled: CompiledStep | None = None
 
     def pieces(self, b: int, variant: int) -> tuple[list[Piece], list[Callable[[StepState], None]]]:
         """Returns (pieces, attentions): run pieces[0], attentions[0], pieces[1], ..., pieces[L].
@@ -246,7 +249,12 @@ class StepProgram:
 
     def run_eager(self, b: int, variant: int) -> StepOutputs:
         st = StepState()
-        run_pieces(st, *self.pieces(b, variant))
+        if b == 1 and self.compiled is not None:
+            di = self.bufs.dev_i
+            st.h = self.compiled.run(di[ROW_IDS, :1], di[ROW_POS, :1], di[ROW_SLOT, :1])
+            self._finish(st, 1, Variant(variant))
+        else:
+            run_pieces(st, *self.pieces(b, variant))
         return StepOutputs(st.tokens, st.logits)
 
 

@@ -95,6 +95,9 @@ class Tuning:
     # prompts admitted together as one padded batch (model.prefill.batch_bucket), a CUDA graph per
     # shape in full mode (notes: decode-step.md, V33); fused decoders only
     prefill_batch_route: bool = True
+    # after a capture, the graphs captured before it uploaded to the device again (cuGraphUpload):
+    # a later capture slowed earlier decode graphs' replays by 20-30 us a step (notes V19, V78)
+    graph_reupload: bool = False
     # capture only the first mode's batch-1 graph before the engine is ready, the rest while idle
     # (start-up; notes: startup.md). Off for an Engine used directly (bench, generate, tests: every
     # graph captured at start); the engine process turns it on (process.engine_process_config),
@@ -111,6 +114,10 @@ class Tuning:
     cpu_packed: bool = True
     # CPU: freed blocks of up to 32 MB kept by glibc's malloc for reuse (engine.cpu_malloc)
     cpu_malloc: bool = True
+    # CPU: batch-1 decode steps through one compiled function (engine.cpu_compiled), built once per
+    # weights in a child process while the engine serves eagerly. Off for an Engine used directly
+    # (tests, bench, generate); the engine process turns it on (process.engine_process_config)
+    cpu_compile: bool = False
     # CPU decode attention of a half-precision cache in its own dtype (True) or through float32
     # copies (False); None: whichever is faster on this machine (attention.cpu_sdpa.half_kernel_pays)
     cpu_attn_half: bool | None = None
@@ -138,11 +145,13 @@ class Tuning:
             eager_launch_list=_flag("FGCHAT_EAGER_LAUNCH_LIST", d.eager_launch_list),
             batched_prefill=_flag("FGCHAT_BATCHED_PREFILL", d.batched_prefill),
             prefill_batch_route=_flag("FGCHAT_PREFILL_BATCH_ROUTE", d.prefill_batch_route),
+            graph_reupload=_flag("FGCHAT_GRAPH_REUPLOAD", d.graph_reupload),
             idle_capture=_flag("FGCHAT_IDLE_CAPTURE", d.idle_capture),
             head_sample=_flag("FGCHAT_HEAD_SAMPLE", d.head_sample),
             head_pick=_tristate("FGCHAT_HEAD_PICK", d.head_pick),
             cpu_packed=_flag("FGCHAT_CPU_PACKED", d.cpu_packed),
             cpu_malloc=_flag("FGCHAT_CPU_MALLOC", d.cpu_malloc),
+            cpu_compile=_flag("FGCHAT_CPU_COMPILE", d.cpu_compile),
             cpu_attn_half=_tristate("FGCHAT_CPU_ATTN_HALF", d.cpu_attn_half),
             prefix_reuse=_tristate("FGCHAT_PREFIX_REUSE", d.prefix_reuse),
         )

@@ -1,0 +1,294 @@
+"""The CPU decode step of one sequence as one natively compiled function (AOTInductor): every
+layer's norms, products, RoPE, cache writes and attention in generated C++ that calls oneDNN's
+packed products directly, instead of ~1,200 torch calls from Python a step.
+
+Why: between two packed products a step's small torch calls run on caches the product's weight
+stream just evicted (notes: decode-step.md, session 34), so a step spent ~8 ms on them against
+~3 ms when they run alone. One compiled function has no calls between products.
+
+The package is built once per (weights, dtype, cache shape, torch, CPU) by `build_package` in a
+process of its own (`python -m fgchat.engine.cpu_compiled SPEC`: ~30 s on two cores for the
+embedded model) and kept in the cache directory; an engine loads it in under a second.
+
+Invariants:
+- the package's key hashes the weights themselves (a sample of every tensor's values, all shapes),
+  the cache shape, the dtype, torch's version, this file's source and the CPU's flags: a package
+  is never used for other weights or another build;
+- a package is written only after its step matched the eager decoder's logits on a probe prompt
+  (within `PROBE_TOLERANCE` of their largest value) and picked the same token; written to a
+  temporary name, then renamed, so a reader never sees a partial file;
+- the compiled step reads and writes the engine's K/V cache in place: rows [0, pos] of the slot,
+  row pos written first, exactly what the eager step touches.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+
+from fgchat.engine.model.ops import apply_rope_rolled, rms_norm
+
+if TYPE_CHECKING:
+    from fgchat.engine.model.decoder import Decoder
+
+# packages kept in the cache directory (the most recently used): one per weights and cache shape,
+# ~1x the weights' bytes each
+KEEP_PACKAGES = 3
+# logits of the compiled step may differ from eager's by bf16 roundings the fused code skips
+PROBE_TOLERANCE = 0.03
+
+
+def compiler_available() -> bool:
+    """A C++ compiler inductor can call (its default, `c++`/`g++`/`clang++`)."""
+    return any(shutil.which(c) for c in (os.environ.get("CXX", ""), "c++", "g++", "clang++") if c)
+
+
+def fingerprint(dec: Decoder, cache_shape: tuple[int, ...]) -> str:
+    """The package key (see the module's invariants)."""
+    h = hashlib.sha256()
+    w = dec.w
+    tensors = [w.embed, w.final_norm, w.lm_head]
+    for lw in w.layers:
+        tensors += [lw.attn_norm, lw.wqkv, lw.wo, lw.mlp_norm, lw.w_gate_up, lw.w_down]
+        if lw.bqkv is not None:
+            tensors.append(lw.bqkv)
+    for t in tensors:
+        flat = t.reshape(-1)
+        sample = flat[:: max(1, flat.numel() // 4096)].float().contiguous()
+        h.update(repr((tuple(t.shape), str(t.dtype))).encode())
+        h.update(sample.numpy().tobytes())
+    flags = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith("flags")), "")
+    except OSError:
+        pass
+    h.update(repr((cache_shape, dec.cfg.rms_eps, torch.__version__, flags)).encode())
+    h.update(Path(__file__).read_bytes())
+    return h.hexdigest()[:24]
+
+
+def package_path(root: Path, key: str) -> Path:
+    return root / "cpu-step" / f"{key}.pt2"
+
+
+def prune(folder: Path, keep: int = KEEP_PACKAGES) -> None:
+    """Removes all but the `keep` most recently used packages (and their spec and log files)."""
+    packages = sorted(folder.glob("*.pt2"), key=lambda p: p.stat().st_mtime, reverse=True)
+    for old in packages[keep:]:
+        for f in (old, old.with_suffix(".json"), old.with_suffix(".log")):
+            f.unlink(missing_ok=True)
+
+
+class _Step(torch.nn.Module):
+    """One decode step of one sequence over the engine's caches: (ids [1], pos [1], slot [1],
+    K_0..K_{L-1}, V_0..V_{L-1}) -> the residual stream [1, H] before the final norm."""
+
+    def __init__(self, dec: Decoder) -> None:
+        super().__init__()
+        c = dec.cfg
+        self.c = c
+        self.scale = dec.scale
+        self.register_buffer("embed", dec.w.embed)
+        self.register_buffer("cos", dec.cos)
+        self.register_buffer("ssin", dec.ssin)
+        self.lin = torch.nn.ModuleList()
+        for i, lw in enumerate(dec.w.layers):
+            self.register_buffer(f"attn_norm{i}", lw.attn_norm)
+            self.register_buffer(f"mlp_norm{i}", lw.mlp_norm)
+            for w, b in ((lw.wqkv, lw.bqkv), (lw.wo, None), (lw.w_gate_up, None), (lw.w_down, None)):
+                m = torch.nn.Linear(w.shape[1], w.shape[0], bias=b is not None, dtype=w.dtype)
+                m.weight = torch.nn.Parameter(w, requires_grad=False)
+                if b is not None:
+                    m.bias = torch.nn.Parameter(b, requires_grad=False)
+                self.lin.append(m)
+
+    def forward(self, ids: torch.Tensor, pos: torch.Tensor, slot: torch.Tensor, *kv: torch.Tensor) -> torch.Tensor:
+        c = self.c
+        n_layers = len(kv) // 2
+        slots, length = kv[0].shape[0], kv[0].shape[1]
+        p, s = pos.item(), slot.item()
+        torch._check(p >= 0)
+        torch._check(p < length)
+        torch._check(s >= 0)
+        torch._check(s < slots)
+        nh, nkv, d = c.num_heads, c.num_kv_heads, c.head_dim
+        qk_end = c.q_size + c.kv_size
+        h = F.embedding(ids, self.embed)
+        cos, ssin = self.cos[pos], self.ssin[pos]
+        for i in range(n_layers):
+            k_cache, v_cache = kv[i], kv[n_layers + i]
+            x = rms_norm(h, getattr(self, f"attn_norm{i}"), c.rms_eps)
+            qkv = self.lin[4 * i](x)
+            qk = apply_rope_rolled(qkv[:, :qk_end].view(1, nh + nkv, d), cos, ssin)
+            k_cache.index_put_((slot, pos), qk[:, nh:])
+            v_cache.index_put_((slot, pos), qkv[:, qk_end:].view(1, nkv, d))
+            k = k_cache[s, : p + 1].permute(1, 0, 2).unsqueeze(0)
+            v = v_cache[s, : p + 1].permute(1, 0, 2).unsqueeze(0)
+            q = qk[:, :nh].unsqueeze(2)  # [1, nh, 1, d]
+            a = F.scaled_dot_product_attention(q, k, v, scale=self.scale, enable_gqa=nh != nkv)
+            h = h + self.lin[4 * i + 1](a.reshape(1, c.q_size))
+            x = rms_norm(h, getattr(self, f"mlp_norm{i}"), c.rms_eps)
+            g, u = self.lin[4 * i + 2](x).chunk(2, dim=-1)
+            h = h + self.lin[4 * i + 3](F.silu(g) * u)
+        return h
+
+
+class CompiledStep:
+    """A loaded package: `run(ids, pos, slot)` -> h [1, H] (the caches are bound at load)."""
+
+    def __init__(self, fn, caches: list[torch.Tensor]) -> None:  # noqa: ANN001
+        self._fn = fn
+        self._caches = caches
+
+    def run(self, ids: torch.Tensor, pos: torch.Tensor, slot: torch.Tensor) -> torch.Tensor:
+        return self._fn(ids, pos, slot, *self._caches)
+
+
+def load(path: Path, k_caches: list[torch.Tensor], v_caches: list[torch.Tensor]) -> CompiledStep:
+    fn = torch._inductor.aoti_load_package(str(path))
+    return CompiledStep(fn, list(k_caches) + list(v_caches))
+
+
+def build_package(dec: Decoder, k_caches: list[torch.Tensor], v_caches: list[torch.Tensor], path: Path) -> None:
+    """Export and compile the step, check it against the eager decoder on a probe prompt in slot 0
+    (its rows are overwritten), then write the package to `path`. Raises RuntimeError when the
+    check fails."""
+    import torch._inductor.config as inductor_config
+
+    caches = list(k_caches) + list(v_caches)
+    module = _Step(dec).eval()
+    example = (torch.tensor([1]), torch.tensor([0]), torch.tensor([0]), *caches)
+    with torch.inference_mode(False), torch.no_grad():
+        exported = torch.export.export(module, example, strict=False)
+        inductor_config.freezing = True  # weights become constants: products are oneDNN-packed
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp.pt2")
+        torch._inductor.aoti_compile_and_package(exported, package_path=str(tmp))
+    try:
+        check(dec, load(tmp, k_caches, v_caches), k_caches, v_caches)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+@torch.inference_mode()
+def check(dec: Decoder, step: CompiledStep, k_caches: list[torch.Tensor], v_caches: list[torch.Tensor]) -> None:
+    """The compiled step after an eager prefill of a probe prompt against the eager prefill of the
+    prompt one token longer: logits within PROBE_TOLERANCE of their largest value, same argmax."""
+    vocab = dec.cfg.vocab_size
+    g = torch.Generator().manual_seed(7)
+    ids = torch.randint(0, vocab, (24,), generator=g)
+    want = dec.prefill(ids, 0, k_caches, v_caches)
+    dec.prefill(ids[:-1], 0, k_caches, v_caches)
+    h = step.run(ids[-1:], torch.tensor([len(ids) - 1]), torch.tensor([0]))
+    got = dec.head_logits(rms_norm(h, dec.w.final_norm, dec.cfg.rms_eps))[0]
+    scale = float(want.abs().max())
+    err = float((got.float() - want.float()).abs().max())
+    if not torch.isfinite(got).all() or err > PROBE_TOLERANCE * scale or int(got.argmax()) != int(want.argmax()):
+        raise RuntimeError(f"the compiled step left the eager decoder's logits by {err:.4g} (largest {scale:.4g})")
+
+
+def main(argv: list[str]) -> int:
+    """The child process: SPEC is a JSON file {"config": EngineConfig fields, "max_context": T,
+    "path": where to write, "key": the engine's fingerprint}. Exits 0 when the package exists."""
+    spec = json.loads(Path(argv[0]).read_text())
+    os.nice(10)  # beside an engine that is serving eagerly
+    from fgchat.engine.kv_cache import KVCache
+    from fgchat.engine.loader import load_model, load_random, pick_dtype
+    from fgchat.engine.model.decoder import Decoder
+    from fgchat.protocol.tuning import Tuning
+
+    cfg = spec["config"]
+    device = torch.device("cpu")
+    dtype = pick_dtype(cfg["dtype"], device)
+    if cfg.get("preset"):
+        loaded = load_random(cfg["preset"], device, dtype, cfg.get("seed", 0), cfg.get("outliers", 0.0))
+    else:
+        loaded = load_model(cfg.get("model"), device, dtype)
+    dec = Decoder(loaded.cfg, loaded.weights, spec["max_context"], False, Tuning())
+    cache = KVCache(loaded.cfg, spec["max_context"], device, dtype)
+    key = fingerprint(dec, tuple(cache.k[0].shape))
+    if key != spec["key"]:
+        print(f"cpu step: the weights loaded here differ from the engine's ({key} != {spec['key']})", file=sys.stderr)
+        return 2
+    build_package(dec, cache.k, cache.v, Path(spec["path"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
+
+
+class Builder:
+    """An engine's compiled step: its package loaded where it exists, else built by a child
+    process (`main`) while the engine serves eagerly; `poll()` loads it when it is there."""
+
+    def __init__(self, dec: Decoder, k_caches: list[torch.Tensor], v_caches: list[torch.Tensor],
+                 spec: dict, root: Path) -> None:
+        self.k, self.v = k_caches, v_caches
+        self.key = fingerprint(dec, tuple(k_caches[0].shape))
+        self.path = package_path(root, self.key)
+        self.spec = {**spec, "key": self.key, "path": str(self.path)}
+        self.proc = None
+        self.failed: str | None = None
+        self.log = self.path.with_suffix(".log")
+        self._load_due = False
+
+    def start(self) -> None:
+        """A package to load at the next poll where it exists; else the child is started."""
+        if self.path.is_file():
+            self._load_due = True
+            return
+        if not compiler_available():
+            self.failed = "no C++ compiler (c++, g++ or clang++) on PATH"
+            return
+        import subprocess
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        prune(self.path.parent, KEEP_PACKAGES - 1)  # room for the one this child writes
+        spec_file = self.path.with_suffix(".json")
+        spec_file.write_text(json.dumps(self.spec))
+        with open(self.log, "wb") as log:
+            self.proc = subprocess.Popen([sys.executable, "-m", "fgchat.engine.cpu_compiled", str(spec_file)],
+                                         stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+    @property
+    def building(self) -> bool:
+        return self.proc is not None
+
+    @property
+    def pending(self) -> bool:
+        """A poll has something to do: a package to load or a child to wait for."""
+        return self._load_due or self.proc is not None
+
+    def poll(self, wait: bool = False) -> CompiledStep | None:
+        """The loaded step once its package is there (wait: until the child has ended)."""
+        if self.proc is not None:
+            rc = self.proc.wait() if wait else self.proc.poll()
+            if rc is None:
+                return None
+            self.proc = None
+            if rc != 0 or not self.path.is_file():
+                tail = self.log.read_text(errors="replace").strip().splitlines()[-1:] if self.log.is_file() else []
+                self.failed = f"its build exited {rc}: {tail[0] if tail else 'no output'} (log: {self.log})"
+                return None
+            self._load_due = True
+        if not self._load_due:
+            return None
+        self._load_due = False
+        try:
+            self.path.touch()  # recently used: kept by prune
+            return load(self.path, self.k, self.v)
+        except (RuntimeError, OSError) as exc:  # a package this torch cannot load: built again next time
+            self.failed = f"cannot load {self.path}: {exc}"
+            self.path.unlink(missing_ok=True)
+            return None
