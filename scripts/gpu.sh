@@ -306,6 +306,10 @@ for what in "$@"; do
         CUDA_MODULE_LOADING=EAGER timeout 180 python3 tools/decode_after_capture.py --action batch \
           ${CAPTURE_ARGS:-} 2>&1 | grep -E "action|Error" | sed 's/^/CUDA_MODULE_LOADING=EAGER /' \
           | tee -a "$OUT/decode-after-capture.log"
+        # the engine's remedy: each capture uploads the graphs captured before it again
+        FGCHAT_GRAPH_REUPLOAD=1 timeout 120 python3 tools/decode_after_capture.py --action batch \
+          ${CAPTURE_ARGS:-} 2>&1 | grep -E "action|Error" | sed 's/^/FGCHAT_GRAPH_REUPLOAD=1 /' \
+          | tee -a "$OUT/decode-after-capture.log"
       done ;;
     firstturn)  # the first reply's TTFT in eager mode, from a fresh engine: ttft_next_turn (4 processes)
       # and `fgchat generate --mode eager` (2), on the real weights

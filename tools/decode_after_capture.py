@@ -15,6 +15,8 @@ graphs until the action. Actions (--action; one per process, alternate them acro
                  bucket past BATCH_MAX_T is refused by batch_bucket, not by run_batch)
   batch-upload   batch, then every full-mode decode graph uploaded again (cuGraphUpload on the
                  capture stream): whether a later graph costs the decode graphs their upload
+With FGCHAT_GRAPH_REUPLOAD=1 the engine's own capture uploads the earlier graphs again after
+the prefill and batch actions (Tuning.graph_reupload).
 Prints the median decode GPU ms per step (batch --batch, --tokens per request) of --rounds
 rounds before and after the action, and the change.
 
@@ -96,20 +98,11 @@ def act(eng, action: str) -> None:  # noqa: ANN001
 
 
 def upload_decode_graphs(eng) -> None:  # noqa: ANN001
-    """cuGraphUpload of every full-mode decode graph on the current stream (the driver call
-    torch does not offer)."""
-    import ctypes
-
-    from fgchat.engine import cuda_driver
+    """Every full-mode decode graph uploaded again (GraphCapture.upload: cuGraphUpload, the driver
+    call torch does not offer)."""
     from fgchat.protocol.events import Mode
 
-    lib = cuda_driver.open_driver()
-    stream = torch.cuda.current_stream().cuda_stream
-    for g in eng.modes.modes[Mode.FULL].graphs.values():
-        rc = lib.cuGraphUpload(ctypes.c_void_p(g.graph.raw_cuda_graph_exec()), ctypes.c_void_p(stream))
-        if rc != 0:
-            raise RuntimeError(f"cuGraphUpload failed: {rc}")
-    torch.cuda.synchronize()
+    eng.modes.cap.upload([g.graph for g in eng.modes.modes[Mode.FULL].graphs.values()])
 
 
 def main() -> None:

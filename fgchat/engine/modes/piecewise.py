@@ -56,7 +56,7 @@ class PiecewiseMode(GraphMode):
         graphs, states = [], []
         st = StepState()
         for piece in pieces:
-            g = torch.cuda.CUDAGraph()
+            g = cap.new_graph()
             with torch.cuda.graph(g, pool=cap.pool, stream=cap.stream):
                 piece(st)
             graphs.append(g)
