@@ -69,12 +69,12 @@ def test_engine_builds_the_step_in_a_child_then_loads_it_and_reuses_it(tiny_llam
     cfg = EngineConfig(model=str(tiny_llama), device="cpu", dtype="float32", max_context=256,
                        tuning=Tuning(cpu_compile=True))
     eng = Engine(cfg)
-    assert eng.cpu_step is not None and eng.cpu_step.building
+    assert eng.cpu_step is not None and eng.cpu_step.building and eng.info().cpu_step == "compiling"
     assert any("compiling the CPU step" in n for n in eng.notes)
     prompt = prompt_of(11, 5, eng.cfg.vocab_size)
     eager = tokens(eng, prompt)
     assert eng.poll_cpu_step(wait=True), eng.cpu_step.failed
-    assert eng.program.compiled is not None
+    assert eng.program.compiled is not None and eng.info().cpu_step == "compiled"
     hf = transformers.AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.float32).eval()
     with torch.no_grad():
         want = hf.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False, eos_token_id=None,
@@ -98,7 +98,7 @@ def test_without_a_compiler_the_engine_says_so_and_stays_eager(tiny_llama, tmp_p
     monkeypatch.setattr(cpu_compiled, "compiler_available", lambda: False)
     eng = Engine(EngineConfig(model=str(tiny_llama), device="cpu", dtype="float32", max_context=256,
                               tuning=Tuning(cpu_compile=True)))
-    assert eng.program.compiled is None and not eng.cpu_step.building
+    assert eng.program.compiled is None and not eng.cpu_step.building and eng.info().cpu_step == "eager"
     assert any(n.startswith("compiled CPU step off: no C++ compiler") for n in eng.notes)
     assert len(tokens(eng, prompt_of(5, 1, eng.cfg.vocab_size), 4)) == 4
 
@@ -139,8 +139,12 @@ def test_the_engine_loop_loads_the_built_step_while_idle_and_says_so(tiny_llama,
     eng = engines[0]
     assert eng.program.compiled is not None, eng.notes
     infos = [e for batch in sent for e in batch if isinstance(e, EngineInfo)]
-    assert any("compiling the CPU step" in n for n in infos[0].notes)
-    assert "batch-1 steps run the compiled CPU step" in infos[-1].notes
+    assert any("compiling the CPU step" in n for n in infos[0].notes) and infos[0].cpu_step == "compiling"
+    assert "batch-1 steps run the compiled CPU step" in infos[-1].notes and infos[-1].cpu_step == "compiled"
+    from fgchat.tui.latency_panel import LatencyPanel, PanelView
+
+    shown = [str(LatencyPanel._engine_info(PanelView(info=i, engine_state="ready"))) for i in (infos[0], infos[-1])]
+    assert "compiling step…" in shown[0] and "compiled step" in shown[1]
     calls = []
     run = eng.program.compiled.run
     eng.program.compiled.run = lambda *a: calls.append(1) or run(*a)
@@ -156,3 +160,17 @@ def test_prune_keeps_the_most_recently_used_packages(tmp_path):
         os.utime(tmp_path / f"k{i}.pt2", (1000 + i, 1000 + i))
     cpu_compiled.prune(tmp_path, keep=2)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["k3.json", "k3.log", "k3.pt2", "k4.json", "k4.log", "k4.pt2"]
+
+
+def test_a_build_that_failed_is_not_tried_again_for_the_same_weights(tiny_llama, tmp_path, monkeypatch):
+    monkeypatch.setenv("FGCHAT_CACHE_DIR", str(tmp_path))
+    cfg = EngineConfig(model=str(tiny_llama), device="cpu", dtype="float32", max_context=256,
+                       tuning=Tuning(cpu_compile=True))
+    probe = Engine(EngineConfig(model=str(tiny_llama), device="cpu", dtype="float32", max_context=256))
+    key = cpu_compiled.fingerprint(probe.decoder, tuple(probe.cache.k[0].shape))
+    marker = cpu_compiled.package_path(tmp_path, key).with_suffix(".failed")
+    marker.parent.mkdir(parents=True)
+    marker.write_text("RuntimeError: the compiled step left the eager decoder's logits")
+    eng = Engine(cfg)
+    assert not eng.cpu_step.building and eng.info().cpu_step == "eager"
+    assert any(n.startswith("compiled CPU step off: its build failed before: RuntimeError") for n in eng.notes)

@@ -321,7 +321,15 @@ class Engine:
             startup_check_pending=self._check_pending,
             sampling_defaults=SamplingParams.from_generation_config(self.model.generation_config),
             sampling_source="generation_config.json" if self.model.generation_config else "",
+            cpu_step=self._cpu_step_state(),
         )
+
+    def _cpu_step_state(self) -> str:
+        if self.device.type != "cpu":
+            return ""
+        if self.program.compiled is not None:
+            return "compiled"
+        return "compiling" if self.cpu_step is not None and self.cpu_step.building else "eager"
 
     @property
     def stop_ids(self) -> frozenset[int]:
