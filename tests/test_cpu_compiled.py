@@ -174,3 +174,27 @@ def test_a_build_that_failed_is_not_tried_again_for_the_same_weights(tiny_llama,
     eng = Engine(cfg)
     assert not eng.cpu_step.building and eng.info().cpu_step == "eager"
     assert any(n.startswith("compiled CPU step off: its build failed before: RuntimeError") for n in eng.notes)
+
+
+@pytest.mark.timeout(240)
+async def test_the_console_shows_the_step_compiling_then_compiled_and_a_reply_runs_it(
+        tiny_llama, tmp_path, monkeypatch):
+    """The real app with its engine process (Pilot): the engine line says the CPU step is being
+    compiled, then that it runs compiled, and a chat reply streams after that."""
+    from tests.test_tui import make_app, panel, type_prompt, wait_for, wait_ready
+
+    monkeypatch.setenv("FGCHAT_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("FGCHAT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("FGCHAT_CPU_COMPILE", "1")  # the engine process inherits it
+    app = make_app(tiny_llama, max_tokens=24, max_context=256)
+    async with app.run_test(size=(140, 40)) as pilot:
+        await wait_ready(pilot, app)
+        await wait_for(pilot, lambda: "compiling step…" in panel(app).text_of("engine-info"),
+                       "the engine line saying the step is being compiled", 10)
+        await wait_for(pilot, lambda: "compiled step" in panel(app).text_of("engine-info"),
+                       "the compiled step loaded", 180)
+        assert app.link.info.cpu_step == "compiled"
+        conv = app.chats.current.conversation
+        await type_prompt(pilot, "Hello there")
+        await wait_for(pilot, lambda: len(conv.messages) == 2 and not app.replies, "the reply", 60)
+        assert conv.messages[-1].meta["tokens"] == 24 and conv.messages[-1].content
