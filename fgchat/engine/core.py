@@ -205,7 +205,7 @@ class Engine:
         self.cpu_step.start()
         if self.cpu_step.building:
             self.notes.append("compiling the CPU step in the background (once for these weights, "
-                              "~30 s on two cores); eager until it is ready")
+                              "~40 s on two cores); eager until it is ready")
         elif self.cpu_step.failed:
             self.notes.append(f"compiled CPU step off: {self.cpu_step.failed}")
         elif not self.tuning.idle_capture:  # else loaded while idle (~1 s), like deferred captures

@@ -7,7 +7,7 @@ stream just evicted (notes: decode-step.md, session 34), so a step spent ~8 ms o
 ~3 ms when they run alone. One compiled function has no calls between products.
 
 The package is built once per (weights, dtype, cache shape, torch, CPU) by `build_package` in a
-process of its own (`python -m fgchat.engine.cpu_compiled SPEC`: ~30 s on two cores for the
+process of its own (`python -m fgchat.engine.cpu_compiled SPEC`: ~40 s on two cores for the
 embedded model) and kept in the cache directory; an engine loads it in under a second.
 
 Invariants:
