@@ -198,3 +198,14 @@ async def test_the_console_shows_the_step_compiling_then_compiled_and_a_reply_ru
         await type_prompt(pilot, "Hello there")
         await wait_for(pilot, lambda: len(conv.messages) == 2 and not app.replies, "the reply", 60)
         assert conv.messages[-1].meta["tokens"] == 24 and conv.messages[-1].content
+
+
+def test_an_unwritable_cache_directory_leaves_the_engine_eager_with_one_note(tiny_llama, tmp_path, monkeypatch):
+    blocked = tmp_path / "file"
+    blocked.write_text("not a directory")
+    monkeypatch.setenv("FGCHAT_CACHE_DIR", str(blocked))
+    eng = Engine(EngineConfig(model=str(tiny_llama), device="cpu", dtype="float32", max_context=256,
+                              tuning=Tuning(cpu_compile=True)))
+    assert eng.cpu_step is None and eng.info().cpu_step == "eager"
+    assert [n for n in eng.notes if n.startswith("compiled CPU step off:")]
+    assert len(tokens(eng, prompt_of(5, 1, eng.cfg.vocab_size), 4)) == 4

@@ -194,15 +194,14 @@ class Engine:
                            "dtype": self.dtype_name}, "max_context": self.max_context}
         try:
             self.cpu_step = Builder(self.decoder, self.cache.k, self.cache.v, spec, default_cache_root())
-            self.cpu_step.path.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            self.notes.append(f"compiled CPU step off: {exc}")
+            if not reloadable and not self.cpu_step.path.is_file():
+                self.cpu_step = None  # weights handed in: no child could load them
+                return
+            self.cpu_step.start()
+        except OSError as exc:  # an unwritable cache directory, a child that cannot start
+            self.notes.append(f"compiled CPU step off: {one_line(exc)}")
             self.cpu_step = None
             return
-        if not reloadable and not self.cpu_step.path.is_file():
-            self.cpu_step = None  # weights handed in: no child could load them
-            return
-        self.cpu_step.start()
         if self.cpu_step.building:
             self.notes.append("compiling the CPU step in the background (once for these weights, "
                               "~40 s on two cores); eager until it is ready")
