@@ -9,7 +9,7 @@ import queue
 from fgchat.engine.core import Engine, EngineConfig
 from fgchat.engine.modes.base import StepMode
 from fgchat.engine.process import GetInfo, serve
-from fgchat.protocol.events import EngineInfo, Mode, ModeChanged, SamplingParams
+from fgchat.protocol.events import CaptureReport, EngineInfo, Mode, ModeChanged, SamplingParams
 
 
 class _Runner(StepMode):
@@ -242,3 +242,70 @@ def test_without_idle_capture_the_check_runs_while_the_engine_is_built(tiny_llam
     eng = _checked_engine(tiny_llama, monkeypatch, idle=False)
     assert eng.startup_check is not None and not eng.startup_check_pending
     assert not eng.capture_idle()
+
+
+class _GraphRunner(_Runner):
+    """A stand-in with GraphMode's bookkeeping: graphs by (size, variant), one report a capture."""
+
+    def __init__(self, mode: Mode, program) -> None:
+        super().__init__(mode, program)
+        self.graphs: dict = {}
+        self.reports: list = []
+        self.every: list[int] = []  # every capture's size, drops notwithstanding
+
+    def capture(self, b: int, variant: int) -> None:
+        super().capture(b, variant)
+        self.every.append(b)
+        self.graphs[(b, variant)] = object()
+        self.reports.append(CaptureReport(self.mode, b, 0.0, 0.0))
+
+    def drop(self) -> None:
+        super().drop()
+        self.graphs.clear()
+
+
+class _CountingPrefillGraphs(_PrefillGraphs):
+    def capture_idle(self, n: int) -> None:
+        super().capture_idle(n)
+        self.reports.append(CaptureReport(Mode.FULL, n, 0.0, 0.0, kind="prefill"))
+
+
+def _engine_for_recapture(tiny_llama, recapture: bool) -> tuple[Engine, _GraphRunner]:
+    eng = Engine(EngineConfig(model=str(tiny_llama), device="cpu", max_context=128))
+    ms = eng.modes
+    full = _GraphRunner(Mode.FULL, eng.program)
+    ms.install(Mode.FULL, full)
+    ms.cap = _Cap()
+    ms.prefill_graphs = _CountingPrefillGraphs()
+    ms.recapture = recapture
+    return eng, full
+
+
+def test_decode_graphs_are_captured_again_while_idle_after_prefill_graphs_came_behind_them(tiny_llama):
+    """The engine process's order (decode graphs first, prefill buckets later while idle) leaves
+    the decode graphs stale: the next idle pass captures each again, its report replaced, once."""
+    eng, full = _engine_for_recapture(tiny_llama, recapture=True)
+    eng.modes.capture_start(False, Mode.FULL)
+    passes = 0
+    while eng.capture_idle():
+        passes += 1
+    assert passes == 7 + 2 + 1 + 1  # full 2..8, two prefill buckets, one recapture of all, the settling
+    assert full.every == list(range(1, 9)) * 2 and full.captured == list(range(1, 9))
+    assert sorted(r.batch_size for r in full.reports) == list(range(1, 9))
+    assert not eng.modes.decode_stale()
+    eng.modes.prefill_graphs.capture_idle(128)  # a later capture on first use (a batch route's)
+    assert eng.capture_idle() and len(full.every) == 24 and not eng.capture_idle()
+
+
+def test_no_recapture_when_prefill_graphs_came_first_or_the_switch_is_off(tiny_llama):
+    eng, full = _engine_for_recapture(tiny_llama, recapture=True)
+    eng.modes.prefill_graphs.capture_idle(32)  # as capture_all: prefill buckets before decode
+    eng.modes.capture_sizes(Mode.FULL, range(1, 9), False)
+    while eng.capture_idle():
+        pass
+    assert full.every == list(range(1, 9))
+    eng, full = _engine_for_recapture(tiny_llama, recapture=False)
+    eng.modes.capture_start(False, Mode.FULL)
+    while eng.capture_idle():
+        pass
+    assert full.every == list(range(1, 9))

@@ -15,6 +15,10 @@ graphs until the action. Actions (--action; one per process, alternate them acro
                  bucket past BATCH_MAX_T is refused by batch_bucket, not by run_batch)
   batch-upload   batch, then every full-mode decode graph uploaded again (cuGraphUpload on the
                  capture stream): whether a later graph costs the decode graphs their upload
+  batch-recapture, dummy-recapture   batch / dummy, then the full-mode decode graphs dropped and
+                 captured again: whether graphs captured after the action run at full speed
+  batch-idle     the batch route's graph captured through the engine, then the engine's idle
+                 passes (Engine.capture_idle: the decode graphs captured again, V85)
 With FGCHAT_GRAPH_REUPLOAD=1 the engine's own capture uploads the earlier graphs again after
 the prefill and batch actions (Tuning.graph_reupload).
 Prints the median decode GPU ms per step (batch --batch, --tokens per request) of --rounds
@@ -35,7 +39,7 @@ os.environ.setdefault("FGCHAT_PREFILL_BATCH_ROUTE", "0")
 import torch  # noqa: E402
 
 ACTIONS = ("none", "empty-cache", "dummy", "dummy-own", "cublas", "cublas-eager", "prefill", "batch",
-           "batch-upload")
+           "batch-upload", "batch-recapture", "dummy-recapture", "batch-idle")
 
 
 def decode_gpu_ms(eng, batch: int, tokens: int, rounds: int) -> float:  # noqa: ANN001
@@ -56,6 +60,8 @@ def decode_gpu_ms(eng, batch: int, tokens: int, rounds: int) -> float:  # noqa: 
 def act(eng, action: str) -> None:  # noqa: ANN001
     import torch.nn.functional as F
 
+    from fgchat.protocol.events import SamplingParams
+
     from fgchat.engine.modes.capture import GraphCapture
     from fgchat.engine.modes.prefill_graphs import PrefillGraphs
 
@@ -63,6 +69,28 @@ def act(eng, action: str) -> None:  # noqa: ANN001
     dec = eng.decoder
     hidden = eng.cfg.hidden_size
     torch.cuda.synchronize()
+    if action == "batch-idle":
+        from fgchat.engine.model.prefill import batch_bucket
+
+        g = torch.Generator().manual_seed(3)
+        for _ in range(2):  # two 200-token prompts admitted together: the batch route, 2 x 256
+            eng.submit(torch.randint(100, eng.cfg.vocab_size - 100, (200,), generator=g).tolist(),
+                       SamplingParams(max_tokens=2, ignore_eos=True))
+        eng.run_until_done()
+        print("batch route graphs", sorted(eng.modes.prefill_graphs.batch_graphs), "bucket",
+              batch_bucket([200, 200], eng.max_context), "stale", eng.modes.decode_stale())
+        while eng.capture_idle():
+            pass
+        return
+    if action.endswith("-recapture"):
+        from fgchat.protocol.events import Mode
+
+        act(eng, action.removesuffix("-recapture"))
+        full = eng.modes.modes[Mode.FULL]
+        sizes = sorted({b for b, _ in full.graphs})
+        full.drop()
+        eng.capture_sizes("full", sizes)
+        return
     if action == "empty-cache":
         torch.cuda.empty_cache()
     elif action in ("dummy", "dummy-own"):
@@ -124,6 +152,8 @@ def main() -> None:
     eng.capture_sizes("full", [a.batch])
     freeze_heap(collect=True)
     decode_gpu_ms(eng, a.batch, a.tokens, 1)  # warm-up
+    while a.action == "batch-idle" and eng.capture_idle():  # the warm-up's own first-use captures
+        pass
     before = decode_gpu_ms(eng, a.batch, a.tokens, a.rounds)
     act(eng, a.action)
     after = decode_gpu_ms(eng, a.batch, a.tokens, a.rounds)

@@ -378,6 +378,11 @@ class Engine:
         if self.run_startup_check():
             return True
         if not self.modes.capture_next():
+            if self.modes.decode_stale():
+                self.modes.recapture_decode()
+                self.history.clear()  # the captures' warm-up steps write slots 0..b-1
+                self._info_due = True
+                return True
             return self._settle_after_deferred_work()
         self.history.clear()  # its warm-up, capture and self-check steps write slots 0..b-1
         if self.modes.unavailable.get(self.mode):

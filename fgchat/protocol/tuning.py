@@ -98,6 +98,11 @@ class Tuning:
     # after a capture, the graphs captured before it uploaded to the device again (cuGraphUpload):
     # a later capture slowed earlier decode graphs' replays by 20-30 us a step (notes V19, V78)
     graph_reupload: bool = False
+    # while idle, decode graphs are captured again after a prefill graph was captured behind them
+    # (the batch route's on first use; the engine process's deferred prefill captures): a later
+    # capture slowed their replays by ~30 us a step, and captured again they were back to within
+    # ~4 us (H100, notes V85). Off until the engine's own path is measured on a GPU
+    recapture_decode: bool = False
     # capture only the first mode's batch-1 graph before the engine is ready, the rest while idle
     # (start-up; notes: startup.md). Off for an Engine used directly (bench, generate, tests: every
     # graph captured at start); the engine process turns it on (process.engine_process_config),
@@ -146,6 +151,7 @@ class Tuning:
             batched_prefill=_flag("FGCHAT_BATCHED_PREFILL", d.batched_prefill),
             prefill_batch_route=_flag("FGCHAT_PREFILL_BATCH_ROUTE", d.prefill_batch_route),
             graph_reupload=_flag("FGCHAT_GRAPH_REUPLOAD", d.graph_reupload),
+            recapture_decode=_flag("FGCHAT_RECAPTURE_DECODE", d.recapture_decode),
             idle_capture=_flag("FGCHAT_IDLE_CAPTURE", d.idle_capture),
             head_sample=_flag("FGCHAT_HEAD_SAMPLE", d.head_sample),
             head_pick=_tristate("FGCHAT_HEAD_PICK", d.head_pick),
