@@ -54,9 +54,10 @@
 #              real weights; .old/fgchat carried: old, new, new, old
 #   ttftparts  a full-mode TTFT taken apart (tools/ttft_breakdown.py): 1B at 1 and 8 prompts, SmolLM2, and
 #              the real weights where put left them
-#   aftercapture  which later capture slows the decode graphs (V19, V78; tools/decode_after_capture.py):
-#              each action in a process of its own (~20 s each), SmolLM2 batch 2 (CAPTURE_ARGS: other
-#              args; CAPTURE_PASSES: passes over the actions, default 1)
+#   aftercapture  which later capture slows the decode graphs (V19, V78, V85; tools/decode_after_capture.py):
+#              each action in a process of its own (~20 s each), SmolLM2 batch 2 (CAPTURE_ACTIONS: the
+#              actions, CAPTURE_ARGS: other args; CAPTURE_PASSES: passes over them, default 1), then the
+#              engine's idle recapture off and on
 #   firstturn  the first eager reply's TTFT from a fresh engine (ttft_next_turn, fgchat generate), real weights
 #   admission  TTFT of 8 prompts admitted together: shared prefill, one pass (attention padded or per
 #              prompt), one by one (1B)
@@ -298,18 +299,16 @@ for what in "$@"; do
       done ;;
     aftercapture)  # decode GPU time before / after one capture-like action, a process per action
       for pass in $(seq "${CAPTURE_PASSES:-1}"); do
-        for action in none empty-cache dummy dummy-own cublas cublas-eager prefill batch batch-upload; do
+        for action in ${CAPTURE_ACTIONS:-none dummy batch batch-recapture}; do
           timeout 120 python3 tools/decode_after_capture.py --action $action ${CAPTURE_ARGS:-} 2>&1 \
             | grep -E "action|Error" | tee -a "$OUT/decode-after-capture.log"
         done
-        # every kernel module loaded at start: whether loading the capture's kernels late is the cost
-        CUDA_MODULE_LOADING=EAGER timeout 180 python3 tools/decode_after_capture.py --action batch \
-          ${CAPTURE_ARGS:-} 2>&1 | grep -E "action|Error" | sed 's/^/CUDA_MODULE_LOADING=EAGER /' \
-          | tee -a "$OUT/decode-after-capture.log"
-        # the engine's remedy: each capture uploads the graphs captured before it again
-        FGCHAT_GRAPH_REUPLOAD=1 timeout 120 python3 tools/decode_after_capture.py --action batch \
-          ${CAPTURE_ARGS:-} 2>&1 | grep -E "action|Error" | sed 's/^/FGCHAT_GRAPH_REUPLOAD=1 /' \
-          | tee -a "$OUT/decode-after-capture.log"
+        # the engine's remedy (V85): the decode graphs captured again in an idle pass, off then on
+        for r in 0 1; do
+          FGCHAT_PREFILL_GRAPHS=1 FGCHAT_PREFILL_BATCH_ROUTE=1 FGCHAT_RECAPTURE_DECODE=$r timeout 120 \
+            python3 tools/decode_after_capture.py --action batch-idle ${CAPTURE_ARGS:-} 2>&1 \
+            | grep -E "action|Error|stale" | sed "s/^/FGCHAT_RECAPTURE_DECODE=$r /" | tee -a "$OUT/decode-after-capture.log"
+        done
       done ;;
     firstturn)  # the first reply's TTFT in eager mode, from a fresh engine: ttft_next_turn (4 processes)
       # and `fgchat generate --mode eager` (2), on the real weights
