@@ -15,8 +15,9 @@ Invariants:
   the cache shape, the dtype, torch's version, this file's source and the CPU's flags: a package
   is never used for other weights or another build;
 - a package is written only after its step matched the eager decoder's logits on a probe prompt
-  (within `PROBE_TOLERANCE` of their largest value) and picked the same token; written to a
-  temporary name, then renamed, so a reader never sees a partial file;
+  (within `PROBE_TOLERANCE` of their largest value) and picked the same token or one tied with it
+  within that tolerance; written to a temporary name, then renamed, so a reader never sees a
+  partial file; a build that failed leaves a `.failed` marker and is not tried again for its key;
 - the compiled step reads and writes the engine's K/V cache in place: rows [0, pos] of the slot,
   row pos written first, exactly what the eager step touches.
 """
