@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from fgchat.engine.core import Engine, EngineConfig
-from fgchat.protocol.events import Mode, RequestFinished, SamplingParams
+from fgchat.protocol.events import RequestFinished, SamplingParams
 from fgchat.engine.model.prefill import PREFILL_BUCKETS, bucket_for
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -189,30 +189,3 @@ def test_batch_route_tokens_equal_in_full_and_eager(batch_engine):
         out[mode] = [done[r].token_ids for r in rids]
     assert (8, 32) in eng.modes.prefill_graphs.batch_graphs
     assert out["full"] == out["eager"] == out["piecewise"]
-
-
-def test_reupload_after_a_late_capture_keeps_every_graph_working(model):
-    """With graph_reupload, a prefill graph captured on first use after the decode graphs uploads
-    those again (the driver accepts every one of them: the switch stays on), and full mode's
-    tokens stay eager's afterwards; graphs dropped with their mode are no longer tracked."""
-    from fgchat.protocol.tuning import Tuning
-
-    eng = Engine(EngineConfig(model=str(model), device="cuda", dtype="bfloat16", max_context=CTX,
-                              mode="full", lazy_capture=True, tuning=Tuning(graph_reupload=True)))
-    cap = eng.modes.cap
-    v = eng.cfg.vocab_size
-    sp = SamplingParams(max_tokens=16, ignore_eos=True)
-    prompts = [ids_of(n, 90 + n, v).tolist() for n in (40, 700)]
-    eng.capture_sizes("full", [1])
-    before = len(cap._live)
-    assert before >= 1
-    assert _tokens(eng, "full", prompts, sp) == _tokens(eng, "eager", prompts, sp)
-    assert cap.reupload, "an upload failed and turned the switch off"
-    assert len(cap._live) > before  # the prompts' buckets were captured after the decode graph
-    n_full = len(eng.modes.modes[Mode.FULL].graphs)
-    live = len(cap._live)
-    eng.modes.modes[Mode.FULL].drop()
-    import gc
-
-    gc.collect()
-    assert n_full >= 1 and len(cap._live) == live - n_full

@@ -28,7 +28,7 @@ def test_environment_switches_and_changed(monkeypatch):
 def test_retired_switches_are_not_read(monkeypatch):
     """Variables of variants the notes measured and retired change nothing."""
     for var in ("FGCHAT_FUSED_COMBINE", "FGCHAT_GEMV_MAX", "FGCHAT_BOUND_ATTENTION", "FGCHAT_GLU",
-                "FGCHAT_PREFILL_REPLAY", "FGCHAT_ATTN_PRELOAD"):
+                "FGCHAT_PREFILL_REPLAY", "FGCHAT_ATTN_PRELOAD", "FGCHAT_GRAPH_REUPLOAD"):
         monkeypatch.setenv(var, "0")
     assert Tuning.from_env() == Tuning()
 

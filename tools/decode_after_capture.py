@@ -19,8 +19,6 @@ graphs until the action. Actions (--action; one per process, alternate them acro
                  captured again: whether graphs captured after the action run at full speed
   batch-idle     the batch route's graph captured through the engine, then the engine's idle
                  passes (Engine.capture_idle: the decode graphs captured again, V85)
-With FGCHAT_GRAPH_REUPLOAD=1 the engine's own capture uploads the earlier graphs again after
-the prefill and batch actions (Tuning.graph_reupload).
 Prints the median decode GPU ms per step (batch --batch, --tokens per request) of --rounds
 rounds before and after the action, and the change.
 
@@ -126,11 +124,15 @@ def act(eng, action: str) -> None:  # noqa: ANN001
 
 
 def upload_decode_graphs(eng) -> None:  # noqa: ANN001
-    """Every full-mode decode graph uploaded again (GraphCapture.upload: cuGraphUpload, the driver
-    call torch does not offer)."""
+    """Every full-mode decode graph uploaded again on the capture stream (cuGraphUpload, the
+    driver call torch does not offer)."""
+    from fgchat.engine.cuda_driver import upload_graph_execs
     from fgchat.protocol.events import Mode
 
-    eng.modes.cap.upload([g.graph for g in eng.modes.modes[Mode.FULL].graphs.values()])
+    cap = eng.modes.cap
+    upload_graph_execs([g.graph.raw_cuda_graph_exec() for g in eng.modes.modes[Mode.FULL].graphs.values()],
+                       cap.stream.cuda_stream)
+    cap.stream.synchronize()
 
 
 def main() -> None:

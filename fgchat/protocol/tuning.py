@@ -95,9 +95,6 @@ class Tuning:
     # prompts admitted together as one padded batch (model.prefill.batch_bucket), a CUDA graph per
     # shape in full mode (notes: decode-step.md, V33); fused decoders only
     prefill_batch_route: bool = True
-    # after a capture, the graphs captured before it uploaded to the device again (cuGraphUpload):
-    # a later capture slowed earlier decode graphs' replays by 20-30 us a step (notes V19, V78)
-    graph_reupload: bool = False
     # while idle, decode graphs are captured again after a prefill graph was captured behind them
     # (the batch route's on first use; the engine process's deferred prefill captures): a later
     # capture slowed their replays by ~30 us a step, and captured again they were back to within
@@ -150,7 +147,6 @@ class Tuning:
             eager_launch_list=_flag("FGCHAT_EAGER_LAUNCH_LIST", d.eager_launch_list),
             batched_prefill=_flag("FGCHAT_BATCHED_PREFILL", d.batched_prefill),
             prefill_batch_route=_flag("FGCHAT_PREFILL_BATCH_ROUTE", d.prefill_batch_route),
-            graph_reupload=_flag("FGCHAT_GRAPH_REUPLOAD", d.graph_reupload),
             recapture_decode=_flag("FGCHAT_RECAPTURE_DECODE", d.recapture_decode),
             idle_capture=_flag("FGCHAT_IDLE_CAPTURE", d.idle_capture),
             head_sample=_flag("FGCHAT_HEAD_SAMPLE", d.head_sample),

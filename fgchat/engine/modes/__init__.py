@@ -61,7 +61,7 @@ class ModeSet:
         from fgchat.engine.modes.full import FullMode
         from fgchat.engine.modes.piecewise import PiecewiseMode
 
-        self.cap = GraphCapture(program, tuning.graph_reupload)
+        self.cap = GraphCapture(program)
         self.modes[Mode.PIECEWISE] = PiecewiseMode(self.cap)
         self.modes[Mode.FULL] = FullMode(self.cap)
         self.unavailable.update({m: "" for m in GRAPH_MODES})

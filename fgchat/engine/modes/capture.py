@@ -8,15 +8,12 @@ Invariants:
   compiled and cuBLAS has chosen every kernel the graph will hold;
 - a capture leaves the step's state as it found it: the runs it makes for warm-up and recording
   rewrite the current K/V rows with the same values, and the penalty counts they add are undone,
-  so a capture on first use in the middle of a request changes none of its tokens;
-- every graph comes from `new_graph`, which tracks it only while something else holds it; with
-  `reupload`, each capture ends by uploading the graphs that existed before it again.
+  so a capture on first use in the middle of a request changes none of its tokens.
 """
 
 from __future__ import annotations
 
 import time
-import weakref
 from abc import abstractmethod
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -30,27 +27,11 @@ from fgchat.protocol.events import CaptureReport, Mode
 
 
 class GraphCapture:
-    def __init__(self, program: StepProgram, reupload: bool = False) -> None:
+    def __init__(self, program: StepProgram) -> None:
         self.program = program
         self.pool = torch.cuda.graph_pool_handle()
         self.stream = torch.cuda.Stream()
         self.side = torch.cuda.Stream()
-        self.reupload = reupload
-        self._live: weakref.WeakSet[torch.cuda.CUDAGraph] = weakref.WeakSet()
-
-    def new_graph(self) -> torch.cuda.CUDAGraph:
-        """An empty graph to capture into, tracked for `measured`'s upload while it lives."""
-        g = torch.cuda.CUDAGraph()
-        self._live.add(g)
-        return g
-
-    def upload(self, graphs: list[torch.cuda.CUDAGraph]) -> None:
-        """Upload each (instantiated) graph to the device again, on the capture stream."""
-        from fgchat.engine.cuda_driver import upload_graph_execs
-
-        execs = [g.raw_cuda_graph_exec() for g in graphs]
-        upload_graph_execs([h for h in execs if h], self.stream.cuda_stream)
-        self.stream.synchronize()
 
     @torch.inference_mode()
     def warm_kernels(self, batch_sizes: range) -> float:
@@ -78,16 +59,10 @@ class GraphCapture:
         torch.cuda.synchronize()
         torch.cuda.empty_cache()  # graph capture empties the cache too; measure only pool growth
         before = torch.cuda.memory_reserved()
-        earlier = list(self._live) if self.reupload else []
         t0 = time.perf_counter()
         self.stream.wait_stream(torch.cuda.current_stream())
         yield
         torch.cuda.synchronize()
-        if earlier:
-            try:
-                self.upload(earlier)
-            except RuntimeError:  # no driver entry point, or a graph never instantiated: stop trying
-                self.reupload = False
         reports.append(CaptureReport(mode, size, time.perf_counter() - t0,
                                      (torch.cuda.memory_reserved() - before) / 2**20, kind=kind))
 

@@ -38,7 +38,7 @@ class FullMode(GraphMode):
     def _capture(self, b: int, variant: int) -> FullGraph:
         cap = self.cap
         pieces, attends = cap.program.pieces(b, variant)
-        g = cap.new_graph()
+        g = torch.cuda.CUDAGraph()
         st = StepState()
         with torch.cuda.graph(g, pool=cap.pool, stream=cap.stream):
             forked = self._beside(attends)

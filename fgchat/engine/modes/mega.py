@@ -41,7 +41,7 @@ class MegaMode(GraphMode):
     def _capture(self, b: int, variant: int) -> FullGraph:
         cap = self.cap
         pieces = cap.program.mega_pieces(b, variant, self.layers)
-        g = cap.new_graph()
+        g = torch.cuda.CUDAGraph()
         st = StepState()
         with torch.cuda.graph(g, pool=cap.pool, stream=cap.stream):
             run_pieces(st, pieces, [])

@@ -56,7 +56,7 @@ class PiecewiseMode(GraphMode):
         graphs, states = [], []
         st = StepState()
         for piece in pieces:
-            g = cap.new_graph()
+            g = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g, pool=cap.pool, stream=cap.stream):
                 piece(st)
             graphs.append(g)

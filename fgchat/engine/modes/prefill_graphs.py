@@ -71,7 +71,7 @@ class PrefillGraphs:
             with torch.cuda.stream(cap.stream):
                 prefill_last(self.dec, ids, self.slot, self.last, self.k, self.v)
             cap.stream.synchronize()
-            g = cap.new_graph()
+            g = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g, pool=cap.pool, stream=cap.stream):
                 rows = prefill_last(self.dec, ids, self.slot, self.last, self.k, self.v)
             entry = _Graph(g, rows)
@@ -123,7 +123,7 @@ class PrefillGraphs:
             with torch.cuda.stream(cap.stream):
                 prefill_batch_last(*args)
             cap.stream.synchronize()
-            g = cap.new_graph()
+            g = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g, pool=cap.pool, stream=cap.stream):
                 rows = prefill_batch_last(*args)
             entry = _Graph(g, rows)
