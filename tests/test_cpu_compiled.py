@@ -11,6 +11,7 @@ from fgchat.engine import cpu_compiled
 from fgchat.engine.core import Engine, EngineConfig
 from fgchat.protocol.events import RequestFinished, SamplingParams
 from fgchat.protocol.tuning import Tuning
+from tests.test_engine import prompt_of
 
 pytestmark = pytest.mark.skipif(not cpu_compiled.compiler_available(), reason="needs a C++ compiler")
 
@@ -19,11 +20,6 @@ def tokens(eng: Engine, prompt: list[int], n: int = 12) -> list[int]:
     rid = eng.submit(prompt, SamplingParams(max_tokens=n, ignore_eos=True))
     return {e.summary.request_id: e.summary for e in eng.run_until_done()
             if isinstance(e, RequestFinished)}[rid].token_ids
-
-
-def prompt_of(n: int, seed: int, vocab: int) -> list[int]:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(3, vocab, (n,), generator=g).tolist()
 
 
 def test_bf16_compiled_step_is_as_close_to_float32_as_eager(tiny_llama, tmp_path):

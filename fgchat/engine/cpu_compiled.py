@@ -232,9 +232,6 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
-
 
 class Builder:
     """An engine's compiled step: its package loaded where it exists, else built by a child
@@ -304,3 +301,7 @@ class Builder:
             self.failed = f"cannot load {self.path}: {exc}"
             self.path.unlink(missing_ok=True)
             return None
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
