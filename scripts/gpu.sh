@@ -179,7 +179,7 @@ for what in "$@"; do
       [[ -d .old/fgchat ]] || { echo "ab: needs .old/fgchat and .old/assets"; continue; }
       read -r -a args <<< "${AB_ARGS:---preset llama-3.2-1b --random-weights --batch-sizes 1,8 --repeats 2}"
       for i in $(seq "${AB_ROUNDS:-2}"); do
-        for tree in old new; do bench $tree "ab-$i" "${args[@]}"; done
+        for tree in old new; do bench $tree "ab${AB_NAME:+-$AB_NAME}-$i" "${args[@]}"; done
       done ;;
     mega)  # the mega mode beside full in one process per model (MEGA_MODES, MEGA_BATCHES, MEGA_ROUNDS)
       for i in $(seq "${MEGA_ROUNDS:-1}"); do
@@ -307,7 +307,7 @@ for what in "$@"; do
         for r in 0 1; do
           FGCHAT_PREFILL_GRAPHS=1 FGCHAT_PREFILL_BATCH_ROUTE=1 FGCHAT_RECAPTURE_DECODE=$r timeout 120 \
             python3 tools/decode_after_capture.py --action batch-idle ${CAPTURE_ARGS:-} 2>&1 \
-            | grep -E "action|Error|stale" | sed "s/^/FGCHAT_RECAPTURE_DECODE=$r /" | tee -a "$OUT/decode-after-capture.log"
+            | grep -E "action|Error|stale|longest" | sed "s/^/FGCHAT_RECAPTURE_DECODE=$r /" | tee -a "$OUT/decode-after-capture.log"
         done
       done ;;
     firstturn)  # the first reply's TTFT in eager mode, from a fresh engine: ttft_next_turn (4 processes)

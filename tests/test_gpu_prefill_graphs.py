@@ -123,7 +123,8 @@ def batch_engine(model):
         del os.environ["FGCHAT_PREFILL_BATCH_ROUTE"]
 
 
-@pytest.mark.parametrize("lens", [(32, 32), (5, 31, 17, 9, 30, 1, 12, 32), (100, 70, 128), (200, 250, 256, 3)])
+@pytest.mark.parametrize("lens", [(32, 32), (5, 31, 17, 9, 30, 1, 12, 32), (100, 70, 128), (200, 250, 256, 3),
+                                  (300, 512, 40), (512,) * 8])
 def test_batch_route_graph_same_bits_as_eager(batch_engine, lens):
     """The batch route's graph (B prompts padded to one bucket, captured on first use) gives the
     eager batch route's logits and cache rows bit for bit, writes only rows [0, tb) of the
@@ -189,3 +190,44 @@ def test_batch_route_tokens_equal_in_full_and_eager(batch_engine):
         out[mode] = [done[r].token_ids for r in rids]
     assert (8, 32) in eng.modes.prefill_graphs.batch_graphs
     assert out["full"] == out["eager"] == out["piecewise"]
+
+
+def test_decode_graphs_captured_again_after_a_batch_capture_give_the_same_tokens(model):
+    """The batch route's first capture comes after the decode graphs: they are stale, an idle
+    pass captures every one again (new graph objects, the same sizes), and the greedy tokens of a
+    batch after it are those before it; both match eager mode's."""
+    from fgchat.protocol.events import Mode
+
+    eng = Engine(EngineConfig(model=str(model), device="cuda", dtype="bfloat16", max_context=1024, mode="full"))
+    assert eng.modes.recapture
+    v = eng.cfg.vocab_size
+    sp = SamplingParams(max_tokens=16, ignore_eos=True)
+
+    def batch(prompts: list[list[int]]) -> list[list[int]]:
+        rids = [eng.submit(p, sp) for p in prompts]
+        done = {e.summary.request_id: e.summary for e in eng.run_until_done() if isinstance(e, RequestFinished)}
+        return [done[r].token_ids for r in rids]
+
+    def idle() -> int:
+        passes = 0
+        while eng.capture_idle():
+            passes += 1
+        return passes
+
+    short = [ids_of(n, 90 + n, v).tolist() for n in (20, 9, 31)]
+    before = batch(short)  # the batch route at 32: captured on first use, after the decode graphs
+    assert (3, 32) in eng.modes.prefill_graphs.batch_graphs and eng.modes.decode_stale()
+    idle()
+    full = eng.modes.modes[Mode.FULL]
+    held = dict(full.graphs)
+    assert not eng.modes.decode_stale() and held
+    batch([ids_of(n, 95 + n, v).tolist() for n in (300, 200)])  # the batch route at 384
+    assert (2, 384) in eng.modes.prefill_graphs.batch_graphs and eng.modes.decode_stale()
+    from fgchat.engine.modes import GRAPH_MODES
+
+    sizes = sum(len({b for b, _ in getattr(eng.modes.modes.get(m), "graphs", {})}) for m in GRAPH_MODES)
+    assert idle() == sizes and not eng.modes.decode_stale()  # one (mode, size) a pass, piecewise's too
+    assert set(full.graphs) == set(held) and all(full.graphs[k] is not held[k] for k in held)
+    assert batch(short) == before
+    eng.set_mode("eager")
+    assert batch(short) == before

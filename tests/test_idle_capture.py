@@ -85,6 +85,8 @@ def test_a_size_failing_its_self_check_disables_the_mode_and_skips_its_queue(tin
     ms = eng.modes
     ms.capture_start(True, Mode.FULL)
     eng.set_mode("full")
+    assert eng.capture_idle() and eng.capture_idle()  # the two prefill buckets, right after batch 1
+    assert set(ms.prefill_graphs.graphs) == {32, 64}
     assert eng.capture_idle() and eng.mode == Mode.FULL  # batch 2
     assert eng.capture_idle()  # batch 3: its replay differs from eager
     assert "self-check mismatch at batch size 3" in ms.unavailable[Mode.FULL]
@@ -103,7 +105,7 @@ def test_no_capture_while_a_request_runs(tiny_llama):
     eng.submit([5, 6, 7], SamplingParams(max_tokens=3, ignore_eos=True))
     assert not eng.capture_idle() and full.captured == [1]
     eng.run_until_done()
-    assert eng.capture_idle() and full.captured == [1, 2]
+    assert eng.capture_idle() and full.captured == [1] and set(eng.modes.prefill_graphs.graphs) == {32}
 
 
 class _LoopEngine:
@@ -283,18 +285,27 @@ def _engine_for_recapture(tiny_llama, recapture: bool) -> tuple[Engine, _GraphRu
 
 def test_decode_graphs_are_captured_again_while_idle_after_prefill_graphs_came_behind_them(tiny_llama):
     """The engine process's order (decode graphs first, prefill buckets later while idle) leaves
-    the decode graphs stale: the next idle pass captures each again, its report replaced, once."""
+    the decode graphs stale: the idle passes capture each size again, one size a pass, its report
+    replaced, once."""
     eng, full = _engine_for_recapture(tiny_llama, recapture=True)
     eng.modes.capture_start(False, Mode.FULL)
     passes = 0
     while eng.capture_idle():
         passes += 1
-    assert passes == 7 + 2 + 1 + 1  # full 2..8, two prefill buckets, one recapture of all, the settling
-    assert full.every == list(range(1, 9)) * 2 and full.captured == list(range(1, 9))
+    # two prefill buckets (queued before the other decode sizes), full 2..8, batch 1 again (it
+    # preceded the buckets), the settling
+    assert passes == 2 + 7 + 1 + 1
+    assert full.every == [*range(1, 9), 1] and sorted(full.graphs) == [(b, 0) for b in range(1, 9)]
     assert sorted(r.batch_size for r in full.reports) == list(range(1, 9))
     assert not eng.modes.decode_stale()
     eng.modes.prefill_graphs.capture_idle(128)  # a later capture on first use (a batch route's)
-    assert eng.capture_idle() and len(full.every) == 24 and not eng.capture_idle()
+    for _ in range(3):
+        assert eng.capture_idle()
+    assert full.every[9:] == [1, 2, 3] and eng.modes.decode_stale()
+    eng.modes.prefill_graphs.capture_idle(256)  # another, midway: every size again, from the first
+    while eng.capture_idle():
+        pass
+    assert full.every[12:] == list(range(1, 9)) and not eng.modes.decode_stale()
 
 
 def test_no_recapture_when_prefill_graphs_came_first_or_the_switch_is_off(tiny_llama):

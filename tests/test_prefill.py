@@ -222,7 +222,9 @@ def test_batch_bucket_takes_short_prompts_with_little_padding():
     assert batch_bucket([200, 250, 256, 3], 4096) == 256  # 1024 rows: small enough
     assert batch_bucket([256, 3, 3, 3, 3, 3, 3, 3], 4096) is None  # 2048 rows for 277 tokens
     assert batch_bucket([256] * 8, 4096) == 256  # 2048 rows, no padding
-    assert batch_bucket([257, 10], 4096) is None  # past BATCH_MAX_T
+    assert batch_bucket([257, 10], 4096) == 384
+    assert batch_bucket([512] * 8, 4096) == 512
+    assert batch_bucket([513, 10], 4096) is None  # past BATCH_MAX_T
     assert batch_bucket([40], 4096) is None  # one prompt: the one-prompt graphs
     assert batch_bucket([40, 0], 4096) is None
     assert batch_bucket([40, 50], 48) is None  # the bucket would not fit the cache

@@ -172,9 +172,16 @@ def test_startup_phase_names_a_pending_conversion(tmp_path, monkeypatch):
     done = resolve.conversion_dir(gguf)
     done.mkdir(parents=True)
     (done / resolve.CONVERSION_MARKER).write_text("{}")
-    assert startup_phase(SimpleNamespace(model=str(gguf), preset=None)) == "loading the model and capturing graphs"
+    driver = tmp_path / "nvidia-version"  # stands in for /proc/driver/nvidia/version
+    driver.write_text("NVRM")
+    cuda = SimpleNamespace(model=str(gguf), preset=None, device=None)
+    assert startup_phase(cuda, str(driver)) == "loading the model and capturing graphs"
+    assert startup_phase(SimpleNamespace(model=str(gguf), preset=None, device="cpu"), str(driver)) == "loading the model"
+    assert startup_phase(cuda, str(tmp_path / "no-driver")) == "loading the model"  # no graphs on the CPU
     assert startup_phase(SimpleNamespace(model=str(tmp_path), preset=None)).startswith("loading")
-    assert startup_phase(SimpleNamespace(model=None, preset="tiny")).startswith("building random weights")
+    assert startup_phase(SimpleNamespace(model=None, preset="tiny"), str(driver)) == (
+        "building random weights and capturing graphs")
+    assert startup_phase(SimpleNamespace(model=None, preset="tiny", device="cpu")) == "building random weights"
 
 
 async def test_starting_engine_shows_its_phase_and_elapsed_time(tiny_llama, data_dir):

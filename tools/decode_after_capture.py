@@ -55,7 +55,7 @@ def decode_gpu_ms(eng, batch: int, tokens: int, rounds: int) -> float:  # noqa: 
     return statistics.median(steps)
 
 
-def act(eng, action: str) -> None:  # noqa: ANN001
+def act(eng, action: str, batch_len: int = 200) -> None:  # noqa: ANN001
     import torch.nn.functional as F
 
     from fgchat.protocol.events import SamplingParams
@@ -71,14 +71,21 @@ def act(eng, action: str) -> None:  # noqa: ANN001
         from fgchat.engine.model.prefill import batch_bucket
 
         g = torch.Generator().manual_seed(3)
-        for _ in range(2):  # two 200-token prompts admitted together: the batch route, 2 x 256
-            eng.submit(torch.randint(100, eng.cfg.vocab_size - 100, (200,), generator=g).tolist(),
+        for _ in range(2):  # two prompts admitted together: the batch route (200 tokens: 2 x 256)
+            eng.submit(torch.randint(100, eng.cfg.vocab_size - 100, (batch_len,), generator=g).tolist(),
                        SamplingParams(max_tokens=2, ignore_eos=True))
         eng.run_until_done()
         print("batch route graphs", sorted(eng.modes.prefill_graphs.batch_graphs), "bucket",
-              batch_bucket([200, 200], eng.max_context), "stale", eng.modes.decode_stale())
-        while eng.capture_idle():
-            pass
+              batch_bucket([batch_len] * 2, eng.max_context), "stale", eng.modes.decode_stale())
+        import time
+
+        longest = 0.0
+        while True:  # the longest idle pass: how long a request sent meanwhile would wait
+            t = time.perf_counter()
+            if not eng.capture_idle():
+                break
+            longest = max(longest, time.perf_counter() - t)
+        print(f"longest idle pass {longest * 1e3:.0f} ms")
         return
     if action.endswith("-recapture"):
         from fgchat.protocol.events import Mode
@@ -143,6 +150,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--batch-len", type=int, default=200, help="batch-idle: the two prompts' length")
     a = ap.parse_args()
 
     from fgchat.engine.core import Engine, EngineConfig
@@ -157,7 +165,7 @@ def main() -> None:
     while a.action == "batch-idle" and eng.capture_idle():  # the warm-up's own first-use captures
         pass
     before = decode_gpu_ms(eng, a.batch, a.tokens, a.rounds)
-    act(eng, a.action)
+    act(eng, a.action, a.batch_len)
     after = decode_gpu_ms(eng, a.batch, a.tokens, a.rounds)
     print(f"{a.model or a.preset} b{a.batch} action {a.action:<13} decode GPU ms/step before {before:.4f} "
           f"after {after:.4f} change {(after - before) * 1e3:+.1f} us ({after / before - 1:+.2%})")

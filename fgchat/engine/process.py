@@ -151,16 +151,24 @@ def one_line(exc: BaseException) -> str:
 # ---- the loop that owns the engine -------------------------------------------------------------
 
 
-def startup_phase(config: Any) -> str:
+def _captures_graphs(config: Any, driver: str = "/proc/driver/nvidia/version") -> bool:
+    """Whether the engine will likely run on CUDA (and capture graphs): not asked for the CPU and
+    an NVIDIA driver present, judged without importing torch."""
+    device = (getattr(config, "device", None) or "auto").strip()
+    return device != "cpu" and os.path.exists(driver)
+
+
+def startup_phase(config: Any, driver: str = "/proc/driver/nvidia/version") -> str:
     """What building the engine for `config` will spend its time on, in a few words."""
+    graphs = " and capturing graphs" if _captures_graphs(config, driver) else ""
     if getattr(config, "preset", None):
-        return "building random weights and capturing graphs"
+        return "building random weights" + graphs
     from fgchat.engine.model.resolve import pending_conversion
 
     gguf = pending_conversion(getattr(config, "model", None))
     if gguf is not None:
         return f"converting {gguf.name} (first start only; later starts skip this)"
-    return "loading the model and capturing graphs"
+    return "loading the model" + graphs
 
 
 def serve(

@@ -98,8 +98,8 @@ class Tuning:
     # while idle, decode graphs are captured again after a prefill graph was captured behind them
     # (the batch route's on first use; the engine process's deferred prefill captures): a later
     # capture slowed their replays by ~30 us a step, and captured again they were back to within
-    # ~4 us (H100, notes V85). Off until the engine's own path is measured on a GPU
-    recapture_decode: bool = False
+    # ~4 us (H100, notes V85)
+    recapture_decode: bool = True
     # capture only the first mode's batch-1 graph before the engine is ready, the rest while idle
     # (start-up; notes: startup.md). Off for an Engine used directly (bench, generate, tests: every
     # graph captured at start); the engine process turns it on (process.engine_process_config),

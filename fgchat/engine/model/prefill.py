@@ -368,7 +368,7 @@ def prefill_many_fused(
 # route the batch prefill graphs capture): used when tb <= BATCH_MAX_T and the padded rows are few
 # (b * tb <= BATCH_SMALL_ROWS) or waste at most BATCH_ROW_WASTE x the real ones. The route is a
 # function of the prompt lengths alone, so eager and graph replay run the same shapes and bits.
-BATCH_MAX_T = 256
+BATCH_MAX_T = 512
 BATCH_SMALL_ROWS = 1024
 BATCH_ROW_WASTE = 2.0
 

@@ -52,7 +52,8 @@ class ModeSet:
         # prefill captures the decode graphs already account for, and whether one came after them
         self.recapture = tuning.recapture_decode
         self._prefill_seen = 0
-        self._decode_stale = False
+        # (mode, batch size) whose decode graphs were captured before the latest prefill graph
+        self._stale: list[tuple[Mode, int]] = []
         if not cuda:
             reason = "CUDA graphs need a CUDA device; this engine runs on CPU"
             self.unavailable.update({m: reason for m in GRAPH_MODES})
@@ -119,9 +120,13 @@ class ModeSet:
         self._warm(range(1, 2))  # each deferred capture warms its own size first (GraphCapture.warmup)
         # mega last: its first capture compiles the largest kernel, which an arriving request waits for
         order = [first, *(m for m in GRAPH_MODES if m not in (first, Mode.MEGA))]
-        self._queue = [(m, b) for m in order if m in GRAPH_MODES for b in range(1, NUM_SLOTS + 1)]
+        sizes = [(m, b) for m in order if m in GRAPH_MODES for b in range(1, NUM_SLOTS + 1)]
+        # the prefill buckets right after the first graph: a capture after a decode graph slows its
+        # replays until it is captured again (decode_stale), so only that one is redone
+        self._queue = sizes[:1]
         if self.prefill_graphs is not None:
             self._queue += [("prefill", n) for n in self.prefill_graphs.buckets]
+        self._queue += sizes[1:]
         if first != Mode.MEGA:
             self._queue += [(Mode.MEGA, b) for b in range(1, NUM_SLOTS + 1)]
         self._self_check = self_check
@@ -161,33 +166,39 @@ class ModeSet:
     def decode_stale(self) -> bool:
         """A prefill graph was captured after decode graphs that are still held: those replay
         ~30 us a step slower from then on, until captured again (notes V85; H100, SmolLM2 batch 2:
-        +30.7 us after a batch-route capture, +4.2 us once the decode graphs were captured again)."""
+        +30.7 us after a batch-route capture, +4.2 us once the decode graphs were captured again).
+        True while some are left to capture again and the switch is on."""
         graphs = self.prefill_graphs
         if graphs is not None and len(graphs.reports) > self._prefill_seen:
             self._prefill_seen = len(graphs.reports)
-            if any(getattr(self.modes.get(m), "graphs", None) for m in GRAPH_MODES):
-                self._decode_stale = True
-        return self.recapture and self._decode_stale
+            held = [(m, b) for m in GRAPH_MODES
+                    for b in sorted({b for b, _ in getattr(self.modes.get(m), "graphs", {})})]
+            if held:  # every held size again, those already redone too: they preceded this capture
+                self._stale = held
+        return self.recapture and bool(self._stale)
 
     def recapture_decode(self) -> None:
-        """Every decode graph held captured again, at the same sizes and variants (their capture
-        reports replaced); a failure disables that mode as a first capture's would."""
-        self._decode_stale = False
-        for mode in GRAPH_MODES:
-            runner = self.modes.get(mode)
-            keys = sorted(getattr(runner, "graphs", {}))
-            if not keys or self.unavailable.get(mode):
-                continue
-            sizes = {b for b, _ in keys}
-            runner.drop()
-            runner.reports[:] = [r for r in runner.reports if r.batch_size not in sizes]
-            try:
-                for b, variant in keys:
-                    runner.capture(b, variant)
-            except torch.OutOfMemoryError:
-                self.disable(mode, "out of GPU memory while capturing graphs")
-            except RuntimeError as exc:
-                self.disable(mode, f"graph capture failed: {str(exc).splitlines()[0][:160]}")
+        """The next stale (mode, batch size): its decode graphs (each variant held) captured again,
+        its capture report replaced; one size per call, so an idle pass stays short (all of a
+        mode's sizes at once took ~300 ms, SmolLM2 on an H100). A failure disables that mode as a
+        first capture's would."""
+        if not self._stale:
+            return
+        mode, b = self._stale.pop(0)
+        runner = self.modes.get(mode)
+        variants = sorted(v for size, v in getattr(runner, "graphs", {}) if size == b)
+        if not variants or self.unavailable.get(mode):
+            return
+        for v in variants:
+            del runner.graphs[(b, v)]  # its pool memory is free for the new capture
+        runner.reports[:] = [r for r in runner.reports if r.batch_size != b]
+        try:
+            for v in variants:
+                runner.capture(b, v)
+        except torch.OutOfMemoryError:
+            self.disable(mode, "out of GPU memory while capturing graphs")
+        except RuntimeError as exc:
+            self.disable(mode, f"graph capture failed: {str(exc).splitlines()[0][:160]}")
 
     def capture_sizes(self, mode: Mode, sizes: Iterable[int], self_check: bool) -> None:
         """Capture `mode` at each batch size (then self-check each); a failure disables the mode."""
