@@ -89,6 +89,53 @@ def test_engine_builds_the_step_in_a_child_then_loads_it_and_reuses_it(tiny_llam
     assert other != eng.cpu_step.key
 
 
+def together(eng: Engine, prompts: list[list[int]], n: int = 12) -> list[list[int]]:
+    rids = [eng.submit(p, SamplingParams(max_tokens=n, ignore_eos=True)) for p in prompts]
+    done = {e.summary.request_id: e.summary for e in eng.run_until_done() if isinstance(e, RequestFinished)}
+    return [done[r].token_ids for r in rids]
+
+
+def test_a_batch_asks_for_the_batch_package_whose_lanes_each_give_the_float32_tokens(
+        tiny_llama, tmp_path, monkeypatch):
+    """A batch that ran eagerly asks for the batch package, built once batch 1's is loaded; then
+    batches of 3 and 8 run through it (3 beside 5 empty lanes in the scratch slot), each sequence
+    with transformers' float32 greedy tokens, and the slots outside the batch keep their bytes."""
+    transformers = pytest.importorskip("transformers")
+    from fgchat.engine.kv_cache import NUM_SLOTS
+
+    monkeypatch.setenv("FGCHAT_CACHE_DIR", str(tmp_path))
+    eng = Engine(EngineConfig(model=str(tiny_llama), device="cpu", dtype="float32", max_context=256,
+                              tuning=Tuning(cpu_compile=True, prefix_reuse=False)))
+    assert eng.cache.k[0].shape[0] == NUM_SLOTS + 1  # the scratch slot
+    assert eng.poll_cpu_step(wait=True) and eng.program.compiled is not None
+    prompts = [prompt_of(6 + 5 * i, 40 + i, eng.cfg.vocab_size) for i in range(NUM_SLOTS)]
+    eager = together(eng, prompts[:3])
+    assert eng.program.lanes_wanted and eng.cpu_batch_step is None
+    from fgchat.tui.latency_panel import LatencyPanel, PanelView
+
+    def line() -> str:  # the console's engine line
+        return str(LatencyPanel._engine_info(PanelView(info=eng.info(), engine_state="ready")))
+
+    assert not eng.poll_cpu_step() and eng.info().cpu_step == "compiled+compiling"
+    assert "compiled step · compiling batch step…" in line()
+    assert eng.poll_cpu_step(wait=True), eng.cpu_batch_step.failed
+    assert eng.program.compiled_lanes is not None and eng.info().cpu_step == "compiled+batch"
+    assert "compiled steps" in line() and "compiling" not in line()
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.float32).eval()
+    with torch.no_grad():
+        want = [hf.generate(torch.tensor([p]), max_new_tokens=12, do_sample=False, eos_token_id=None,
+                            pad_token_id=0)[0, len(p):].tolist() for p in prompts]
+    calls = []
+    run = eng.program.compiled_lanes.run
+    eng.program.compiled_lanes.run = lambda *a: calls.append(a[0].shape[0]) or run(*a)
+    others = eng.cache.all[:, 3:NUM_SLOTS].clone()
+    assert together(eng, prompts[:3]) == want[:3] == eager
+    assert calls == [3] * 11  # every decode step after the prefill's token
+    assert torch.equal(eng.cache.all[:, 3:NUM_SLOTS].view(torch.int32), others.view(torch.int32))
+    assert together(eng, prompts) == want
+    assert calls[11:] == [8] * 11
+
+
 def test_without_a_compiler_the_engine_says_so_and_stays_eager(tiny_llama, tmp_path, monkeypatch):
     monkeypatch.setenv("FGCHAT_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(cpu_compiled, "compiler_available", lambda: False)
@@ -163,7 +210,8 @@ def test_a_build_that_failed_is_not_tried_again_for_the_same_weights(tiny_llama,
     cfg = EngineConfig(model=str(tiny_llama), device="cpu", dtype="float32", max_context=256,
                        tuning=Tuning(cpu_compile=True))
     probe = Engine(EngineConfig(model=str(tiny_llama), device="cpu", dtype="float32", max_context=256))
-    key = cpu_compiled.fingerprint(probe.decoder, tuple(probe.cache.k[0].shape))
+    slots, *rest = probe.cache.k[0].shape
+    key = cpu_compiled.fingerprint(probe.decoder, (slots + 1, *rest))  # the compiling engine's scratch slot
     marker = cpu_compiled.package_path(tmp_path, key).with_suffix(".failed")
     marker.parent.mkdir(parents=True)
     marker.write_text("RuntimeError: the compiled step left the eager decoder's logits")

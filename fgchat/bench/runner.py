@@ -110,6 +110,12 @@ def run_all(spec: BenchSpec) -> dict[str, Any]:
     if engine.cpu_step is not None and engine.cpu_step.building:
         print("building the compiled CPU step (once for these weights)...", file=sys.stderr, flush=True)
     engine.poll_cpu_step(wait=True)
+    if engine.program.compiled is not None and max(spec.batch_sizes) > 1:  # and that of batches 2..8
+        engine.want_cpu_batch_step()
+        if engine.cpu_batch_step is not None and engine.cpu_batch_step.building:
+            print("building the compiled CPU step of batches 2-8 (once for these weights)...", file=sys.stderr,
+                  flush=True)
+        engine.poll_cpu_step(wait=True)
     if engine.max_context < need:
         from fgchat.protocol.errors import FgchatError
 
@@ -126,8 +132,7 @@ def run_all(spec: BenchSpec) -> dict[str, Any]:
             "pipelined": engine.pipelined,
             "pdl": engine.decoder.pdl,
             "tuning_changed": engine.tuning.changed(),
-            "cpu_step": None if engine.device.type != "cpu" else (
-                "compiled" if engine.program.compiled is not None else "eager"),
+            "cpu_step": info.cpu_step or None,
             "gc_frozen_objects": frozen,
             "kernel_warmup_s": info.kernel_warmup_s,
             "startup_check": asdict(info.startup_check) if info.startup_check else None,

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from fgchat.engine.admission import share_prompts
-from fgchat.engine.cpu_compiled import Builder
+from fgchat.engine.cpu_compiled import LANES, Builder
 from fgchat.engine.cpu_malloc import keep_freed_blocks, release_free_blocks
 from fgchat.engine.kernels import sampling
 from fgchat.engine.kv_cache import NUM_SLOTS, KVCache, choose_max_context
@@ -98,14 +98,18 @@ class Engine:
             self.cfg, self.dtype, self.device, config.max_context, self._kv_budget()
         )
         self.notes.append(f"max context {self.max_context} tokens ({why})")
-        self.cache = KVCache(self.cfg, self.max_context, self.device, self.dtype)
+        compiles = self.device.type == "cpu" and self.tuning.cpu_compile
+        # the compiled batch step's empty lanes write to a slot of their own (engine.cpu_compiled)
+        self.cache = KVCache(self.cfg, self.max_context, self.device, self.dtype, extra_slots=int(compiles))
         startup_mark("engine: kv cache allocated")
         self.scheduler = Scheduler()
         self.history = SlotHistory(NUM_SLOTS)  # what each slot's rows hold (engine.prefix_reuse)
         self._settled = False  # the work after the deferred captures is done (capture_idle)
         self._build(self._use_fused())
-        self.cpu_step: Builder | None = None
-        if self.device.type == "cpu" and self.tuning.cpu_compile and not self.decoder.fused:
+        self.cpu_step: Builder | None = None  # batch 1's package
+        self.cpu_batch_step: Builder | None = None  # batches 2..LANES: built once a batch ran
+        self._cpu_spec: dict | None = None
+        if compiles and not self.decoder.fused:
             self._start_cpu_step(reloadable)
         cuda = self.device.type == "cuda"
         self._pipelined = cuda if self.tuning.pipeline is None else self.tuning.pipeline
@@ -191,12 +195,13 @@ class Engine:
         package exists, else built in a child process while this engine serves eagerly."""
         c = self.config
         spec = {"config": {"model": c.model, "preset": c.preset, "seed": c.seed, "outliers": c.outliers,
-                           "dtype": self.dtype_name}, "max_context": self.max_context}
+                           "dtype": self.dtype_name}, "max_context": self.max_context, "extra_slots": 1}
         try:
             self.cpu_step = Builder(self.decoder, self.cache.k, self.cache.v, spec, default_cache_root())
             if not reloadable and not self.cpu_step.path.is_file():
                 self.cpu_step = None  # weights handed in: no child could load them
                 return
+            self._cpu_spec = spec
             self.cpu_step.start()
         except OSError as exc:  # an unwritable cache directory, a child that cannot start
             self.notes.append(f"compiled CPU step off: {one_line(exc)}")
@@ -210,21 +215,53 @@ class Engine:
         elif not self.tuning.idle_capture:  # else loaded while idle (~1 s), like deferred captures
             self.poll_cpu_step()
 
+    def want_cpu_batch_step(self) -> None:
+        """Batches of 2..LANES through a compiled step too: its package loaded where it exists,
+        else built by a child once batch 1's build has ended (one build at a time)."""
+        if self._cpu_spec is None or self.cpu_batch_step is not None:
+            return
+        if self.cpu_step is None or self.cpu_step.building or self.program.compiled is None:
+            self.program.lanes_wanted = True  # asked again by the next poll
+            return
+        self.program.lanes_wanted = False
+        try:
+            self.cpu_batch_step = Builder(self.decoder, self.cache.k, self.cache.v, self._cpu_spec,
+                                          default_cache_root(), LANES)
+            self.cpu_batch_step.start()
+        except OSError as exc:
+            self.notes.append(f"compiled CPU batch step off: {one_line(exc)}")
+            self._cpu_spec = None
+            return
+        if self.cpu_batch_step.building:
+            self.notes.append(f"compiling the CPU step of batches 2-{LANES} in the background (once for "
+                              "these weights, ~100 s on two cores); eager until it is ready")
+            self._info_due = True
+
     def poll_cpu_step(self, wait: bool = False) -> bool:
-        """Loads the compiled CPU step once its package is there (wait: until its build is done);
-        True when this call loaded it or found it failed (the next step() sends an EngineInfo)."""
-        if self.cpu_step is None or not self.cpu_step.pending:
-            return False
-        step = self.cpu_step.poll(wait)
-        if step is not None:
-            self.program.compiled = step
-            self.notes.append("batch-1 steps run the compiled CPU step")
-        elif self.cpu_step.failed:
-            self.notes.append(f"compiled CPU step off: {self.cpu_step.failed}")
-        else:
-            return False
-        self._info_due = True
-        return True
+        """Loads a compiled CPU step once its package is there (wait: until its build is done),
+        batch 1's first; True when this call loaded one or found it failed (the next step() sends
+        an EngineInfo)."""
+        if self.program.lanes_wanted:
+            self.want_cpu_batch_step()
+        for builder, lanes in ((self.cpu_step, 1), (self.cpu_batch_step, LANES)):
+            if builder is None or not builder.pending:
+                continue
+            step = builder.poll(wait)
+            what = "batch-1 steps run" if lanes == 1 else f"steps of batches 2-{LANES} run"
+            if step is not None:
+                if lanes == 1:
+                    self.program.compiled = step
+                else:
+                    self.program.compiled_lanes = step
+                self.notes.append(f"{what} the compiled CPU step")
+            elif builder.failed:
+                label = "" if lanes == 1 else f" for batches 2-{LANES}"
+                self.notes.append(f"compiled CPU step off{label}: {builder.failed}")
+            else:
+                return False
+            self._info_due = True
+            return True
+        return False
 
     def _make_modes(self) -> ModeSet:
         return ModeSet(self.program, self.tuning, self.notes.append)
@@ -324,10 +361,15 @@ class Engine:
         )
 
     def _cpu_step_state(self) -> str:
+        """eager, compiling, compiled (batch 1), compiled+compiling (batches 2.. being built) or
+        compiled+batch (every batch size); "" on CUDA."""
         if self.device.type != "cpu":
             return ""
         if self.program.compiled is not None:
-            return "compiled"
+            if self.program.compiled_lanes is not None:
+                return "compiled+batch"
+            batch = self.cpu_batch_step
+            return "compiled+compiling" if batch is not None and batch.building else "compiled"
         return "compiling" if self.cpu_step is not None and self.cpu_step.building else "eager"
 
     @property
