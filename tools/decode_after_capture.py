@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import time
 
 os.environ.setdefault("FGCHAT_PREFILL_GRAPHS", "0")
 os.environ.setdefault("FGCHAT_PREFILL_BATCH_ROUTE", "0")
@@ -77,8 +78,6 @@ def act(eng, action: str, batch_len: int = 200) -> None:  # noqa: ANN001
         eng.run_until_done()
         print("batch route graphs", sorted(eng.modes.prefill_graphs.batch_graphs), "bucket",
               batch_bucket([batch_len] * 2, eng.max_context), "stale", eng.modes.decode_stale())
-        import time
-
         longest = 0.0
         while True:  # the longest idle pass: how long a request sent meanwhile would wait
             t = time.perf_counter()

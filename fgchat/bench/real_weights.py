@@ -166,8 +166,9 @@ def run_all(model: str, tokens: int = 16, dtypes: tuple[str, ...] = DTYPES) -> d
 def run_cpu(model: str, tokens: int = 32, dtypes: tuple[str, ...] = ("float32", "bfloat16"),
             compiled: bool = False) -> dict:
     """The CPU's table: fgchat on CPU (eager, plain torch ops; with `compiled` also the compiled
-    steps, engine.cpu_compiled: each prompt alone, then all eight together) in each dtype against transformers on CPU in the same dtype
-    and in float32, the first `tokens` greedy tokens of each prompt."""
+    steps, engine.cpu_compiled: each prompt alone, then all eight together) in each dtype against
+    transformers on CPU in the same dtype and in float32, the first `tokens` greedy tokens of each
+    prompt."""
     from fgchat.protocol.config import EngineConfig
     from fgchat.engine.core import Engine
     from fgchat.engine.model.resolve import resolve_model

@@ -268,7 +268,6 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-
 class Builder:
     """An engine's compiled step: its package loaded where it exists, else built by a child
     process (`main`) while the engine serves eagerly; `poll()` loads it when it is there."""

@@ -151,14 +151,18 @@ def one_line(exc: BaseException) -> str:
 # ---- the loop that owns the engine -------------------------------------------------------------
 
 
-def _captures_graphs(config: Any, driver: str = "/proc/driver/nvidia/version") -> bool:
+# present where an NVIDIA driver is loaded (read without importing torch)
+NVIDIA_DRIVER_FILE = "/proc/driver/nvidia/version"
+
+
+def _captures_graphs(config: Any, driver: str = NVIDIA_DRIVER_FILE) -> bool:
     """Whether the engine will likely run on CUDA (and capture graphs): not asked for the CPU and
     an NVIDIA driver present, judged without importing torch."""
     device = (getattr(config, "device", None) or "auto").strip()
     return device != "cpu" and os.path.exists(driver)
 
 
-def startup_phase(config: Any, driver: str = "/proc/driver/nvidia/version") -> str:
+def startup_phase(config: Any, driver: str = NVIDIA_DRIVER_FILE) -> str:
     """What building the engine for `config` will spend its time on, in a few words."""
     graphs = " and capturing graphs" if _captures_graphs(config, driver) else ""
     if getattr(config, "preset", None):

@@ -116,8 +116,9 @@ class Tuning:
     cpu_packed: bool = True
     # CPU: freed blocks of up to 32 MB kept by glibc's malloc for reuse (engine.cpu_malloc)
     cpu_malloc: bool = True
-    # CPU: batch-1 decode steps through one compiled function (engine.cpu_compiled), built once per
-    # weights in a child process while the engine serves eagerly. Off for an Engine used directly
+    # CPU: decode steps through one compiled function (engine.cpu_compiled; batch 1's package, and
+    # the batch package once a batch ran), built once per weights in a child process while the
+    # engine serves eagerly. Off for an Engine used directly
     # (tests, bench, generate); the engine process turns it on (process.engine_process_config)
     cpu_compile: bool = False
     # CPU decode attention of a half-precision cache in its own dtype (True) or through float32
