@@ -195,7 +195,8 @@ class Engine:
         package exists, else built in a child process while this engine serves eagerly."""
         c = self.config
         spec = {"config": {"model": c.model, "preset": c.preset, "seed": c.seed, "outliers": c.outliers,
-                           "dtype": self.dtype_name}, "max_context": self.max_context, "extra_slots": 1}
+                           "dtype": self.dtype_name}, "max_context": self.max_context, "extra_slots": 1,
+                "gemm_templates": self.tuning.cpu_gemm_templates}
         try:
             self.cpu_step = Builder(self.decoder, self.cache.k, self.cache.v, spec, default_cache_root())
             if not reloadable and not self.cpu_step.path.is_file():

@@ -1,22 +1,26 @@
 """The CPU decode step as one natively compiled function (AOTInductor): every layer's norms,
-products, RoPE, cache writes and attention in generated C++ that calls oneDNN's packed products
-directly, instead of ~1,200 torch calls from Python a step. Two packages per weights: one lane
-(batch 1, built at start) and LANES lanes (batches 2..LANES, built once a batch first ran; the
-lanes a batch leaves empty write and read the cache's scratch slot, one row).
+products, RoPE, cache writes and attention in generated C++, instead of ~1,200 torch calls from
+Python a step. Each product is inductor's C++ GEMM template (micro-kernels generated for that
+weight's shape and this CPU's vector / matrix instructions, the weight packed for them) or
+oneDNN's packed product, whichever timed faster while the package was built (`templates`; on a
+2-vCPU Xeon with AMX the templates took the embedded model's batch-1 step from ~14 to ~8 ms).
+Two packages per weights: one lane (batch 1, built at start) and LANES lanes (batches 2..LANES,
+built once a batch first ran; the lanes a batch leaves empty write and read the cache's scratch
+slot, one row).
 
 Why: between two packed products a step's small torch calls run on caches the product's weight
 stream just evicted (notes: decode-step.md, session 34), so a step spent ~8 ms on them against
 ~3 ms when they run alone. One compiled function has no calls between products.
 
-A package is built once per (weights, dtype, cache shape, lanes, torch, CPU) by `build_package` in
-a process of its own (`python -m fgchat.engine.cpu_compiled SPEC`: ~40 s for one lane, ~100 s for
-eight, on two cores for the embedded model) and kept in the cache directory; an engine loads it in
-about a second.
+A package is built once per (weights, dtype, cache shape, lanes, templates, threads, torch, CPU) by
+`build_package` in a process of its own (`python -m fgchat.engine.cpu_compiled SPEC`: ~60 s for
+one lane, ~100 s for eight, on two cores for the embedded model) and kept in the cache directory;
+an engine loads it in about a second.
 
 Invariants:
 - the package's key hashes the weights themselves (a sample of every tensor's values, all shapes),
-  the cache shape, the lanes, the dtype, torch's version, this file's source and the CPU's flags: a
-  package is never used for other weights or another build;
+  the cache shape, the lanes, the dtype, the GEMM choice, torch's thread count and version, this
+  file's source and the CPU's flags: a package is never used for other weights or another build;
 - a package is written only after its step matched the eager decoder's logits on a probe prompt
   (within `PROBE_TOLERANCE` of their largest value) and picked the same token or one tied with it
   within that tolerance; written to a temporary name, then renamed, so a reader never sees a
@@ -60,7 +64,7 @@ def compiler_available() -> bool:
     return any(shutil.which(c) for c in (os.environ.get("CXX", ""), "c++", "g++", "clang++") if c)
 
 
-def fingerprint(dec: Decoder, cache_shape: tuple[int, ...], lanes: int = 1) -> str:
+def fingerprint(dec: Decoder, cache_shape: tuple[int, ...], lanes: int = 1, templates: bool = True) -> str:
     """The package key (see the module's invariants)."""
     h = hashlib.sha256()
     w = dec.w
@@ -80,7 +84,9 @@ def fingerprint(dec: Decoder, cache_shape: tuple[int, ...], lanes: int = 1) -> s
             flags = next((line for line in f if line.startswith("flags")), "")
     except OSError:
         pass
-    h.update(repr((cache_shape, lanes, dec.cfg.rms_eps, torch.__version__, flags)).encode())
+    # the GEMM templates' blocking and thread count are fixed when the package is generated
+    h.update(repr((cache_shape, lanes, templates, torch.get_num_threads(), dec.cfg.rms_eps, torch.__version__,
+                   flags)).encode())
     h.update(Path(__file__).read_bytes())
     return h.hexdigest()[:24]
 
@@ -188,10 +194,11 @@ def load(path: Path, k_caches: list[torch.Tensor], v_caches: list[torch.Tensor],
 
 
 def build_package(dec: Decoder, k_caches: list[torch.Tensor], v_caches: list[torch.Tensor], path: Path,
-                  lanes: int = 1) -> None:
+                  lanes: int = 1, templates: bool = True) -> None:
     """Export and compile the step of `lanes` lanes, check it against the eager decoder on a probe
-    prompt in slot 0 (its rows are overwritten), then write the package to `path`. Raises
-    RuntimeError when the check fails."""
+    prompt in slot 0 (its rows are overwritten), then write the package to `path`. templates: each
+    product is timed as inductor's C++ GEMM template and as oneDNN's packed product while compiling,
+    and the faster is generated (else oneDNN's throughout). Raises RuntimeError when the check fails."""
     import torch._inductor.config as inductor_config
 
     caches = list(k_caches) + list(v_caches)
@@ -200,8 +207,11 @@ def build_package(dec: Decoder, k_caches: list[torch.Tensor], v_caches: list[tor
                torch.arange(lanes), *caches)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp.pt2")
-    # freezing: the weights become constants, so inductor packs the products for oneDNN
-    with torch.inference_mode(False), torch.no_grad(), inductor_config.patch(freezing=True):
+    # freezing: the weights become constants, so inductor packs them for oneDNN or for its templates
+    settings: dict[str, object] = {"freezing": True}
+    if templates:
+        settings.update(max_autotune=True, max_autotune_gemm_backends="CPP,ATEN")
+    with torch.inference_mode(False), torch.no_grad(), inductor_config.patch(settings):
         exported = torch.export.export(module, example, strict=False)
         torch._inductor.aoti_compile_and_package(exported, package_path=str(tmp))
     try:
@@ -254,14 +264,14 @@ def main(argv: list[str]) -> int:
         loaded = load_model(cfg.get("model"), device, dtype)
     dec = Decoder(loaded.cfg, loaded.weights, spec["max_context"], False, Tuning())
     cache = KVCache(loaded.cfg, spec["max_context"], device, dtype, extra_slots=spec.get("extra_slots", 0))
-    lanes = spec.get("lanes", 1)
-    key = fingerprint(dec, tuple(cache.k[0].shape), lanes)
+    lanes, templates = spec.get("lanes", 1), spec.get("gemm_templates", True)
+    key = fingerprint(dec, tuple(cache.k[0].shape), lanes, templates)
     if key != spec["key"]:
         print(f"cpu step: the weights loaded here differ from the engine's ({key} != {spec['key']})", file=sys.stderr)
         return 2
     path = Path(spec["path"])
     try:
-        build_package(dec, cache.k, cache.v, path, lanes)
+        build_package(dec, cache.k, cache.v, path, lanes, templates)
     except Exception as exc:  # noqa: BLE001 - any failure: said once, not retried for this key
         path.with_suffix(".failed").write_text(f"{type(exc).__name__}: {exc}".splitlines()[0][:300])
         raise
@@ -276,7 +286,7 @@ class Builder:
                  spec: dict, root: Path, lanes: int = 1) -> None:
         self.k, self.v = k_caches, v_caches
         self.lanes = lanes
-        self.key = fingerprint(dec, tuple(k_caches[0].shape), lanes)
+        self.key = fingerprint(dec, tuple(k_caches[0].shape), lanes, spec.get("gemm_templates", True))
         self.path = package_path(root, self.key)
         self.spec = {**spec, "key": self.key, "path": str(self.path), "lanes": lanes}
         self.proc = None

@@ -121,6 +121,9 @@ class Tuning:
     # engine serves eagerly. Off for an Engine used directly
     # (tests, bench, generate); the engine process turns it on (process.engine_process_config)
     cpu_compile: bool = False
+    # CPU: the compiled step's products from inductor's C++ GEMM templates, each picked against
+    # oneDNN's packed product by timing both while the package is built (engine.cpu_compiled)
+    cpu_gemm_templates: bool = True
     # CPU decode attention of a half-precision cache in its own dtype (True) or through float32
     # copies (False); None: whichever is faster on this machine (attention.cpu_sdpa.half_kernel_pays)
     cpu_attn_half: bool | None = None
@@ -155,6 +158,7 @@ class Tuning:
             cpu_packed=_flag("FGCHAT_CPU_PACKED", d.cpu_packed),
             cpu_malloc=_flag("FGCHAT_CPU_MALLOC", d.cpu_malloc),
             cpu_compile=_flag("FGCHAT_CPU_COMPILE", d.cpu_compile),
+            cpu_gemm_templates=_flag("FGCHAT_CPU_GEMM_TEMPLATES", d.cpu_gemm_templates),
             cpu_attn_half=_tristate("FGCHAT_CPU_ATTN_HALF", d.cpu_attn_half),
             prefix_reuse=_tristate("FGCHAT_PREFIX_REUSE", d.prefix_reuse),
         )
