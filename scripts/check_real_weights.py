@@ -24,7 +24,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=None, help="greedy tokens per prompt (16 CUDA, 32 CPU)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--compiled", action="store_true",
-                    help="CPU: also the compiled steps (built once per weights: ~40 s, the batch package ~100 s)")
+                    help="CPU: also the compiled steps (built once per weights: ~60 s, the batch package ~100 s)")
     args = ap.parse_args()
     if args.device == "cpu":
         result = run_cpu(args.model, args.tokens or 32, compiled=args.compiled)

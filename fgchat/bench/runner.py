@@ -100,7 +100,7 @@ def run_all(spec: BenchSpec) -> dict[str, Any]:
     need = spec.prompt_len + spec.output_len + 8
     # every round prefills its prompts afresh: no slot's rows from an earlier round are reused
     # on CPU the compiled batch-1 step, as the chat's and the server's engine run it (built here
-    # once for these weights before any round: ~40 s); FGCHAT_CPU_COMPILE=0 times eager alone
+    # once for these weights before any round: ~60 s); FGCHAT_CPU_COMPILE=0 times eager alone
     tuning = dataclasses.replace(Tuning.from_env(Tuning(cpu_compile=True)), prefix_reuse=False)
     engine = Engine(EngineConfig(
         model=spec.model, preset=spec.preset, device=spec.device, dtype=spec.dtype,

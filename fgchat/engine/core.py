@@ -210,7 +210,7 @@ class Engine:
             return
         if self.cpu_step.building:
             self.notes.append("compiling the CPU step in the background (once for these weights, "
-                              "~40 s on two cores); eager until it is ready")
+                              "~60 s on two cores); eager until it is ready")
         elif self.cpu_step.failed:
             self.notes.append(f"compiled CPU step off: {self.cpu_step.failed}")
         elif not self.tuning.idle_capture:  # else loaded while idle (~1 s), like deferred captures
