@@ -30,9 +30,10 @@
 # Environment:
 #   LLAMACPP_WORK  where sources, builds and GGUFs go (default /tmp/llamacpp)
 #   OUT            results (default /tmp/llamacpp-out)
-#   DTYPES         weight dtypes to bench, space separated (default "bf16 f16")
+#   DTYPES         weight dtypes to bench, space separated: bf16, f16, f32 (default "bf16 f16")
 #   BATCHES        batch sizes (default "1,8"); REPEATS timed runs per batch size after one
-#                  warm-up run (default 3, as fgchat bench); PROMPT (512), NEW (128), CTX (8192)
+#                  warm-up run (default 3, as fgchat bench); PROMPT (512), NEW (128), CTX (8192,
+#                  or the largest batch x (PROMPT + NEW) + 256 cells where that is more)
 #   KIND           build to bench (default: cuda where built, else cpu)
 #   THREADS        llama.cpp's -t / -tb (default: its own choice)
 #   JOBS           build parallelism (default nproc)
@@ -270,7 +271,10 @@ bench() {
     LD_LIBRARY_PATH="$(paste -sd: "$WORK/ld-path")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
     export LD_LIBRARY_PATH
   fi
-  local batches=${BATCHES:-1,8} repeats=${REPEATS:-3} pp=${PROMPT:-512} tg=${NEW:-128} ctx=${CTX:-8192}
+  local batches=${BATCHES:-1,8} repeats=${REPEATS:-3} pp=${PROMPT:-512} tg=${NEW:-128}
+  # the largest batch's sequences share one cache of ctx cells: 8 x (1000 + 32) no longer fit 8192
+  local most=$(tr ',' '\n' <<< "$batches" | sort -n | tail -1) ctx=${CTX:-}
+  [[ -n $ctx ]] || ctx=$(( most * (pp + tg) + 256 > 8192 ? most * (pp + tg) + 256 : 8192 ))
   # one warm-up run per batch size, then REPEATS timed ones: -npl 1,8,1,8,1,8,1,8
   local npl=$batches i
   for ((i = 0; i < repeats; i++)); do npl+=",$batches"; done

@@ -36,7 +36,7 @@ def _floats(tensor) -> np.ndarray:
     return data.astype(np.float32)
 
 
-@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+@pytest.mark.parametrize("dtype", ["bf16", "f16", "f32"])
 def test_tiny_preset_round_trip(tmp_path, dtype):
     tool = _tool()
     cfg = json.loads(preset_path("tiny").read_text())
@@ -63,7 +63,7 @@ def test_tiny_preset_round_trip(tmp_path, dtype):
         assert _values(r, key) == value, key
     assert _values(r, "llama.rope.freq_base") == pytest.approx(cfg["rope_theta"])
     assert _values(r, "llama.attention.layer_norm_rms_epsilon") == pytest.approx(cfg["rms_norm_eps"])
-    assert _values(r, "general.file_type") == (32 if dtype == "bf16" else 1)
+    assert _values(r, "general.file_type") == {"bf16": 32, "f16": 1, "f32": 0}[dtype]
 
     tokens = _values(r, "tokenizer.ggml.tokens")
     assert _values(r, "tokenizer.ggml.model") == "llama"
@@ -87,7 +87,8 @@ def test_tiny_preset_round_trip(tmp_path, dtype):
     assert got == want
     assert len(r.tensors) == 2 + 9 * cfg["num_hidden_layers"]
 
-    weight_type = gguf.GGMLQuantizationType.BF16 if dtype == "bf16" else gguf.GGMLQuantizationType.F16
+    weight_type = {"bf16": gguf.GGMLQuantizationType.BF16, "f16": gguf.GGMLQuantizationType.F16,
+                   "f32": gguf.GGMLQuantizationType.F32}[dtype]
     for t in r.tensors:
         x = _floats(t)
         if t.name.endswith("norm.weight"):

@@ -1,4 +1,4 @@
-"""A GGUF file of random weights (llama architecture, f16 or bf16) of one of our presets' shapes,
+"""A GGUF file of random weights (llama architecture, f16, bf16 or f32) of one of our presets' shapes,
 for peers that read GGUF (llama.cpp: scripts/llama_cpp.sh bench). Weights are normal with std 0.02,
 norm weights 1; tied embeddings write no output.weight; llama3/linear RoPE scaling is written as
 llama.cpp's rope_freqs factors (from fgchat's own rope_inv_freq). The tokenizer is synthetic: an SPM
@@ -8,7 +8,7 @@ then made-up pieces), enough for llama.cpp to load the model and draw random tok
 The file is written tensor by tensor: only the largest tensor is ever held in memory (1 GiB for the
 8B preset's embeddings in bf16), never the whole model.
 
-Usage: python tools/random_gguf.py PRESET [-o FILE] [--dtype bf16|f16] [--seed 0]
+Usage: python tools/random_gguf.py PRESET [-o FILE] [--dtype bf16|f16|f32] [--seed 0]
        (PRESET: a name in fgchat/presets, or a path to a config.json)
 """
 
@@ -35,7 +35,10 @@ from fgchat.engine.model.config import ModelConfig, parse_config, rope_inv_freq 
 from fgchat.presets import preset_names, preset_path  # noqa: E402
 
 DTYPES = {"bf16": (gguf.GGMLQuantizationType.BF16, gguf.LlamaFileType.MOSTLY_BF16),
-          "f16": (gguf.GGMLQuantizationType.F16, gguf.LlamaFileType.MOSTLY_F16)}
+          "f16": (gguf.GGMLQuantizationType.F16, gguf.LlamaFileType.MOSTLY_F16),
+          "f32": (gguf.GGMLQuantizationType.F32, gguf.LlamaFileType.ALL_F32)}
+# numpy's dtype of a weight's elements in the file (bf16: its bits as uint16)
+NP_DTYPES = {"bf16": np.uint16, "f16": np.float16, "f32": np.float32}
 CHUNK = 1 << 22  # elements drawn per generator call
 STD = 0.02
 # tokenizer.ggml.token_type values (llama.cpp's llama_token_type)
@@ -129,7 +132,7 @@ def vocab(cfg: ModelConfig, raw: dict) -> tuple[list[str], list[float], list[int
 
 
 def _fill(out: np.ndarray, kind: str, seed: int, index: int, std: float) -> None:
-    """Random normal(0, std) values into out (float16 or bf16 bits as uint16), chunk by chunk;
+    """Random normal(0, std) values into out (float32, float16 or bf16 bits as uint16), chunk by chunk;
     chunk c of tensor index draws from its own generator, so the values do not depend on the
     number of threads."""
     flat = out.reshape(-1)
@@ -140,7 +143,7 @@ def _fill(out: np.ndarray, kind: str, seed: int, index: int, std: float) -> None
         hi = min(lo + CHUNK, flat.size)
         x = np.random.default_rng([seed, index, c]).standard_normal(hi - lo, dtype=np.float32)
         x *= std
-        if kind == "f16":
+        if kind in ("f16", "f32"):
             flat[lo:hi] = x
         else:  # bf16: round to nearest even on the float32 bits (normal samples are finite)
             u = x.view(np.uint32)
@@ -182,9 +185,9 @@ def write(preset: str, path: str | Path, dtype: str = "bf16", seed: int = 0, std
     for tname, shape, kind in plan:
         count = int(np.prod(shape))
         if kind == "weight":
-            np_dtype = np.float16 if dtype == "f16" else np.uint16
-            w.add_tensor_info(tname, shape, np.dtype(np_dtype), count * 2,
-                              raw_dtype=None if dtype == "f16" else qtype)
+            np_dtype = np.dtype(NP_DTYPES[dtype])
+            w.add_tensor_info(tname, shape, np_dtype, count * np_dtype.itemsize,
+                              raw_dtype=qtype if dtype == "bf16" else None)
         else:
             w.add_tensor_info(tname, shape, np.dtype(np.float32), count * 4)
     w.write_header_to_file()
@@ -197,7 +200,7 @@ def write(preset: str, path: str | Path, dtype: str = "bf16", seed: int = 0, std
         elif kind == "rope_freqs":
             data = rope_factors(cfg)
         else:
-            data = np.empty(shape, dtype=np.float16 if dtype == "f16" else np.uint16)
+            data = np.empty(shape, dtype=NP_DTYPES[dtype])
             _fill(data, dtype, seed, index, std)
         w.write_tensor_data(data)
         del data

@@ -133,6 +133,8 @@ def run_all(spec: BenchSpec) -> dict[str, Any]:
             "pdl": engine.decoder.pdl,
             "tuning_changed": engine.tuning.changed(),
             "cpu_step": info.cpu_step or None,
+            # why a compiled CPU step is not in these rounds (its build failed, no compiler, ...)
+            "cpu_step_off": [n for n in info.notes if n.startswith("compiled CPU step off")],
             "gc_frozen_objects": frozen,
             "kernel_warmup_s": info.kernel_warmup_s,
             "startup_check": asdict(info.startup_check) if info.startup_check else None,
