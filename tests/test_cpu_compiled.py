@@ -97,10 +97,9 @@ def together(eng: Engine, prompts: list[list[int]], n: int = 12) -> list[list[in
 
 def test_a_batch_asks_for_the_batch_package_whose_lanes_each_give_the_float32_tokens(
         tiny_llama, tmp_path, monkeypatch):
-    """A batch that ran eagerly asks for the batch package (built once batch 1's is loaded, started
-    by the next step while the batch still runs); then batches of 3 and 8 run through it (3 beside
-    5 empty lanes in the scratch slot), each sequence with transformers' float32 greedy tokens, and
-    the slots outside the batch keep their bytes."""
+    """A batch that ran eagerly asks for the batch package, built once batch 1's is loaded; then
+    batches of 3 and 8 run through it (3 beside 5 empty lanes in the scratch slot), each sequence
+    with transformers' float32 greedy tokens, and the slots outside the batch keep their bytes."""
     transformers = pytest.importorskip("transformers")
     from fgchat.engine.kv_cache import NUM_SLOTS
 
@@ -111,8 +110,7 @@ def test_a_batch_asks_for_the_batch_package_whose_lanes_each_give_the_float32_to
     assert eng.poll_cpu_step(wait=True) and eng.program.compiled is not None
     prompts = [prompt_of(6 + 5 * i, 40 + i, eng.cfg.vocab_size) for i in range(NUM_SLOTS)]
     eager = together(eng, prompts[:3])
-    # the batch's eager steps asked for it; the busy engine's next step started its build
-    assert eng.cpu_batch_step is not None and eng.cpu_batch_step.building
+    assert eng.program.lanes_wanted and eng.cpu_batch_step is None
     from fgchat.tui.latency_panel import LatencyPanel, PanelView
 
     def line() -> str:  # the console's engine line
@@ -136,62 +134,6 @@ def test_a_batch_asks_for_the_batch_package_whose_lanes_each_give_the_float32_to
     assert torch.equal(eng.cache.all[:, 3:NUM_SLOTS].view(torch.int32), others.view(torch.int32))
     assert together(eng, prompts) == want
     assert calls[11:] == [8] * 11
-
-
-@pytest.mark.timeout(400)
-def test_a_busy_engine_gets_both_packages_without_an_idle_moment(tiny_llama, tmp_path, monkeypatch):
-    """Requests keep the engine busy, as a loaded server's do (a new one is submitted before every
-    step; two at a time once batch 1's step is in): each niced build the steps starve for
-    STARVED_S is started again at normal priority, the first build's package is loaded on a thread
-    while the steps go on, the batches that ran eagerly start the batch package's build, which is
-    loaded the same way; step() says so in EngineInfo events, every reply keeps the eager step's
-    tokens, and later steps run through both packages."""
-    import time
-
-    import fgchat.engine.core as core
-    from fgchat.protocol.events import EngineInfo
-
-    monkeypatch.setenv("FGCHAT_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(core, "STARVED_S", 1.0)
-    eng = Engine(EngineConfig(model=str(tiny_llama), device="cpu", dtype="float32", max_context=256,
-                              tuning=Tuning(cpu_compile=True, idle_capture=True, prefix_reuse=False)))
-    assert eng.cpu_step.building
-    prompt = prompt_of(7, 3, eng.cfg.vocab_size)
-    want = tokens(eng, prompt)
-    infos: list[EngineInfo] = []
-    replies: list[list[int]] = []
-    running, loads = 0, []  # whether the engine had requests in the step() that loaded a package
-    deadline = time.monotonic() + 360
-    while eng.program.compiled_lanes is None and time.monotonic() < deadline:
-        while running < (2 if eng.program.compiled is not None else 1):
-            eng.submit(prompt, SamplingParams(max_tokens=12, ignore_eos=True))
-            running += 1
-        before, busy = (eng.program.compiled, eng.program.compiled_lanes), eng.has_work()
-        for e in eng.step():
-            if isinstance(e, EngineInfo):
-                infos.append(e)
-            elif isinstance(e, RequestFinished):
-                replies.append(e.summary.token_ids)
-                running -= 1
-        if (eng.program.compiled, eng.program.compiled_lanes) != before:
-            loads.append(busy)
-        assert not eng.cpu_step.failed and not (eng.cpu_batch_step and eng.cpu_batch_step.failed)
-    assert eng.program.compiled is not None and eng.program.compiled_lanes is not None, eng.notes
-    replies += [e.summary.token_ids for e in eng.run_until_done() if isinstance(e, RequestFinished)]
-    assert loads == [True, True]  # capture_idle never ran: each package came in a busy step
-    notes = [n for i in infos for n in i.notes]
-    assert "batch-1 steps run the compiled CPU step" in notes and "steps of batches 2-8 run the compiled CPU step" in notes
-    restarts = [n for n in infos[-1].notes if n.startswith("the compiled step's build restarted at normal priority")]
-    assert len(restarts) == 2 and eng.cpu_step.spec["nice"] == 0 == eng.cpu_batch_step.spec["nice"]
-    assert not list(tmp_path.glob("cpu-step/*.tmp.pt2"))  # the stopped builds' partial packages
-    assert infos[-1].cpu_step == "compiled+batch"
-    assert len(replies) > 2 and all(r == want for r in replies)
-    calls: list[int] = []
-    for step in (eng.program.compiled, eng.program.compiled_lanes):
-        step.run = (lambda run: lambda *a: calls.append(a[0].shape[0]) or run(*a))(step.run)
-    assert together(eng, [prompt, prompt_of(9, 4, eng.cfg.vocab_size)], 6)[0] == want[:6]
-    assert tokens(eng, prompt, 6) == want[:6]
-    assert calls == [2] * 5 + [1] * 5
 
 
 def test_without_a_compiler_the_engine_says_so_and_stays_eager(tiny_llama, tmp_path, monkeypatch):

@@ -1,9 +1,9 @@
 """CPU: an engine that is never idle, as a loaded server's is, from an empty package cache: `clients`
 requests always in flight (a new one submitted as soon as one ends), for `seconds`. Prints, per
 window of `window` seconds, the median decode step (ms), the batch sizes seen and the engine's
-compiled-step state, then when each package was built and loaded. With the engine's busy poll
-(core.Engine.step) the packages arrive while requests run; without it the steps stay eager until
-the engine is idle.
+compiled-step state, then when that state changed. The engine loads a package only while idle,
+and its niced build gets little CPU beside steps that use every core: this measures what such an
+engine serves meanwhile, and what a change to that policy costs or gains.
 
 The converted model is taken from the usual cache; packages go to a fresh directory (`--cache`,
 emptied of `cpu-step/` first), so each run builds them. Run it with PYTHONPATH pointing at the
@@ -51,10 +51,7 @@ def main() -> None:
 
     eng = Engine(engine_process_config(EngineConfig(model=a.model, device="cpu", dtype="auto",
                                                     max_context=a.prompt + a.tokens + 16)))
-    import fgchat.engine.core as core
-
-    print(f"engine: {eng.info().model_name}, {eng.dtype_name}, busy poll in step(): "
-          f"{'poll_cpu_step(background=True)' in Path(core.__file__).read_text()}", flush=True)
+    print(f"engine: {eng.info().model_name}, {eng.dtype_name}, {eng.info().cpu_step}", flush=True)
     g = torch.Generator().manual_seed(0)
     in_flight = 0
     start = time.monotonic()

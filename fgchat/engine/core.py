@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from fgchat.engine.admission import share_prompts
-from fgchat.engine.cpu_compiled import LANES, STARVED_S, Builder
+from fgchat.engine.cpu_compiled import LANES, Builder
 from fgchat.engine.cpu_malloc import keep_freed_blocks, release_free_blocks
 from fgchat.engine.kernels import sampling
 from fgchat.engine.kv_cache import NUM_SLOTS, KVCache, choose_max_context
@@ -109,7 +109,6 @@ class Engine:
         self.cpu_step: Builder | None = None  # batch 1's package
         self.cpu_batch_step: Builder | None = None  # batches 2..LANES: built once a batch ran
         self._cpu_spec: dict | None = None
-        self._busy_since: float | None = None  # monotonic time since which step() has always had work
         if compiles and not self.decoder.fused:
             self._start_cpu_step(reloadable)
         cuda = self.device.type == "cuda"
@@ -239,16 +238,16 @@ class Engine:
                               "these weights, ~100 s on two cores); eager until it is ready")
             self._info_due = True
 
-    def poll_cpu_step(self, wait: bool = False, background: bool = False) -> bool:
+    def poll_cpu_step(self, wait: bool = False) -> bool:
         """Loads a compiled CPU step once its package is there (wait: until its build is done),
         batch 1's first; True when this call loaded one or found it failed (the next step() sends
-        an EngineInfo). background: the load runs on a thread and a later poll takes its step."""
+        an EngineInfo)."""
         if self.program.lanes_wanted:
             self.want_cpu_batch_step()
         for builder, lanes in ((self.cpu_step, 1), (self.cpu_batch_step, LANES)):
             if builder is None or not builder.pending:
                 continue
-            step = builder.poll(wait, background)
+            step = builder.poll(wait)
             what = "batch-1 steps run" if lanes == 1 else f"steps of batches 2-{LANES} run"
             if step is not None:
                 if lanes == 1:
@@ -264,25 +263,6 @@ class Engine:
             self._info_due = True
             return True
         return False
-
-    def _poll_cpu_step_busy(self) -> None:
-        """step()'s share of the compiled CPU steps: a server that is never idle still starts the
-        batch build and gets the packages (a waitpid on the build's child a step, the load on a
-        thread beside the steps), and a niced build it has starved for STARVED_S runs again at
-        the engine's priority."""
-        if not self.has_work():
-            self._busy_since = None
-            return
-        now = time.monotonic()
-        if self._busy_since is None:
-            self._busy_since = now
-        self.poll_cpu_step(background=True)
-        for builder in (self.cpu_step, self.cpu_batch_step):
-            if (builder is not None and builder.building and builder.niced
-                    and now - max(self._busy_since, builder.started_at) >= STARVED_S and builder.restart_unniced()):
-                self.notes.append(f"the compiled step's build restarted at normal priority after {STARVED_S:.0f} s "
-                                  "of steady requests")
-                self._info_due = True
 
     def _make_modes(self) -> ModeSet:
         return ModeSet(self.program, self.tuning, self.notes.append)
@@ -433,7 +413,6 @@ class Engine:
         next step())."""
         if self.has_work():
             return False
-        self._busy_since = None
         if self._trim_due:  # no event to report: the loop asks again, for the work below
             self._trim_due = False
             release_free_blocks()
@@ -539,8 +518,6 @@ class Engine:
         """
         if self._step_delay_s:
             time.sleep(self._step_delay_s)
-        if self.cpu_step is not None:
-            self._poll_cpu_step_busy()
         started = False
         if self.scheduler.waiting and self.scheduler.free_slots:
             self._drain()  # host staging and prefill need the in-flight step's tokens

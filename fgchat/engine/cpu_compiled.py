@@ -15,8 +15,7 @@ stream just evicted (notes: decode-step.md, session 34), so a step spent ~8 ms o
 A package is built once per (weights, dtype, cache shape, lanes, templates, threads, torch, CPU) by
 `build_package` in a process of its own (`python -m fgchat.engine.cpu_compiled SPEC`: ~60 s for
 one lane, ~100 s for eight, on two cores for the embedded model) and kept in the cache directory;
-an engine loads it in about a second: inline while idle, or on a thread beside the steps while
-requests keep it busy (`poll(background=True)`), so a server that is never idle still gets it.
+an engine loads it in about a second.
 
 Invariants:
 - the package's key hashes the weights themselves (a sample of every tensor's values, all shapes),
@@ -40,8 +39,6 @@ import json
 import os
 import shutil
 import sys
-import threading
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -56,10 +53,6 @@ if TYPE_CHECKING:
 # packages kept in the cache directory (the most recently used): one per weights, cache shape and
 # lanes (two models' batch-1 and batch packages), ~1x the weights' bytes each
 KEEP_PACKAGES = 4
-# a build starts at nice 10, so an engine serving eagerly beside it keeps most of the CPU; one that
-# an engine has kept from the CPU this long (busy all along: a loaded server) is started again at
-# the engine's own priority (an unprivileged process cannot lower a child's nice value)
-STARVED_S = 30.0
 # logits of the compiled step may differ from eager's by bf16 roundings the fused code skips
 PROBE_TOLERANCE = 0.03
 # lanes of the batch package: batches of 2..LANES sequences run through it, padded with empty lanes
@@ -256,7 +249,7 @@ def main(argv: list[str]) -> int:
     """The child process: SPEC is a JSON file {"config": EngineConfig fields, "max_context": T,
     "path": where to write, "key": the engine's fingerprint}. Exits 0 when the package exists."""
     spec = json.loads(Path(argv[0]).read_text())
-    os.nice(spec.get("nice", 10))  # beside an engine that is serving eagerly
+    os.nice(10)  # beside an engine that is serving eagerly
     from fgchat.engine.kv_cache import KVCache
     from fgchat.engine.loader import load_model, load_random, pick_dtype
     from fgchat.engine.model.decoder import Decoder
@@ -297,13 +290,9 @@ class Builder:
         self.path = package_path(root, self.key)
         self.spec = {**spec, "key": self.key, "path": str(self.path), "lanes": lanes}
         self.proc = None
-        self.started_at = 0.0  # time.monotonic() when the child started
         self.failed: str | None = None
         self.log = self.path.with_suffix(".log")
         self._load_due = False
-        # a load on a thread of its own (poll(background=True)): its result or its error
-        self._loader: threading.Thread | None = None
-        self._loaded: CompiledStep | BaseException | None = None
 
     def start(self) -> None:
         """A package to load at the next poll where it exists; else the child is started."""
@@ -326,25 +315,6 @@ class Builder:
         with open(self.log, "wb") as log:
             self.proc = subprocess.Popen([sys.executable, "-m", "fgchat.engine.cpu_compiled", str(spec_file)],
                                          stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        self.started_at = time.monotonic()
-
-    @property
-    def niced(self) -> bool:
-        return self.spec.get("nice", 10) > 0
-
-    def restart_unniced(self) -> bool:
-        """The running niced build stopped and started again at the engine's priority (what it
-        compiled so far is lost); False where no niced build runs."""
-        if self.proc is None or not self.niced:
-            return False
-        self.proc.kill()
-        self.proc.wait()
-        self.proc = None
-        for tmp in self.path.parent.glob(f"{self.path.stem}.*.tmp.pt2"):  # the killed child's partial package
-            tmp.unlink(missing_ok=True)
-        self.spec = {**self.spec, "nice": 0}
-        self.start()
-        return True
 
     @property
     def building(self) -> bool:
@@ -352,25 +322,11 @@ class Builder:
 
     @property
     def pending(self) -> bool:
-        """A poll has something to do: a package to load or a child or a loader to wait for."""
-        return self._load_due or self.proc is not None or self._loader is not None
+        """A poll has something to do: a package to load or a child to wait for."""
+        return self._load_due or self.proc is not None
 
-    def poll(self, wait: bool = False, background: bool = False) -> CompiledStep | None:
-        """The loaded step once its package is there (wait: until the child has ended, and the
-        loader). background: the load runs on a thread and a later poll returns its step, so the
-        caller's steps go on meanwhile."""
-        if self._loader is not None:
-            if wait:
-                self._loader.join()
-            if self._loader.is_alive():
-                return None
-            self._loader, result, self._loaded = None, self._loaded, None
-            if isinstance(result, CompiledStep):
-                return result
-            if not isinstance(result, (RuntimeError, OSError)):
-                raise result  # not a package that cannot load: the engine's step says what broke
-            self._load_failed(result)
-            return None
+    def poll(self, wait: bool = False) -> CompiledStep | None:
+        """The loaded step once its package is there (wait: until the child has ended)."""
         if self.proc is not None:
             rc = self.proc.wait() if wait else self.proc.poll()
             if rc is None:
@@ -384,30 +340,13 @@ class Builder:
         if not self._load_due:
             return None
         self._load_due = False
-        if background and not wait:
-            self._loader = threading.Thread(target=self._load_into_result, name="fgchat-cpu-step-load", daemon=True)
-            self._loader.start()
-            return None
         try:
-            return self._load()
-        except (RuntimeError, OSError) as exc:
-            self._load_failed(exc)
+            self.path.touch()  # recently used: kept by prune
+            return load(self.path, self.k, self.v, self.lanes)
+        except (RuntimeError, OSError) as exc:  # a package this torch cannot load: built again next time
+            self.failed = f"cannot load {self.path}: {exc}"
+            self.path.unlink(missing_ok=True)
             return None
-
-    def _load(self) -> CompiledStep:
-        self.path.touch()  # recently used: kept by prune
-        return load(self.path, self.k, self.v, self.lanes)
-
-    def _load_into_result(self) -> None:
-        try:
-            self._loaded = self._load()
-        except BaseException as exc:  # noqa: BLE001 - handed to the next poll on the engine's thread
-            self._loaded = exc
-
-    def _load_failed(self, exc: BaseException) -> None:
-        """A package this torch cannot load: said once, and built again next time."""
-        self.failed = f"cannot load {self.path}: {exc}"
-        self.path.unlink(missing_ok=True)
 
 
 if __name__ == "__main__":
