@@ -253,3 +253,25 @@ def test_an_unwritable_cache_directory_leaves_the_engine_eager_with_one_note(tin
     assert eng.cpu_step is None and eng.info().cpu_step == "eager"
     assert [n for n in eng.notes if n.startswith("compiled CPU step off:")]
     assert len(tokens(eng, prompt_of(5, 1, eng.cfg.vocab_size), 4)) == 4
+
+
+def test_the_bench_says_why_its_cpu_step_is_eager(tiny_llama, tmp_path, monkeypatch):
+    """A CPU bench whose compiled step cannot be had keeps the engine's reason in its JSON and
+    prints it under the "CPU decode step" line."""
+    import io
+
+    from fgchat.bench.report import print_report
+    from fgchat.bench.runner import run_all
+    from fgchat.bench.spec import BenchSpec
+
+    monkeypatch.setenv("FGCHAT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("FGCHAT_CPU_COMPILE", "1")  # the bench's default; the test session turns it off
+    monkeypatch.setattr(cpu_compiled, "compiler_available", lambda: False)
+    result = run_all(BenchSpec(model=str(tiny_llama), modes=["eager"], batch_sizes=[1], prompt_len=8,
+                               output_len=4, repeats=1, device="cpu", dtype="float32", progress=False))
+    meta = result["meta"]
+    assert meta["cpu_step"] == "eager"
+    assert meta["cpu_step_off"] == ["compiled CPU step off: no C++ compiler (c++, g++ or clang++) on PATH"]
+    out = io.StringIO()
+    print_report(result, out)
+    assert "CPU decode step: eager\n  compiled CPU step off: no C++ compiler (c++, g++ or clang++) on PATH\n" in out.getvalue()
