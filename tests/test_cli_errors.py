@@ -35,16 +35,26 @@ def _default_signals() -> None:  # the child starts with default handlers, whate
         signal.signal(sig, signal.SIG_DFL)
 
 
+# float32: no start-up check on any CPU (auto is bf16 on some, with a check between the engine's
+# note and the first step), so the engine's "max context" note comes just before generation starts
+STARTED_ARGS = ("--dtype", "float32")
+
+
+def _wait_for_generation(p: subprocess.Popen) -> None:
+    for line in p.stderr:
+        if "max context" in line:
+            return
+    raise AssertionError(f"generate ended (exit {p.wait()}) before its engine's note")
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT], ids=lambda s: s.name)
 def test_signal_during_generate_keeps_the_json_and_summary(tiny_llama, sig):
     env = {**ENV, "FGCHAT_FAULT": "slow-steps"}  # 5 ms a step: 2000 tokens outlast the signal
-    p = subprocess.Popen(generate_argv(tiny_llama, "--json", "--max-tokens", "2000", "--raw"),
+    p = subprocess.Popen(generate_argv(tiny_llama, *STARTED_ARGS, "--json", "--max-tokens", "2000", "--raw"),
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                          preexec_fn=_default_signals)
     try:
-        for line in p.stderr:  # the startup check's line comes just before generation starts
-            if "startup check" in line:
-                break
+        _wait_for_generation(p)
         time.sleep(0.5)  # well inside the generation loop (2000 steps of >= 5 ms)
         p.send_signal(sig)
         out, err = p.communicate(timeout=120)
@@ -60,13 +70,11 @@ def test_signal_during_generate_keeps_the_json_and_summary(tiny_llama, sig):
 def test_ignored_hangup_stays_ignored(tiny_llama):
     """Under `nohup` (SIGHUP ignored on entry) a hangup does not stop generate."""
     env = {**ENV, "FGCHAT_FAULT": "slow-steps"}
-    p = subprocess.Popen(generate_argv(tiny_llama, "--json", "--max-tokens", "200", "--raw"),
+    p = subprocess.Popen(generate_argv(tiny_llama, *STARTED_ARGS, "--json", "--max-tokens", "200", "--raw"),
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                          preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
     try:
-        for line in p.stderr:
-            if "startup check" in line:
-                break
+        _wait_for_generation(p)
         time.sleep(0.5)
         p.send_signal(signal.SIGHUP)
         out, err = p.communicate(timeout=120)
