@@ -33,9 +33,11 @@ def main() -> None:
     ap.add_argument("--cache", default="/tmp/fgchat-busy-cache", help="FGCHAT_CACHE_DIR for this run")
     a = ap.parse_args()
 
+    from fgchat.engine.model.resolve import default_cache_root
+
     cache = Path(a.cache)
     shutil.rmtree(cache / "cpu-step", ignore_errors=True)
-    usual = Path(os.environ.get("FGCHAT_CACHE_DIR", Path.home() / ".cache" / "fgchat"))
+    usual = default_cache_root()  # read before FGCHAT_CACHE_DIR points at `cache` below
     for entry in usual.iterdir() if usual.is_dir() else ():  # the converted model, not its packages
         if entry.name != "cpu-step" and not (cache / entry.name).exists():
             cache.mkdir(parents=True, exist_ok=True)

@@ -118,8 +118,8 @@ class Tuning:
     cpu_malloc: bool = True
     # CPU: decode steps through one compiled function (engine.cpu_compiled; batch 1's package, and
     # the batch package once a batch ran), built once per weights in a child process while the
-    # engine serves eagerly. Off for an Engine used directly
-    # (tests, bench, generate); the engine process turns it on (process.engine_process_config)
+    # engine serves eagerly. Off for an Engine used directly (tests, generate); the engine process
+    # (process.engine_process_config) and the bench (bench.runner) turn it on
     cpu_compile: bool = False
     # CPU: the compiled step's products from inductor's C++ GEMM templates, each picked against
     # oneDNN's packed product by timing both while the package is built (engine.cpu_compiled)
