@@ -33,6 +33,8 @@
 #   bisectmega  the first mega phase whose persistent launch differs from its phase-by-phase launches,
 #           1B batch 1 with and without the batch-rows-only norm (tools/bisect_mega.py)
 #   envab   fgchat bench with AB_ARGS, ENVAB_VAR=0 and =1 alternating AB_ROUNDS times (one tree)
+#   envsweep  fgchat bench with AB_ARGS once per value of ENVSWEEP_VAR (ENVSWEEP_VALUES, '|' between
+#           values, an empty one: unset), in turn AB_ROUNDS times (one tree)
 #   sdpashapes  the first SDPA call at a shape no bucket covers (prompts past the last bucket, a
 #           prefill after cached rows): torch's default backend against cuDNN excluded
 #   prefillgemm  the prefill's projections at 512 / 4096 rows: cuBLAS against a Triton GEMM swept over
@@ -227,6 +229,18 @@ for what in "$@"; do
         for v in 0 1; do export "${ENVAB_VAR:?}=$v"; bench new "envab-$ENVAB_VAR$v-$i" "${args[@]}"; done
       done
       unset "$ENVAB_VAR" ;;
+    envsweep)  # fgchat bench with AB_ARGS once per value of ENVSWEEP_VAR (ENVSWEEP_VALUES, split on '|';
+      # an empty value leaves the variable unset), the values in turn AB_ROUNDS (2) times, one tree
+      read -r -a args <<< "${AB_ARGS:---preset llama-3.2-1b --random-weights --batch-sizes 1,8 --repeats 2}"
+      IFS='|' read -r -a values <<< "${ENVSWEEP_VALUES:?}"
+      for i in $(seq "${AB_ROUNDS:-2}"); do
+        for j in "${!values[@]}"; do
+          v=${values[$j]}; unset "${ENVSWEEP_VAR:?}"; [[ -n $v ]] && export "$ENVSWEEP_VAR=$v"
+          echo "== $ENVSWEEP_VAR='$v' (value $j, round $i)" | tee -a "$OUT/bench.log"
+          bench new "envsweep-v$j-$i" "${args[@]}"
+        done
+      done
+      unset "$ENVSWEEP_VAR" ;;
     launch)  # host time per Triton launch: plain, fast, bound with tensors, bound with addresses (V51)
       timeout 120 python3 tools/bench_launch.py 2>&1 | tee "$OUT/launch.log" ;;
     8b)  # the 8B preset, full mode only (its random weights take ~16 GB)

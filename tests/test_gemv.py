@@ -82,8 +82,10 @@ def test_config_text_parses_and_rejects():
     assert ProjConfig.parse("16,512,4,4") == ProjConfig(16, 512, 4, 4, False)
     with pytest.raises(ValueError, match="bn,bk"):
         ProjConfig.parse("16,512")
-    with pytest.raises(ValueError, match="bn,bk"):
-        ProjConfig.parse("16,512,4,4,1,1,1")
+    assert ProjConfig.parse("32,256,4,3,1,0,4") == ProjConfig(32, 256, 4, 3, True, False, split=4)
+    for bad in ("16,512,4,4,1,1,2,1", "16,512,4,x", "16,512,4,4,0,0,-2"):
+        with pytest.raises(ValueError, match="bn,bk"):
+            ProjConfig.parse(bad)
 
 
 def test_rows_do_not_depend_on_batch_size():
@@ -137,6 +139,22 @@ def test_routes_of_llama_1b_projections():
     tile = ProjConfig(32, 256, 4, 4)
     assert st.gate_up == Route(True, glu=True, config=ProjConfig(64, 128, 4, 4))
     assert st.qkv == Route(True, config=tile) and st.down == Route(True, split=2, config=tile)
+    # a split given with the tile replaces pick_split's
+    st = _stages(Tuning(proj_configs="down=32,256,4,3,1,0,4"))
+    assert st.down == Route(True, split=4, config=ProjConfig(32, 256, 4, 3, True, split=4))
+
+
+def test_a_split_that_cannot_be_added_is_one_user_error():
+    from fgchat.protocol.errors import FgchatError
+    from fgchat.protocol.tuning import Tuning
+
+    for bad, match in (("gate_up=64,256,4,3,1,0,2", "gate_up cannot be split"),
+                       ("down=32,256,4,3,1,0,3", "split 3 does not cut K=8192"),
+                       ("o=32,512,4,3,0,0,8", "split 8 does not cut K=2048")):
+        with pytest.raises(FgchatError, match=match):
+            _stages(Tuning(proj_configs=bad))
+    with pytest.raises(FgchatError, match="too wide"):  # a 5000-wide o feeds the norm, but unsplit
+        _stages(Tuning(proj_configs="o=32,256,4,3,0,0,2"), hidden=5120)
 
 
 def test_routes_of_llama_8b_projections():

@@ -177,14 +177,19 @@ class ProjConfig:
     num_stages: int = 4
     swap: bool = False  # weight rows as the MMA's M dimension (see tile_product)
     tma: bool = False  # weight tiles by bulk copy where the device has TMA (sm_90+) and tiles divide
+    split: int = 0  # K slices of a norm-fed projection's partial sums (0: pick_split decides)
 
     @classmethod
     def parse(cls, text: str) -> ProjConfig:
-        """"bn,bk,warps,stages[,swap[,tma]]", e.g. "64,128,4,4,1,1" (benchmark and tuning overrides)."""
-        parts = [int(p) for p in text.split(",")]
-        if not 4 <= len(parts) <= 6 or min(parts[:4]) < 1:
-            raise ValueError(f"projection config {text!r}: expected bn,bk,warps,stages[,swap[,tma]]")
-        return cls(*parts[:4], *(bool(p) for p in parts[4:]))
+        """"bn,bk,warps,stages[,swap[,tma[,split]]]", e.g. "64,128,4,4,1,1" or "32,256,4,3,1,0,4"
+        (benchmark and tuning overrides)."""
+        try:
+            parts = [int(p) for p in text.split(",")]
+        except ValueError:
+            parts = []
+        if not 4 <= len(parts) <= 7 or min(parts[:4]) < 1 or min(parts) < 0:
+            raise ValueError(f"projection config {text!r}: expected bn,bk,warps,stages[,swap[,tma[,split]]]")
+        return cls(*parts[:4], *(bool(p) for p in parts[4:6]), *parts[6:])
 
 
 def pick_config(n: int, k: int, glu: bool = False, tma: bool = False) -> ProjConfig:

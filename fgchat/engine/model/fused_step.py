@@ -39,6 +39,8 @@ if TYPE_CHECKING:
 
 # o / down outputs at most this wide run split-K on our kernel (partial sums the norm adds)
 SPLIT_MAX_N = 4096
+# the roles whose output feeds add+RMSNorm, which can add split-K partial sums
+SPLIT_ROLES = ("o", "down")
 
 
 @dataclass(frozen=True)
@@ -115,8 +117,14 @@ class FusedStages:
         # Narrow norm-fed outputs: more programs in flight, partial sums left to the norm (H200:
         # 1B o 5.0 -> 4.1 us); 1B down on cuBLAS measured 1.009 / 1.090 ms vs split on ours
         # 1.017 / 1.110 (b1 / b8), so wider ones stay unsplit by wins_over_cublas.
+        if cfg is not None and cfg.split and not (feeds_norm and w.shape[0] <= SPLIT_MAX_N):
+            raise FgchatError(f"FGCHAT_PROJ_CONFIGS: {role}'s outputs ({w.shape[0]}) are too wide to be "
+                              f"split along K (at most {SPLIT_MAX_N})")
+        if cfg is not None and cfg.split and w.shape[1] % (cfg.split * cfg.block_k):
+            raise FgchatError(f"FGCHAT_PROJ_CONFIGS: {role}'s split {cfg.split} does not cut K={w.shape[1]} "
+                              f"into whole {cfg.block_k}-wide tiles")
         if feeds_norm and w.shape[0] <= SPLIT_MAX_N and mine:
-            split = gemv.pick_split(w.shape[0], w.shape[1], sm_count, cfg)
+            split = cfg.split if cfg is not None and cfg.split else gemv.pick_split(w.shape[0], w.shape[1], sm_count, cfg)
             if by_tma:
                 cfg = gemv.short_slice_config(w.shape[0], w.shape[1], split)
             return Route(True, split, config=cfg)
@@ -242,6 +250,11 @@ class FusedStages:
 def _configs(tuning: Tuning) -> dict[str, gemv.ProjConfig]:
     """Tile overrides per projection role (FGCHAT_PROJ_CONFIGS); a malformed one is a user error."""
     try:
-        return {role: gemv.ProjConfig.parse(text) for role, text in tuning.proj_config_texts().items()}
+        configs = {role: gemv.ProjConfig.parse(text) for role, text in tuning.proj_config_texts().items()}
     except ValueError as exc:
         raise FgchatError(str(exc)) from None
+    for role, cfg in configs.items():
+        if cfg.split and role not in SPLIT_ROLES:
+            raise FgchatError(f"FGCHAT_PROJ_CONFIGS: {role} cannot be split along K (only "
+                              f"{' and '.join(SPLIT_ROLES)}, whose partial sums the next norm adds)")
+    return configs
