@@ -16,12 +16,14 @@ if not torch.cuda.is_available():
 pytest.importorskip("triton")
 
 from fgchat.engine.kernels.gemv import (  # noqa: E402
+    WIDE_K_TILE,
     ProjConfig,
     pick_config,
     pick_split,
     project,
     project_glu,
     project_partials,
+    wide_k_split,
     wins_over_cublas,
 )
 
@@ -130,7 +132,8 @@ def test_routes_of_llama_1b_projections():
 
     st = _stages(Tuning())
     assert st.gate_up == Route(True, glu=True) and st.o == Route(True, split=4)
-    assert st.qkv == Route(True) and st.down == Route(False)  # qkv: ours at every size; down: cuBLAS
+    assert st.qkv == Route(True)  # ours at every size
+    assert st.down == Route(True, split=4, config=WIDE_K_TILE)  # 32 column tiles x 4 slices: 128 programs
     assert pick_config(3072, 2048) == ProjConfig(32, 128, 4, 6)  # 1B qkv: the mid-size tile
     # above the size rule: cuBLAS without PDL (nothing launches early), or without our kernel
     assert _stages(Tuning(), pdl=False).qkv == Route(False) == _stages(Tuning(gemv=False)).qkv
@@ -155,6 +158,32 @@ def test_a_split_that_cannot_be_added_is_one_user_error():
             _stages(Tuning(proj_configs=bad))
     with pytest.raises(FgchatError, match="too wide"):  # a 5000-wide o feeds the norm, but unsplit
         _stages(Tuning(proj_configs="o=32,256,4,3,0,0,2"), hidden=5120)
+
+
+def test_wide_k_split_fills_the_sms_once():
+    from fgchat.engine.model.fused_step import Route
+    from fgchat.protocol.tuning import Tuning
+
+    assert wide_k_split(2048, 8192, 132) == 4  # 1B down: 32 column tiles x 4
+    assert wide_k_split(1536, 8960, 132) == 5  # Qwen2.5-1.5B down: 24 x 5, slices of 7 tiles
+    assert wide_k_split(2048, 8192, 114) == 2  # 3 x 32 fits, but 3 slices do not cut 32 tiles
+    assert wide_k_split(2048, 8192, 40) == 0  # no split fits one wave: cuBLAS keeps it
+    assert wide_k_split(2048, 8000, 132) == 0  # K not whole 256-wide tiles
+    st = _stages(Tuning(), hidden=1536, inter=8960, q=2048)
+    assert st.down == Route(True, split=5, config=WIDE_K_TILE)
+
+
+def test_wide_k_tile_partials_sum_to_the_projection():
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(3, 1024, generator=g)
+    w = torch.randn(80, 1024, generator=g) * 0.05  # 80 rows: the second column tile is masked
+    parts = project_partials(x, w, 4, WIDE_K_TILE)
+    assert parts.shape == (4, 3, 80)
+    ref = x.double() @ w.double().T
+    assert torch.allclose(parts.sum(0).double(), ref, rtol=1e-4, atol=1e-4)
+    for s in range(4):  # slab s is K slice s's sum
+        sl = slice(256 * s, 256 * (s + 1))
+        assert torch.allclose(parts[s].double(), x[:, sl].double() @ w[:, sl].double().T, rtol=1e-4, atol=1e-4)
 
 
 def test_routes_of_llama_8b_projections():

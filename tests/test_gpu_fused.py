@@ -162,3 +162,40 @@ def test_big_split_partials_sum_to_the_projection(m, n, k):
     parts = project_partials(x, w, split, pdl=True)
     y, ref = parts.sum(0), F.linear(x.float(), w.float())
     assert ((y - ref).abs() <= ref.abs() * 2**-7 + 1e-3).all()
+
+
+# (M, N, K): Llama-3.2-1B's and Qwen2.5-1.5B's down projections, on the wide-K tile
+@pytest.mark.parametrize("m,n,k", [(1, 2048, 8192), (8, 2048, 8192), (3, 1536, 8960)])
+def test_wide_k_split_partials_sum_to_the_projection(m, n, k):
+    from fgchat.engine.kernels.gemv import WIDE_K_TILE, project_partials, wide_k_split
+
+    split = wide_k_split(n, k, torch.cuda.get_device_properties(0).multi_processor_count)
+    assert split > 1
+    g = torch.Generator(device="cuda").manual_seed(n + k + m)
+    x = torch.randn(m, k, device="cuda", generator=g).bfloat16()
+    w = (torch.randn(n, k, device="cuda", generator=g) * 0.02).bfloat16()
+    parts = project_partials(x, w, split, WIDE_K_TILE, pdl=True)
+    y, ref = parts.sum(0), F.linear(x.float(), w.float())
+    assert ((y - ref).abs() <= ref.abs() * 2**-7 + 1e-3).all()
+    one = project_partials(x[:1].contiguous(), w, split, WIDE_K_TILE)
+    assert torch.equal(one[:, 0], parts[:, 0])  # a row's sums do not depend on the other rows
+
+
+@pytest.mark.parametrize("preset", ["llama-3.2-1b", "qwen2.5-1.5b"])
+def test_engine_with_wide_k_down_close_to_float32_reference(preset):
+    """The down projection on the wide-K tile (partial sums added by the next norm) in every graph
+    mode: each greedy step's logits against the float32 reference over the same tokens."""
+    from reference_steps import greedy_steps_vs_reference
+
+    from fgchat.engine.core import Engine, EngineConfig
+    from fgchat.engine.kernels.gemv import WIDE_K_TILE
+    from fgchat.protocol.tuning import Tuning
+
+    eng = Engine(EngineConfig(preset=preset, device="cuda", dtype="bfloat16", max_context=1024, mode="full",
+                              tuning=Tuning(head_pick=False)))  # exact head: every logit is compared
+    route = eng.decoder.fused_stages.down
+    assert route.ours and route.split > 1 and route.config == WIDE_K_TILE
+    prompt = [(13 * i + 5) % eng.cfg.vocab_size for i in range(300)]
+    for mode in ("full", "piecewise", "eager"):
+        c = greedy_steps_vs_reference(eng, mode, prompt, 16)
+        assert c.agrees(eng.dtype), (mode, c)

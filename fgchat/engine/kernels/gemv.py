@@ -238,6 +238,21 @@ def wins_over_cublas(w: torch.Tensor) -> bool:
     return w.numel() <= MAX_WEIGHT_ELEMENTS or big(w.shape[0], w.shape[1])
 
 
+# A norm-fed projection too large for the small-weight rule and narrower than big(): 64 weight rows
+# as the MMA's M, split along K so its programs fill the SMs once (H100, Llama-3.2-1B's 2048 x 8192
+# down in the whole step: cuBLAS + its reduce 1.091 ms -> 1.049 at batch 1, 1.264 -> 1.229 at 8;
+# split 2: 1.080, split 8: 1.101, the 16-row tile split 2: 1.075; notes V90)
+WIDE_K_TILE = ProjConfig(block_n=64, block_k=256, num_warps=4, num_stages=3, swap=True)
+
+
+def wide_k_split(n: int, k: int, sm_count: int) -> int:
+    """WIDE_K_TILE's split for an [n, k] weight: the most K slices of whole tiles (2..8) whose
+    programs fit the SMs in one wave; 0 where none does (shape and SM count only)."""
+    tiles = cdiv(n, WIDE_K_TILE.block_n)
+    fits = [s for s in range(2, 9) if tiles * s <= sm_count and k % (s * WIDE_K_TILE.block_k) == 0]
+    return max(fits, default=0)
+
+
 def pick_split(n: int, k: int, sm_count: int, config: ProjConfig | None = None) -> int:
     """Split of K (shape and SM count only) for a projection whose consumer adds partial sums:
     the smallest split giving >= 2 programs per SM, with every slice whole tiles, of >= 512

@@ -114,16 +114,18 @@ class FusedStages:
             return Route(True, config=cfg)
         # a role given a tile (FGCHAT_PROJ_CONFIGS) runs on our kernel whatever its size
         mine = cfg is not None or gemv.wins_over_cublas(w)
+        narrow = feeds_norm and w.shape[0] <= SPLIT_MAX_N
         # Narrow norm-fed outputs: more programs in flight, partial sums left to the norm (H200:
-        # 1B o 5.0 -> 4.1 us); 1B down on cuBLAS measured 1.009 / 1.090 ms vs split on ours
-        # 1.017 / 1.110 (b1 / b8), so wider ones stay unsplit by wins_over_cublas.
-        if cfg is not None and cfg.split and not (feeds_norm and w.shape[0] <= SPLIT_MAX_N):
+        # 1B o 5.0 -> 4.1 us). Mid-sized ones (1B down) take the wide-K tile, one wave of slices.
+        if narrow and not mine and (split := gemv.wide_k_split(w.shape[0], w.shape[1], sm_count)):
+            return Route(True, split, config=gemv.WIDE_K_TILE)
+        if cfg is not None and cfg.split and not narrow:
             raise FgchatError(f"FGCHAT_PROJ_CONFIGS: {role}'s outputs ({w.shape[0]}) are too wide to be "
                               f"split along K (at most {SPLIT_MAX_N})")
         if cfg is not None and cfg.split and w.shape[1] % (cfg.split * cfg.block_k):
             raise FgchatError(f"FGCHAT_PROJ_CONFIGS: {role}'s split {cfg.split} does not cut K={w.shape[1]} "
                               f"into whole {cfg.block_k}-wide tiles")
-        if feeds_norm and w.shape[0] <= SPLIT_MAX_N and mine:
+        if narrow and mine:
             split = cfg.split if cfg is not None and cfg.split else gemv.pick_split(w.shape[0], w.shape[1], sm_count, cfg)
             if by_tma:
                 cfg = gemv.short_slice_config(w.shape[0], w.shape[1], split)
