@@ -150,34 +150,23 @@ def test_glu_projection_bf16(m, i, k, cfg):
     assert torch.equal(one[0], got[0])
 
 
-@pytest.mark.parametrize("m,n,k", [(1, 4096, 14336), (8, 4096, 4096)])
-def test_big_split_partials_sum_to_the_projection(m, n, k):
-    from fgchat.engine.kernels.gemv import pick_split, project_partials
+# (M, N, K, wide): Llama-3.1-8B's down and o on pick_split's split of the big() tile; Llama-3.2-1B's and
+# Qwen2.5-1.5B's down on the wide-K tile
+@pytest.mark.parametrize("m,n,k,wide", [(1, 4096, 14336, False), (8, 4096, 4096, False), (1, 2048, 8192, True),
+                                        (8, 2048, 8192, True), (3, 1536, 8960, True)])
+def test_split_partials_sum_to_the_projection(m, n, k, wide):
+    from fgchat.engine.kernels.gemv import WIDE_K_TILE, pick_split, project_partials, wide_k_split
 
-    split = pick_split(n, k, torch.cuda.get_device_properties(0).multi_processor_count)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    split, cfg = (wide_k_split(n, k, sms), WIDE_K_TILE) if wide else (pick_split(n, k, sms), None)
     assert split > 1
     g = torch.Generator(device="cuda").manual_seed(n + k + m)
     x = torch.randn(m, k, device="cuda", generator=g).bfloat16()
     w = (torch.randn(n, k, device="cuda", generator=g) * 0.02).bfloat16()
-    parts = project_partials(x, w, split, pdl=True)
+    parts = project_partials(x, w, split, cfg, pdl=True)
     y, ref = parts.sum(0), F.linear(x.float(), w.float())
     assert ((y - ref).abs() <= ref.abs() * 2**-7 + 1e-3).all()
-
-
-# (M, N, K): Llama-3.2-1B's and Qwen2.5-1.5B's down projections, on the wide-K tile
-@pytest.mark.parametrize("m,n,k", [(1, 2048, 8192), (8, 2048, 8192), (3, 1536, 8960)])
-def test_wide_k_split_partials_sum_to_the_projection(m, n, k):
-    from fgchat.engine.kernels.gemv import WIDE_K_TILE, project_partials, wide_k_split
-
-    split = wide_k_split(n, k, torch.cuda.get_device_properties(0).multi_processor_count)
-    assert split > 1
-    g = torch.Generator(device="cuda").manual_seed(n + k + m)
-    x = torch.randn(m, k, device="cuda", generator=g).bfloat16()
-    w = (torch.randn(n, k, device="cuda", generator=g) * 0.02).bfloat16()
-    parts = project_partials(x, w, split, WIDE_K_TILE, pdl=True)
-    y, ref = parts.sum(0), F.linear(x.float(), w.float())
-    assert ((y - ref).abs() <= ref.abs() * 2**-7 + 1e-3).all()
-    one = project_partials(x[:1].contiguous(), w, split, WIDE_K_TILE)
+    one = project_partials(x[:1].contiguous(), w, split, cfg)
     assert torch.equal(one[:, 0], parts[:, 0])  # a row's sums do not depend on the other rows
 
 
