@@ -131,7 +131,7 @@ def test_routes_of_llama_1b_projections():
     from fgchat.protocol.tuning import Tuning
 
     st = _stages(Tuning())
-    assert st.gate_up == Route(True, glu=True) and st.o == Route(True, split=4)
+    assert st.gate_up == Route(True, glu=True) and st.o == Route(True, split=4, config=WIDE_K_TILE)
     assert st.qkv == Route(True)  # ours at every size
     assert st.down == Route(True, split=4, config=WIDE_K_TILE)  # 32 column tiles x 4 slices: 128 programs
     assert pick_config(3072, 2048) == ProjConfig(32, 128, 4, 6)  # 1B qkv: the mid-size tile
@@ -171,6 +171,16 @@ def test_wide_k_split_fills_the_sms_once():
     assert wide_k_split(2048, 8000, 132) == 0  # K not whole 256-wide tiles
     st = _stages(Tuning(), hidden=1536, inter=8960, q=2048)
     assert st.down == Route(True, split=5, config=WIDE_K_TILE)
+    assert st.o == Route(True, split=pick_split(1536, 1536, 132))  # small: pick_split's 16-row tile
+
+
+def test_routes_of_smollm2_projections():
+    from fgchat.engine.model.fused_step import Route
+    from fgchat.protocol.tuning import Tuning
+
+    st = _stages(Tuning(), hidden=576, inter=1536, q=960)
+    assert st.o == Route(True, split=pick_split(576, 576, 132)) and st.o.config is None
+    assert st.down == Route(True, split=pick_split(576, 1536, 132)) and st.down.config is None
 
 
 def test_wide_k_tile_partials_sum_to_the_projection():

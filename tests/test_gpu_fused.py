@@ -172,8 +172,8 @@ def test_split_partials_sum_to_the_projection(m, n, k, wide):
 
 @pytest.mark.parametrize("preset", ["llama-3.2-1b", "qwen2.5-1.5b"])
 def test_engine_with_wide_k_down_close_to_float32_reference(preset):
-    """The down projection on the wide-K tile (partial sums added by the next norm) in every graph
-    mode: each greedy step's logits against the float32 reference over the same tokens."""
+    """The down projection (1B: and o) on the wide-K tile, partial sums added by the next norm, in
+    every graph mode: each greedy step's logits against the float32 reference over the same tokens."""
     from reference_steps import greedy_steps_vs_reference
 
     from fgchat.engine.core import Engine, EngineConfig
@@ -182,8 +182,10 @@ def test_engine_with_wide_k_down_close_to_float32_reference(preset):
 
     eng = Engine(EngineConfig(preset=preset, device="cuda", dtype="bfloat16", max_context=1024, mode="full",
                               tuning=Tuning(head_pick=False)))  # exact head: every logit is compared
-    route = eng.decoder.fused_stages.down
-    assert route.ours and route.split > 1 and route.config == WIDE_K_TILE
+    st = eng.decoder.fused_stages
+    assert st.down.ours and st.down.split > 1 and st.down.config == WIDE_K_TILE
+    if preset == "llama-3.2-1b":  # 2048 x 2048: o is mid-sized too
+        assert st.o.split > 1 and st.o.config == WIDE_K_TILE
     prompt = [(13 * i + 5) % eng.cfg.vocab_size for i in range(300)]
     for mode in ("full", "piecewise", "eager"):
         c = greedy_steps_vs_reference(eng, mode, prompt, 16)

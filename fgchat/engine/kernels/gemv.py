@@ -238,11 +238,16 @@ def wins_over_cublas(w: torch.Tensor) -> bool:
     return w.numel() <= MAX_WEIGHT_ELEMENTS or big(w.shape[0], w.shape[1])
 
 
-# A norm-fed projection too large for the small-weight rule and narrower than big(): 64 weight rows
-# as the MMA's M, split along K so its programs fill the SMs once (H100, Llama-3.2-1B's 2048 x 8192
-# down in the whole step: cuBLAS + its reduce 1.091 ms -> 1.049 at batch 1, 1.264 -> 1.229 at 8;
-# split 2: 1.080, split 8: 1.101, the 16-row tile split 2: 1.075; notes V90)
+# A mid-sized norm-fed projection (1B's o and down): 64 weight rows as the MMA's M, split along K so
+# its programs fill the SMs once (H100, 1B full, whole step, batch 1: down from cuBLAS + its reduce
+# 1.091 -> 1.049 ms, split 2: 1.080, split 8: 1.101, the 16-row tile split 2: 1.075; o from the
+# 16-row tile split 4 (512 programs) 1.034 -> 1.015; notes V90)
 WIDE_K_TILE = ProjConfig(block_n=64, block_k=256, num_warps=4, num_stages=3, swap=True)
+
+
+def mid_sized(w: torch.Tensor) -> bool:
+    """At least MAX_WEIGHT_ELEMENTS and not big(): 1B's o and down, not SmolLM2's or 8B's."""
+    return w.numel() >= MAX_WEIGHT_ELEMENTS and not big(w.shape[0], w.shape[1])
 
 
 def wide_k_split(n: int, k: int, sm_count: int) -> int:

@@ -116,9 +116,12 @@ class FusedStages:
         mine = cfg is not None or gemv.wins_over_cublas(w)
         narrow = feeds_norm and w.shape[0] <= SPLIT_MAX_N
         # Narrow norm-fed outputs: more programs in flight, partial sums left to the norm (H200:
-        # 1B o 5.0 -> 4.1 us). Mid-sized ones (1B down) take the wide-K tile, one wave of slices.
-        if narrow and not mine and (split := gemv.wide_k_split(w.shape[0], w.shape[1], sm_count)):
-            return Route(True, split, config=gemv.WIDE_K_TILE)
+        # 1B o 5.0 -> 4.1 us). Mid-sized ones (1B o and down) take the wide-K tile, one wave of
+        # slices (with FGCHAT_TMA its bulk-copy form where the slices are short).
+        if narrow and cfg is None and gemv.mid_sized(w) and \
+                (split := gemv.wide_k_split(w.shape[0], w.shape[1], sm_count)):
+            short = gemv.short_slice_config(w.shape[0], w.shape[1], split) if by_tma else None
+            return Route(True, split, config=short or gemv.WIDE_K_TILE)
         if cfg is not None and cfg.split and not narrow:
             raise FgchatError(f"FGCHAT_PROJ_CONFIGS: {role}'s outputs ({w.shape[0]}) are too wide to be "
                               f"split along K (at most {SPLIT_MAX_N})")
