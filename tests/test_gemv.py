@@ -166,8 +166,11 @@ def test_wide_k_split_fills_the_sms_once():
 
     assert wide_k_split(2048, 8192, 132) == 4  # 1B down: 32 column tiles x 4
     assert wide_k_split(1536, 8960, 132) == 5  # Qwen2.5-1.5B down: 24 x 5, slices of 7 tiles
-    assert wide_k_split(2048, 8192, 114) == 2  # 3 x 32 fits, but 3 slices do not cut 32 tiles
+    assert wide_k_split(2048, 8192, 114) == 0  # 3 slices do not cut 32 tiles; 2 x 32 fills 56%
     assert wide_k_split(2048, 8192, 40) == 0  # no split fits one wave: cuBLAS keeps it
+    assert wide_k_split(3072, 8192, 132) == 0  # Llama-3.2-3B: 48 x 2 fills 73%, unmeasured: cuBLAS
+    st = _stages(Tuning(), hidden=3072, inter=8192, q=5120)
+    assert st.down == Route(False) and st.o == Route(False)
     assert wide_k_split(2048, 8000, 132) == 0  # K not whole 256-wide tiles
     st = _stages(Tuning(), hidden=1536, inter=8960, q=2048)
     assert st.down == Route(True, split=5, config=WIDE_K_TILE)
