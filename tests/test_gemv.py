@@ -258,6 +258,43 @@ def test_split_k_slabs_are_the_products_of_their_k_slices(split):
         torch.testing.assert_close(parts[s], F.linear(x[:, sl], w[:, sl]), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("split,cfg", [(4, WIDE_K_TILE), (2, WIDE_K_TILE), (1, ProjConfig(16, 64)),
+                                       (2, ProjConfig(32, 64, swap=True))])
+def test_two_tiles_before_the_wait_give_the_same_sums(split, cfg):
+    """preload=2 loads the second weight tile early; the sum runs tile 0, tile 1, ... as before."""
+    from fgchat.engine.kernels.gemv import _plan
+
+    g = torch.Generator().manual_seed(split)
+    k = 2 * split * cfg.block_k  # two tiles a slice (o's wide-K slices), then more below
+    for kk in (k, 2 * k):
+        x = torch.randn(5, kk, generator=g)
+        w = torch.randn(128, kk, generator=g) * 0.05  # whole column tiles: the early load applies
+        plan = _plan(5, 128, kk, x.dtype, w.dtype, torch.float32, split, False, False, cfg, preload=2)
+        assert plan.kw["PRE_TILES"] == 2
+        if split > 1:
+            one, two = (project_partials(x, w, split, cfg, preload=p) for p in (1, 2))
+        else:
+            one, two = (project(x, w, cfg, preload=p) for p in (1, 2))
+        assert torch.equal(one, two)
+        ref = (x.double() @ w.double().T).float()
+        assert torch.allclose(two.sum(0) if split > 1 else two, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_preload_falls_back_to_one_tile_where_two_do_not_apply():
+    from fgchat.engine.kernels.gemv import _plan
+
+    def pre(n, k, split, cfg, glu=False):
+        return _plan(1, n, k, torch.float32, torch.float32, torch.float32, split, False, True, cfg, glu,
+                     preload=2).kw["PRE_TILES"]
+
+    assert pre(2048, 2048, 4, WIDE_K_TILE) == 2  # 1B's o: two 256-wide tiles a slice
+    assert pre(2048, 1024, 4, WIDE_K_TILE) == 1  # one tile a slice
+    assert pre(2048, 2048, 1, ProjConfig(16, 64), glu=True) == 1  # gate/up: four tiles would be live
+    assert pre(100, 2048, 1, ProjConfig(16, 64)) == 1  # masked column tiles
+    with pytest.raises(ValueError, match="preload"):
+        project(torch.zeros(1, 128), torch.zeros(16, 128), ProjConfig(16, 64), preload=3)
+
+
 def test_split_k_rejects_slices_of_partial_tiles():
     x, w = _inputs(2, 32, 192, 0)
     with pytest.raises(ValueError, match="whole"):

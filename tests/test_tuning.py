@@ -50,6 +50,19 @@ def test_malformed_projection_config_is_one_user_error():
             _configs(Tuning(proj_configs=bad))
 
 
+def test_projection_preload_from_environment(monkeypatch):
+    from fgchat.protocol.errors import FgchatError
+
+    assert Tuning.from_env().proj_preload == 1
+    monkeypatch.setenv("FGCHAT_PROJ_PRELOAD", "2")
+    t = Tuning.from_env()
+    assert t.proj_preload == 2 and t.changed() == {"proj_preload": 2}
+    for bad in ("3", "0", "two"):
+        monkeypatch.setenv("FGCHAT_PROJ_PRELOAD", bad)
+        with pytest.raises(FgchatError, match="FGCHAT_PROJ_PRELOAD"):
+            Tuning.from_env()
+
+
 def test_l2_prefetch_budget_from_environment(monkeypatch):
     monkeypatch.setenv("FGCHAT_L2_PREFETCH_MB", "0")
     t = Tuning.from_env()

@@ -71,6 +71,14 @@ def _int(name: str, default: int) -> int:
     return value
 
 
+def _preload_tiles() -> int:
+    """FGCHAT_PROJ_PRELOAD: 1 or 2 weight tiles before the PDL wait; anything else is a user error."""
+    value = _int("FGCHAT_PROJ_PRELOAD", 1)
+    if value not in (1, 2):
+        raise FgchatError(f"FGCHAT_PROJ_PRELOAD must be 1 or 2 (weight tiles before the wait), got {value}")
+    return value
+
+
 @dataclass(frozen=True)
 class Tuning:
     fused: bool = True  # Triton kernels where CUDA + Triton exist
@@ -87,6 +95,10 @@ class Tuning:
     # right behind the attention (its PDL overlap kept; the boundary moves to o -> add+norm); off
     # until measured on the GPU (notes V65)
     piecewise_o: bool = False
+    # weight tiles our qkv, o and down projections load before their PDL wait (1 or 2; 2: a slice
+    # of two tiles, 1B's o on the wide-K tile, reads all its weights during attention); 1 until
+    # measured on the GPU (notes V91)
+    proj_preload: int = 1
     pdl: bool = True
     l2_prefetch_mb: int = 16
     prefill_graphs: bool = True
@@ -147,6 +159,7 @@ class Tuning:
             piecewise_o=_flag("FGCHAT_PIECEWISE_O", d.piecewise_o),
             pdl=_flag("FGCHAT_PDL", d.pdl),
             l2_prefetch_mb=_int("FGCHAT_L2_PREFETCH_MB", d.l2_prefetch_mb),
+            proj_preload=_preload_tiles(),
             prefill_graphs=_flag("FGCHAT_PREFILL_GRAPHS", d.prefill_graphs),
             eager_launch_list=_flag("FGCHAT_EAGER_LAUNCH_LIST", d.eager_launch_list),
             batched_prefill=_flag("FGCHAT_BATCHED_PREFILL", d.batched_prefill),

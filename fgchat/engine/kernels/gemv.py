@@ -52,6 +52,7 @@ def _proj_kernel(
     SPLIT_K: tl.constexpr = 1, ARGMAX: tl.constexpr = False,
     GLU: tl.constexpr = False, SWAP: tl.constexpr = False, ROUND: tl.constexpr = True,
     SAMPLE: tl.constexpr = False, LIBDEVICE: tl.constexpr = True, TMA: tl.constexpr = False,
+    PRE_TILES: tl.constexpr = 1,
 ):
     """Program (pid, ks) owns columns [pid*BLOCK_N, +BLOCK_N) over K slice ks of SPLIT_K. With
     SPLIT_K > 1 it stores its float32 partial sum in slab ks of y [SPLIT_K, M, N] (the consumer
@@ -64,7 +65,10 @@ def _proj_kernel(
     rounded to x's dtype first, the activation as fused.silu_mul computes it.
     ROUND False (float32 y): the float32 sum is stored as it is (LM head logits: no bf16 ties).
     TMA (EVEN_K and EVEN_N): weight tiles come by bulk copy through w_desc, a descriptor of w with
-    [BLOCK_N, BLOCK_K] blocks, instead of pointer loads from w_ptr; same tiles, same sum order."""
+    [BLOCK_N, BLOCK_K] blocks, instead of pointer loads from w_ptr; same tiles, same sum order.
+    PRE_TILES 2 (pointer loads, EVEN_K and EVEN_N, not GLU, K_PART >= 2 BLOCK_K): the second weight
+    tile is loaded before the PDL wait too (a slice of two tiles then reads all its weights while
+    the previous kernel runs); same tiles, same sum order."""
     pid = tl.program_id(0)
     K_PART: tl.constexpr = K // SPLIT_K
     k_base = tl.program_id(1) * K_PART
@@ -88,6 +92,8 @@ def _proj_kernel(
         w = tl.load(w_rows + offs_k0[None, :])
         if GLU:
             wu = tl.load(u_rows + offs_k0[None, :])
+        if PRE_TILES == 2:
+            w_1 = tl.load(w_rows + BLOCK_K + offs_k0[None, :])
     else:
         w0_mask = n_mask[:, None] & (offs_k0[None, :] < K_PART)
         w = tl.load(w_rows + offs_k0[None, :], mask=w0_mask, other=0.0)
@@ -98,7 +104,10 @@ def _proj_kernel(
     acc = tile_product(x, w, SWAP, DOT_PRECISION)
     if GLU:
         acc_u = tile_product(x, wu, SWAP, DOT_PRECISION)
-    for k0 in range(BLOCK_K, K_PART, BLOCK_K):
+    if PRE_TILES == 2:
+        x = tl.load(x_rows + BLOCK_K + offs_k0[None, :], mask=m_mask[:, None], other=0.0)
+        acc += tile_product(x, w_1, SWAP, DOT_PRECISION)
+    for k0 in range(BLOCK_K * PRE_TILES, K_PART, BLOCK_K):
         offs_k = k0 + offs_k0
         if TMA:
             x = tl.load(x_rows + offs_k[None, :], mask=m_mask[:, None], other=0.0)
@@ -280,11 +289,13 @@ def pick_split(n: int, k: int, sm_count: int, config: ProjConfig | None = None) 
 
 def project(x: torch.Tensor, w: torch.Tensor, config: ProjConfig | None = None,
             out_dtype: torch.dtype | None = None, pdl: bool = False,
-            out: torch.Tensor | None = None) -> torch.Tensor:
+            out: torch.Tensor | None = None, preload: int = 1) -> torch.Tensor:
     """x [M <= 16, K] @ w[N, K]^T -> [M, N] (float32 accumulation, rounded to x's dtype, stored
     as out_dtype, default x's). pdl: launch with programmatic dependent launch (see engine.pdl).
-    out: a contiguous [M, N] tensor of that dtype to store into (a buffer of fixed address)."""
-    return _launch(x, w, config, out_dtype, pdl, 1, out=out)
+    out: a contiguous [M, N] tensor of that dtype to store into (a buffer of fixed address).
+    preload: weight tiles loaded before the PDL wait, 1 or 2 (2 where the tiles allow it, see
+    _proj_kernel's PRE_TILES; the same sums either way)."""
+    return _launch(x, w, config, out_dtype, pdl, 1, out=out, preload=preload)
 
 
 def project_logits(x: torch.Tensor, w: torch.Tensor, config: ProjConfig | None = None,
@@ -327,13 +338,13 @@ def project_glu(x: torch.Tensor, w_gate_up: torch.Tensor, config: ProjConfig | N
 
 
 def project_partials(x: torch.Tensor, w: torch.Tensor, split: int, config: ProjConfig | None = None,
-                     pdl: bool = False, out: torch.Tensor | None = None) -> torch.Tensor:
+                     pdl: bool = False, out: torch.Tensor | None = None, preload: int = 1) -> torch.Tensor:
     """Split-K x @ w^T: float32 partial sums [split, M, N], slab s over K slice s. Their sum in
     slab order, rounded to x's dtype, is the projection (fused.add_rms_norm takes them as delta).
     out: a contiguous float32 [split, M, N] tensor to store into."""
     if split < 2:
         raise ValueError("project_partials needs split >= 2 (use project)")
-    return _launch(x, w, config, torch.float32, pdl, split, out=out)
+    return _launch(x, w, config, torch.float32, pdl, split, out=out, preload=preload)
 
 
 @dataclass(frozen=True)
@@ -349,7 +360,7 @@ class _Plan:
 @functools.lru_cache(maxsize=1024)
 def _plan(m: int, n: int, k: int, x_dtype: torch.dtype, w_dtype: torch.dtype, out_dtype: torch.dtype,
           split: int, argmax: bool, pdl: bool, config: ProjConfig | None, glu: bool = False,
-          exact: bool = False, sample: bool = False, tma_ok: bool = False) -> _Plan:
+          exact: bool = False, sample: bool = False, tma_ok: bool = False, preload: int = 1) -> _Plan:
     """Grid, output shape and launch options of one call signature (validated once). tma_ok: the
     device can load by TMA; a config asking for TMA runs with pointer loads where it cannot or
     where its tiles do not divide the weight."""
@@ -362,8 +373,12 @@ def _plan(m: int, n: int, k: int, x_dtype: torch.dtype, w_dtype: torch.dtype, ou
         cfg = dataclasses.replace(cfg, tma=False)
     if k % split or (split > 1 and (k // split) % cfg.block_k):
         raise ValueError(f"split {split} must cut K={k} into whole {cfg.block_k}-wide tiles")
+    if preload not in (1, 2):
+        raise ValueError(f"preload is 1 or 2 weight tiles, got {preload}")
+    even_k, even_n = (k // split) % cfg.block_k == 0, n % cfg.block_n == 0
+    pre = 2 if preload == 2 and even_k and even_n and not (glu or cfg.tma) and k // split >= 2 * cfg.block_k else 1
     kw = dict(
-        N=n, K=k, EVEN_K=(k // split) % cfg.block_k == 0, EVEN_N=n % cfg.block_n == 0,
+        N=n, K=k, EVEN_K=even_k, EVEN_N=even_n, PRE_TILES=pre,
         BLOCK_M=MAX_ROWS, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         DOT_PRECISION="ieee" if w_dtype == torch.float32 else "tf32", USE_PDL=pdl,
         SPLIT_K=split, ARGMAX=argmax, GLU=glu, SWAP=cfg.swap, ROUND=not exact,
@@ -378,7 +393,7 @@ def _plan(m: int, n: int, k: int, x_dtype: torch.dtype, w_dtype: torch.dtype, ou
 def _launch(x: torch.Tensor, w: torch.Tensor, config: ProjConfig | None, out_dtype: torch.dtype | None,
             pdl: bool, split: int, argmax: tuple[torch.Tensor, torch.Tensor] | None = None,
             glu: bool = False, exact: bool = False,
-            sample: SampleArgs | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+            sample: SampleArgs | None = None, out: torch.Tensor | None = None, preload: int = 1) -> torch.Tensor:
     m, k = x.shape
     n = w.shape[0] // 2 if glu else w.shape[0]
     if w.shape[1] != k or not (x.is_contiguous() and w.is_contiguous()):
@@ -389,7 +404,7 @@ def _launch(x: torch.Tensor, w: torch.Tensor, config: ProjConfig | None, out_dty
     if sample is not None and argmax is None:
         raise ValueError("sampling in the epilogue needs the argmax outputs")
     plan = _plan(m, n, k, x.dtype, w.dtype, out_dtype, split, argmax is not None, pdl, config, glu, exact,
-                 sample is not None, tma.available(x.device))
+                 sample is not None, tma.available(x.device), preload)
     if out is None:
         y = torch.empty(plan.shape, dtype=out_dtype, device=x.device)
     elif tuple(out.shape) != plan.shape or out.dtype != out_dtype or not out.is_contiguous():

@@ -153,9 +153,10 @@ class FusedStages:
                 raise ValueError(f"a fixed output buffer needs our kernel, which serves at most {gemv.MAX_ROWS} rows")
             return F.linear(x, w)
         pdl = self.after(predecessor_ours)
+        pre = self.t.proj_preload
         if route.split > 1:
-            return gemv.project_partials(x, w, route.split, route.config, pdl=pdl, out=out)
-        return gemv.project(x, w, route.config, pdl=pdl, out=out)
+            return gemv.project_partials(x, w, route.split, route.config, pdl=pdl, out=out, preload=pre)
+        return gemv.project(x, w, route.config, pdl=pdl, out=out, preload=pre)
 
     def _o_buffer(self, rows: int) -> torch.Tensor:
         """The o projection's output for `rows` rows, at the fixed address of o_with_attention."""
