@@ -129,7 +129,8 @@ class FusedStages:
             raise FgchatError(f"FGCHAT_PROJ_CONFIGS: {role}'s split {cfg.split} does not cut K={w.shape[1]} "
                               f"into whole {cfg.block_k}-wide tiles")
         if narrow and mine:
-            split = cfg.split if cfg is not None and cfg.split else gemv.pick_split(w.shape[0], w.shape[1], sm_count, cfg)
+            split = (cfg.split if cfg is not None and cfg.split
+                     else gemv.pick_split(w.shape[0], w.shape[1], sm_count, cfg))
             if by_tma:
                 cfg = gemv.short_slice_config(w.shape[0], w.shape[1], split)
             return Route(True, split, config=cfg)
