@@ -5,6 +5,7 @@ Prints registers / shared memory per kernel variant. Usage: python tools/compile
 
 from __future__ import annotations
 
+import inspect
 import re
 
 import triton
@@ -22,6 +23,9 @@ def build(fn, signature: dict, constexprs: dict, **options) -> None:
     sig = dict(signature)
     if fn is gemv._proj_kernel and "w_desc" not in sig:
         constexprs = dict(constexprs, w_desc=None)  # pointer loads: no descriptor
+    # constexprs left out take their defaults, as a launch gives them (ASTSource would pass None)
+    constexprs = {**{p.name: p.default for p in fn.params if p.is_constexpr and p.name not in sig
+                     and p.default is not inspect.Parameter.empty}, **constexprs}
     for name in constexprs:
         sig[name] = "constexpr"
     # pointers 16-byte aligned, as the launches specialise them
