@@ -64,6 +64,14 @@ def main() -> None:
                   dict(N=8192, K=2048, EVEN_K=True, EVEN_N=True, BLOCK_M=16, BLOCK_N=c.block_n,
                        BLOCK_K=c.block_k, DOT_PRECISION="tf32", USE_PDL=pdl, SPLIT_K=1, GLU=True, SWAP=c.swap),
                   num_warps=c.num_warps, num_stages=c.num_stages, launch_pdl=pdl)
+        # 1B's o and down on the wide-K tile (V90), one then two weight tiles before the wait (V91)
+        for n, k, split in ((2048, 2048, 4), (2048, 8192, 4)):
+            c = gemv.WIDE_K_TILE
+            for pre in (1, 2):
+                build(gemv._proj_kernel, proj,
+                      dict(N=n, K=k, EVEN_K=True, EVEN_N=True, BLOCK_M=16, BLOCK_N=c.block_n, BLOCK_K=c.block_k,
+                           DOT_PRECISION="tf32", USE_PDL=pdl, SPLIT_K=split, SWAP=c.swap, PRE_TILES=pre),
+                      num_warps=c.num_warps, num_stages=c.num_stages, launch_pdl=pdl)
         # weight tiles by TMA: 8B gate/up (the shape rule's), 1B and 8B o (split slices of two tiles)
         for n, k, glu, split in ((14336, 4096, True, 1), (2048, 2048, False, 4), (4096, 4096, False, 8)):
             c = gemv.short_slice_config(n, k, split) if split > 1 else gemv.pick_config(n, k, glu, tma=True)
