@@ -17,7 +17,7 @@ from fgchat.bench.interrupted import keeping_finished_runs
 from fgchat.bench.spec import BenchSpec, prompts_for, stats
 
 PENALTIES = (1.1, 0.5, 0.25)  # repetition, presence, frequency of `bench --penalties`
-from fgchat.engine.core import Engine, EngineConfig
+from fgchat.engine.core import CPU_STEP_OFF, Engine, EngineConfig
 from fgchat.protocol.events import Mode, RequestFinished, SamplingParams, TokenEvent
 from fgchat.protocol.tuning import Tuning
 
@@ -134,7 +134,7 @@ def run_all(spec: BenchSpec) -> dict[str, Any]:
             "tuning_changed": engine.tuning.changed(),
             "cpu_step": info.cpu_step or None,
             # why a compiled CPU step is not in these rounds (its build failed, no compiler, ...)
-            "cpu_step_off": [n for n in info.notes if n.startswith("compiled CPU step off")],
+            "cpu_step_off": [n for n in info.notes if n.startswith(CPU_STEP_OFF)],
             "gc_frozen_objects": frozen,
             "kernel_warmup_s": info.kernel_warmup_s,
             "startup_check": asdict(info.startup_check) if info.startup_check else None,

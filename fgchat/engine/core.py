@@ -41,6 +41,9 @@ from fgchat.protocol.events import (
 from fgchat.protocol.tuning import Tuning
 
 
+# the start of every note saying why a compiled CPU step is not used (the bench reports them)
+CPU_STEP_OFF = "compiled CPU step off"
+
 STEP_GRAPHS_KEPT = 4096
 
 
@@ -205,14 +208,14 @@ class Engine:
             self._cpu_spec = spec
             self.cpu_step.start()
         except OSError as exc:  # an unwritable cache directory, a child that cannot start
-            self.notes.append(f"compiled CPU step off: {one_line(exc)}")
+            self.notes.append(f"{CPU_STEP_OFF}: {one_line(exc)}")
             self.cpu_step = None
             return
         if self.cpu_step.building:
             self.notes.append("compiling the CPU step in the background (once for these weights, "
                               "~60 s on two cores); eager until it is ready")
         elif self.cpu_step.failed:
-            self.notes.append(f"compiled CPU step off: {self.cpu_step.failed}")
+            self.notes.append(f"{CPU_STEP_OFF}: {self.cpu_step.failed}")
         elif not self.tuning.idle_capture:  # else loaded while idle (~1 s), like deferred captures
             self.poll_cpu_step()
 
@@ -257,7 +260,7 @@ class Engine:
                 self.notes.append(f"{what} the compiled CPU step")
             elif builder.failed:
                 label = "" if lanes == 1 else f" for batches 2-{LANES}"
-                self.notes.append(f"compiled CPU step off{label}: {builder.failed}")
+                self.notes.append(f"{CPU_STEP_OFF}{label}: {builder.failed}")
             else:
                 return False
             self._info_due = True
