@@ -118,6 +118,20 @@ bench() {  # tree (new|old), name, args...
   PYTHONPATH=$pp FGCHAT_COMMIT=$commit timeout "${BENCH_TIMEOUT:-240}" python3 -P -m fgchat.cli bench --no-progress \
     --json "$JSON/bench_${tree}_$name.json" "$@" 2>&1 | tee -a "$OUT/bench.log" | grep -E "^(│|\||fgchat|startup)" | tail -14
 }
+env_sweep() {  # label, variable, values split on '|' (empty: unset): AB_ARGS benched once per value,
+  # the values in turn AB_ROUNDS (2) times; JSON bench_new_LABEL-vJ-ROUND.json for value J
+  local label=$1 var=$2 values args i j v
+  IFS='|' read -r -a values <<< "$3"
+  read -r -a args <<< "${AB_ARGS:---preset llama-3.2-1b --random-weights --batch-sizes 1,8 --repeats 2}"
+  for i in $(seq "${AB_ROUNDS:-2}"); do
+    for j in "${!values[@]}"; do
+      v=${values[$j]}; unset "$var"; [[ -n $v ]] && export "$var=$v"
+      echo "== $var='$v' (value $j, round $i)" | tee -a "$OUT/bench.log"
+      bench new "$label-v$j-$i" "${args[@]}"
+    done
+  done
+  unset "$var"
+}
 llama_wait() {  # the background build (llamabuild) ended, or none was started and one runs here
   local t=0 dir=/tmp/llamacpp
   while [[ -f $dir/build-bg.log && ! -f $dir/build.rc ]] && (( t < ${LLAMA_WAIT:-540} )); do sleep 5; t=$((t + 5)); done
@@ -224,23 +238,10 @@ for what in "$@"; do
       timeout 300 python3 tools/bench_head_pick.py 135m 1b 8b ${GGUF:+--gguf "$GGUF"} \
         --approx-tiles "${HEAD_TILES:-128,4,6,0 256,4,4,1 256,8,3,0}" 2>&1 | tee "$OUT/head-pick.log" ;;
     envab)  # fgchat bench with AB_ARGS, ENVAB_VAR=0 then =1 alternating AB_ROUNDS (2) times, one tree
-      read -r -a args <<< "${AB_ARGS:---preset llama-3.2-1b --random-weights --batch-sizes 1,8 --repeats 2}"
-      for i in $(seq "${AB_ROUNDS:-2}"); do
-        for v in 0 1; do export "${ENVAB_VAR:?}=$v"; bench new "envab-$ENVAB_VAR$v-$i" "${args[@]}"; done
-      done
-      unset "$ENVAB_VAR" ;;
+      env_sweep envab "${ENVAB_VAR:?}" '0|1' ;;
     envsweep)  # fgchat bench with AB_ARGS once per value of ENVSWEEP_VAR (ENVSWEEP_VALUES, split on '|';
       # an empty value leaves the variable unset), the values in turn AB_ROUNDS (2) times, one tree
-      read -r -a args <<< "${AB_ARGS:---preset llama-3.2-1b --random-weights --batch-sizes 1,8 --repeats 2}"
-      IFS='|' read -r -a values <<< "${ENVSWEEP_VALUES:?}"
-      for i in $(seq "${AB_ROUNDS:-2}"); do
-        for j in "${!values[@]}"; do
-          v=${values[$j]}; unset "${ENVSWEEP_VAR:?}"; [[ -n $v ]] && export "$ENVSWEEP_VAR=$v"
-          echo "== $ENVSWEEP_VAR='$v' (value $j, round $i)" | tee -a "$OUT/bench.log"
-          bench new "envsweep-v$j-$i" "${args[@]}"
-        done
-      done
-      unset "$ENVSWEEP_VAR" ;;
+      env_sweep envsweep "${ENVSWEEP_VAR:?}" "${ENVSWEEP_VALUES:?}" ;;
     launch)  # host time per Triton launch: plain, fast, bound with tensors, bound with addresses (V51)
       timeout 120 python3 tools/bench_launch.py 2>&1 | tee "$OUT/launch.log" ;;
     8b)  # the 8B preset, full mode only (its random weights take ~16 GB)
