@@ -71,9 +71,9 @@ def _int(name: str, default: int) -> int:
     return value
 
 
-def _preload_tiles() -> int:
+def _preload_tiles(default: int) -> int:
     """FGCHAT_PROJ_PRELOAD: 1 or 2 weight tiles before the PDL wait; anything else is a user error."""
-    value = _int("FGCHAT_PROJ_PRELOAD", 1)
+    value = _int("FGCHAT_PROJ_PRELOAD", default)
     if value not in (1, 2):
         raise FgchatError(f"FGCHAT_PROJ_PRELOAD must be 1 or 2 (weight tiles before the wait), got {value}")
     return value
@@ -159,7 +159,7 @@ class Tuning:
             piecewise_o=_flag("FGCHAT_PIECEWISE_O", d.piecewise_o),
             pdl=_flag("FGCHAT_PDL", d.pdl),
             l2_prefetch_mb=_int("FGCHAT_L2_PREFETCH_MB", d.l2_prefetch_mb),
-            proj_preload=_preload_tiles(),
+            proj_preload=_preload_tiles(d.proj_preload),
             prefill_graphs=_flag("FGCHAT_PREFILL_GRAPHS", d.prefill_graphs),
             eager_launch_list=_flag("FGCHAT_EAGER_LAUNCH_LIST", d.eager_launch_list),
             batched_prefill=_flag("FGCHAT_BATCHED_PREFILL", d.batched_prefill),
