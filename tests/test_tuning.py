@@ -53,10 +53,10 @@ def test_malformed_projection_config_is_one_user_error():
 def test_projection_preload_from_environment(monkeypatch):
     from fgchat.protocol.errors import FgchatError
 
-    assert Tuning.from_env().proj_preload == 1
-    monkeypatch.setenv("FGCHAT_PROJ_PRELOAD", "2")
+    assert Tuning.from_env().proj_preload == 2
+    monkeypatch.setenv("FGCHAT_PROJ_PRELOAD", "1")
     t = Tuning.from_env()
-    assert t.proj_preload == 2 and t.changed() == {"proj_preload": 2}
+    assert t.proj_preload == 1 and t.changed() == {"proj_preload": 1}
     for bad in ("3", "0", "two"):
         monkeypatch.setenv("FGCHAT_PROJ_PRELOAD", bad)
         with pytest.raises(FgchatError, match="FGCHAT_PROJ_PRELOAD"):
