@@ -59,8 +59,14 @@ def steps_agree_with_hf(ref, prompt: list[int], tokens: list[int], step_logits, 
         if half_all is not None:
             allowed = max(allowed, 2 * (half_all[len(prompt) + i] - want).abs().mean().item())
         assert err <= allowed, (label, i, f"mean error {err:.4g}, allowed {allowed:.4g}, mean |logit| {scale:.4g}")
-        top2 = want.topk(2).values
-        if (top2[0] - top2[1]).item() > 0.25:
-            assert tokens[i + 1] == int(want.argmax()), (label, i)
+        top2 = want.topk(2)
+        if (top2.values[0] - top2.values[1]).item() > 0.25:
+            half_pick = int(half_all[len(prompt) + i].argmax()) if half_all is not None else None
+            assert tokens[i + 1] == int(top2.indices[0]), (
+                label, i, f"took {tokens[i + 1]} (logit {logits[tokens[i + 1]].item():.4g}, float32's "
+                f"{want[tokens[i + 1]].item():.4g}); float32's top two {top2.indices.tolist()} at "
+                f"{[round(v, 4) for v in top2.values.tolist()]}, ours there "
+                f"{[round(logits[j].item(), 4) for j in top2.indices.tolist()]}; transformers in the "
+                f"engine's dtype takes {half_pick}; mean error {err:.4g}, mean |logit| {scale:.4g}")
             checked += 1
     return checked

@@ -16,6 +16,7 @@ if not torch.cuda.is_available():
 pytest.importorskip("triton")
 
 from fgchat.engine.kernels.gemv import (  # noqa: E402
+    ONE_WAVE_GLU_TILE,
     WIDE_K_TILE,
     ProjConfig,
     pick_config,
@@ -48,7 +49,8 @@ def test_projection_matches_torch(m, n, k, cfg):
 
 
 @pytest.mark.parametrize("m,i,k,cfg", [(1, 40, 96, ProjConfig(16, 64)), (6, 64, 256, None),
-                                       (3, 32, 128, ProjConfig(32, 64, swap=True))])
+                                       (3, 32, 128, ProjConfig(32, 64, swap=True)),
+                                       (2, 256, 256, ONE_WAVE_GLU_TILE)])
 def test_glu_projection_is_linear_then_silu_mul(m, i, k, cfg):
     from fgchat.engine.kernels.fused import silu_mul
 
@@ -114,7 +116,7 @@ def test_config_and_routing_depend_on_shape_only():
     assert not pick_config(1536, 576, glu=True).swap  # SmolLM2's: the small-matrix rule
 
 
-def _stages(tuning, hidden=2048, inter=8192, q=3072, pdl=True):
+def _stages(tuning, hidden=2048, inter=8192, q=3072, pdl=True, sms=132, smem=None):
     from types import SimpleNamespace
 
     from fgchat.engine.model.fused_step import FusedStages
@@ -123,7 +125,8 @@ def _stages(tuning, hidden=2048, inter=8192, q=3072, pdl=True):
     layer = SimpleNamespace(wqkv=meta(q, hidden), bqkv=None, wo=meta(hidden, hidden),
                             w_gate_up=meta(2 * inter, hidden), w_down=meta(hidden, inter))
     weights = SimpleNamespace(layers=[layer], lm_head=meta(32000, hidden))  # float32: no int8 pick copy
-    return FusedStages(SimpleNamespace(w=weights), tuning, 132, pdl=pdl)
+    return (FusedStages(SimpleNamespace(w=weights), tuning, sms, pdl=pdl) if smem is None
+            else FusedStages(SimpleNamespace(w=weights), tuning, sms, pdl=pdl, smem_per_block=smem))
 
 
 def test_routes_of_llama_1b_projections():
@@ -177,6 +180,20 @@ def test_wide_k_split_fills_the_sms_once():
     assert st.o == Route(True, split=pick_split(1536, 1536, 132))  # small: pick_split's 16-row tile
 
 
+def test_one_wave_glu_only_where_the_64_row_tile_takes_two_waves():
+    from fgchat.engine.kernels.gemv import ONE_WAVE_GLU_SMEM, one_wave_glu
+    from fgchat.protocol.tuning import Tuning
+
+    h200 = 227 * 1024
+    assert one_wave_glu(14336, 4096, 132, h200)  # 8B: 224 -> 112 programs
+    assert not one_wave_glu(8192, 2048, 132, h200)  # 1B: 128 programs, one wave already
+    assert not one_wave_glu(8960, 1536, 132, h200)  # Qwen2.5-1.5B: 70 programs would fill 53%
+    assert not one_wave_glu(18944, 3584, 132, h200)  # 148 programs: two waves either way
+    assert not one_wave_glu(1536, 576, 132, h200)  # SmolLM2: the small tile
+    assert not one_wave_glu(14336, 4096, 132, ONE_WAVE_GLU_SMEM - 1)
+    assert _stages(Tuning()).gate_up.config is None  # 1B keeps pick_config's tile
+
+
 def test_routes_of_smollm2_projections():
     from fgchat.engine.model.fused_step import Route
     from fgchat.protocol.tuning import Tuning
@@ -204,9 +221,18 @@ def test_routes_of_llama_8b_projections():
     from fgchat.protocol.tuning import Tuning
 
     st = _stages(Tuning(), hidden=4096, inter=14336, q=6144)
-    assert st.qkv == Route(True) and st.gate_up == Route(True, glu=True)
-    assert st.o == Route(True, split=8) and st.down == Route(True, split=2)
-    assert pick_config(6144, 4096) == ProjConfig(64, 256, 4, 3, swap=True)
+    assert st.qkv == Route(True) and st.gate_up == Route(True, glu=True, config=ONE_WAVE_GLU_TILE)
+    # o and down: 64 column tiles x 2 slices, one wave on 132 SMs
+    assert st.o == st.down == Route(True, split=2, config=WIDE_K_TILE)
+    assert pick_config(6144, 4096) == ProjConfig(64, 256, 4, 3, swap=True) == WIDE_K_TILE
+    # 114 SMs (H100 PCIe): 128 programs take two waves, so o keeps pick_split's slices; 112
+    # gate/up tiles still fit one wave; a block of 100 KB shared memory keeps the 64-row GLU tile
+    st = _stages(Tuning(), hidden=4096, inter=14336, q=6144, sms=114, smem=100 * 1024)
+    assert st.o == Route(True, split=pick_split(4096, 4096, 114)) and st.gate_up == Route(True, glu=True)
+    assert _stages(Tuning(), hidden=4096, inter=14336, q=6144, sms=114).gate_up.config == ONE_WAVE_GLU_TILE
+    # a tile given for a role wins over the shape rules
+    st = _stages(Tuning(proj_configs="gate_up=64,256,4,3,1;o=64,256,4,3,1,0,8"), hidden=4096, inter=14336, q=6144)
+    assert st.gate_up.config == ProjConfig(64, 256, 4, 3, swap=True) and st.o.split == 8
     st = _stages(Tuning(gemv=False), hidden=4096, inter=14336, q=6144)
     assert st.qkv == st.o == st.down == st.gate_up == Route(False)
 
@@ -426,7 +452,7 @@ def test_tma_config_whose_tiles_do_not_divide_falls_back(tma_in_interpreter):
 
 def test_routes_with_tma():
     """Where the device has TMA and FGCHAT_TMA=1: the o projection's short split slices and the 8B
-    gate/up load by TMA; off (the default) every role keeps its pointer-load tile, split as before."""
+    gate/up load by TMA; off (the default) every role keeps its pointer-load tile."""
     from fgchat.engine.kernels import gemv, tma
     from fgchat.engine.model.fused_step import Route
     from fgchat.protocol.tuning import Tuning
@@ -438,11 +464,13 @@ def test_routes_with_tma():
         assert st.o == Route(True, split=4, config=gemv.SHORT_SLICE) and st.qkv == Route(True)
         assert st.gate_up == Route(True, glu=True)  # the shape rule's tile: pointer loads at 1B
         st = _stages(Tuning(tma=True), hidden=4096, inter=14336, q=6144)
-        assert st.o == Route(True, split=8, config=gemv.SHORT_SLICE)
-        assert st.down == Route(True, split=2) and st.qkv == Route(True)  # 14336 / 2: long slices
+        # 8B's o and down: one wave of two long slices each, by pointer loads
+        assert st.o == st.down == Route(True, split=2, config=WIDE_K_TILE) and st.qkv == Route(True)
         assert st.gate_up == Route(True, glu=True, config=pick_config(14336, 4096, glu=True, tma=True))
+        st = _stages(Tuning(tma=True), hidden=4096, inter=14336, q=6144, sms=114)  # wide-K: two waves
+        assert st.o == Route(True, split=pick_split(4096, 4096, 114))  # 1024-wide slices: pointer loads
         st = _stages(Tuning(), hidden=4096, inter=14336, q=6144)
-        assert st.o == Route(True, split=8) and st.gate_up == Route(True, glu=True)
+        assert st.o == Route(True, split=2, config=WIDE_K_TILE) and st.gate_up.config == ONE_WAVE_GLU_TILE
     finally:
         tma.available = real
     assert gemv.short_slice_config(2048, 8192, 2) is None  # 4096-wide slices: pointer loads

@@ -150,10 +150,11 @@ def test_glu_projection_bf16(m, i, k, cfg):
     assert torch.equal(one[0], got[0])
 
 
-# (M, N, K, wide): Llama-3.1-8B's down and o on pick_split's split of the big() tile; Llama-3.2-1B's and
-# Qwen2.5-1.5B's down on the wide-K tile
+# (M, N, K, wide): Llama-3.1-8B's down and o on pick_split's split of the big() tile (GPUs whose one
+# wave the wide-K rule cannot fill); Llama-3.2-1B's, Qwen2.5-1.5B's and 8B's down and o on the wide-K tile
 @pytest.mark.parametrize("m,n,k,wide", [(1, 4096, 14336, False), (8, 4096, 4096, False), (1, 2048, 8192, True),
-                                        (8, 2048, 8192, True), (3, 1536, 8960, True)])
+                                        (8, 2048, 8192, True), (3, 1536, 8960, True), (1, 4096, 14336, True),
+                                        (8, 4096, 4096, True)])
 def test_split_partials_sum_to_the_projection(m, n, k, wide):
     from fgchat.engine.kernels.gemv import WIDE_K_TILE, pick_split, project_partials, wide_k_split
 
@@ -170,6 +171,34 @@ def test_split_partials_sum_to_the_projection(m, n, k, wide):
     assert torch.equal(one[:, 0], parts[:, 0])  # a row's sums do not depend on the other rows
     # two weight tiles before the PDL wait (FGCHAT_PROJ_PRELOAD=2): the same tiles in the same order
     assert torch.equal(project_partials(x, w, split, cfg, pdl=True, preload=2), parts)
+
+
+def test_engine_with_8b_one_wave_tiles_close_to_float32_reference(tmp_path):
+    """A model with Llama-3.1-8B's layer shapes (two layers): o and down in two wide-K slices each,
+    gate/up on the 128-row one-wave tile; in every graph mode each greedy step's logits against the
+    float32 reference over the same tokens."""
+    import tiny_models
+    from reference_steps import greedy_steps_vs_reference
+
+    from fgchat.engine.core import Engine, EngineConfig
+    from fgchat.engine.kernels.gemv import ONE_WAVE_GLU_TILE, WIDE_K_TILE, one_wave_glu, wide_k_split
+    from fgchat.protocol.tuning import Tuning
+
+    props = torch.cuda.get_device_properties(0)
+    if not (wide_k_split(4096, 4096, props.multi_processor_count)
+            and one_wave_glu(14336, 4096, props.multi_processor_count, props.shared_memory_per_block_optin)):
+        pytest.skip("the one-wave rules do not apply on this GPU")
+    model = tiny_models.build_model(tmp_path / "m", "llama", hidden=4096, layers=2, heads=32, kv_heads=8,
+                                    head_dim=128, intermediate=14336, max_pos=2048, seed=5)
+    eng = Engine(EngineConfig(model=str(model), device="cuda", dtype="bfloat16", max_context=1024, mode="full",
+                              tuning=Tuning(head_pick=False)))  # exact head: every logit
+    st = eng.decoder.fused_stages
+    assert st.o.split == st.down.split == 2 and st.o.config == st.down.config == WIDE_K_TILE
+    assert st.gate_up.glu and st.gate_up.config == ONE_WAVE_GLU_TILE
+    prompt = [(13 * i + 5) % eng.cfg.vocab_size for i in range(300)]
+    for mode in ("full", "piecewise", "eager"):
+        c = greedy_steps_vs_reference(eng, mode, prompt, 16)
+        assert c.agrees(eng.dtype), (mode, c)
 
 
 @pytest.mark.parametrize("preset,preload", [("llama-3.2-1b", 1), ("llama-3.2-1b", 2), ("qwen2.5-1.5b", 1)])

@@ -58,14 +58,17 @@ def main() -> None:
                   dict(N=128256, K=2048, EVEN_K=True, EVEN_N=True, BLOCK_M=16, BLOCK_N=64, BLOCK_K=128,
                        DOT_PRECISION="tf32", USE_PDL=pdl, SPLIT_K=1, ARGMAX=True, SAMPLE=sample),
                   num_warps=4, num_stages=4, launch_pdl=pdl)
-        for tile in ("16,512,4,4", "64,128,4,4,1", "128,64,4,4,1"):  # gate/up + SiLU, 1B
+        # gate/up + SiLU: 1B's tiles, then 8B's one-wave tile (V92)
+        for n, k, tile in ((8192, 2048, "16,512,4,4"), (8192, 2048, "64,128,4,4,1"), (8192, 2048, "128,64,4,4,1"),
+                           (14336, 4096, "128,128,8,3,1")):
             c = gemv.ProjConfig.parse(tile)
             build(gemv._proj_kernel, dict(proj, y_ptr="*bf16"),
-                  dict(N=8192, K=2048, EVEN_K=True, EVEN_N=True, BLOCK_M=16, BLOCK_N=c.block_n,
+                  dict(N=n, K=k, EVEN_K=True, EVEN_N=True, BLOCK_M=16, BLOCK_N=c.block_n,
                        BLOCK_K=c.block_k, DOT_PRECISION="tf32", USE_PDL=pdl, SPLIT_K=1, GLU=True, SWAP=c.swap),
                   num_warps=c.num_warps, num_stages=c.num_stages, launch_pdl=pdl)
-        # 1B's o and down on the wide-K tile (V90), one then two weight tiles before the wait (V91)
-        for n, k, split in ((2048, 2048, 4), (2048, 8192, 4)):
+        # 1B's and 8B's o and down on the wide-K tile (V90, V92), one then two weight tiles before
+        # the wait (V91)
+        for n, k, split in ((2048, 2048, 4), (2048, 8192, 4), (4096, 4096, 2), (4096, 14336, 2)):
             c = gemv.WIDE_K_TILE
             for pre in (1, 2):
                 build(gemv._proj_kernel, proj,

@@ -2,8 +2,8 @@
 
 Used where it beats cuBLAS (docs/notes/decode-step.md, V4, V18, V90): small weight matrices, the
 qkv projection under PDL, gate/up with SiLU in its epilogue, mid-sized norm-fed projections split
-along K into one wave of programs (1B's o and down), and 8B's big() shapes, where cuBLAS's M=1
-kernels leave bandwidth unused. One program owns BLOCK_N output columns and streams its weight
+along K into one wave of programs (1B's and 8B's o and down), and 8B's big() shapes, where
+cuBLAS's M=1 kernels leave bandwidth unused. One program owns BLOCK_N output columns and streams its weight
 rows once over all of K (or over its K slice).
 
 Invariants: the reduction order depends only on (K, BLOCK_K) and each row's result only on
@@ -249,16 +249,17 @@ def wins_over_cublas(w: torch.Tensor) -> bool:
     return w.numel() <= MAX_WEIGHT_ELEMENTS or big(w.shape[0], w.shape[1])
 
 
-# A mid-sized norm-fed projection (1B's o and down): 64 weight rows as the MMA's M, split along K so
-# its programs fill the SMs once (H100, 1B full, whole step, batch 1: down from cuBLAS + its reduce
-# 1.091 -> 1.049 ms, split 2: 1.080, split 8: 1.101, the 16-row tile split 2: 1.075; o from the
-# 16-row tile split 4 (512 programs) 1.034 -> 1.015; notes V90)
+# A norm-fed projection of at least MAX_WEIGHT_ELEMENTS (1B's and 8B's o and down): 64 weight rows
+# as the MMA's M, split along K so its programs fill the SMs once (H100, 1B full, whole step, batch 1:
+# down from cuBLAS + its reduce 1.091 -> 1.049 ms, split 2: 1.080, split 8: 1.101, the 16-row tile
+# split 2: 1.075; o from the 16-row tile split 4 (512 programs) 1.034 -> 1.015; H200, 8B full: o
+# from split 8 (512 programs) to split 2 (128) 4.351 -> 4.252; notes V90, V92)
 WIDE_K_TILE = ProjConfig(block_n=64, block_k=256, num_warps=4, num_stages=3, swap=True)
 
 
-def mid_sized(w: torch.Tensor) -> bool:
-    """At least MAX_WEIGHT_ELEMENTS and not big(): 1B's o and down, not SmolLM2's or 8B's."""
-    return w.numel() >= MAX_WEIGHT_ELEMENTS and not big(w.shape[0], w.shape[1])
+def wide_k_sized(w: torch.Tensor) -> bool:
+    """At least MAX_WEIGHT_ELEMENTS: 1B's and 8B's o and down, not SmolLM2's."""
+    return w.numel() >= MAX_WEIGHT_ELEMENTS
 
 
 def wide_k_split(n: int, k: int, sm_count: int) -> int:
@@ -269,6 +270,26 @@ def wide_k_split(n: int, k: int, sm_count: int) -> int:
     fits = [s for s in range(2, 9) if 7 * sm_count <= 8 * tiles * s <= 8 * sm_count
             and k % (s * WIDE_K_TILE.block_k) == 0]
     return max(fits, default=0)
+
+
+# gate/up whose 64-row tiles need more than one wave (8B: 224 programs on 132 SMs) in 128-row
+# tiles, one wave (112 programs; H200, 8B full: 4.351 -> 4.257 ms at batch 1, 4.601 -> 4.533 at
+# batch 8, notes V92). Its three stages of two 128 x 128 weight tiles take 204 KB of shared memory
+# (tools/compile_check.py, sm_90).
+ONE_WAVE_GLU_TILE = ProjConfig(block_n=128, block_k=128, num_warps=8, num_stages=3, swap=True)
+ONE_WAVE_GLU_SMEM = 208896
+
+
+def one_wave_glu(n: int, k: int, sm_count: int, smem_per_block: int) -> bool:
+    """ONE_WAVE_GLU_TILE for a gate/up of `n` outputs per half: where pick_config's 64-row GLU tile
+    takes more than one wave, the 128-row one fits in one and fills at least 3/4 of the SMs (so
+    Qwen2.5-1.5B's 8960, 70 programs on 132, keeps the 64-row tile), K is whole tiles, and a block
+    may have the shared memory (shape, SM count and that limit only)."""
+    if pick_config(n, k, glu=True).block_n != 64 or k % ONE_WAVE_GLU_TILE.block_k:
+        return False
+    wide = cdiv(n, ONE_WAVE_GLU_TILE.block_n)
+    return cdiv(n, 64) > sm_count and 3 * sm_count <= 4 * wide <= 4 * sm_count \
+        and smem_per_block >= ONE_WAVE_GLU_SMEM
 
 
 def pick_split(n: int, k: int, sm_count: int, config: ProjConfig | None = None) -> int:

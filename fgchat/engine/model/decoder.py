@@ -183,9 +183,14 @@ class Decoder:
 
             dev = weights.embed.device
             self.pdl = t.pdl and supported(dev)
-            # SM count sizes split-K; a CPU decoder (tests, Triton's interpreter) takes the H200's
-            sms = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 132
-            self._fused = fused_step.FusedStages(self, t, sms, self.pdl)
+            # SM count sizes split-K and shared memory bounds tiles; a CPU decoder (tests, Triton's
+            # interpreter) takes the H200's
+            if dev.type == "cuda":
+                props = torch.cuda.get_device_properties(dev)
+                self._fused = fused_step.FusedStages(self, t, props.multi_processor_count, self.pdl,
+                                                     props.shared_memory_per_block_optin)
+            else:
+                self._fused = fused_step.FusedStages(self, t, 132, self.pdl)
         self.device = weights.embed.device
         self.dtype = weights.embed.dtype
         # the fused path's residual stream (the plain path keeps the model's dtype, as HF does)

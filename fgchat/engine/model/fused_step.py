@@ -39,6 +39,8 @@ if TYPE_CHECKING:
 
 # o / down outputs at most this wide run split-K on our kernel (partial sums the norm adds)
 SPLIT_MAX_N = 4096
+# shared memory a block may opt into on an H100 / H200 (227 KB): a CPU decoder's (tests) stand-in
+H200_SMEM_PER_BLOCK = 227 * 1024
 # the roles whose output feeds add+RMSNorm, which can add split-K partial sums
 SPLIT_ROLES = ("o", "down")
 
@@ -59,8 +61,10 @@ class Route:
 
 
 class FusedStages:
-    def __init__(self, dec: Decoder, tuning: Tuning, sm_count: int, pdl: bool) -> None:
+    def __init__(self, dec: Decoder, tuning: Tuning, sm_count: int, pdl: bool,
+                 smem_per_block: int = H200_SMEM_PER_BLOCK) -> None:
         self.dec = dec
+        self.smem_per_block = smem_per_block
         self.t = tuning
         self.pdl = pdl
         self.configs = _configs(tuning)
@@ -105,8 +109,13 @@ class FusedStages:
         if not (self.t.gemv and bias_free):
             return Route(False)
         if role == "gate_up":
-            bulk = gemv.pick_config(w.shape[0] // 2, w.shape[1], True, tma=True)
-            return Route(True, glu=True, config=bulk if by_tma and bulk.tma else cfg)
+            n, k = w.shape[0] // 2, w.shape[1]
+            bulk = gemv.pick_config(n, k, True, tma=True)
+            if by_tma and bulk.tma:
+                return Route(True, glu=True, config=bulk)
+            if cfg is None and gemv.one_wave_glu(n, k, sm_count, self.smem_per_block):
+                cfg = gemv.ONE_WAVE_GLU_TILE
+            return Route(True, glu=True, config=cfg)
         # qkv on our kernel at every size where PDL chains the step: its programs let the attention
         # kernel launch early and load its K/V meanwhile, which a library kernel does not (H200,
         # 1B full b1: 0.962 -> 0.929 ms with the attention's preload)
@@ -116,9 +125,9 @@ class FusedStages:
         mine = cfg is not None or gemv.wins_over_cublas(w)
         narrow = feeds_norm and w.shape[0] <= SPLIT_MAX_N
         # Narrow norm-fed outputs: more programs in flight, partial sums left to the norm (H200:
-        # 1B o 5.0 -> 4.1 us). Mid-sized ones (1B o and down) take the wide-K tile, one wave of
-        # slices (with FGCHAT_TMA its bulk-copy form where the slices are short).
-        if narrow and cfg is None and gemv.mid_sized(w) and \
+        # 1B o 5.0 -> 4.1 us). Larger ones (1B's and 8B's o and down) take the wide-K tile, one
+        # wave of slices (with FGCHAT_TMA its bulk-copy form where the slices are short).
+        if narrow and cfg is None and gemv.wide_k_sized(w) and \
                 (split := gemv.wide_k_split(w.shape[0], w.shape[1], sm_count)):
             short = gemv.short_slice_config(w.shape[0], w.shape[1], split) if by_tma else None
             return Route(True, split, config=short or gemv.WIDE_K_TILE)
