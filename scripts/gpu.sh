@@ -134,9 +134,9 @@ env_sweep() {  # label, variable, values split on '|' (empty: unset): AB_ARGS be
 }
 llama_wait() {  # the background build (llamabuild) ended, or none was started and one runs here
   local t=0 dir=/tmp/llamacpp
-  while [[ -f $dir/build-bg.log && ! -f $dir/build.rc ]] && (( t < ${LLAMA_WAIT:-540} )); do sleep 5; t=$((t + 5)); done
-  if [[ -f $dir/build-bg.log ]]; then
-    tail -2 $dir/build-bg.log
+  while [[ -f $dir/background-build.log && ! -f $dir/build.rc ]] && (( t < ${LLAMA_WAIT:-540} )); do sleep 5; t=$((t + 5)); done
+  if [[ -f $dir/background-build.log ]]; then
+    tail -2 $dir/background-build.log
     [[ -f $dir/build.rc ]] || { echo "llama.cpp build still running after $t s"; return 1; }
     [[ $(cat $dir/build.rc) == 0 ]] || { echo "llama.cpp build failed"; return 1; }
     return 0
@@ -366,10 +366,11 @@ print(f'triton_key {time.perf_counter()-t:.2f} s')" 2>&1 | tee -a "$OUT/importti
       bash scripts/llama_cpp.sh build cuda && bash scripts/llama_cpp.sh bench llama-3.2-1b smollm2-135m ;;
     llamabuild)  # the same build in a process session of its own: it goes on after this call returns
       # (while the machine stays warm), beside the targets that follow; `peers` waits for it
+      # (its log is not named build-*: a build from a new source removes $WORK/build-*)
       mkdir -p /tmp/llamacpp && rm -f /tmp/llamacpp/build.rc
       setsid nohup bash -c 'bash scripts/llama_cpp.sh build cuda; echo $? > /tmp/llamacpp/build.rc' \
-        > /tmp/llamacpp/build-bg.log 2>&1 < /dev/null &
-      echo "llama.cpp build started in the background (log /tmp/llamacpp/build-bg.log)" ;;
+        > /tmp/llamacpp/background-build.log 2>&1 < /dev/null &
+      echo "llama.cpp build started in the background (log /tmp/llamacpp/background-build.log)" ;;
     llamawait)  # until the background build has ended (at most LLAMA_WAIT s, default 540)
       llama_wait ;;
     peers)  # the README's H200 table from one call: llama.cpp (bf16 and f16), fgchat's four modes on
