@@ -13,6 +13,7 @@ EngineConfig (which holds a Tuning) without loading torch.
 | FGCHAT_PROJ_CONFIGS=spec | "" | tiles per projection role, e.g. "gate_up=64,128,4,4;qkv=32,256,4,4,1" |
 | FGCHAT_TMA=1 | off | Hopper bulk copies (TMA) for the o projection's and 8B gate/up's weight tiles (sm_90+) |
 | FGCHAT_PIECEWISE_O=1 | off | the o projection launched with the attention (piecewise: outside its graphs) |
+| FGCHAT_PROJ_PRELOAD=1 | 2 | weight tiles our qkv, o and down projections load before their PDL wait |
 | FGCHAT_PDL=0 | on | no programmatic dependent launch between the step's Triton kernels |
 | FGCHAT_L2_PREFETCH_MB=n | 16 | full graphs: weights prefetched into L2 beside attention (0: none) |
 | FGCHAT_PREFILL_GRAPHS=0 | on | full mode prefills eagerly instead of replaying prefill graphs |
