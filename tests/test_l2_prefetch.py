@@ -40,3 +40,33 @@ def test_plan_leaves_out_tails_and_views_but_counts_their_bytes():
 
 def test_supported_needs_cuda():
     assert not lp.supported(torch.device("cpu"))
+
+
+def test_each_layer_prefetches_the_next_layers_qkv_where_its_own_weights_fit(monkeypatch):
+    """Beside layer i's attention: its o, gate/up and down, then layer i+1's qkv (SmolLM2's shapes,
+    all within 16 MiB); the last layer has no next qkv. 1B's gate/up does not fit: o alone."""
+    from types import SimpleNamespace
+
+    from fgchat.engine.model.fused_step import FusedStages
+    from fgchat.protocol.tuning import Tuning
+
+    monkeypatch.setattr(lp, "supported", lambda device: True)
+
+    def stages(hidden: int, inter: int, q: int, layers: int) -> FusedStages:
+        def w(*shape):
+            return torch.zeros(*shape, dtype=torch.bfloat16)
+        ls = [SimpleNamespace(wqkv=w(q, hidden), bqkv=None, wo=w(hidden, hidden), w_gate_up=w(2 * inter, hidden),
+                              w_down=w(hidden, inter)) for _ in range(layers)]
+        weights = SimpleNamespace(layers=ls, lm_head=torch.zeros(64, hidden))  # float32: no int8 pick copy
+        return FusedStages(SimpleNamespace(w=weights), Tuning(), 132, pdl=True)
+
+    def chunks(t: torch.Tensor) -> int:
+        return t.numel() * t.element_size() // lp.CHUNK
+
+    st = stages(576, 1536, 960, 3)
+    ls = st.dec.w.layers
+    for i, ranges in enumerate(st.prefetch):
+        want = [ls[i].wo, ls[i].w_gate_up, ls[i].w_down] + ([ls[i + 1].wqkv] if i + 1 < len(ls) else [])
+        assert [(r.addr, r.chunks) for r in ranges] == [(t.data_ptr(), chunks(t)) for t in want]
+    st = stages(2048, 8192, 3072, 2)
+    assert [[r.addr for r in ranges] for ranges in st.prefetch] == [[lw.wo.data_ptr()] for lw in st.dec.w.layers]
