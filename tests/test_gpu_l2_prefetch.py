@@ -30,6 +30,8 @@ def test_prefetch_runs_eagerly_and_in_a_graph_and_writes_nothing():
     before = (a.clone(), b.clone(), c.clone())
     ranges = lp.plan([a, b, c], 40 * 2**20)  # three ranges: two launches
     assert [r.chunks for r in ranges] == [4096, 6_000_000 // lp.CHUNK, 2048]
+    ranges.append(lp.leading_tiles(c, 256, 2**20))  # two 256-column tiles of each of c's rows: one launch more
+    assert ranges[-1] == lp.Rows(c.data_ptr(), 2048, 4096, 1024)
     lp.issue(ranges)
     torch.cuda.synchronize()
     s = torch.cuda.Stream()
@@ -78,8 +80,13 @@ def test_full_graph_prefetches_beside_each_attention_with_the_same_bits(tmp_path
     g = torch.Generator().manual_seed(5)
     prompts = [torch.randint(3, on.cfg.vocab_size, (11 + 41 * i,), generator=g).tolist() for i in range(4)]
     params = [SamplingParams(max_tokens=20, ignore_eos=True, temperature=0.8 * (i % 2), seed=i) for i in range(4)]
+    _same_logits([(off, "eager"), (off, "full"), (on, "full"), (on, "piecewise")], prompts, params)
+
+
+def _same_logits(runs_of: list, prompts: list[list[int]], params: list) -> None:
+    """Every (engine, mode) decodes `prompts` together to the same logits at every step."""
     runs = []
-    for eng, mode in ((off, "eager"), (off, "full"), (on, "full"), (on, "piecewise")):
+    for eng, mode in runs_of:
         eng.set_mode(mode)
         eng.keep_logits, eng.step_logits = True, []
         for p, sp in zip(prompts, params):
@@ -90,3 +97,32 @@ def test_full_graph_prefetches_beside_each_attention_with_the_same_bits(tmp_path
     assert len(runs[0]) > 0
     for r in runs[1:]:
         assert len(r) == len(runs[0]) and all(torch.equal(a, b) for a, b in zip(r, runs[0]))
+
+
+def test_leading_gate_up_tiles_in_a_full_graph_change_no_bit(tmp_path):
+    """FGCHAT_L2_PREFETCH_LEAD: a gate/up of 16 MiB beside an 8 MiB budget gets its first K tile
+    (every row's first 256 columns) prefetched after o; full mode gives the same bits with it and
+    without it, and as eager."""
+    _needs_sm90()
+    import tiny_models
+
+    from fgchat.engine.core import Engine, EngineConfig
+    from fgchat.engine.kernels import l2_prefetch as lp
+    from fgchat.protocol.events import SamplingParams
+
+    model = tiny_models.build_model(tmp_path / "m", "llama", hidden=1024, layers=2, heads=16, kv_heads=4,
+                                    head_dim=64, intermediate=4096, max_pos=2048, seed=4)
+
+    def engine(lead: bool) -> Engine:
+        return Engine(EngineConfig(model=str(model), device="cuda", dtype="bfloat16", max_context=1024,
+                                   mode="full", tuning=Tuning(l2_prefetch_mb=8, l2_prefetch_lead=lead)))
+
+    on, off = engine(True), engine(False)
+    lw = on.decoder.w.layers[0]
+    plan = on.decoder.fused_stages.prefetch[0]
+    assert plan[-1] == lp.Rows(lw.w_gate_up.data_ptr(), 8192, 2048, 512), plan
+    assert not any(isinstance(r, lp.Rows) for r in off.decoder.fused_stages.prefetch[0])
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(3, on.cfg.vocab_size, (17 + 29 * i,), generator=g).tolist() for i in range(3)]
+    _same_logits([(off, "eager"), (off, "full"), (on, "full")], prompts,
+                 [SamplingParams(max_tokens=16, ignore_eos=True)] * len(prompts))

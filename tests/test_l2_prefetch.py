@@ -70,3 +70,44 @@ def test_each_layer_prefetches_the_next_layers_qkv_where_its_own_weights_fit(mon
         assert [(r.addr, r.chunks) for r in ranges] == [(t.data_ptr(), chunks(t)) for t in want]
     st = stages(2048, 8192, 3072, 2)
     assert [[r.addr for r in ranges] for ranges in st.prefetch] == [[lw.wo.data_ptr()] for lw in st.dec.w.layers]
+
+
+def test_leading_tiles_take_whole_tiles_of_every_row_up_to_half_the_columns():
+    w = torch.zeros(16, 1024, dtype=torch.bfloat16)  # rows of 2 KiB; a 256-column tile is 512 B a row
+    assert lp.leading_tiles(w, 256, 20 * 1024) == lp.Rows(w.data_ptr(), 16, 2048, 1024)  # 2 of 4 tiles: the cap
+    assert lp.leading_tiles(w, 256, 8 * 1024) == lp.Rows(w.data_ptr(), 16, 2048, 512)
+    assert lp.leading_tiles(w, 256, 8 * 1024 - 1) is None  # not one tile of every row
+    assert lp.leading_tiles(torch.zeros(16, 2048, dtype=torch.bfloat16)[:, ::2], 256, 2**20) is None
+    assert lp.taken_bytes([w, w, w], 2 * w.numel() * 2 + 5) == 2 * w.numel() * 2
+
+
+def test_lead_switch_adds_gate_up_tiles_where_gate_up_does_not_fit(monkeypatch):
+    """FGCHAT_L2_PREFETCH_LEAD on 1B's shapes: o whole, then the budget's rest as leading 256-column
+    tiles of gate/up (16 MiB: one; 32 MiB: three); 8B's o does not fit 16 MiB, so gate/up's
+    128-column tiles take it all (two); SmolLM2's plan has every weight whole and no tiles."""
+    from types import SimpleNamespace
+
+    from fgchat.engine.model.fused_step import FusedStages
+    from fgchat.protocol.tuning import Tuning
+
+    monkeypatch.setattr(lp, "supported", lambda device: True)
+
+    def plans(hidden: int, inter: int, q: int, mb: int, lead: bool = True) -> tuple[list, SimpleNamespace]:
+        def w(*shape):
+            return torch.empty(*shape, dtype=torch.bfloat16)
+        lw = SimpleNamespace(wqkv=w(q, hidden), bqkv=None, wo=w(hidden, hidden), w_gate_up=w(2 * inter, hidden),
+                             w_down=w(hidden, inter))
+        weights = SimpleNamespace(layers=[lw], lm_head=torch.empty(64, hidden))
+        st = FusedStages(SimpleNamespace(w=weights), Tuning(l2_prefetch_mb=mb, l2_prefetch_lead=lead), 132, pdl=True)
+        return st.prefetch[0], lw
+
+    plan, lw = plans(2048, 8192, 3072, 16)
+    assert plan == [lp.Range(lw.wo.data_ptr(), 2048), lp.Rows(lw.w_gate_up.data_ptr(), 16384, 4096, 512)]
+    plan, lw = plans(2048, 8192, 3072, 32)
+    assert plan[1] == lp.Rows(lw.w_gate_up.data_ptr(), 16384, 4096, 3 * 512)
+    plan, lw = plans(2048, 8192, 3072, 16, lead=False)
+    assert plan == [lp.Range(lw.wo.data_ptr(), 2048)]
+    plan, lw = plans(4096, 14336, 6144, 16)
+    assert plan == [lp.Rows(lw.w_gate_up.data_ptr(), 28672, 8192, 2 * 256)]
+    plan, lw = plans(576, 1536, 960, 16)
+    assert not any(isinstance(r, lp.Rows) for r in plan) and len(plan) == 3

@@ -16,6 +16,7 @@ EngineConfig (which holds a Tuning) without loading torch.
 | FGCHAT_PROJ_PRELOAD=1 | 2 | weight tiles our qkv, o and down projections load before their PDL wait |
 | FGCHAT_PDL=0 | on | no programmatic dependent launch between the step's Triton kernels |
 | FGCHAT_L2_PREFETCH_MB=n | 16 | full graphs: weights prefetched into L2 beside attention (0: none) |
+| FGCHAT_L2_PREFETCH_LEAD=1 | off | full graphs: a gate/up too large for that budget gets its leading K tiles prefetched |
 | FGCHAT_PREFILL_GRAPHS=0 | on | full mode prefills eagerly instead of replaying prefill graphs |
 | FGCHAT_EAGER_LAUNCH_LIST=0 | on | eager runs every step through the Python stages, not a recorded launch list |
 | FGCHAT_BATCHED_PREFILL=0 | on | CUDA: distinct prompts admitted together are prefilled one by one, not in one pass |
@@ -102,6 +103,9 @@ class Tuning:
     proj_preload: int = 2
     pdl: bool = True
     l2_prefetch_mb: int = 16
+    # a gate/up that does not fit the L2 budget whole gets its leading K tiles prefetched with the
+    # rest of the budget (every program reads them first); off until measured (notes V94)
+    l2_prefetch_lead: bool = False
     prefill_graphs: bool = True
     eager_launch_list: bool = True
     batched_prefill: bool = True
@@ -160,6 +164,7 @@ class Tuning:
             piecewise_o=_flag("FGCHAT_PIECEWISE_O", d.piecewise_o),
             pdl=_flag("FGCHAT_PDL", d.pdl),
             l2_prefetch_mb=_int("FGCHAT_L2_PREFETCH_MB", d.l2_prefetch_mb),
+            l2_prefetch_lead=_flag("FGCHAT_L2_PREFETCH_LEAD", d.l2_prefetch_lead),
             proj_preload=_preload_tiles(d.proj_preload),
             prefill_graphs=_flag("FGCHAT_PREFILL_GRAPHS", d.prefill_graphs),
             eager_launch_list=_flag("FGCHAT_EAGER_LAUNCH_LIST", d.eager_launch_list),

@@ -6,10 +6,16 @@ weights read next (the o projection, then gate/up, down and the next layer's qkv
 the budget whole), so those kernels read them from L2 instead of HBM. Piecewise graphs cannot do this: each piece must
 join its branches before it ends, which is before the eager attention starts.
 
+With FGCHAT_L2_PREFETCH_LEAD, a gate/up too large to fit whole gets its leading K columns (whole
+tiles of its kernel) instead: every program of that kernel reads those first, so they are used
+before later reads evict them, where a whole-row prefix of the weight is read by a few programs
+over the kernel's whole run (notes V94).
+
 Invariants:
 - a prefetch never writes memory and never changes a result; it is a hint the hardware may drop;
-- only whole chunks of CHUNK bytes at 16-byte-aligned addresses are requested (the bulk prefetch
-  instruction's contract), so a range's tail shorter than a chunk is left out;
+- only whole chunks of CHUNK bytes (a row's leading part: a multiple of 16 bytes) at
+  16-byte-aligned addresses are requested (the bulk prefetch instruction's contract), so a
+  range's tail shorter than a chunk is left out;
 - sm_90+ only (`cp.async.bulk.prefetch.L2`); elsewhere `supported` is False and nothing runs.
 """
 
@@ -33,6 +39,42 @@ class Range:
     chunks: int  # CHUNK-byte chunks from addr
 
 
+@dataclass(frozen=True)
+class Rows:
+    """The first `row_bytes` of each of `rows` rows that start `stride` bytes apart."""
+    addr: int  # device address of row 0, 16-byte aligned, as is the stride
+    rows: int
+    stride: int
+    row_bytes: int  # a multiple of 16
+
+
+def nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def taken_bytes(tensors: list[torch.Tensor], budget_bytes: int) -> int:
+    """Bytes of the whole tensors `plan` takes from the front of `tensors` within the budget."""
+    used = 0
+    for t in tensors:
+        if used + nbytes(t) > budget_bytes:
+            break
+        used += nbytes(t)
+    return used
+
+
+def leading_tiles(w: torch.Tensor, tile_cols: int, budget_bytes: int) -> Rows | None:
+    """The most leading tiles of `tile_cols` columns of every row of the 2-D weight `w` that fit
+    `budget_bytes`, at most half of its columns (the part every program reads early); None where
+    no tile fits or the rows cannot be prefetched (not row-contiguous, unaligned)."""
+    rows, cols = w.shape
+    tile_bytes = tile_cols * w.element_size()
+    tiles = min(budget_bytes // (rows * tile_bytes), cols // tile_cols // 2)
+    stride = w.stride(0) * w.element_size()
+    if tiles < 1 or w.stride(1) != 1 or w.data_ptr() % 16 or stride % 16 or tile_bytes % 16:
+        return None
+    return Rows(w.data_ptr(), rows, stride, tiles * tile_bytes)
+
+
 def plan(tensors: list[torch.Tensor], budget_bytes: int) -> list[Range]:
     """Ranges covering `tensors` in order, each one whole, while they fit in `budget_bytes`.
 
@@ -42,7 +84,7 @@ def plan(tensors: list[torch.Tensor], budget_bytes: int) -> list[Range]:
     out: list[Range] = []
     left = budget_bytes
     for t in tensors:
-        size = t.numel() * t.element_size()
+        size = nbytes(t)
         if size > left:
             break
         left -= size
@@ -64,14 +106,31 @@ def _prefetch_kernel(a_addr, a_chunks, b_addr, b_chunks, CHUNK_BYTES: tl.constex
         "=r,l,r,r", [addr, size, live], dtype=tl.int32, is_pure=False, pack=1)
 
 
-def issue(ranges: list[Range]) -> None:
-    """Request every range into L2 from the current stream (one launch per two ranges)."""
-    for j in range(0, len(ranges), 2):
-        a = ranges[j]
-        b = ranges[j + 1] if j + 1 < len(ranges) else Range(a.addr, 0)
+@triton.jit
+def _prefetch_rows_kernel(addr, rows, stride, ROW_BYTES: tl.constexpr, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    live = (i < rows).to(tl.int32)
+    row_addr = addr + tl.where(i < rows, i, 0).to(tl.int64) * stride
+    size = tl.full([BLOCK], ROW_BYTES, tl.int32)
+    tl.inline_asm_elementwise(
+        "{ .reg .pred p; setp.ne.s32 p, $3, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
+        "=r,l,r,r", [row_addr, size, live], dtype=tl.int32, is_pure=False, pack=1)
+
+
+def issue(ranges: list[Range | Rows]) -> None:
+    """Request every range into L2 from the current stream: the whole ranges first (one launch per
+    two), then each Rows (one launch each)."""
+    whole = [r for r in ranges if isinstance(r, Range)]
+    for j in range(0, len(whole), 2):
+        a = whole[j]
+        b = whole[j + 1] if j + 1 < len(whole) else Range(a.addr, 0)
         total = a.chunks + b.chunks
         _prefetch_kernel[(triton.cdiv(total, BLOCK),)](a.addr, a.chunks, b.addr, b.chunks,
                                                        CHUNK_BYTES=CHUNK, BLOCK=BLOCK, num_warps=1)
+    for r in ranges:
+        if isinstance(r, Rows):
+            _prefetch_rows_kernel[(triton.cdiv(r.rows, BLOCK),)](r.addr, r.rows, r.stride,
+                                                                 ROW_BYTES=r.row_bytes, BLOCK=BLOCK, num_warps=1)
 
 
 def supported(device: torch.device) -> bool:

@@ -98,14 +98,29 @@ class FusedStages:
             self._o_out = torch.empty(rows, dtype=dtype, device=lw.wo.device)
         budget = tuning.l2_prefetch_mb * 2**20
         dev = lw.wo.device
-        self.prefetch: list[list[l2_prefetch.Range]] | None = None
+        self.prefetch: list[list[l2_prefetch.Range | l2_prefetch.Rows]] | None = None
         if budget > 0 and l2_prefetch.supported(dev):
-            # the next layer's qkv last: only where this layer's o, gate/up and down all fit (H100,
-            # SmolLM2 full: 0.506 -> 0.491 ms at batch 1; notes V93)
-            layers = dec.w.layers
-            plans = [l2_prefetch.plan([w.wo, w.w_gate_up, w.w_down] + [n.wqkv for n in layers[i + 1:i + 2]],
-                                      budget) for i, w in enumerate(layers)]
+            plans = [self._prefetch_plan(i, budget) for i in range(len(dec.w.layers))]
             self.prefetch = plans if any(plans) else None
+
+    def _prefetch_plan(self, i: int, budget: int) -> list[l2_prefetch.Range | l2_prefetch.Rows]:
+        """What layer i's attention has prefetched beside it: its o, gate/up and down, then layer
+        i+1's qkv, each whole while they fit (H100, SmolLM2 full with the next qkv: 0.506 -> 0.491
+        ms at batch 1; notes V93); with l2_prefetch_lead, a gate/up that does not fit whole gets
+        the budget's rest as leading tiles of its kernel's K (notes V94)."""
+        layers = self.dec.w.layers
+        lw = layers[i]
+        tensors = [lw.wo, lw.w_gate_up, lw.w_down] + [n.wqkv for n in layers[i + 1:i + 2]]
+        out: list[l2_prefetch.Range | l2_prefetch.Rows] = list(l2_prefetch.plan(tensors, budget))
+        taken = l2_prefetch.taken_bytes(tensors, budget)
+        whole_gate_up = l2_prefetch.nbytes(lw.wo) + l2_prefetch.nbytes(lw.w_gate_up)
+        if self.t.l2_prefetch_lead and self.gate_up.ours and taken < whole_gate_up:
+            w = lw.w_gate_up
+            cfg = self.gate_up.config or gemv.pick_config(w.shape[0] // 2, w.shape[1], True)
+            rows = l2_prefetch.leading_tiles(w, cfg.block_k, budget - taken)
+            if rows is not None:
+                out.append(rows)
+        return out
 
     def _route(self, role: str, w: torch.Tensor, bias_free: bool, feeds_norm: bool, sm_count: int) -> Route:
         cfg = self.configs.get(role)
