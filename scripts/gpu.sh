@@ -34,7 +34,8 @@
 #           1B batch 1 with and without the batch-rows-only norm (tools/bisect_mega.py)
 #   envab   fgchat bench with AB_ARGS, ENVAB_VAR=0 and =1 alternating AB_ROUNDS times (one tree)
 #   envsweep  fgchat bench with AB_ARGS once per value of ENVSWEEP_VAR (ENVSWEEP_VALUES, '|' between
-#           values, an empty one: unset), in turn AB_ROUNDS times (one tree)
+#           values, an empty one: unset), in turn AB_ROUNDS times (one tree); ENVSWEEP_NAME labels
+#           its JSON files (bench_new_envsweep-NAME-vJ-ROUND.json), so sweeps in one call keep theirs
 #   sdpashapes  the first SDPA call at a shape no bucket covers (prompts past the last bucket, a
 #           prefill after cached rows): torch's default backend against cuDNN excluded
 #   prefillgemm  the prefill's projections at 512 / 4096 rows: cuBLAS against a Triton GEMM swept over
@@ -93,7 +94,9 @@ case ${1:-} in
   "") echo "usage: $0 split | put [TARGET...] | TARGET..." >&2; exit 2 ;;
 esac
 OUT=${OUT:-/tmp/fgchat-out}; mkdir -p "$OUT"
-JSON=/tmp/fgchat-json; mkdir -p $JSON  # packed into $OUT/json.tgz at the end (8 files come back)
+# packed into $OUT/json.tgz at the end (8 files come back); a warm machine keeps earlier calls'
+# files there, so each tarball holds every run since the machine started
+JSON=/tmp/fgchat-json; mkdir -p $JSON
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 fi
@@ -241,7 +244,7 @@ for what in "$@"; do
       env_sweep envab "${ENVAB_VAR:?}" '0|1' ;;
     envsweep)  # fgchat bench with AB_ARGS once per value of ENVSWEEP_VAR (ENVSWEEP_VALUES, split on '|';
       # an empty value leaves the variable unset), the values in turn AB_ROUNDS (2) times, one tree
-      env_sweep envsweep "${ENVSWEEP_VAR:?}" "${ENVSWEEP_VALUES:?}" ;;
+      env_sweep "envsweep${ENVSWEEP_NAME:+-$ENVSWEEP_NAME}" "${ENVSWEEP_VAR:?}" "${ENVSWEEP_VALUES:?}" ;;
     launch)  # host time per Triton launch: plain, fast, bound with tensors, bound with addresses (V51)
       timeout 120 python3 tools/bench_launch.py 2>&1 | tee "$OUT/launch.log" ;;
     8b)  # the 8B preset, full mode only (its random weights take ~16 GB)
