@@ -45,8 +45,10 @@ def steps_agree_with_hf(ref, prompt: list[int], tokens: list[int], step_logits, 
     """Each decode step's logits against transformers `ref` (float32) on the same prefix: mean
     error within 4 bf16 ulps of the mean logit, or, given `ref_half` (the same model in the
     engine's dtype), within twice transformers' own error in that dtype at that step; and the
-    greedy token the reference's argmax wherever its top two are more than 0.25 apart. Returns how
-    many tokens that checked."""
+    greedy token the reference's argmax wherever its top two are more than 0.25 apart and, given
+    `ref_half`, more than twice the largest error transformers' own logits have in that dtype at
+    that step (moving two logits by that much each can swap them: random weights here put it at
+    0.3-0.9 in bf16). Returns how many tokens that checked."""
     ids = torch.tensor([prompt + tokens], device="cuda")
     with torch.no_grad():
         want_all = ref(ids).logits[0].float()
@@ -55,12 +57,14 @@ def steps_agree_with_hf(ref, prompt: list[int], tokens: list[int], step_logits, 
     for i, logits in enumerate(step_logits):  # step i gave token i + 1
         want = want_all[len(prompt) + i]
         err, scale = (logits - want).abs().mean().item(), want.abs().mean().item()
-        allowed = 4 * 2**-7 * scale
+        allowed, apart = 4 * 2**-7 * scale, 0.25
         if half_all is not None:
-            allowed = max(allowed, 2 * (half_all[len(prompt) + i] - want).abs().mean().item())
+            half_err = (half_all[len(prompt) + i] - want).abs()
+            allowed = max(allowed, 2 * half_err.mean().item())
+            apart = max(apart, 2 * half_err.max().item())
         assert err <= allowed, (label, i, f"mean error {err:.4g}, allowed {allowed:.4g}, mean |logit| {scale:.4g}")
         top2 = want.topk(2)
-        if (top2.values[0] - top2.values[1]).item() > 0.25:
+        if (top2.values[0] - top2.values[1]).item() > apart:
             half_pick = int(half_all[len(prompt) + i].argmax()) if half_all is not None else None
             assert tokens[i + 1] == int(top2.indices[0]), (
                 label, i, f"took {tokens[i + 1]} (logit {logits[tokens[i + 1]].item():.4g}, float32's "
