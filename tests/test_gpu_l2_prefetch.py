@@ -54,7 +54,7 @@ def _kernel_names(fn) -> list[str]:
     return [e.name for e in prof.events() if e.device_type.name == "CUDA"]
 
 
-def test_full_graph_prefetches_beside_each_attention_with_the_same_bits(tmp_path):
+def test_graphs_prefetch_beside_each_attention_with_the_same_bits(tmp_path):
     _needs_sm90()
     import tiny_models
 
@@ -63,24 +63,31 @@ def test_full_graph_prefetches_beside_each_attention_with_the_same_bits(tmp_path
 
     model = tiny_models.head64_model(tmp_path / "m", max_pos=4096, seed=7)
 
-    def engine(mb: int) -> Engine:
+    def engine(mb: int, piecewise: bool = False) -> Engine:
         return Engine(EngineConfig(model=str(model), device="cuda", dtype="bfloat16", max_context=2048,
-                                   mode="full", tuning=Tuning(l2_prefetch_mb=mb)))
+                                   mode="full", tuning=Tuning(l2_prefetch_mb=mb, piecewise_prefetch=piecewise)))
 
-    on, off = engine(64), engine(0)
+    on, off, pw = engine(64), engine(0), engine(64, piecewise=True)
     assert on.decoder.side_work() is not None and off.decoder.side_work() is None
     assert on.info().available_modes == {"eager": "", "piecewise": "", "full": "", "mega": ""}, on.info().notes
     names = _kernel_names(lambda: on.modes.run(Mode.FULL, 2, False))
     if not names:
         pytest.skip("the profiler records no kernels of graph replays here")
-    # o, gate/up and down fit the budget: two launches (two ranges each at most) per layer
+    # o, gate/up, down and the next qkv fit the budget: two launches (two ranges each at most) per layer
     assert sum("_prefetch_kernel" in n for n in names) == 2 * on.cfg.num_layers, names
     assert not any("_prefetch_kernel" in n for n in _kernel_names(lambda: off.modes.run(Mode.FULL, 2, False)))
+    # piecewise: none by default; with FGCHAT_PIECEWISE_PREFETCH the same launches inside its pieces
+    for eng in (on, pw):
+        eng.modes.run(Mode.PIECEWISE, 2, False)  # captured outside the profiled replays
+    assert not any("_prefetch_kernel" in n for n in _kernel_names(lambda: on.modes.run(Mode.PIECEWISE, 2, False)))
+    pw_names = _kernel_names(lambda: pw.modes.run(Mode.PIECEWISE, 2, False))
+    assert sum("_prefetch_kernel" in n for n in pw_names) == 2 * pw.cfg.num_layers, pw_names
 
     g = torch.Generator().manual_seed(5)
     prompts = [torch.randint(3, on.cfg.vocab_size, (11 + 41 * i,), generator=g).tolist() for i in range(4)]
     params = [SamplingParams(max_tokens=20, ignore_eos=True, temperature=0.8 * (i % 2), seed=i) for i in range(4)]
-    _same_logits([(off, "eager"), (off, "full"), (on, "full"), (on, "piecewise")], prompts, params)
+    _same_logits([(off, "eager"), (off, "full"), (on, "full"), (on, "piecewise"), (pw, "piecewise"), (pw, "full")],
+                 prompts, params)
 
 
 def _same_logits(runs_of: list, prompts: list[list[int]], params: list) -> None:

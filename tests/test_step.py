@@ -35,6 +35,37 @@ def test_program_has_one_piece_per_attention_gap(tiny_llama):
         assert len(pieces) == eng.cfg.num_layers + 1 and len(attends) == eng.cfg.num_layers
 
 
+def test_before_layer_runs_in_the_piece_that_ends_at_that_layers_attention(tiny_llama):
+    """pieces(before_layer=...) calls it once per layer, in the piece before that layer's
+    attention and before the layer's first stage; the step's results are the same."""
+    from fgchat.engine.step import StepState
+
+    eng = Engine(EngineConfig(model=str(tiny_llama), device="cpu", max_context=128))
+    eng.bufs.stage([5, 6], [3, 9], [1, 2], [0.0] * 2, [1.0] * 2, [0] * 2, [0] * 2)
+    eng.program.max_len_hint = 10
+    seen: list[tuple[int, int, bool]] = []  # (piece, layer, its K/V written yet)
+    piece_no = [0]
+
+    def before(i: int) -> None:
+        seen.append((piece_no[0], i, bool(eng.cache.k[i][1, 3].abs().sum() > 0)))
+
+    for t in eng.cache.k + eng.cache.v:
+        t.zero_()
+    plain = eng.program.run_eager(2, variant=Variant.GREEDY).logits.clone()
+    for t in eng.cache.k + eng.cache.v:
+        t.zero_()
+    pieces, attends = eng.program.pieces(2, Variant.GREEDY, before)
+    st = StepState()
+    for j, piece in enumerate(pieces):
+        piece_no[0] = j
+        piece(st)
+        if j < len(attends):
+            attends[j](st)
+    n = eng.cfg.num_layers
+    assert seen == [(i, i, False) for i in range(n)]  # before the layer wrote its K/V
+    assert torch.equal(st.logits, plain)
+
+
 def test_step_derives_lengths_and_slots_on_device(tiny_llama):
     eng = Engine(EngineConfig(model=str(tiny_llama), device="cpu", max_context=128))
     for t in eng.cache.k + eng.cache.v:  # synthetic lengths: attention reads unwritten positions

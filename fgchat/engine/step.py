@@ -147,10 +147,13 @@ class StepProgram:
         self.compiled_lanes: CompiledStep | None = None
         self.lanes_wanted = False
 
-    def pieces(self, b: int, variant: int) -> tuple[list[Piece], list[Callable[[StepState], None]]]:
+    def pieces(self, b: int, variant: int, before_layer: Callable[[int], None] | None = None
+               ) -> tuple[list[Piece], list[Callable[[StepState], None]]]:
         """Returns (pieces, attentions): run pieces[0], attentions[0], pieces[1], ..., pieces[L].
 
         Each attention reads st.q as left by the preceding piece and writes bufs.attn_out[:b].
+        `before_layer(i)`, if given, runs in the piece that ends at attention i, right before layer
+        i's first stage (piecewise graphs fork their L2 prefetch there).
         """
         variant = Variant(variant)
         dec, bufs, cache = self.dec, self.bufs, self.cache
@@ -167,11 +170,15 @@ class StepProgram:
                 seq_lens.copy_(pos + 1)
                 slots32.copy_(slots)
                 dec.embed(st, ids)
+            if before_layer is not None:
+                before_layer(0)
             dec.before_attention(0, st, pos, slots, cache.k[0], cache.v[0])
 
         def middle(i: int) -> Piece:
             def run(st: StepState) -> None:
                 dec.after_attention(i - 1, st, attn_out)
+                if before_layer is not None:
+                    before_layer(i)
                 dec.before_attention(i, st, pos, slots, cache.k[i], cache.v[i])
 
             return run

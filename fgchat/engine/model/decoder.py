@@ -239,9 +239,15 @@ class Decoder:
         """With o_with_attention: layer i's o projection of attention's output, right after it."""
         self._fused.project_o(i, attn_out)
 
+    @property
+    def piecewise_prefetch(self) -> bool:
+        """Piecewise graphs fork side_work(i) at layer i's first stage (FGCHAT_PIECEWISE_PREFETCH)."""
+        return self._fused is not None and self._fused.t.piecewise_prefetch
+
     def side_work(self) -> Callable[[int], None] | None:
         """Work a whole-step graph may run beside attention call i, on a side branch that joins
-        at the end of the step (an L2 weight prefetch: it changes no result). None: nothing."""
+        at the end of the step (an L2 weight prefetch: it changes no result); piecewise graphs
+        with piecewise_prefetch run it from layer i's first stage. None: nothing."""
         if self._fused is None or self._fused.prefetch is None:
             return None
         return self._fused.beside_attention

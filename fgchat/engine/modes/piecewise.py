@@ -5,7 +5,10 @@ Each attention call runs as a launch list (engine.launch_list) recorded once per
 layer, right after capture, from a real step: the same launches with the same arguments as the
 eager call, without its Python. A call the recorder cannot capture whole runs eagerly. With
 FGCHAT_PIECEWISE_O the attention call includes the o projection (Decoder.o_with_attention), so it
-too runs outside the graphs, right behind the attention.
+too runs outside the graphs, right behind the attention. With FGCHAT_PIECEWISE_PREFETCH the piece
+that ends at attention i forks the decoder's side work for layer i (the L2 prefetch full graphs run
+beside attention i) at layer i's first stage and joins it before the piece ends: the prefetch
+kernel only issues requests, so the join waits for the issuing, not for the fills.
 
 Invariants:
 - each piece writes its outputs (q / qkv, residual) to the same tensors on every replay; the
@@ -52,13 +55,25 @@ class PiecewiseMode(GraphMode):
 
     def _capture(self, b: int, variant: int) -> PiecewiseGraph:
         cap = self.cap
-        pieces, attends = cap.program.pieces(b, variant)
+        work = cap.program.dec.side_work() if cap.program.dec.piecewise_prefetch else None
+        forked: list[int] = []
+
+        def fork(i: int) -> None:
+            cap.side.wait_stream(cap.stream)
+            with torch.cuda.stream(cap.side):
+                work(i)
+            forked.append(i)
+
+        pieces, attends = cap.program.pieces(b, variant, fork if work is not None else None)
         graphs, states = [], []
         st = StepState()
         for piece in pieces:
             g = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g, pool=cap.pool, stream=cap.stream):
+                forked.clear()
                 piece(st)
+                if forked:  # the side branch joins inside this piece's graph
+                    cap.stream.wait_stream(cap.side)
             graphs.append(g)
             snap = StepState()
             snap.__dict__.update(st.__dict__)
