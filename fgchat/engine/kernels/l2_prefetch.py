@@ -54,14 +54,22 @@ def nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
+def fitting(tensors: list[torch.Tensor], budget_bytes: int) -> list[torch.Tensor]:
+    """The tensors from the front of `tensors` whose bytes together fit `budget_bytes`, up to the
+    first that does not (the ones `plan` covers)."""
+    out: list[torch.Tensor] = []
+    left = budget_bytes
+    for t in tensors:
+        if nbytes(t) > left:
+            break
+        left -= nbytes(t)
+        out.append(t)
+    return out
+
+
 def taken_bytes(tensors: list[torch.Tensor], budget_bytes: int) -> int:
     """Bytes of the whole tensors `plan` takes from the front of `tensors` within the budget."""
-    used = 0
-    for t in tensors:
-        if used + nbytes(t) > budget_bytes:
-            break
-        used += nbytes(t)
-    return used
+    return sum(nbytes(t) for t in fitting(tensors, budget_bytes))
 
 
 def leading_tiles(w: torch.Tensor, tile_cols: int, budget_bytes: int) -> Rows | None:
@@ -83,16 +91,8 @@ def plan(tensors: list[torch.Tensor], budget_bytes: int) -> list[Range]:
     The first tensor that does not fit ends the plan: the part of a large weight that its kernel
     reads late is evicted before use (H200, 1B: budgets that took part of gate/up were slower).
     """
-    out: list[Range] = []
-    left = budget_bytes
-    for t in tensors:
-        size = nbytes(t)
-        if size > left:
-            break
-        left -= size
-        if t.is_contiguous() and t.data_ptr() % 16 == 0 and size >= CHUNK:
-            out.append(Range(t.data_ptr(), size // CHUNK))
-    return out
+    return [Range(t.data_ptr(), nbytes(t) // CHUNK) for t in fitting(tensors, budget_bytes)
+            if t.is_contiguous() and t.data_ptr() % 16 == 0 and nbytes(t) >= CHUNK]
 
 
 @triton.jit
