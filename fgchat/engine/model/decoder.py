@@ -185,12 +185,11 @@ class Decoder:
             self.pdl = t.pdl and supported(dev)
             # SM count sizes split-K and shared memory bounds tiles; a CPU decoder (tests, Triton's
             # interpreter) takes the H200's
+            sms, smem = 132, fused_step.H200_SMEM_PER_BLOCK
             if dev.type == "cuda":
                 props = torch.cuda.get_device_properties(dev)
-                self._fused = fused_step.FusedStages(self, t, props.multi_processor_count, self.pdl,
-                                                     props.shared_memory_per_block_optin)
-            else:
-                self._fused = fused_step.FusedStages(self, t, 132, self.pdl)
+                sms, smem = props.multi_processor_count, props.shared_memory_per_block_optin
+            self._fused = fused_step.FusedStages(self, t, sms, self.pdl, smem)
         self.device = weights.embed.device
         self.dtype = weights.embed.dtype
         # the fused path's residual stream (the plain path keeps the model's dtype, as HF does)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from abc import abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Protocol
 
@@ -32,6 +32,13 @@ class GraphCapture:
         self.pool = torch.cuda.graph_pool_handle()
         self.stream = torch.cuda.Stream()
         self.side = torch.cuda.Stream()
+
+    def fork(self, work: Callable[[int], None], i: int) -> None:
+        """While capturing: work(i) on the side stream, after what the capture stream queued so far;
+        the capture joins the side stream before it ends (`self.stream.wait_stream(self.side)`)."""
+        self.side.wait_stream(self.stream)
+        with torch.cuda.stream(self.side):
+            work(i)
 
     @torch.inference_mode()
     def warm_kernels(self, batch_sizes: range) -> float:

@@ -56,9 +56,7 @@ class FullMode(GraphMode):
 
         def fork(i: int, attend: Callable[[StepState], None]) -> Callable[[StepState], None]:
             def run(st: StepState) -> None:
-                cap.side.wait_stream(cap.stream)
-                with torch.cuda.stream(cap.side):
-                    work(i)
+                cap.fork(work, i)
                 attend(st)
 
             return run

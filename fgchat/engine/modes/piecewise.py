@@ -59,9 +59,7 @@ class PiecewiseMode(GraphMode):
         forked: list[int] = []
 
         def fork(i: int) -> None:
-            cap.side.wait_stream(cap.stream)
-            with torch.cuda.stream(cap.side):
-                work(i)
+            cap.fork(work, i)
             forked.append(i)
 
         pieces, attends = cap.program.pieces(b, variant, fork if work is not None else None)
