@@ -45,30 +45,17 @@ def test_supported_needs_cuda():
 def test_each_layer_prefetches_the_next_layers_qkv_where_its_own_weights_fit(monkeypatch):
     """Beside layer i's attention: its o, gate/up and down, then layer i+1's qkv (SmolLM2's shapes,
     all within 16 MiB); the last layer has no next qkv. 1B's gate/up does not fit: o alone."""
-    from types import SimpleNamespace
-
-    from fgchat.engine.model.fused_step import FusedStages
-    from fgchat.protocol.tuning import Tuning
-
     monkeypatch.setattr(lp, "supported", lambda device: True)
-
-    def stages(hidden: int, inter: int, q: int, layers: int) -> FusedStages:
-        def w(*shape):
-            return torch.zeros(*shape, dtype=torch.bfloat16)
-        ls = [SimpleNamespace(wqkv=w(q, hidden), bqkv=None, wo=w(hidden, hidden), w_gate_up=w(2 * inter, hidden),
-                              w_down=w(hidden, inter)) for _ in range(layers)]
-        weights = SimpleNamespace(layers=ls, lm_head=torch.zeros(64, hidden))  # float32: no int8 pick copy
-        return FusedStages(SimpleNamespace(w=weights), Tuning(), 132, pdl=True)
 
     def chunks(t: torch.Tensor) -> int:
         return t.numel() * t.element_size() // lp.CHUNK
 
-    st = stages(576, 1536, 960, 3)
+    st = _stages(576, 1536, 960, 3)
     ls = st.dec.w.layers
     for i, ranges in enumerate(st.prefetch):
         want = [ls[i].wo, ls[i].w_gate_up, ls[i].w_down] + ([ls[i + 1].wqkv] if i + 1 < len(ls) else [])
         assert [(r.addr, r.chunks) for r in ranges] == [(t.data_ptr(), chunks(t)) for t in want]
-    st = stages(2048, 8192, 3072, 2)
+    st = _stages(2048, 8192, 3072, 2)
     assert [[r.addr for r in ranges] for ranges in st.prefetch] == [[lw.wo.data_ptr()] for lw in st.dec.w.layers]
 
 
@@ -85,21 +72,13 @@ def test_lead_switch_adds_gate_up_tiles_where_gate_up_does_not_fit(monkeypatch):
     """FGCHAT_L2_PREFETCH_LEAD on 1B's shapes: o whole, then the budget's rest as leading 256-column
     tiles of gate/up (16 MiB: one; 32 MiB: three); 8B's o does not fit 16 MiB, so gate/up's
     128-column tiles take it all (two); SmolLM2's plan has every weight whole and no tiles."""
-    from types import SimpleNamespace
-
-    from fgchat.engine.model.fused_step import FusedStages
     from fgchat.protocol.tuning import Tuning
 
     monkeypatch.setattr(lp, "supported", lambda device: True)
 
-    def plans(hidden: int, inter: int, q: int, mb: int, lead: bool = True) -> tuple[list, SimpleNamespace]:
-        def w(*shape):
-            return torch.empty(*shape, dtype=torch.bfloat16)
-        lw = SimpleNamespace(wqkv=w(q, hidden), bqkv=None, wo=w(hidden, hidden), w_gate_up=w(2 * inter, hidden),
-                             w_down=w(hidden, inter))
-        weights = SimpleNamespace(layers=[lw], lm_head=torch.empty(64, hidden))
-        st = FusedStages(SimpleNamespace(w=weights), Tuning(l2_prefetch_mb=mb, l2_prefetch_lead=lead), 132, pdl=True)
-        return st.prefetch[0], lw
+    def plans(hidden: int, inter: int, q: int, mb: int, lead: bool = True) -> tuple[list, object]:
+        st = _stages(hidden, inter, q, 1, Tuning(l2_prefetch_mb=mb, l2_prefetch_lead=lead))
+        return st.prefetch[0], st.dec.w.layers[0]
 
     plan, lw = plans(2048, 8192, 3072, 16)
     assert plan == [lp.Range(lw.wo.data_ptr(), 2048), lp.Rows(lw.w_gate_up.data_ptr(), 16384, 4096, 512)]
@@ -111,3 +90,19 @@ def test_lead_switch_adds_gate_up_tiles_where_gate_up_does_not_fit(monkeypatch):
     assert plan == [lp.Rows(lw.w_gate_up.data_ptr(), 28672, 8192, 2 * 256)]
     plan, lw = plans(576, 1536, 960, 16)
     assert not any(isinstance(r, lp.Rows) for r in plan) and len(plan) == 3
+
+
+def _stages(hidden: int, inter: int, q: int, layers: int, tuning=None):
+    """FusedStages over `layers` bf16 layers of these shapes (CPU tensors: real, distinct
+    addresses), as a GPU with the bulk prefetch would plan them (caller patches lp.supported)."""
+    from types import SimpleNamespace
+
+    from fgchat.engine.model.fused_step import FusedStages
+    from fgchat.protocol.tuning import Tuning
+
+    def w(*shape):
+        return torch.empty(*shape, dtype=torch.bfloat16)
+    ls = [SimpleNamespace(wqkv=w(q, hidden), bqkv=None, wo=w(hidden, hidden), w_gate_up=w(2 * inter, hidden),
+                          w_down=w(hidden, inter)) for _ in range(layers)]
+    weights = SimpleNamespace(layers=ls, lm_head=torch.empty(64, hidden))  # float32: no int8 pick copy
+    return FusedStages(SimpleNamespace(w=weights), tuning or Tuning(), 132, pdl=True)
