@@ -30,7 +30,7 @@ def test_prefetch_runs_eagerly_and_in_a_graph_and_writes_nothing():
     before = (a.clone(), b.clone(), c.clone())
     ranges = lp.plan([a, b, c], 40 * 2**20)  # three ranges: two launches
     assert [r.chunks for r in ranges] == [4096, 6_000_000 // lp.CHUNK, 2048]
-    ranges.append(lp.leading_tiles(c, 256, 2**20))  # two 256-column tiles of each of c's rows: one launch more
+    ranges.append(lp.leading_tiles(c, 256, 2 * 2**20))  # two 256-column tiles (1 MiB each) of each of c's rows: one launch more
     assert ranges[-1] == lp.Rows(c.data_ptr(), 2048, 4096, 1024)
     lp.issue(ranges)
     torch.cuda.synchronize()
@@ -63,11 +63,13 @@ def test_graphs_prefetch_beside_each_attention_with_the_same_bits(tmp_path):
 
     model = tiny_models.head64_model(tmp_path / "m", max_pos=4096, seed=7)
 
-    def engine(mb: int, piecewise: bool = False) -> Engine:
+    def engine(mb: int, piecewise: bool | None = None) -> Engine:
         return Engine(EngineConfig(model=str(model), device="cuda", dtype="bfloat16", max_context=2048,
                                    mode="full", tuning=Tuning(l2_prefetch_mb=mb, piecewise_prefetch=piecewise)))
 
-    on, off, pw = engine(64), engine(0), engine(64, piecewise=True)
+    # the tiny layers fit the budget whole, so piecewise graphs prefetch unless told not to
+    on, off, pw = engine(64, piecewise=False), engine(0), engine(64)
+    assert not on.decoder.piecewise_prefetch and pw.decoder.piecewise_prefetch
     assert on.decoder.side_work() is not None and off.decoder.side_work() is None
     assert on.info().available_modes == {"eager": "", "piecewise": "", "full": "", "mega": ""}, on.info().notes
     names = _kernel_names(lambda: on.modes.run(Mode.FULL, 2, False))
@@ -76,7 +78,7 @@ def test_graphs_prefetch_beside_each_attention_with_the_same_bits(tmp_path):
     # o, gate/up, down and the next qkv fit the budget: two launches (two ranges each at most) per layer
     assert sum("_prefetch_kernel" in n for n in names) == 2 * on.cfg.num_layers, names
     assert not any("_prefetch_kernel" in n for n in _kernel_names(lambda: off.modes.run(Mode.FULL, 2, False)))
-    # piecewise: none by default; with FGCHAT_PIECEWISE_PREFETCH the same launches inside its pieces
+    # piecewise: none when switched off; by default here the same launches inside its pieces
     for eng in (on, pw):
         eng.modes.run(Mode.PIECEWISE, 2, False)  # captured outside the profiled replays
     assert not any("_prefetch_kernel" in n for n in _kernel_names(lambda: on.modes.run(Mode.PIECEWISE, 2, False)))

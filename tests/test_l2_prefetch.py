@@ -59,6 +59,26 @@ def test_each_layer_prefetches_the_next_layers_qkv_where_its_own_weights_fit(mon
     assert [[r.addr for r in ranges] for ranges in st.prefetch] == [[lw.wo.data_ptr()] for lw in st.dec.w.layers]
 
 
+def test_piecewise_prefetches_by_default_only_where_every_layers_weights_fit(monkeypatch):
+    """FGCHAT_PIECEWISE_PREFETCH unset: SmolLM2's layers (o, gate/up, down within 16 MiB) are
+    latency-bound, so piecewise graphs prefetch too; 1B's plan is o alone (gate/up 32 MiB), and one
+    layer too large anywhere turns it off; the switch set either way wins."""
+    from fgchat.protocol.tuning import Tuning
+
+    monkeypatch.setattr(lp, "supported", lambda device: True)
+    assert _stages(576, 1536, 960, 2).layers_fit
+    assert not _stages(2048, 8192, 3072, 1).layers_fit
+    assert _stages(576, 1536, 960, 1, Tuning(l2_prefetch_mb=6)).layers_fit
+    assert not _stages(576, 1536, 960, 1, Tuning(l2_prefetch_mb=5)).layers_fit  # 0.6 + 3.4 + 1.7 MiB
+    assert not _stages(576, 1536, 960, 1, Tuning(l2_prefetch_mb=0)).layers_fit
+    monkeypatch.setenv("FGCHAT_PIECEWISE_PREFETCH", "0")
+    assert Tuning.from_env().piecewise_prefetch is False
+    monkeypatch.setenv("FGCHAT_PIECEWISE_PREFETCH", "1")
+    assert Tuning.from_env().piecewise_prefetch is True
+    monkeypatch.delenv("FGCHAT_PIECEWISE_PREFETCH")
+    assert Tuning.from_env().piecewise_prefetch is None
+
+
 def test_leading_tiles_take_whole_tiles_of_every_row_up_to_half_the_columns():
     w = torch.zeros(16, 1024, dtype=torch.bfloat16)  # rows of 2 KiB; a 256-column tile is 512 B a row
     assert lp.leading_tiles(w, 256, 20 * 1024) == lp.Rows(w.data_ptr(), 16, 2048, 1024)  # 2 of 4 tiles: the cap

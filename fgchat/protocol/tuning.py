@@ -16,7 +16,7 @@ EngineConfig (which holds a Tuning) without loading torch.
 | FGCHAT_PROJ_PRELOAD=1 | 2 | weight tiles our qkv, o and down projections load before their PDL wait |
 | FGCHAT_PDL=0 | on | no programmatic dependent launch between the step's Triton kernels |
 | FGCHAT_L2_PREFETCH_MB=n | 16 | full graphs: weights prefetched into L2 beside attention (0: none) |
-| FGCHAT_PIECEWISE_PREFETCH=1 | off | piecewise graphs: the same L2 prefetch, forked at each layer's norm and joined before its attention |
+| FGCHAT_PIECEWISE_PREFETCH=0/1 | where layers fit | piecewise graphs: the same L2 prefetch, forked at each layer's norm and joined before its attention |
 | FGCHAT_L2_PREFETCH_LEAD=1 | off | full graphs: a gate/up too large for that budget gets its leading K tiles prefetched |
 | FGCHAT_PREFILL_GRAPHS=0 | on | full mode prefills eagerly instead of replaying prefill graphs |
 | FGCHAT_EAGER_LAUNCH_LIST=0 | on | eager runs every step through the Python stages, not a recorded launch list |
@@ -108,9 +108,11 @@ class Tuning:
     # rest of the budget (every program reads them first); off until measured (notes V94)
     l2_prefetch_lead: bool = False
     # piecewise graphs fork the L2 prefetch at each layer's first stage, joined before the piece
-    # ends at its attention call (full graphs fork it beside attention); off until measured
-    # (notes V95)
-    piecewise_prefetch: bool = False
+    # ends at its attention call (full graphs fork it beside attention). None: where every layer's
+    # plan holds its o, gate/up and down whole (latency-bound layers; H100, SmolLM2 piecewise
+    # 0.737 -> 0.690 ms at batch 1), not where it holds o alone beside a qkv that streams from HBM
+    # (1B: 1.126 -> 1.166; notes V95)
+    piecewise_prefetch: bool | None = None
     prefill_graphs: bool = True
     eager_launch_list: bool = True
     batched_prefill: bool = True
@@ -170,7 +172,7 @@ class Tuning:
             pdl=_flag("FGCHAT_PDL", d.pdl),
             l2_prefetch_mb=_int("FGCHAT_L2_PREFETCH_MB", d.l2_prefetch_mb),
             l2_prefetch_lead=_flag("FGCHAT_L2_PREFETCH_LEAD", d.l2_prefetch_lead),
-            piecewise_prefetch=_flag("FGCHAT_PIECEWISE_PREFETCH", d.piecewise_prefetch),
+            piecewise_prefetch=_tristate("FGCHAT_PIECEWISE_PREFETCH", d.piecewise_prefetch),
             proj_preload=_preload_tiles(d.proj_preload),
             prefill_graphs=_flag("FGCHAT_PREFILL_GRAPHS", d.prefill_graphs),
             eager_launch_list=_flag("FGCHAT_EAGER_LAUNCH_LIST", d.eager_launch_list),

@@ -4,9 +4,10 @@ Decode attention at small batch is latency-bound: while it runs, HBM is mostly i
 graph the step forks a side branch at each attention call that asks the L2 cache to fetch the
 weights read next (the o projection, then gate/up, down and the next layer's qkv while each fits
 the budget whole), so those kernels read them from L2 instead of HBM. Piecewise graphs must join
-their branches before each piece ends, which is before the eager attention starts; with
-FGCHAT_PIECEWISE_PREFETCH they fork the same prefetch at the layer's first stage instead (the
-kernel only issues requests, so the join does not wait for the fills).
+their branches before each piece ends, which is before the eager attention starts; where every
+layer's weights fit the budget (or FGCHAT_PIECEWISE_PREFETCH=1) they fork the same prefetch at the
+layer's first stage instead (the kernel only issues requests, so the join does not wait for the
+fills).
 
 With FGCHAT_L2_PREFETCH_LEAD, a gate/up too large to fit whole gets its leading K columns (whole
 tiles of its kernel) instead: every program of that kernel reads those first, so they are used

@@ -240,8 +240,12 @@ class Decoder:
 
     @property
     def piecewise_prefetch(self) -> bool:
-        """Piecewise graphs fork side_work(i) at layer i's first stage (FGCHAT_PIECEWISE_PREFETCH)."""
-        return self._fused is not None and self._fused.t.piecewise_prefetch
+        """Piecewise graphs fork side_work(i) at layer i's first stage (FGCHAT_PIECEWISE_PREFETCH;
+        unset: where every layer's o, gate/up and down fit the L2 budget whole)."""
+        if self._fused is None:
+            return False
+        chosen = self._fused.t.piecewise_prefetch
+        return self._fused.layers_fit if chosen is None else chosen
 
     def side_work(self) -> Callable[[int], None] | None:
         """Work a whole-step graph may run beside attention call i, on a side branch that joins

@@ -99,9 +99,14 @@ class FusedStages:
         budget = tuning.l2_prefetch_mb * 2**20
         dev = lw.wo.device
         self.prefetch: list[list[l2_prefetch.Range | l2_prefetch.Rows]] | None = None
+        # every layer's o, gate/up and down fit the budget whole: its kernels are latency-bound and
+        # HBM idles under them, so piecewise graphs prefetch too where tuning leaves it open (V95)
+        self.layers_fit = False
         if budget > 0 and l2_prefetch.supported(dev):
             plans = [self._prefetch_plan(i, budget) for i in range(len(dec.w.layers))]
             self.prefetch = plans if any(plans) else None
+            self.layers_fit = all(len(l2_prefetch.fitting([w.wo, w.w_gate_up, w.w_down], budget)) == 3
+                                  for w in dec.w.layers)
 
     def _prefetch_plan(self, i: int, budget: int) -> list[l2_prefetch.Range | l2_prefetch.Rows]:
         """What layer i's attention has prefetched beside it: its o, gate/up and down, then layer
