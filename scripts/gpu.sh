@@ -124,7 +124,7 @@ bench() {  # tree (new|old), name, args...
 env_sweep() {  # label, variable, values split on '|' (empty: unset): AB_ARGS benched once per value,
   # the values in turn AB_ROUNDS (2) times; JSON bench_new_LABEL-vJ-ROUND.json for value J
   local label=$1 var=$2 values args i j v
-  IFS='|' read -r -a values <<< "$3"
+  IFS='|' read -r -a values <<< "$3|"  # the '|' added keeps a last empty value ('0|': 0, then unset)
   read -r -a args <<< "${AB_ARGS:---preset llama-3.2-1b --random-weights --batch-sizes 1,8 --repeats 2}"
   for i in $(seq "${AB_ROUNDS:-2}"); do
     for j in "${!values[@]}"; do
