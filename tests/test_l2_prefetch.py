@@ -88,28 +88,57 @@ def test_leading_tiles_take_whole_tiles_of_every_row_up_to_half_the_columns():
     assert lp.taken_bytes([w, w, w], 2 * w.numel() * 2 + 5) == 2 * w.numel() * 2
 
 
-def test_lead_switch_adds_gate_up_tiles_where_gate_up_does_not_fit(monkeypatch):
-    """FGCHAT_L2_PREFETCH_LEAD on 1B's shapes: o whole, then the budget's rest as leading 256-column
-    tiles of gate/up (16 MiB: one; 32 MiB: three); 8B's o does not fit 16 MiB, so gate/up's
-    128-column tiles take it all (two); SmolLM2's plan has every weight whole and no tiles."""
+def test_lead_tiles_join_the_prefetch_where_gate_up_does_not_fit(monkeypatch):
+    """On 1B's shapes o fits 16 MiB whole, then gate/up's leading 256-column tiles fill what
+    LEAD_BUDGET_MB (32) leaves: three; a 48 MiB budget gives four, half of K (the cap). 8B's o does
+    not fit 16 MiB, so its 128-column tiles take the 32 MiB (four of 7 MiB). SmolLM2's gate/up fits
+    whole: no tiles. Off: none."""
     from fgchat.protocol.tuning import Tuning
 
     monkeypatch.setattr(lp, "supported", lambda device: True)
 
-    def plans(hidden: int, inter: int, q: int, mb: int, lead: bool = True) -> tuple[list, object]:
-        st = _stages(hidden, inter, q, 1, Tuning(l2_prefetch_mb=mb, l2_prefetch_lead=lead))
-        return st.prefetch[0], st.dec.w.layers[0]
+    def lead(hidden: int, inter: int, q: int, mb: int = 16, on: bool | None = None):
+        st = _stages(hidden, inter, q, 1, Tuning(l2_prefetch_mb=mb, l2_prefetch_lead=on))
+        return st.lead[0] if st.lead is not None else None, st.dec.w.layers[0]
 
-    plan, lw = plans(2048, 8192, 3072, 16)
-    assert plan == [lp.Range(lw.wo.data_ptr(), 2048), lp.Rows(lw.w_gate_up.data_ptr(), 16384, 4096, 512)]
-    plan, lw = plans(2048, 8192, 3072, 32)
-    assert plan[1] == lp.Rows(lw.w_gate_up.data_ptr(), 16384, 4096, 3 * 512)
-    plan, lw = plans(2048, 8192, 3072, 16, lead=False)
-    assert plan == [lp.Range(lw.wo.data_ptr(), 2048)]
-    plan, lw = plans(4096, 14336, 6144, 16)
-    assert plan == [lp.Rows(lw.w_gate_up.data_ptr(), 28672, 8192, 2 * 256)]
-    plan, lw = plans(576, 1536, 960, 16)
-    assert not any(isinstance(r, lp.Rows) for r in plan) and len(plan) == 3
+    rows, lw = lead(2048, 8192, 3072)
+    assert rows == lp.Rows(lw.w_gate_up.data_ptr(), 16384, 4096, 3 * 512)
+    rows, lw = lead(2048, 8192, 3072, mb=48)
+    assert rows == lp.Rows(lw.w_gate_up.data_ptr(), 16384, 4096, 4 * 512)
+    rows, lw = lead(4096, 14336, 6144)
+    assert rows == lp.Rows(lw.w_gate_up.data_ptr(), 28672, 8192, 4 * 256)
+    assert lead(576, 1536, 960)[0] is None
+    assert lead(2048, 8192, 3072, on=False)[0] is None
+
+
+def test_lead_tiles_go_to_graphs_of_four_rows_and_more_unless_switched(monkeypatch):
+    """side_work(rows)(i) issues layer i's whole ranges, and its gate/up tiles in graphs of
+    LEAD_MIN_ROWS rows or more (switch unset), every graph (on) or none (off); 8B, whose plan has
+    no whole range, has no side work at all below that."""
+    from fgchat.engine.model import fused_step
+    from fgchat.protocol.tuning import Tuning
+
+    monkeypatch.setattr(lp, "supported", lambda device: True)
+    issued: list[list] = []
+    monkeypatch.setattr(lp, "issue", lambda ranges: issued.append(list(ranges)))
+    assert fused_step.LEAD_MIN_ROWS == 4
+
+    def kinds(st, rows: int) -> list[str] | None:
+        work = st.side_work(rows)
+        if work is None:
+            return None
+        issued.clear()
+        work(len(st.dec.w.layers) - 1)  # the last layer
+        return [type(r).__name__ for r in issued[0]]
+
+    auto = _stages(2048, 8192, 3072, 2)
+    assert [kinds(auto, b) for b in (1, 2, 3, 4, 8)] == [["Range"]] * 3 + [["Range", "Rows"]] * 2
+    assert issued[0][0] == lp.Range(auto.dec.w.layers[1].wo.data_ptr(), 2048)  # layer 1's own o
+    on = _stages(2048, 8192, 3072, 1, Tuning(l2_prefetch_lead=True))
+    off = _stages(2048, 8192, 3072, 1, Tuning(l2_prefetch_lead=False))
+    assert kinds(on, 1) == ["Range", "Rows"] and kinds(off, 8) == ["Range"]
+    big = _stages(4096, 14336, 6144, 1)
+    assert big.prefetch is None and kinds(big, 2) is None and kinds(big, 4) == ["Rows"]
 
 
 def _stages(hidden: int, inter: int, q: int, layers: int, tuning=None):

@@ -17,7 +17,7 @@ EngineConfig (which holds a Tuning) without loading torch.
 | FGCHAT_PDL=0 | on | no programmatic dependent launch between the step's Triton kernels |
 | FGCHAT_L2_PREFETCH_MB=n | 16 | full graphs: weights prefetched into L2 beside attention (0: none) |
 | FGCHAT_PIECEWISE_PREFETCH=0/1 | where layers fit | piecewise graphs: the same L2 prefetch, forked at each layer's norm and joined before its attention |
-| FGCHAT_L2_PREFETCH_LEAD=1 | off | full graphs: a gate/up too large for that budget gets its leading K tiles prefetched |
+| FGCHAT_L2_PREFETCH_LEAD=0/1 | batch 4+ | full graphs: a gate/up too large for that budget gets its leading K tiles prefetched |
 | FGCHAT_PREFILL_GRAPHS=0 | on | full mode prefills eagerly instead of replaying prefill graphs |
 | FGCHAT_EAGER_LAUNCH_LIST=0 | on | eager runs every step through the Python stages, not a recorded launch list |
 | FGCHAT_BATCHED_PREFILL=0 | on | CUDA: distinct prompts admitted together are prefilled one by one, not in one pass |
@@ -104,9 +104,10 @@ class Tuning:
     proj_preload: int = 2
     pdl: bool = True
     l2_prefetch_mb: int = 16
-    # a gate/up that does not fit the L2 budget whole gets its leading K tiles prefetched with the
-    # rest of the budget (every program reads them first); off until measured (notes V94)
-    l2_prefetch_lead: bool = False
+    # a gate/up that does not fit the L2 budget whole gets its leading K tiles prefetched (every
+    # program reads them first; engine.model.fused_step.LEAD_BUDGET_MB). None: in graphs of
+    # LEAD_MIN_ROWS rows and more (slower at batch 1, faster at 8; notes V94)
+    l2_prefetch_lead: bool | None = None
     # piecewise graphs fork the L2 prefetch at each layer's first stage, joined before the piece
     # ends at its attention call (full graphs fork it beside attention). None: where every layer's
     # plan holds its o, gate/up and down whole (latency-bound layers; H100, SmolLM2 piecewise
@@ -171,7 +172,7 @@ class Tuning:
             piecewise_o=_flag("FGCHAT_PIECEWISE_O", d.piecewise_o),
             pdl=_flag("FGCHAT_PDL", d.pdl),
             l2_prefetch_mb=_int("FGCHAT_L2_PREFETCH_MB", d.l2_prefetch_mb),
-            l2_prefetch_lead=_flag("FGCHAT_L2_PREFETCH_LEAD", d.l2_prefetch_lead),
+            l2_prefetch_lead=_tristate("FGCHAT_L2_PREFETCH_LEAD", d.l2_prefetch_lead),
             piecewise_prefetch=_tristate("FGCHAT_PIECEWISE_PREFETCH", d.piecewise_prefetch),
             proj_preload=_preload_tiles(d.proj_preload),
             prefill_graphs=_flag("FGCHAT_PREFILL_GRAPHS", d.prefill_graphs),

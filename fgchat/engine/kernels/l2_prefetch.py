@@ -9,10 +9,10 @@ layer's weights fit the budget (or FGCHAT_PIECEWISE_PREFETCH=1) they fork the sa
 layer's first stage instead (the kernel only issues requests, so the join does not wait for the
 fills).
 
-With FGCHAT_L2_PREFETCH_LEAD, a gate/up too large to fit whole gets its leading K columns (whole
-tiles of its kernel) instead: every program of that kernel reads those first, so they are used
-before later reads evict them, where a whole-row prefix of the weight is read by a few programs
-over the kernel's whole run (notes V94).
+In graphs of several rows (FGCHAT_L2_PREFETCH_LEAD), a gate/up too large to fit whole gets its
+leading K columns (whole tiles of its kernel) as well: every program of that kernel reads those
+first, so they are used before later reads evict them, where a whole-row prefix of the weight is
+read by a few programs over the kernel's whole run (notes V94).
 
 Invariants:
 - a prefetch never writes memory and never changes a result; it is a hint the hardware may drop;

@@ -247,13 +247,11 @@ class Decoder:
         chosen = self._fused.t.piecewise_prefetch
         return self._fused.layers_fit if chosen is None else chosen
 
-    def side_work(self) -> Callable[[int], None] | None:
-        """Work a whole-step graph may run beside attention call i, on a side branch that joins
-        at the end of the step (an L2 weight prefetch: it changes no result); piecewise graphs
-        with piecewise_prefetch run it from layer i's first stage. None: nothing."""
-        if self._fused is None or self._fused.prefetch is None:
-            return None
-        return self._fused.beside_attention
+    def side_work(self, rows: int) -> Callable[[int], None] | None:
+        """Work a whole-step graph of `rows` rows may run beside attention call i, on a side
+        branch that joins at the end of the step (an L2 weight prefetch: it changes no result);
+        piecewise graphs with piecewise_prefetch run it from layer i's first stage. None: nothing."""
+        return self._fused.side_work(rows) if self._fused is not None else None
 
     def embed(self, st: StepState, input_ids: torch.Tensor) -> None:
         st.h = F.embedding(input_ids, self.w.embed)

@@ -12,14 +12,14 @@ graphs launch identical kernels (modes stay bit-identical):
   projection's after attention included. Each kernel waits for its predecessor before touching
   its data, so PDL never changes results; it only lets a kernel start (and load weights) while
   the previous one drains.
-- whole-step graphs may run `beside_attention(i)` on a side branch: an L2 prefetch of the weights
+- whole-step graphs may run `side_work(rows)(i)` on a side branch: an L2 prefetch of the weights
   that follow attention (engine.l2_prefetch); it reads nothing a kernel writes and writes nothing.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -43,6 +43,11 @@ SPLIT_MAX_N = 4096
 H200_SMEM_PER_BLOCK = 227 * 1024
 # the roles whose output feeds add+RMSNorm, which can add split-K partial sums
 SPLIT_ROLES = ("o", "down")
+# gate/up's leading K tiles join the L2 prefetch in graphs of at least LEAD_MIN_ROWS rows, within
+# LEAD_BUDGET_MB with the whole weights before them (H100, 1B full at 32 MiB: batch 8 1.174 ->
+# 1.154 ms, batch 1 1.000 -> 1.034, where the fills land on o; notes V94)
+LEAD_MIN_ROWS = 4
+LEAD_BUDGET_MB = 32
 
 
 @dataclass(frozen=True)
@@ -98,7 +103,8 @@ class FusedStages:
             self._o_out = torch.empty(rows, dtype=dtype, device=lw.wo.device)
         budget = tuning.l2_prefetch_mb * 2**20
         dev = lw.wo.device
-        self.prefetch: list[list[l2_prefetch.Range | l2_prefetch.Rows]] | None = None
+        self.prefetch: list[list[l2_prefetch.Range]] | None = None
+        self.lead: list[l2_prefetch.Rows | None] | None = None
         # every layer's o, gate/up and down fit the budget whole: its kernels are latency-bound and
         # HBM idles under them, so piecewise graphs prefetch too where tuning leaves it open (V95)
         self.layers_fit = False
@@ -107,25 +113,51 @@ class FusedStages:
             self.prefetch = plans if any(plans) else None
             self.layers_fit = all(len(l2_prefetch.fitting([w.wo, w.w_gate_up, w.w_down], budget)) == 3
                                   for w in dec.w.layers)
+            if tuning.l2_prefetch_lead is not False:
+                lead_budget = max(budget, LEAD_BUDGET_MB * 2**20)
+                lead = [self._lead_tiles(i, budget, lead_budget) for i in range(len(dec.w.layers))]
+                self.lead = lead if any(r is not None for r in lead) else None
 
-    def _prefetch_plan(self, i: int, budget: int) -> list[l2_prefetch.Range | l2_prefetch.Rows]:
+    def _prefetch_plan(self, i: int, budget: int) -> list[l2_prefetch.Range]:
         """What layer i's attention has prefetched beside it: its o, gate/up and down, then layer
         i+1's qkv, each whole while they fit (H100, SmolLM2 full with the next qkv: 0.506 -> 0.491
-        ms at batch 1; notes V93); with l2_prefetch_lead, a gate/up that does not fit whole gets
-        the budget's rest as leading tiles of its kernel's K (notes V94)."""
+        ms at batch 1; notes V93)."""
+        return l2_prefetch.plan(self._prefetched(i), budget)
+
+    def _prefetched(self, i: int) -> list[torch.Tensor]:
         layers = self.dec.w.layers
         lw = layers[i]
-        tensors = [lw.wo, lw.w_gate_up, lw.w_down] + [n.wqkv for n in layers[i + 1:i + 2]]
-        out: list[l2_prefetch.Range | l2_prefetch.Rows] = list(l2_prefetch.plan(tensors, budget))
-        taken = l2_prefetch.taken_bytes(tensors, budget)
-        whole_gate_up = l2_prefetch.nbytes(lw.wo) + l2_prefetch.nbytes(lw.w_gate_up)
-        if self.t.l2_prefetch_lead and self.gate_up.ours and taken < whole_gate_up:
-            w = lw.w_gate_up
-            cfg = self.gate_up.config or gemv.pick_config(w.shape[0] // 2, w.shape[1], True)
-            rows = l2_prefetch.leading_tiles(w, cfg.block_k, budget - taken)
-            if rows is not None:
-                out.append(rows)
-        return out
+        return [lw.wo, lw.w_gate_up, lw.w_down] + [n.wqkv for n in layers[i + 1:i + 2]]
+
+    def _lead_tiles(self, i: int, budget: int, lead_budget: int) -> l2_prefetch.Rows | None:
+        """Where layer i's gate/up does not fit `budget` whole after o: as many leading K tiles of
+        its kernel as fit what `lead_budget` leaves beside the whole weights taken (notes V94)."""
+        lw = self.dec.w.layers[i]
+        taken = l2_prefetch.taken_bytes(self._prefetched(i), budget)
+        if not self.gate_up.ours or taken >= l2_prefetch.nbytes(lw.wo) + l2_prefetch.nbytes(lw.w_gate_up):
+            return None
+        w = lw.w_gate_up
+        cfg = self.gate_up.config or gemv.pick_config(w.shape[0] // 2, w.shape[1], True)
+        return l2_prefetch.leading_tiles(w, cfg.block_k, lead_budget - taken)
+
+    def side_work(self, rows: int) -> Callable[[int], None] | None:
+        """The L2 prefetch beside attention call i in a graph of `rows` rows, or None: nothing to
+        fetch (lead tiles where l2_prefetch_lead is True, or unset and rows >= LEAD_MIN_ROWS)."""
+        lead = self.lead
+        chosen = self.t.l2_prefetch_lead
+        if lead is not None and not (chosen or (chosen is None and rows >= LEAD_MIN_ROWS)):
+            lead = None
+        if self.prefetch is None and lead is None:
+            return None
+        ranges = self.prefetch
+
+        def work(i: int) -> None:
+            todo: list[l2_prefetch.Range | l2_prefetch.Rows] = list(ranges[i]) if ranges is not None else []
+            if lead is not None and lead[i] is not None:
+                todo.append(lead[i])
+            l2_prefetch.issue(todo)
+
+        return work
 
     def _route(self, role: str, w: torch.Tensor, bias_free: bool, feeds_norm: bool, sm_count: int) -> Route:
         cfg = self.configs.get(role)
@@ -202,11 +234,6 @@ class FusedStages:
         """With o_with_attention: layer i's o projection into the fixed buffer after_attention reads."""
         x = attn_out.view(attn_out.shape[0], -1)
         self._project(x, self.dec.w.layers[i].wo, self.o, self.attention_ours, out=self._o_buffer(x.shape[0]))
-
-    def beside_attention(self, i: int) -> None:
-        """Request layer i's o (then gate/up, down, layer i+1's qkv) weights into L2; see Decoder.side_work."""
-        if self.prefetch is not None:
-            l2_prefetch.issue(self.prefetch[i])
 
     # ---- stages (see Decoder for their contracts) ----
     def before_attention(self, i: int, st: StepState, positions: torch.Tensor, slot_ids: torch.Tensor,

@@ -53,7 +53,7 @@ class GraphCapture:
 
     def warmup(self, b: int, variant: int) -> None:
         """The step eagerly on the capture stream: compiles kernels, creates cuBLAS handles."""
-        work = self.program.dec.side_work()
+        work = self.program.dec.side_work(b)
         with torch.cuda.stream(self.stream):
             self.program.run_eager(b, variant)
             if work is not None:  # loads the side work's kernels before any capture

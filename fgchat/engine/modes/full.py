@@ -41,15 +41,15 @@ class FullMode(GraphMode):
         g = torch.cuda.CUDAGraph()
         st = StepState()
         with torch.cuda.graph(g, pool=cap.pool, stream=cap.stream):
-            forked = self._beside(attends)
+            forked = self._beside(attends, b)
             run_pieces(st, pieces, forked)
             if forked is not attends:
                 cap.stream.wait_stream(cap.side)
         return FullGraph(g, StepOutputs(st.tokens, st.logits))
 
-    def _beside(self, attends: list[Callable[[StepState], None]]) -> list[Callable[[StepState], None]]:
-        """attends with the decoder's side work forked off just before each call."""
-        work = self.cap.program.dec.side_work()
+    def _beside(self, attends: list[Callable[[StepState], None]], b: int) -> list[Callable[[StepState], None]]:
+        """attends with the decoder's side work for b rows forked off just before each call."""
+        work = self.cap.program.dec.side_work(b)
         if work is None:
             return attends
         cap = self.cap

@@ -55,7 +55,7 @@ class PiecewiseMode(GraphMode):
 
     def _capture(self, b: int, variant: int) -> PiecewiseGraph:
         cap = self.cap
-        work = cap.program.dec.side_work() if cap.program.dec.piecewise_prefetch else None
+        work = cap.program.dec.side_work(b) if cap.program.dec.piecewise_prefetch else None
         forked: list[int] = []
 
         def fork(i: int) -> None:
