@@ -91,8 +91,8 @@ def test_leading_tiles_take_whole_tiles_of_every_row_up_to_half_the_columns():
 def test_lead_tiles_join_the_prefetch_where_gate_up_does_not_fit(monkeypatch):
     """On 1B's shapes o fits 16 MiB whole, then gate/up's leading 256-column tiles fill what
     LEAD_BUDGET_MB (32) leaves: three; a 48 MiB budget gives four, half of K (the cap). 8B's o does
-    not fit 16 MiB, so its 128-column tiles take the 32 MiB (four of 7 MiB). SmolLM2's gate/up fits
-    whole: no tiles. Off: none."""
+    not fit 16 MiB: no tiles (at 48 MiB o fits, and its 128-column tiles take the 16 MiB left: two
+    of 7 MiB). SmolLM2's gate/up fits whole: no tiles. Off: none."""
     from fgchat.protocol.tuning import Tuning
 
     monkeypatch.setattr(lp, "supported", lambda device: True)
@@ -105,8 +105,9 @@ def test_lead_tiles_join_the_prefetch_where_gate_up_does_not_fit(monkeypatch):
     assert rows == lp.Rows(lw.w_gate_up.data_ptr(), 16384, 4096, 3 * 512)
     rows, lw = lead(2048, 8192, 3072, mb=48)
     assert rows == lp.Rows(lw.w_gate_up.data_ptr(), 16384, 4096, 4 * 512)
-    rows, lw = lead(4096, 14336, 6144)
-    assert rows == lp.Rows(lw.w_gate_up.data_ptr(), 28672, 8192, 4 * 256)
+    assert lead(4096, 14336, 6144)[0] is None
+    rows, lw = lead(4096, 14336, 6144, mb=48)
+    assert rows == lp.Rows(lw.w_gate_up.data_ptr(), 28672, 8192, 2 * 256)
     assert lead(576, 1536, 960)[0] is None
     assert lead(2048, 8192, 3072, on=False)[0] is None
 
@@ -114,7 +115,7 @@ def test_lead_tiles_join_the_prefetch_where_gate_up_does_not_fit(monkeypatch):
 def test_lead_tiles_go_to_graphs_of_four_rows_and_more_unless_switched(monkeypatch):
     """side_work(rows)(i) issues layer i's whole ranges, and its gate/up tiles in graphs of
     LEAD_MIN_ROWS rows or more (switch unset), every graph (on) or none (off); 8B, whose plan has
-    no whole range, has no side work at all below that."""
+    no whole range and so no tiles, has no side work at any batch size."""
     from fgchat.engine.model import fused_step
     from fgchat.protocol.tuning import Tuning
 
@@ -138,7 +139,7 @@ def test_lead_tiles_go_to_graphs_of_four_rows_and_more_unless_switched(monkeypat
     off = _stages(2048, 8192, 3072, 1, Tuning(l2_prefetch_lead=False))
     assert kinds(on, 1) == ["Range", "Rows"] and kinds(off, 8) == ["Range"]
     big = _stages(4096, 14336, 6144, 1)
-    assert big.prefetch is None and kinds(big, 2) is None and kinds(big, 4) == ["Rows"]
+    assert big.prefetch is None and big.lead is None and kinds(big, 8) is None
 
 
 def _stages(hidden: int, inter: int, q: int, layers: int, tuning=None):

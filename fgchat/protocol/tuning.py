@@ -17,7 +17,7 @@ EngineConfig (which holds a Tuning) without loading torch.
 | FGCHAT_PDL=0 | on | no programmatic dependent launch between the step's Triton kernels |
 | FGCHAT_L2_PREFETCH_MB=n | 16 | full graphs: weights prefetched into L2 beside attention (0: none) |
 | FGCHAT_PIECEWISE_PREFETCH=0/1 | where layers fit | piecewise graphs: the same L2 prefetch, forked at each layer's norm and joined before its attention |
-| FGCHAT_L2_PREFETCH_LEAD=0/1 | batch 4+ | full graphs: a gate/up too large for that budget gets its leading K tiles prefetched |
+| FGCHAT_L2_PREFETCH_LEAD=0/1 | batch 4+, o fits | full graphs: a gate/up too large for that budget gets its leading K tiles prefetched |
 | FGCHAT_PREFILL_GRAPHS=0 | on | full mode prefills eagerly instead of replaying prefill graphs |
 | FGCHAT_EAGER_LAUNCH_LIST=0 | on | eager runs every step through the Python stages, not a recorded launch list |
 | FGCHAT_BATCHED_PREFILL=0 | on | CUDA: distinct prompts admitted together are prefilled one by one, not in one pass |
@@ -106,7 +106,8 @@ class Tuning:
     l2_prefetch_mb: int = 16
     # a gate/up that does not fit the L2 budget whole gets its leading K tiles prefetched (every
     # program reads them first; engine.model.fused_step.LEAD_BUDGET_MB). None: in graphs of
-    # LEAD_MIN_ROWS rows and more (slower at batch 1, faster at 8; notes V94)
+    # LEAD_MIN_ROWS rows and more, after an o that fits the budget whole (H100, 1B: batch 8 -21
+    # us, batch 1 +33 us; 8B, whose o does not fit: batch 8 +116 us; notes V94)
     l2_prefetch_lead: bool | None = None
     # piecewise graphs fork the L2 prefetch at each layer's first stage, joined before the piece
     # ends at its attention call (full graphs fork it beside attention). None: where every layer's

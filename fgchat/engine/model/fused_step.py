@@ -44,8 +44,8 @@ H200_SMEM_PER_BLOCK = 227 * 1024
 # the roles whose output feeds add+RMSNorm, which can add split-K partial sums
 SPLIT_ROLES = ("o", "down")
 # gate/up's leading K tiles join the L2 prefetch in graphs of at least LEAD_MIN_ROWS rows, within
-# LEAD_BUDGET_MB with the whole weights before them (H100, 1B full at 32 MiB: batch 8 1.174 ->
-# 1.154 ms, batch 1 1.000 -> 1.034, where the fills land on o; notes V94)
+# LEAD_BUDGET_MB with o before them (H100, 1B full: batch 4 1.131 -> 1.122 ms, batch 8 1.193 ->
+# 1.172; batch 1 1.014 -> 1.047 and batch 2 1.082 -> 1.098, where the fills land on o; notes V94)
 LEAD_MIN_ROWS = 4
 LEAD_BUDGET_MB = 32
 
@@ -130,11 +130,14 @@ class FusedStages:
         return [lw.wo, lw.w_gate_up, lw.w_down] + [n.wqkv for n in layers[i + 1:i + 2]]
 
     def _lead_tiles(self, i: int, budget: int, lead_budget: int) -> l2_prefetch.Rows | None:
-        """Where layer i's gate/up does not fit `budget` whole after o: as many leading K tiles of
-        its kernel as fit what `lead_budget` leaves beside the whole weights taken (notes V94)."""
+        """Where `budget` takes layer i's o whole but not its gate/up: as many leading K tiles of
+        gate/up's kernel as fit what `lead_budget` leaves beside o. None where o does not fit
+        either: there HBM is busy beside attention (H100, 8B full at batch 8 with four tiles: 5.845
+        -> 5.961 ms; notes V94)."""
         lw = self.dec.w.layers[i]
         taken = l2_prefetch.taken_bytes(self._prefetched(i), budget)
-        if not self.gate_up.ours or taken >= l2_prefetch.nbytes(lw.wo) + l2_prefetch.nbytes(lw.w_gate_up):
+        o_bytes = l2_prefetch.nbytes(lw.wo)
+        if not self.gate_up.ours or taken < o_bytes or taken >= o_bytes + l2_prefetch.nbytes(lw.w_gate_up):
             return None
         w = lw.w_gate_up
         cfg = self.gate_up.config or gemv.pick_config(w.shape[0] // 2, w.shape[1], True)
