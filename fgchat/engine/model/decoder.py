@@ -240,7 +240,7 @@ class Decoder:
 
     @property
     def piecewise_prefetch(self) -> bool:
-        """Piecewise graphs fork side_work(i) at layer i's first stage (FGCHAT_PIECEWISE_PREFETCH;
+        """Piecewise graphs fork side_work(rows)(i) at layer i's first stage (FGCHAT_PIECEWISE_PREFETCH;
         unset: where every layer's o, gate/up and down fit the L2 budget whole)."""
         if self._fused is None:
             return False
