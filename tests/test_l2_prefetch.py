@@ -10,7 +10,7 @@ import torch
 if not torch.cuda.is_available():
     # as test_gemv.py: kernels decorated from here on (pdl's, gemv's) must be the interpreter's
     os.environ.setdefault("TRITON_INTERPRET", "1")
-triton = pytest.importorskip("triton")
+pytest.importorskip("triton")
 
 from fgchat.engine.kernels import l2_prefetch as lp  # noqa: E402
 
@@ -36,29 +36,6 @@ def test_plan_leaves_out_tails_and_views_but_counts_their_bytes():
     assert lp.plan([strided, odd], 2**30) == []
     # a skipped view still uses its share of the budget
     assert lp.plan([strided, t], strided.numel() * 2 + lp.CHUNK) == []
-
-
-def test_issue_launches_two_row_sets_at_a_time_in_order(monkeypatch):
-    """A range is a set of CHUNK-byte rows CHUNK apart; each launch takes the next two sets, so o's
-    range and the leading tiles after it go out in one launch; an odd last set goes with none."""
-    launches: list[tuple] = []
-
-    class Kernel:
-        def __getitem__(self, grid):
-            return lambda *args, **kw: launches.append((grid, args))
-
-    monkeypatch.setattr(lp, "_prefetch_kernel", Kernel())
-    o, tiles = lp.Range(1 << 20, 2048), lp.Rows(1 << 30, 16384, 4096, 512)
-    lp.issue([o, tiles])
-    assert launches == [((triton.cdiv(2048 + 16384, lp.BLOCK),),
-                         (1 << 20, 2048, lp.CHUNK, lp.CHUNK, 1 << 30, 16384, 4096, 512))]
-    launches.clear()
-    lp.issue([o, o, tiles])
-    assert [args for _, args in launches] == [(1 << 20, 2048, lp.CHUNK, lp.CHUNK, 1 << 20, 2048, lp.CHUNK, lp.CHUNK),
-                                              (1 << 30, 16384, 4096, 512, 1 << 30, 0, lp.CHUNK, lp.CHUNK)]
-    launches.clear()
-    lp.issue([])
-    assert launches == []
 
 
 def test_supported_needs_cuda():

@@ -147,9 +147,10 @@ def main() -> None:
             comb_sig.pop(c)
         build(td._combine_kernel, comb_sig, dict(HEAD_DIM=64, BLOCK_S=32, USE_PDL=pdl), num_warps=2, launch_pdl=pdl)
     # the L2 prefetch beside attention: whole ranges, and the leading K tiles of each row (V94)
-    build(l2_prefetch._prefetch_kernel, {"a_addr": "i64", "a_rows": "i32", "a_stride": "i64", "a_bytes": "i32",
-                                         "b_addr": "i64", "b_rows": "i32", "b_stride": "i64", "b_bytes": "i32"},
-          dict(BLOCK=l2_prefetch.BLOCK), num_warps=1)
+    build(l2_prefetch._prefetch_kernel, {"a_addr": "i64", "a_chunks": "i32", "b_addr": "i64", "b_chunks": "i32"},
+          dict(CHUNK_BYTES=l2_prefetch.CHUNK, BLOCK=l2_prefetch.BLOCK), num_warps=1)
+    build(l2_prefetch._prefetch_rows_kernel, {"addr": "i64", "rows": "i32", "stride": "i64"},
+          dict(ROW_BYTES=512, BLOCK=l2_prefetch.BLOCK), num_warps=1)
     mega(2048, 32, 8, 64, 8192)  # Llama-3.2-1B
     mega(576, 9, 3, 64, 1536)  # SmolLM2-135M
     mega(576, 9, 3, 64, 1536, stamp=True)  # with the timeline's clock stamps

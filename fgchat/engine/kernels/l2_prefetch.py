@@ -97,33 +97,43 @@ def plan(tensors: list[torch.Tensor], budget_bytes: int) -> list[Range]:
 
 
 @triton.jit
-def _prefetch_kernel(a_addr, a_rows, a_stride, a_bytes, b_addr, b_rows, b_stride, b_bytes, BLOCK: tl.constexpr):
-    """One bulk L2 prefetch per row of two row sets (a whole range: rows of CHUNK bytes, CHUNK apart)."""
+def _prefetch_kernel(a_addr, a_chunks, b_addr, b_chunks, CHUNK_BYTES: tl.constexpr, BLOCK: tl.constexpr):
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    in_a = i < a_rows
-    j = tl.where(in_a, i, i - a_rows).to(tl.int64)
-    addr = tl.where(in_a, a_addr + j * a_stride, b_addr + j * b_stride)
-    size = tl.where(in_a, a_bytes, b_bytes).to(tl.int32)
-    live = (i < a_rows + b_rows).to(tl.int32)
+    in_a = i < a_chunks
+    addr = tl.where(in_a, a_addr + i.to(tl.int64) * CHUNK_BYTES,
+                    b_addr + (i - a_chunks).to(tl.int64) * CHUNK_BYTES)
+    live = (i < a_chunks + b_chunks).to(tl.int32)
+    size = tl.full([BLOCK], CHUNK_BYTES, tl.int32)
     tl.inline_asm_elementwise(
         "{ .reg .pred p; setp.ne.s32 p, $3, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
         "=r,l,r,r", [addr, size, live], dtype=tl.int32, is_pure=False, pack=1)
 
 
-def _row_set(r: Range | Rows) -> Rows:
-    return r if isinstance(r, Rows) else Rows(r.addr, r.chunks, CHUNK, CHUNK)
+@triton.jit
+def _prefetch_rows_kernel(addr, rows, stride, ROW_BYTES: tl.constexpr, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    live = (i < rows).to(tl.int32)
+    row_addr = addr + tl.where(i < rows, i, 0).to(tl.int64) * stride
+    size = tl.full([BLOCK], ROW_BYTES, tl.int32)
+    tl.inline_asm_elementwise(
+        "{ .reg .pred p; setp.ne.s32 p, $3, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
+        "=r,l,r,r", [row_addr, size, live], dtype=tl.int32, is_pure=False, pack=1)
 
 
 def issue(ranges: list[Range | Rows]) -> None:
-    """Request every range into L2 from the current stream, in order, two to a launch (a range is
-    a set of CHUNK-byte rows), so the leading tiles after o go out in o's launch."""
-    sets = [_row_set(r) for r in ranges]
-    for j in range(0, len(sets), 2):
-        a = sets[j]
-        b = sets[j + 1] if j + 1 < len(sets) else Rows(a.addr, 0, CHUNK, CHUNK)
-        _prefetch_kernel[(triton.cdiv(a.rows + b.rows, BLOCK),)](
-            a.addr, a.rows, a.stride, a.row_bytes, b.addr, b.rows, b.stride, b.row_bytes,
-            BLOCK=BLOCK, num_warps=1)
+    """Request every range into L2 from the current stream: the whole ranges first (one launch per
+    two), then each Rows (one launch each)."""
+    whole = [r for r in ranges if isinstance(r, Range)]
+    for j in range(0, len(whole), 2):
+        a = whole[j]
+        b = whole[j + 1] if j + 1 < len(whole) else Range(a.addr, 0)
+        total = a.chunks + b.chunks
+        _prefetch_kernel[(triton.cdiv(total, BLOCK),)](a.addr, a.chunks, b.addr, b.chunks,
+                                                       CHUNK_BYTES=CHUNK, BLOCK=BLOCK, num_warps=1)
+    for r in ranges:
+        if isinstance(r, Rows):
+            _prefetch_rows_kernel[(triton.cdiv(r.rows, BLOCK),)](r.addr, r.rows, r.stride,
+                                                                 ROW_BYTES=r.row_bytes, BLOCK=BLOCK, num_warps=1)
 
 
 def supported(device: torch.device) -> bool:
