@@ -35,6 +35,9 @@ class _HoldTheEngineBuild:
 
 if os.environ.get("{GATE_ENV}") and "--multiprocessing-fork" in sys.argv:
     sys.meta_path.insert(0, _HoldTheEngineBuild())
+elif os.environ.get("{GATE_ENV}"):  # the server: SIGUSR1 dumps its threads' stacks (a stop that hangs)
+    import faulthandler, signal
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
 '''
 
 
@@ -76,7 +79,13 @@ def test_a_signal_while_the_model_loads_stops_cleanly(tiny_llama, tmp_path, sig)
     try:
         engine = _wait_for_pid(gate, proc, 120)
         proc.send_signal(sig)
-        rc = proc.wait(30)
+        try:
+            rc = proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGUSR1)  # where it hangs, on its stderr
+            time.sleep(1)
+            proc.kill()
+            raise AssertionError("the server did not stop within 30 s:\n" + proc.communicate(timeout=30)[1]) from None
         engine_gone = _gone(engine, 10)
         if not engine_gone:
             os.kill(engine, signal.SIGKILL)  # else its resource tracker keeps stderr open
