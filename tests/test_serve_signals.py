@@ -41,6 +41,15 @@ elif os.environ.get("{GATE_ENV}"):  # the server: SIGUSR1 dumps its threads' sta
 '''
 
 
+def _default_signals() -> None:
+    """The server starts with default SIGINT / SIGTERM, whatever this runner ignores or blocks (a
+    background job of a non-interactive shell ignores SIGINT, and the server keeps a signal that
+    is ignored on entry ignored)."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+
+
 def _wait_for_pid(path: Path, proc: subprocess.Popen, timeout: float) -> int:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and proc.poll() is None:
@@ -74,7 +83,7 @@ def test_a_signal_while_the_model_loads_stops_cleanly(tiny_llama, tmp_path, sig)
     proc = subprocess.Popen([sys.executable, "-c", CLI, "serve", "--port", "0", "--model", str(tiny_llama),
                              "--device", "cpu", "--max-context", "256"],
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True, env=env)
+                            text=True, env=env, preexec_fn=_default_signals)
     engine = None
     try:
         engine = _wait_for_pid(gate, proc, 120)
@@ -85,6 +94,7 @@ def test_a_signal_while_the_model_loads_stops_cleanly(tiny_llama, tmp_path, sig)
             proc.send_signal(signal.SIGUSR1)  # where it hangs, on its stderr
             time.sleep(1)
             proc.kill()
+            os.kill(engine, signal.SIGKILL)  # it holds the stderr pipe open too
             raise AssertionError("the server did not stop within 30 s:\n" + proc.communicate(timeout=30)[1]) from None
         engine_gone = _gone(engine, 10)
         if not engine_gone:
