@@ -85,7 +85,7 @@ def test_leading_tiles_take_whole_tiles_of_every_row_up_to_half_the_columns():
     assert lp.leading_tiles(w, 256, 8 * 1024) == lp.Rows(w.data_ptr(), 16, 2048, 512)
     assert lp.leading_tiles(w, 256, 8 * 1024 - 1) is None  # not one tile of every row
     assert lp.leading_tiles(torch.zeros(16, 2048, dtype=torch.bfloat16)[:, ::2], 256, 2**20) is None
-    assert lp.taken_bytes([w, w, w], 2 * w.numel() * 2 + 5) == 2 * w.numel() * 2
+    assert lp.fitting([w, w, w], 2 * w.numel() * 2 + 5) == [w, w]  # two whole weights take the budget
 
 
 def test_lead_tiles_join_the_prefetch_where_gate_up_does_not_fit(monkeypatch):

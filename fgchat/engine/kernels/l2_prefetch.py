@@ -68,11 +68,6 @@ def fitting(tensors: list[torch.Tensor], budget_bytes: int) -> list[torch.Tensor
     return out
 
 
-def taken_bytes(tensors: list[torch.Tensor], budget_bytes: int) -> int:
-    """Bytes of the whole tensors `plan` takes from the front of `tensors` within the budget."""
-    return sum(nbytes(t) for t in fitting(tensors, budget_bytes))
-
-
 def leading_tiles(w: torch.Tensor, tile_cols: int, budget_bytes: int) -> Rows | None:
     """The most leading tiles of `tile_cols` columns of every row of the 2-D weight `w` that fit
     `budget_bytes`, at most half of its columns (the part every program reads early); None where

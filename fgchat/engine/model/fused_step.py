@@ -111,11 +111,12 @@ class FusedStages:
         if budget > 0 and l2_prefetch.supported(dev):
             plans = [self._prefetch_plan(i, budget) for i in range(len(dec.w.layers))]
             self.prefetch = plans if any(plans) else None
-            self.layers_fit = all(len(l2_prefetch.fitting([w.wo, w.w_gate_up, w.w_down], budget)) == 3
-                                  for w in dec.w.layers)
+            # per layer, how many of o, gate/up, down (and the next qkv) the plan takes whole
+            whole = [len(l2_prefetch.fitting(self._prefetched(i), budget)) for i in range(len(dec.w.layers))]
+            self.layers_fit = all(n >= 3 for n in whole)
             if tuning.l2_prefetch_lead is not False:
                 lead_budget = max(budget, LEAD_BUDGET_MB * 2**20)
-                lead = [self._lead_tiles(i, budget, lead_budget) for i in range(len(dec.w.layers))]
+                lead = [self._lead_tiles(i, lead_budget) if n == 1 else None for i, n in enumerate(whole)]
                 self.lead = lead if any(r is not None for r in lead) else None
 
     def _prefetch_plan(self, i: int, budget: int) -> list[l2_prefetch.Range]:
@@ -129,19 +130,17 @@ class FusedStages:
         lw = layers[i]
         return [lw.wo, lw.w_gate_up, lw.w_down] + [n.wqkv for n in layers[i + 1:i + 2]]
 
-    def _lead_tiles(self, i: int, budget: int, lead_budget: int) -> l2_prefetch.Rows | None:
-        """Where `budget` takes layer i's o whole but not its gate/up: as many leading K tiles of
-        gate/up's kernel as fit what `lead_budget` leaves beside o. None where o does not fit
+    def _lead_tiles(self, i: int, lead_budget: int) -> l2_prefetch.Rows | None:
+        """For a layer whose plan takes o whole but not gate/up: as many leading K tiles of
+        gate/up's kernel as fit what `lead_budget` leaves beside o. Not called where o does not fit
         either: there HBM is busy beside attention (H100, 8B full at batch 8 with four tiles: 5.845
         -> 5.961 ms; notes V94)."""
-        lw = self.dec.w.layers[i]
-        taken = l2_prefetch.taken_bytes(self._prefetched(i), budget)
-        o_bytes = l2_prefetch.nbytes(lw.wo)
-        if not self.gate_up.ours or taken < o_bytes or taken >= o_bytes + l2_prefetch.nbytes(lw.w_gate_up):
+        if not self.gate_up.ours:
             return None
+        lw = self.dec.w.layers[i]
         w = lw.w_gate_up
         cfg = self.gate_up.config or gemv.pick_config(w.shape[0] // 2, w.shape[1], True)
-        return l2_prefetch.leading_tiles(w, cfg.block_k, lead_budget - taken)
+        return l2_prefetch.leading_tiles(w, cfg.block_k, lead_budget - l2_prefetch.nbytes(lw.wo))
 
     def side_work(self, rows: int) -> Callable[[int], None] | None:
         """The L2 prefetch beside attention call i in a graph of `rows` rows, or None: nothing to
