@@ -134,3 +134,45 @@ def test_leading_gate_up_tiles_in_a_full_graph_change_no_bit(tmp_path):
     prompts = [torch.randint(3, on.cfg.vocab_size, (17 + 29 * i,), generator=g).tolist() for i in range(3)]
     _same_logits([(off, "eager"), (off, "full"), (on, "full")], prompts,
                  [SamplingParams(max_tokens=16, ignore_eos=True)] * len(prompts))
+
+
+def test_piecewise_forks_the_prefetch_from_the_host_with_the_same_bits(tmp_path):
+    """FGCHAT_PIECEWISE_HOST_PREFETCH where piecewise graphs do not prefetch inside: each attention
+    call starts with a host call that queues layer i's prefetch on a side stream, its launches
+    straight to that stream (the fast path, not the stream switch); the logits are eager's."""
+    _needs_sm90()
+    import tiny_models
+
+    from fgchat.engine.core import Engine, EngineConfig
+    from fgchat.engine.kernels import l2_prefetch as lp
+    from fgchat.engine.kernels.launch import fast
+    from fgchat.protocol.events import Mode, SamplingParams
+
+    model = tiny_models.head64_model(tmp_path / "m", max_pos=4096, seed=9)
+
+    def engine(host: bool) -> Engine:
+        return Engine(EngineConfig(model=str(model), device="cuda", dtype="bfloat16", max_context=2048, mode="full",
+                                   tuning=Tuning(l2_prefetch_mb=64, piecewise_prefetch=False,
+                                                 piecewise_host_prefetch=host)))
+
+    on, off = engine(True), engine(False)
+    assert on.decoder.piecewise_host_prefetch and not off.decoder.piecewise_host_prefetch
+    for eng in (on, off):
+        eng.modes.run(Mode.PIECEWISE, 2, False)  # captured before the counted replays
+    graph = on.modes.modes[Mode.PIECEWISE].graphs[(2, False)]
+    plain = off.modes.modes[Mode.PIECEWISE].graphs[(2, False)]
+    assert [len(a) for a in graph.attends] == [len(a) + 1 for a in plain.attends]
+    launcher = fast(lp._prefetch_kernel)
+    before = launcher.fast_launches
+    torch.cuda.synchronize()
+    on.modes.run(Mode.PIECEWISE, 2, False)
+    torch.cuda.synchronize()
+    # o, gate/up, down and the next qkv fit the budget: two launches per layer, each on the fast path
+    assert launcher.fast_launches - before == 2 * on.cfg.num_layers
+    names = _kernel_names(lambda: on.modes.run(Mode.PIECEWISE, 2, False))
+    if names:
+        assert sum("_prefetch_kernel" in n for n in names) == 2 * on.cfg.num_layers, names
+    g = torch.Generator().manual_seed(8)
+    prompts = [torch.randint(3, on.cfg.vocab_size, (13 + 37 * i,), generator=g).tolist() for i in range(4)]
+    params = [SamplingParams(max_tokens=20, ignore_eos=True, temperature=0.8 * (i % 2), seed=i) for i in range(4)]
+    _same_logits([(off, "eager"), (on, "piecewise"), (off, "piecewise"), (on, "full")], prompts, params)
