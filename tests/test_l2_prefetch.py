@@ -79,30 +79,6 @@ def test_piecewise_prefetches_by_default_only_where_every_layers_weights_fit(mon
     assert Tuning.from_env().piecewise_prefetch is None
 
 
-def test_piecewise_forks_from_the_host_only_where_its_graphs_do_not_prefetch(monkeypatch):
-    """FGCHAT_PIECEWISE_HOST_PREFETCH=1: 1B's layers (no prefetch inside piecewise graphs) get the
-    host fork; SmolLM2's, which prefetch inside, do not; off by default."""
-    from types import SimpleNamespace
-
-    from fgchat.engine.model.decoder import Decoder
-    from fgchat.protocol.tuning import Tuning
-
-    def host(st) -> bool:
-        dec = SimpleNamespace(_fused=st)
-        dec.piecewise_prefetch = Decoder.piecewise_prefetch.fget(dec)
-        return Decoder.piecewise_host_prefetch.fget(dec)
-
-    monkeypatch.setattr(lp, "supported", lambda device: True)
-    monkeypatch.setenv("FGCHAT_PIECEWISE_HOST_PREFETCH", "1")
-    on = Tuning.from_env()
-    assert on.piecewise_host_prefetch
-    assert host(_stages(2048, 8192, 3072, 1, on))
-    assert not host(_stages(576, 1536, 960, 1, on))
-    assert host(_stages(576, 1536, 960, 1, Tuning(piecewise_prefetch=False, piecewise_host_prefetch=True)))
-    monkeypatch.delenv("FGCHAT_PIECEWISE_HOST_PREFETCH")
-    assert not host(_stages(2048, 8192, 3072, 1, Tuning.from_env()))
-
-
 def test_leading_tiles_take_whole_tiles_of_every_row_up_to_half_the_columns():
     w = torch.zeros(16, 1024, dtype=torch.bfloat16)  # rows of 2 KiB; a 256-column tile is 512 B a row
     assert lp.leading_tiles(w, 256, 20 * 1024) == lp.Rows(w.data_ptr(), 16, 2048, 1024)  # 2 of 4 tiles: the cap

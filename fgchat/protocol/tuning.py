@@ -115,10 +115,6 @@ class Tuning:
     # 0.737 -> 0.690 ms at batch 1), not where it holds o alone beside a qkv that streams from HBM
     # (1B: 1.126 -> 1.166; notes V95)
     piecewise_prefetch: bool | None = None
-    # where piecewise graphs do not prefetch inside (above), each attention call forks the same
-    # prefetch from the host onto a side stream right after the piece before it (recorded launches,
-    # beside the eager attention as in full graphs); off until measured on the GPU (notes V97)
-    piecewise_host_prefetch: bool = False
     prefill_graphs: bool = True
     eager_launch_list: bool = True
     batched_prefill: bool = True
@@ -179,7 +175,6 @@ class Tuning:
             l2_prefetch_mb=_int("FGCHAT_L2_PREFETCH_MB", d.l2_prefetch_mb),
             l2_prefetch_lead=_tristate("FGCHAT_L2_PREFETCH_LEAD", d.l2_prefetch_lead),
             piecewise_prefetch=_tristate("FGCHAT_PIECEWISE_PREFETCH", d.piecewise_prefetch),
-            piecewise_host_prefetch=_flag("FGCHAT_PIECEWISE_HOST_PREFETCH", d.piecewise_host_prefetch),
             proj_preload=_preload_tiles(d.proj_preload),
             prefill_graphs=_flag("FGCHAT_PREFILL_GRAPHS", d.prefill_graphs),
             eager_launch_list=_flag("FGCHAT_EAGER_LAUNCH_LIST", d.eager_launch_list),

@@ -30,7 +30,6 @@ import torch
 import triton
 import triton.language as tl
 
-from fgchat.engine.kernels.launch import fast
 from fgchat.engine.kernels.pdl import sm90_or_newer
 
 CHUNK = 4096  # bytes per bulk prefetch: one 1B weight row, and a multiple of 16
@@ -124,12 +123,12 @@ def issue(ranges: list[Range | Rows]) -> None:
         a = whole[j]
         b = whole[j + 1] if j + 1 < len(whole) else Range(a.addr, 0)
         total = a.chunks + b.chunks
-        fast(_prefetch_kernel)[(triton.cdiv(total, BLOCK),)](a.addr, a.chunks, b.addr, b.chunks,
-                                                             CHUNK_BYTES=CHUNK, BLOCK=BLOCK, num_warps=1)
+        _prefetch_kernel[(triton.cdiv(total, BLOCK),)](a.addr, a.chunks, b.addr, b.chunks,
+                                                       CHUNK_BYTES=CHUNK, BLOCK=BLOCK, num_warps=1)
     for r in ranges:
         if isinstance(r, Rows):
-            fast(_prefetch_rows_kernel)[(triton.cdiv(r.rows, BLOCK),)](r.addr, r.rows, r.stride,
-                                                                       ROW_BYTES=r.row_bytes, BLOCK=BLOCK, num_warps=1)
+            _prefetch_rows_kernel[(triton.cdiv(r.rows, BLOCK),)](r.addr, r.rows, r.stride,
+                                                                 ROW_BYTES=r.row_bytes, BLOCK=BLOCK, num_warps=1)
 
 
 def supported(device: torch.device) -> bool:

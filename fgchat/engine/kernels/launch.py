@@ -480,36 +480,6 @@ def batched(calls: Sequence[Callable[[], Any]]) -> Callable[[], None]:
     return replay
 
 
-def on_stream(calls: Sequence[Callable[[], Any]], stream: torch.cuda.Stream) -> Callable[[], None]:
-    """`with torch.cuda.stream(stream): for c in calls: c()` as one call that leaves the current
-    stream alone: where every call is a bound launch with its fast path ready and the checks
-    `batched` makes pass, each goes straight to `stream`; otherwise the calls run under the switch."""
-    calls = list(calls)
-    fasts = [getattr(c, "fast", None) for c in calls]
-
-    def switched() -> None:
-        with torch.cuda.stream(stream):
-            for c in calls:
-                c()
-
-    if not calls or any(f is None for f in fasts) or len({f.dev for f in fasts}) != 1:
-        return switched
-    dev, handle = fasts[0].dev, stream.cuda_stream
-    entries = [(f.run, f.grid, f.rest) for f in fasts]
-    launchers = tuple({f.launcher for f in fasts})
-
-    def direct() -> None:
-        if _get_device() != dev or any(la._needs_plain() for la in launchers):  # type: ignore[misc]
-            switched()
-            return
-        for run, (g0, g1, g2), rest in entries:
-            run(g0, g1, g2, handle, *rest)
-        for f in fasts:
-            f.launcher.fast_launches += 1
-
-    return direct
-
-
 def _device_address(a: Any) -> Any:
     """A CUDA tensor's address as an int (what the C launcher reads from a tensor); else `a`.
     Only CUDA tensors: a CPU tensor keeps the launcher's own error."""

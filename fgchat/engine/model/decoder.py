@@ -247,12 +247,6 @@ class Decoder:
         chosen = self._fused.t.piecewise_prefetch
         return self._fused.layers_fit if chosen is None else chosen
 
-    @property
-    def piecewise_host_prefetch(self) -> bool:
-        """Piecewise mode forks side_work(rows)(i) from the host right before attention call i, where
-        it does not fork it inside its graphs (FGCHAT_PIECEWISE_HOST_PREFETCH)."""
-        return self._fused is not None and self._fused.t.piecewise_host_prefetch and not self.piecewise_prefetch
-
     def side_work(self, rows: int) -> Callable[[int], None] | None:
         """Work a whole-step graph of `rows` rows may run beside attention call i, on a side
         branch that joins at the end of the step (an L2 weight prefetch: it changes no result);

@@ -9,10 +9,7 @@ too runs outside the graphs, right behind the attention. Where Decoder.piecewise
 (every layer's weights fit the L2 budget, or FGCHAT_PIECEWISE_PREFETCH=1) the piece that ends at
 attention i forks the decoder's side work for layer i (the L2 prefetch full graphs run beside
 attention i) at layer i's first stage and joins it before the piece ends: the prefetch kernel only
-issues requests, so the join waits for the issuing, not for the fills. Elsewhere, with
-FGCHAT_PIECEWISE_HOST_PREFETCH, attention call i starts with a host call that queues the same
-prefetch on a side stream behind the piece before it (an event), so it runs beside the attention as
-in full graphs; nothing joins it back.
+issues requests, so the join waits for the issuing, not for the fills.
 
 Invariants:
 - each piece writes its outputs (q / qkv, residual) to the same tensors on every replay; the
@@ -29,7 +26,7 @@ import torch
 
 from fgchat.engine.launch_list import record, replay_in_order
 from fgchat.engine.model.decoder import StepState
-from fgchat.engine.modes.capture import GraphCapture, GraphMode
+from fgchat.engine.modes.capture import GraphMode
 from fgchat.engine.step import StepOutputs
 from fgchat.protocol.events import Mode
 
@@ -57,10 +54,6 @@ class PiecewiseGraph:
 class PiecewiseMode(GraphMode):
     mode = Mode.PIECEWISE
 
-    def __init__(self, cap: GraphCapture) -> None:
-        super().__init__(cap)
-        self._side: torch.cuda.Stream | None = None  # the host-forked prefetch's stream
-
     def _capture(self, b: int, variant: int) -> PiecewiseGraph:
         cap = self.cap
         work = cap.program.dec.side_work(b) if cap.program.dec.piecewise_prefetch else None
@@ -84,7 +77,6 @@ class PiecewiseMode(GraphMode):
             snap = StepState()
             snap.__dict__.update(st.__dict__)
             states.append(snap)
-        host = cap.program.dec.side_work(b) if cap.program.dec.piecewise_host_prefetch else None
         # one real step: each piece replayed, each attention recorded on the state it reads
         bound: list[list[Callable[[], object]]] = []
         with torch.cuda.stream(cap.stream):
@@ -92,34 +84,9 @@ class PiecewiseMode(GraphMode):
                 g.replay()
                 call = _bind(attends[j], states[j])
                 _, lst, _ = record(call)
-                calls = lst.calls if lst is not None else [call]
-                fetch = self._host_fork(host, j) if host is not None else None
-                bound.append(([fetch] if fetch is not None else []) + calls)
+                bound.append(lst.calls if lst is not None else [call])
             graphs[-1].replay()
         return PiecewiseGraph(graphs, bound, StepOutputs(st.tokens, st.logits))
-
-    def _host_fork(self, work: Callable[[int], None], i: int) -> Callable[[], None] | None:
-        """work(i)'s launches as one host call: they go to a side stream once everything the
-        current stream queued so far has run (the piece before attention i), so they run beside
-        the attention; nothing waits for them (a prefetch writes nothing). None where work(i)
-        launches something the recorder cannot bind."""
-        from fgchat.engine.kernels import launch
-
-        work(i)  # a launch outside the recorder readies each launch's fast path (bind needs it)
-        _, lst, _ = record(lambda: work(i))
-        if lst is None or not lst.calls:
-            return None
-        if self._side is None:
-            self._side = torch.cuda.Stream()
-        side, event = self._side, torch.cuda.Event()
-        run = launch.on_stream(lst.calls, side)
-
-        def fork() -> None:
-            event.record()
-            side.wait_event(event)
-            run()
-
-        return fork
 
 
 def _bind(attend: Callable[[StepState], None], st: StepState) -> Callable[[], None]:
