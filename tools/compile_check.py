@@ -52,7 +52,7 @@ def main() -> None:
     for pdl in (False, True):
         proj = {"x_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*fp32", "M": "i32", "stride_y": "i32",
                 "stride_split": "i32", "pmax_ptr": "*fp32", "pidx_ptr": "*i32", "stride_p": "i32",
-                "temp_ptr": "*fp32", "seed_ptr": "*i64", "pos_ptr": "*i64", "pf_addr": "i64", "pf_chunks": "i32"}
+                "temp_ptr": "*fp32", "seed_ptr": "*i64", "pos_ptr": "*i64"}
         for sample in (False, True):  # the LM head's greedy pick, then its sampled pick
             build(gemv._proj_kernel, proj,
                   dict(N=128256, K=2048, EVEN_K=True, EVEN_N=True, BLOCK_M=16, BLOCK_N=64, BLOCK_K=128,
@@ -107,14 +107,6 @@ def main() -> None:
         build(gemv._proj_kernel, proj,
               dict(N=2048, K=8192, EVEN_K=True, EVEN_N=True, BLOCK_M=16, BLOCK_N=16, BLOCK_K=512,
                    DOT_PRECISION="tf32", USE_PDL=pdl, SPLIT_K=4), num_warps=4, num_stages=4, launch_pdl=pdl)
-        # 1B's qkv (mid-sized tile, two tiles before the wait), with and without o's range
-        # requested into L2 once each program is done
-        c = gemv.pick_config(3072, 2048)
-        for pf in (0, 32):
-            build(gemv._proj_kernel, dict(proj, y_ptr="*bf16"),
-                  dict(N=3072, K=2048, EVEN_K=True, EVEN_N=True, BLOCK_M=16, BLOCK_N=c.block_n, BLOCK_K=c.block_k,
-                       DOT_PRECISION="tf32", USE_PDL=pdl, SPLIT_K=1, PRE_TILES=2, PF_BLOCK=pf),
-                  num_warps=c.num_warps, num_stages=c.num_stages, launch_pdl=pdl)
         build(gemv._proj_kernel, dict(proj, y_ptr="*bf16"),
               dict(N=960, K=576, EVEN_K=False, EVEN_N=True, BLOCK_M=16, BLOCK_N=16, BLOCK_K=128,
                    DOT_PRECISION="tf32", USE_PDL=pdl, SPLIT_K=1), num_warps=4, num_stages=4, launch_pdl=pdl)

@@ -47,7 +47,6 @@ def _proj_kernel(
     x_ptr, w_ptr, w_desc, y_ptr, M, stride_y, stride_split,
     pmax_ptr, pidx_ptr, stride_p,  # ARGMAX outputs (None without)
     temp_ptr, seed_ptr, pos_ptr,  # SAMPLE: per row temperature, seed, position (None without)
-    pf_addr, pf_chunks,  # PF_BLOCK > 0: a range of 4 KiB chunks requested into L2 when done
     N: tl.constexpr, K: tl.constexpr,
     EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -55,7 +54,7 @@ def _proj_kernel(
     SPLIT_K: tl.constexpr = 1, ARGMAX: tl.constexpr = False,
     GLU: tl.constexpr = False, SWAP: tl.constexpr = False, ROUND: tl.constexpr = True,
     SAMPLE: tl.constexpr = False, LIBDEVICE: tl.constexpr = True, TMA: tl.constexpr = False,
-    PRE_TILES: tl.constexpr = 1, PF_BLOCK: tl.constexpr = 0,
+    PRE_TILES: tl.constexpr = 1,
 ):
     """Program (pid, ks) owns columns [pid*BLOCK_N, +BLOCK_N) over K slice ks of SPLIT_K. With
     SPLIT_K > 1 it stores its float32 partial sum in slab ks of y [SPLIT_K, M, N] (the consumer
@@ -165,19 +164,6 @@ def _proj_kernel(
             tl.store(pidx_ptr + offs_m * stride_p + pid, pid * BLOCK_N + first, mask=m_mask)
     else:
         tl.store(out + tl.program_id(1) * stride_split, acc, mask=out_mask)
-    if PF_BLOCK > 0:
-        # each program, done, asks L2 for its share of the range (at most PF_BLOCK chunks): the
-        # kernel that reads it next loads from L2 (a hint; it changes no value)
-        programs = tl.num_programs(0) * tl.num_programs(1)
-        share = tl.cdiv(pf_chunks, programs)
-        j = tl.arange(0, PF_BLOCK)
-        idx = (tl.program_id(1) * tl.num_programs(0) + pid) * share + j
-        live = ((j < share) & (idx < pf_chunks)).to(tl.int32)
-        addr = pf_addr + idx.to(tl.int64) * 4096
-        size = tl.full([PF_BLOCK], 4096, tl.int32)
-        tl.inline_asm_elementwise(
-            "{ .reg .pred p; setp.ne.s32 p, $3, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
-            "=r,l,r,r", [addr, size, live], dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
@@ -326,14 +312,13 @@ def pick_split(n: int, k: int, sm_count: int, config: ProjConfig | None = None) 
 
 def project(x: torch.Tensor, w: torch.Tensor, config: ProjConfig | None = None,
             out_dtype: torch.dtype | None = None, pdl: bool = False,
-            out: torch.Tensor | None = None, preload: int = 1,
-            prefetch: tuple[int, int] | None = None) -> torch.Tensor:
+            out: torch.Tensor | None = None, preload: int = 1) -> torch.Tensor:
     """x [M <= 16, K] @ w[N, K]^T -> [M, N] (float32 accumulation, rounded to x's dtype, stored
     as out_dtype, default x's). pdl: launch with programmatic dependent launch (see engine.pdl).
     out: a contiguous [M, N] tensor of that dtype to store into (a buffer of fixed address).
     preload: weight tiles loaded before the PDL wait, 1 or 2 (2 where the tiles allow it, see
     _proj_kernel's PRE_TILES; the same sums either way)."""
-    return _launch(x, w, config, out_dtype, pdl, 1, out=out, preload=preload, prefetch=prefetch)
+    return _launch(x, w, config, out_dtype, pdl, 1, out=out, preload=preload)
 
 
 def project_logits(x: torch.Tensor, w: torch.Tensor, config: ProjConfig | None = None,
@@ -398,8 +383,7 @@ class _Plan:
 @functools.lru_cache(maxsize=1024)
 def _plan(m: int, n: int, k: int, x_dtype: torch.dtype, w_dtype: torch.dtype, out_dtype: torch.dtype,
           split: int, argmax: bool, pdl: bool, config: ProjConfig | None, glu: bool = False,
-          exact: bool = False, sample: bool = False, tma_ok: bool = False, preload: int = 1,
-          prefetch_chunks: int = 0) -> _Plan:
+          exact: bool = False, sample: bool = False, tma_ok: bool = False, preload: int = 1) -> _Plan:
     """Grid, output shape and launch options of one call signature (validated once). tma_ok: the
     device can load by TMA; a config asking for TMA runs with pointer loads where it cannot or
     where its tiles do not divide the weight."""
@@ -422,7 +406,6 @@ def _plan(m: int, n: int, k: int, x_dtype: torch.dtype, w_dtype: torch.dtype, ou
         DOT_PRECISION="ieee" if w_dtype == torch.float32 else "tf32", USE_PDL=pdl,
         SPLIT_K=split, ARGMAX=argmax, GLU=glu, SWAP=cfg.swap, ROUND=not exact,
         SAMPLE=sample, LIBDEVICE=LIBDEVICE, TMA=cfg.tma,
-        PF_BLOCK=next_pow2(max(16, cdiv(prefetch_chunks, cdiv(n, cfg.block_n) * split))) if prefetch_chunks else 0,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=pdl,
     )
     shape = (split, m, n) if split > 1 else (m, n)
@@ -433,8 +416,7 @@ def _plan(m: int, n: int, k: int, x_dtype: torch.dtype, w_dtype: torch.dtype, ou
 def _launch(x: torch.Tensor, w: torch.Tensor, config: ProjConfig | None, out_dtype: torch.dtype | None,
             pdl: bool, split: int, argmax: tuple[torch.Tensor, torch.Tensor] | None = None,
             glu: bool = False, exact: bool = False,
-            sample: SampleArgs | None = None, out: torch.Tensor | None = None, preload: int = 1,
-            prefetch: tuple[int, int] | None = None) -> torch.Tensor:
+            sample: SampleArgs | None = None, out: torch.Tensor | None = None, preload: int = 1) -> torch.Tensor:
     m, k = x.shape
     n = w.shape[0] // 2 if glu else w.shape[0]
     if w.shape[1] != k or not (x.is_contiguous() and w.is_contiguous()):
@@ -445,7 +427,7 @@ def _launch(x: torch.Tensor, w: torch.Tensor, config: ProjConfig | None, out_dty
     if sample is not None and argmax is None:
         raise ValueError("sampling in the epilogue needs the argmax outputs")
     plan = _plan(m, n, k, x.dtype, w.dtype, out_dtype, split, argmax is not None, pdl, config, glu, exact,
-                 sample is not None, tma.available(x.device), preload, prefetch[1] if prefetch else 0)
+                 sample is not None, tma.available(x.device), preload)
     if out is None:
         y = torch.empty(plan.shape, dtype=out_dtype, device=x.device)
     elif tuple(out.shape) != plan.shape or out.dtype != out_dtype or not out.is_contiguous():
@@ -458,5 +440,5 @@ def _launch(x: torch.Tensor, w: torch.Tensor, config: ProjConfig | None, out_dty
     # non-constexpr arguments positionally: the fast launcher keys them cheaply
     fast(_proj_kernel)[plan.grid](x, w, desc, y, m, plan.stride_y, plan.stride_split,
                                   pmax, pidx, pmax.stride(0) if pmax is not None else 0,
-                                  temp, seeds, positions, *(prefetch or (0, 0)), **plan.kw)
+                                  temp, seeds, positions, **plan.kw)
     return y

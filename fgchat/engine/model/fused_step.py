@@ -48,8 +48,6 @@ SPLIT_ROLES = ("o", "down")
 # 1.172; batch 1 1.014 -> 1.047 and batch 2 1.082 -> 1.098, where the fills land on o; notes V94)
 LEAD_MIN_ROWS = 4
 LEAD_BUDGET_MB = 32
-import os as _os  # TMP experiment
-QKV_EPILOGUE = _os.environ.get("FGCHAT_TMP_QKV_EPILOGUE") == "1"
 
 
 @dataclass(frozen=True)
@@ -110,7 +108,6 @@ class FusedStages:
         # every layer's o, gate/up and down fit the budget whole: its kernels are latency-bound and
         # HBM idles under them, so piecewise graphs prefetch too where tuning leaves it open (V95)
         self.layers_fit = False
-        self.qkv_fetch: list[tuple[int, int] | None] | None = None
         if budget > 0 and l2_prefetch.supported(dev):
             plans = [self._prefetch_plan(i, budget) for i in range(len(dec.w.layers))]
             self.prefetch = plans if any(plans) else None
@@ -121,10 +118,6 @@ class FusedStages:
                 lead_budget = max(budget, LEAD_BUDGET_MB * 2**20)
                 lead = [self._lead_tiles(i, lead_budget) if n == 1 else None for i, n in enumerate(whole)]
                 self.lead = lead if any(r is not None for r in lead) else None
-        # TMP: the first range of layer i's plan requested by qkv's programs when done
-        if QKV_EPILOGUE and self.prefetch is not None and self.qkv.ours \
-                and all(lw.bqkv is None for lw in dec.w.layers):
-            self.qkv_fetch = [(p[0].addr, p[0].chunks) if p else None for p in self.prefetch]
 
     def _prefetch_plan(self, i: int, budget: int) -> list[l2_prefetch.Range]:
         """What layer i's attention has prefetched beside it: its o, gate/up and down, then layer
@@ -159,12 +152,9 @@ class FusedStages:
         if self.prefetch is None and lead is None:
             return None
         ranges = self.prefetch
-        skip = 1 if self.qkv_fetch is not None else 0  # qkv's programs request the first range
-        if skip and lead is None and all(len(r) <= 1 for r in ranges):
-            return None
 
         def work(i: int) -> None:
-            todo: list[l2_prefetch.Range | l2_prefetch.Rows] = list(ranges[i][skip:]) if ranges is not None else []
+            todo: list[l2_prefetch.Range | l2_prefetch.Rows] = list(ranges[i]) if ranges is not None else []
             if lead is not None and lead[i] is not None:
                 todo.append(lead[i])
             l2_prefetch.issue(todo)
@@ -225,7 +215,7 @@ class FusedStages:
         return self.after(self.qkv.ours or not rope_in_attention)
 
     def _project(self, x: torch.Tensor, w: torch.Tensor, route: Route, predecessor_ours: bool,
-                 out: torch.Tensor | None = None, prefetch: tuple[int, int] | None = None) -> torch.Tensor:
+                 out: torch.Tensor | None = None) -> torch.Tensor:
         if not route.serves(x.shape[0]):
             if out is not None:  # cuBLAS writes a tensor of its own
                 raise ValueError(f"a fixed output buffer needs our kernel, which serves at most {gemv.MAX_ROWS} rows")
@@ -234,7 +224,7 @@ class FusedStages:
         pre = self.t.proj_preload
         if route.split > 1:
             return gemv.project_partials(x, w, route.split, route.config, pdl=pdl, out=out, preload=pre)
-        return gemv.project(x, w, route.config, pdl=pdl, out=out, preload=pre, prefetch=prefetch)
+        return gemv.project(x, w, route.config, pdl=pdl, out=out, preload=pre)
 
     def _o_buffer(self, rows: int) -> torch.Tensor:
         """The o projection's output for `rows` rows, at the fixed address of o_with_attention."""
@@ -258,8 +248,7 @@ class FusedStages:
         if lw.bqkv is not None:
             qkv = F.linear(x, lw.wqkv, lw.bqkv)
         else:
-            fetch = self.qkv_fetch[i] if self.qkv_fetch is not None else None
-            qkv = self._project(x, lw.wqkv, self.qkv, True, prefetch=fetch)
+            qkv = self._project(x, lw.wqkv, self.qkv, True)
         if self.rope_in_attention:  # the attention call applies RoPE and writes K/V
             st.qkv = qkv
             return
