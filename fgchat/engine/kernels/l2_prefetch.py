@@ -87,7 +87,13 @@ def plan(tensors: list[torch.Tensor], budget_bytes: int) -> list[Range]:
     The first tensor that does not fit ends the plan: the part of a large weight that its kernel
     reads late is evicted before use (H200, 1B: budgets that took part of gate/up were slower).
     """
-    return [Range(t.data_ptr(), nbytes(t) // CHUNK) for t in fitting(tensors, budget_bytes)
+    return ranges(fitting(tensors, budget_bytes))
+
+
+def ranges(tensors: list[torch.Tensor]) -> list[Range]:
+    """A Range of whole chunks for each tensor the bulk prefetch can take (contiguous, 16-byte
+    aligned, at least one chunk); the others are left out."""
+    return [Range(t.data_ptr(), nbytes(t) // CHUNK) for t in tensors
             if t.is_contiguous() and t.data_ptr() % 16 == 0 and nbytes(t) >= CHUNK]
 
 

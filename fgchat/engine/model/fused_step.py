@@ -109,23 +109,22 @@ class FusedStages:
         # HBM idles under them, so piecewise graphs prefetch too where tuning leaves it open (V95)
         self.layers_fit = False
         if budget > 0 and l2_prefetch.supported(dev):
-            plans = [self._prefetch_plan(i, budget) for i in range(len(dec.w.layers))]
+            # per layer, the weights its plan takes whole (l2_prefetch.plan): how many of o, gate/up,
+            # down (and the next qkv) decides the piecewise default and where lead tiles go
+            fits = [l2_prefetch.fitting(self._prefetched(i), budget) for i in range(len(dec.w.layers))]
+            plans = [l2_prefetch.ranges(f) for f in fits]
             self.prefetch = plans if any(plans) else None
-            # per layer, how many of o, gate/up, down (and the next qkv) the plan takes whole
-            whole = [len(l2_prefetch.fitting(self._prefetched(i), budget)) for i in range(len(dec.w.layers))]
+            whole = [len(f) for f in fits]
             self.layers_fit = all(n >= 3 for n in whole)
             if tuning.l2_prefetch_lead is not False:
                 lead_budget = max(budget, LEAD_BUDGET_MB * 2**20)
                 lead = [self._lead_tiles(i, lead_budget) if n == 1 else None for i, n in enumerate(whole)]
                 self.lead = lead if any(r is not None for r in lead) else None
 
-    def _prefetch_plan(self, i: int, budget: int) -> list[l2_prefetch.Range]:
-        """What layer i's attention has prefetched beside it: its o, gate/up and down, then layer
-        i+1's qkv, each whole while they fit (H100, SmolLM2 full with the next qkv: 0.506 -> 0.491
-        ms at batch 1; notes V93)."""
-        return l2_prefetch.plan(self._prefetched(i), budget)
-
     def _prefetched(self, i: int) -> list[torch.Tensor]:
+        """What layer i's attention has prefetched beside it, in order, each whole while they fit
+        the budget: its o, gate/up and down, then layer i+1's qkv (H100, SmolLM2 full with the next
+        qkv: 0.506 -> 0.491 ms at batch 1; notes V93)."""
         layers = self.dec.w.layers
         lw = layers[i]
         return [lw.wo, lw.w_gate_up, lw.w_down] + [n.wqkv for n in layers[i + 1:i + 2]]
