@@ -12,6 +12,7 @@ import sys
 import time
 
 import pytest
+from child_signals import default_signals
 
 from fgchat.cli import build_parser, main
 from fgchat.generate import check_sampling_flags
@@ -30,11 +31,6 @@ def generate_argv(model, *extra: str) -> list[str]:
 
 
 # ---------------------------------------------------------------------------- signals during generate
-def _default_signals() -> None:  # the child starts with default handlers, whatever this runner ignores
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, signal.SIG_DFL)
-
-
 # float32: no start-up check on any CPU (auto is bf16 on some, with a check between the engine's
 # note and the first step), so the engine's "max context" note comes just before generation starts
 STARTED_ARGS = ("--dtype", "float32")
@@ -52,7 +48,7 @@ def test_signal_during_generate_keeps_the_json_and_summary(tiny_llama, sig):
     env = {**ENV, "FGCHAT_FAULT": "slow-steps"}  # 5 ms a step: 2000 tokens outlast the signal
     p = subprocess.Popen(generate_argv(tiny_llama, *STARTED_ARGS, "--json", "--max-tokens", "2000", "--raw"),
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                         preexec_fn=_default_signals)
+                         preexec_fn=default_signals)
     try:
         _wait_for_generation(p)
         time.sleep(0.5)  # well inside the generation loop (2000 steps of >= 5 ms)

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from child_signals import default_signals
 
 from fgchat.serve.launch import CLI
 
@@ -39,15 +40,6 @@ elif os.environ.get("{GATE_ENV}"):  # the server: SIGUSR1 dumps its threads' sta
     import faulthandler, signal
     faulthandler.register(signal.SIGUSR1, all_threads=True)
 '''
-
-
-def _default_signals() -> None:
-    """The server starts with default SIGINT / SIGTERM, whatever this runner ignores or blocks (a
-    background job of a non-interactive shell ignores SIGINT, and the server keeps a signal that
-    is ignored on entry ignored)."""
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, signal.SIG_DFL)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
 
 
 def _wait_for_pid(path: Path, proc: subprocess.Popen, timeout: float) -> int:
@@ -83,7 +75,7 @@ def test_a_signal_while_the_model_loads_stops_cleanly(tiny_llama, tmp_path, sig)
     proc = subprocess.Popen([sys.executable, "-c", CLI, "serve", "--port", "0", "--model", str(tiny_llama),
                              "--device", "cpu", "--max-context", "256"],
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True, env=env, preexec_fn=_default_signals)
+                            text=True, env=env, preexec_fn=default_signals)
     engine = None
     try:
         engine = _wait_for_pid(gate, proc, 120)
