@@ -49,7 +49,7 @@
 #   penalties  cost per decode step of repetition/presence/frequency penalties (1B, batch 1, 8)
 #   sampling   cost per decode step of sampling (T 0.7) and of filtering (T 0.7, top-k 50) vs greedy;
 #              SAMPLING_WAYS narrows it; with .old/fgchat carried, the old tree and this one alternate
-#   reuse      prefix reuse: tests/test_gpu_prefix_reuse.py, then tools/ttft_next_turn.py (eager, full); .old/fgchat
+#   reuse      prefix reuse: tests/gpu/test_gpu_prefix_reuse.py, then tools/ttft_next_turn.py (eager, full); .old/fgchat
 #              carried: the old tree, then this one (REUSE_MODES narrows the modes)
 #   newlength  an eager prefill at a new length against a repeated one (torch's profiler), cuBLAS
 #              against cuBLASLt (tools/profile_new_length.py), real weights
@@ -149,12 +149,12 @@ llama_wait() {  # the background build (llamabuild) ended, or none was started a
 for what in "$@"; do
   case $what in
     tests)
-      ignore=(--ignore-glob='tests/test_serve*' --ignore-glob='tests/test_client*')  # CPU-only, need openai
-      python3 -c "import textual" 2>/dev/null || ignore+=(--ignore-glob='tests/test_tui*')
+      ignore=(--ignore-glob='tests/serve/*' --ignore-glob='tests/serve/test_client*')  # CPU-only, need openai
+      python3 -c "import textual" 2>/dev/null || ignore+=(--ignore-glob='tests/tui/*')
       files=${GPU_TESTS:-tests}
       if [[ -n ${TESTS_PART:-} ]]; then  # 1 or 2: the files holding GPU tests, split in two halves by
         # their test count (the whole suite outgrew one call's 540 s in session 29)
-        files=$(grep -l "mark.gpu" tests/test_*.py | grep -v -e test_serve -e test_client | sort \
+        files=$(grep -l "mark.gpu" tests/*/test_*.py | grep -v -e test_serve -e test_client | sort \
           | while read -r f; do echo "$f $(grep -c '^\(async \)\?def test' "$f")"; done \
           | awk -v part="$TESTS_PART" '{f[NR]=$1; n[NR]=$2; t+=$2} END {for (i=1;i<=NR;i++) {c+=n[i];
               if ((part==1 && c-n[i] < t/2) || (part==2 && c-n[i] >= t/2)) printf "%s ", f[i]}}')
@@ -282,7 +282,7 @@ for what in "$@"; do
       done ;;
     reuse)  # prefix reuse on the GPU: its tests, then TTFT per chat turn with reuse off / on, one
       # process per run, eager and full mode, on the real weights
-      timeout 300 python3 -m pytest -p no:cacheprovider -m gpu -q -W ignore tests/test_gpu_prefix_reuse.py 2>&1 \
+      timeout 300 python3 -m pytest -p no:cacheprovider -m gpu -q -W ignore tests/gpu/test_gpu_prefix_reuse.py 2>&1 \
         | tee "$OUT/tests-reuse.log" | tail -5
       [[ -n $GGUF ]] || { echo "reuse: the TTFT runs need the real weights"; continue; }
       trees=(new); [[ -d .old/fgchat ]] && trees=(old new)  # with .old/fgchat carried, both trees

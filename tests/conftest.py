@@ -10,11 +10,14 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
+# test files of one area import helpers from another area's test file (e.g. test_tui's app driver)
+for _area in sorted(p for p in Path(__file__).parent.iterdir() if p.is_dir() and not p.name.startswith((".", "_"))):
+    sys.path.insert(1, str(_area))
 
 import tiny_models  # noqa: E402
 
 # engine processes started by tests serve eagerly on CPU: no background build of the compiled
-# step per test (tests/test_cpu_compiled.py turns it on where it is the subject)
+# step per test (tests/engine/test_cpu_compiled.py turns it on where it is the subject)
 os.environ.setdefault("FGCHAT_CPU_COMPILE", "0")
 
 

@@ -16,6 +16,6 @@ from pathlib import Path
 def rerun_under_interpreter(test_file: str, flag: str, select: str, expected: int) -> None:
     env = {**os.environ, "TRITON_INTERPRET": "1", flag: "1"}
     p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test_file, "-k", select],
-                       capture_output=True, text=True, env=env, cwd=Path(__file__).parent.parent, timeout=600)
+                       capture_output=True, text=True, env=env, cwd=Path(__file__).resolve().parent.parent, timeout=600)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-2000:]
     assert re.search(rf"^{expected} passed", p.stdout, re.M), p.stdout[-500:]

@@ -1,5 +1,5 @@
 """Small decoder configs and weights for the fused-kernel checks that run under Triton's
-interpreter in a subprocess (tests/test_prefill.py, tests/test_prefill_sharing.py)."""
+interpreter in a subprocess (tests/engine/test_prefill.py, tests/engine/test_prefill_sharing.py)."""
 
 from __future__ import annotations
 

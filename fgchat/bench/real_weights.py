@@ -5,7 +5,7 @@ every mode (and on the plain path, fused kernels off), the first N tokens of eac
 time; in full mode also the eight submitted together (one admission round: the one-pass prefill,
 then decode at batch 8); plus the last prompt position's logits of each fgchat path (and of the
 one-pass prefill of all eight) against fgchat's CPU float32 logits. Used by
-scripts/check_real_weights.py (the README's Correctness table) and tests/test_gpu_real_weights.py.
+scripts/check_real_weights.py (the README's Correctness table) and tests/gpu/test_gpu_real_weights.py.
 `run_cpu` is the CPU's table: fgchat's CPU path in float32 and bf16 against transformers on CPU.
 """
 
