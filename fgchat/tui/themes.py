@@ -1,6 +1,7 @@
 """Textual themes loaded from TOML files (one theme per file).
 
-Built-in themes live in fgchat/tui/themes/*.toml; users may drop more into <data dir>/themes/.
+Built-in themes: themes/*.toml at the top of the repository, which the build (setup.py) copies
+into the package as fgchat/tui/builtin_themes/; users may drop more into <data dir>/themes/.
 A file: `name`, `primary` (required), optional secondary, accent, warning, error, success,
 foreground, background, surface, panel, boost, dark (bool), luminosity_spread, text_alpha and a
 [variables] table. A bad file is skipped with a one-line reason; it never stops start-up.
@@ -15,8 +16,10 @@ from pathlib import Path
 from textual.color import Color, ColorParseError
 from textual.theme import Theme
 
-# themes/ at the top of the source tree, one Textual theme per TOML file
-BUILTIN_THEME_DIR = Path(__file__).resolve().parent.parent.parent / "themes"
+_PACKAGED_THEME_DIR = Path(__file__).resolve().parent / "builtin_themes"  # a built install
+_SOURCE_THEME_DIR = Path(__file__).resolve().parents[2] / "themes"  # a source tree, an editable install
+# one Textual theme per TOML file
+BUILTIN_THEME_DIR = _PACKAGED_THEME_DIR if _PACKAGED_THEME_DIR.is_dir() else _SOURCE_THEME_DIR
 DEFAULT_THEME = "fgchat-midnight"
 
 _COLOR_KEYS = ("primary", "secondary", "accent", "warning", "error", "success",

@@ -1,8 +1,10 @@
 """The built wheel carries the files fgchat reads at run time (an installed fgchat has no repo
-around it): the presets, the palette's example prompts and the TUI's stylesheet."""
+around it): the presets, the palette's example prompts, the TUI's stylesheet and the built-in
+themes (themes/*.toml, which the build copies into the package); and nothing but the package."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -12,23 +14,62 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+THEMES = sorted(p.name for p in (ROOT / "themes").glob("*.toml"))
+# what a checkout holds besides the source of the wheel; copying it checks the build leaves it out
+_NOT_SOURCE = shutil.ignore_patterns(".git", ".venv", "__pycache__", "*.egg-info", "build", "dist",
+                                     ".pytest_cache", ".old", ".whl", ".gguf", ".llamacpp", "out")
 
 
-def test_the_wheel_has_the_presets_prompts_and_stylesheet(tmp_path):
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    """A wheel built by pip from a copy of this checkout (docs/, tests/, tools/ included)."""
     pytest.importorskip("setuptools")  # the build backend (torch requires it, so it is there)
-    src = tmp_path / "src"
-    src.mkdir()
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy(ROOT / name, src / name)
-    shutil.copytree(ROOT / "fgchat", src / "fgchat", ignore=shutil.ignore_patterns("__pycache__"))
+    tmp = tmp_path_factory.mktemp("wheel")
+    src = tmp / "src"
+    shutil.copytree(ROOT, src, ignore=_NOT_SOURCE)
     p = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-                        "-w", str(tmp_path / "dist"), str(src)], capture_output=True, text=True, timeout=300)
+                        "-w", str(tmp / "dist"), str(src)], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
-    wheel = next((tmp_path / "dist").glob("fgchat-*.whl"))
+    return next((tmp / "dist").glob("fgchat-*.whl"))
+
+
+def test_the_wheel_has_the_presets_prompts_and_stylesheet(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
     presets = {f"fgchat/presets/{f.name}" for f in (ROOT / "fgchat" / "presets").glob("*.json")}
     assert presets and presets <= names, sorted(presets - names)
     assert {"fgchat/presets/__init__.py", "fgchat/tui/prompts.txt", "fgchat/tui/app.tcss"} <= names
+
+
+def test_the_wheel_has_the_four_builtin_themes(wheel):
+    assert THEMES == ["ember.toml", "midnight.toml", "paper.toml", "phosphor.toml"]
+    names = set(zipfile.ZipFile(wheel).namelist())
+    packaged = {f"fgchat/tui/builtin_themes/{name}" for name in THEMES}
+    assert packaged <= names, sorted(packaged - names)
+
+
+def test_the_wheel_holds_only_the_package(wheel):
+    names = zipfile.ZipFile(wheel).namelist()
+    outside = [n for n in names if not n.startswith(("fgchat/", "fgchat-0.1.0.dist-info/"))]
+    assert not outside, outside[:10]
+    assert not [n for n in names if n.split("/")[0] in {"docs", "tests", "tools", "scripts", "themes"}]
+
+
+def test_themes_load_from_the_installed_package(wheel, tmp_path):
+    site = tmp_path / "site"
+    zipfile.ZipFile(wheel).extractall(site)  # a pure wheel unpacked is its installed files
+    code = ("import fgchat.tui.themes as t\n"
+            "themes, problems = t.load_themes([t.BUILTIN_THEME_DIR])\n"
+            "print(t.__file__); print(t.BUILTIN_THEME_DIR); print(problems)\n"
+            "print(' '.join(sorted(theme.name for theme in themes)))\n")
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       cwd=tmp_path, env=env)
+    assert p.returncode == 0, p.stderr[-2000:]
+    module, theme_dir, problems, names = p.stdout.splitlines()
+    assert Path(module).is_relative_to(site), module  # the unpacked wheel's fgchat, not this checkout's
+    assert Path(theme_dir) == site / "fgchat" / "tui" / "builtin_themes"
+    assert problems == "[]"
+    assert names.split() == ["fgchat-ember", "fgchat-midnight", "fgchat-paper", "fgchat-phosphor"]
 
 
 def test_presets_and_prompts_load_from_the_package():
