@@ -17,8 +17,8 @@ from fgchat.protocol.errors import FgchatError
 
 SVG = "{http://www.w3.org/2000/svg}"
 ROOT = Path(__file__).resolve().parents[2]
-README_CHART = ROOT / "docs" / "bench" / "chart-h200.svg"
-README_CHART_SOURCES = [ROOT / "docs" / "bench" / "h200-s21" / f"bench-{name}-6d653ea.json"
+README_CHART = ROOT / "tests" / "bench" / "data" / "chart-6d653ea.svg"
+README_CHART_SOURCES = [ROOT / "tests" / "bench" / "data" / f"bench-{name}-6d653ea.json"
                         for name in ("1b", "135m", "embedded")]
 
 
@@ -271,9 +271,9 @@ def test_cli_chart_after_a_run(tmp_path):
 
 
 def test_readme_chart_is_current():
-    """docs/bench/chart-h200.svg is what the renderer draws from its JSON today."""
+    """tests/bench/data/chart-6d653ea.svg is what the renderer draws from its JSON today."""
     drawn = bar_chart_svg(load_results([str(p) for p in README_CHART_SOURCES]))
     rel = " ".join(str(p.relative_to(ROOT)) for p in README_CHART_SOURCES)
     assert README_CHART.read_text(encoding="utf-8") == drawn, (
-        f"regenerate it: fgchat bench --chart docs/bench/chart-h200.svg --from-json {rel}")
+        f"regenerate it: fgchat bench --chart {README_CHART.relative_to(ROOT)} --from-json {rel}")
     assert "commit 6d653ea" in drawn and "fgchat-mega" in drawn
