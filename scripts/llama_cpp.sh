@@ -1,25 +1,22 @@
 #!/usr/bin/env bash
-# llama.cpp as a peer: built from source on the GPU machine and measured with our settings
-# (random weights of a preset's shape in bf16 and f16, prompt 512, 128 new tokens, batch 1 and 8,
-# CUDA graphs and flash attention on), so that its row comes from the same call as ours.
+# llama.cpp as a peer: built from source and measured with fgchat bench's settings (random weights
+# of a preset's shape in bf16 and f16, prompt 512, 128 new tokens, batch 1 and 8, CUDA graphs and
+# flash attention on), so that its rows can sit beside fgchat's from the same machine and session.
 #
-# Here (network), once:
+# With network, once:
 #   bash scripts/llama_cpp.sh source    # -> .llamacpp/src.tgz (4.7 MB): llama.cpp trimmed to what
 #                                       #    llama-batched-bench needs, from the llama-cpp-python
 #                                       #    sdist's vendor/llama.cpp (commit recorded inside)
 #   bash scripts/llama_cpp.sh wheels    # -> .llamacpp/wheels/ (30 MB): cmake + ninja wheels, only
 #                                       #    for a GPU machine without cmake (the build says so)
-# GPU call (no network): carry .llamacpp/src.tgz and .whl (the gguf wheel tools/random_gguf.py
-# needs; add .llamacpp/wheels only where that machine has no cmake), command:
+# On the GPU machine (no network needed; .whl holds the gguf wheel tools/random_gguf.py needs where
+# the venv lacks it):
 #   bash scripts/llama_cpp.sh build cuda && bash scripts/llama_cpp.sh bench llama-3.2-1b smollm2-135m
 # nvcc must be there (the build stops with a message if not); cuBLAS comes from the toolkit or,
-# failing that, from the pip nvidia-cublas a CUDA torch brings. The CUDA build (sm_90 only, ~190
-# CUDA files of 10-45 s each on one core) should take ~5 min on 16 cores. A build cut off by the
-# call's time limit resumes where it stopped when the same command runs again on the same warm
-# machine (/tmp survives only while it is warm: 30 s after a call). To measure llama.cpp in the
-# same call as fgchat bench, build in one call and, right after it, run bench and fgchat's bench
-# in the next (a cold machine rebuilds first). Results: $OUT/llamacpp.json (one row per preset,
-# dtype and batch size) and $OUT/llamacpp.log (the raw output): two files of $OUT's eight.
+# failing that, from the pip nvidia-cublas a CUDA torch brings. The CUDA build (sm_90 only) takes
+# ~5 min on 16 cores; a build cut off resumes where it stopped when the same command runs again.
+# tools/gpu_run.sh's `peers` target runs the bench and fgchat's bench one after the other.
+# Results: $OUT/llamacpp.json (one row per preset, dtype and batch size) and $OUT/llamacpp.log.
 #
 # Commands:
 #   source            fetch the sdist (PyPI's simple JSON API), write .llamacpp/src.tgz
@@ -123,7 +120,7 @@ need_cmake() {  # cmake on PATH, else the carried wheel installed under $WORK/to
   local whl; whl=$(ls "$STORE"/wheels/cmake-*.whl 2>/dev/null | head -1 || true)
   if [[ -z $whl ]]; then
     echo "no cmake on this machine and no .llamacpp/wheels/cmake-*.whl carried: run" \
-         "'bash scripts/llama_cpp.sh wheels' where there is network, and carry .llamacpp/wheels" >&2
+         "'bash scripts/llama_cpp.sh wheels' where there is network, and bring .llamacpp/wheels" >&2
     exit 1
   fi
   PIP_ROOT_USER_ACTION=ignore python3 -m pip install -q --no-index --no-deps --target "$WORK/tools" "$STORE"/wheels/*.whl
@@ -196,7 +193,7 @@ EOF
 build() {
   local kind=${1:-cuda}
   [[ $kind == cpu || $kind == cuda ]] || { echo "build: cpu or cuda, not '$kind'" >&2; exit 2; }
-  [[ -f $STORE/src.tgz ]] || { echo "no .llamacpp/src.tgz: run 'bash scripts/llama_cpp.sh source' (and carry it)" >&2; exit 1; }
+  [[ -f $STORE/src.tgz ]] || { echo "no .llamacpp/src.tgz: run 'bash scripts/llama_cpp.sh source' where there is network" >&2; exit 1; }
   mkdir -p "$WORK"
   local sum; sum=$(sha256sum "$STORE/src.tgz" | cut -c1-16)
   if [[ ! -f $WORK/src/.stamp || $(cat "$WORK/src/.stamp") != "$sum" ]]; then
@@ -210,7 +207,7 @@ build() {
   need_cmake
   local gen=()
   if ! command -v make >/dev/null 2>&1; then
-    command -v ninja >/dev/null 2>&1 || { echo "neither make nor ninja on this machine (carry .llamacpp/wheels)" >&2; exit 1; }
+    command -v ninja >/dev/null 2>&1 || { echo "neither make nor ninja on this machine (bring .llamacpp/wheels)" >&2; exit 1; }
     gen=(-G Ninja)
   fi
   local args=(-DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON
@@ -225,7 +222,7 @@ build() {
     echo "nvcc: $nvcc ($("$nvcc" --version | grep -o 'release [0-9.]*'))"
     cuda_libs "$nvcc"
     args+=("${CUDA_EXTRA[@]}")
-    # sm_90 only (H200); the flash-attention kernels as upstream builds them by default
+    # sm_90 only (H100 / H200); the flash-attention kernels as upstream builds them by default
     # (GGML_CUDA_FA on, f16/bf16/q8_0/q4_0 K/V pairs); CUDA graphs on (GGML_CUDA_GRAPHS, the
     # llama.cpp default); NCCL off: one GPU, and it would only be found by chance here
     args+=(-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_CUDA_COMPILER="$nvcc"
@@ -258,13 +255,13 @@ bench() {
   [[ -x $bin ]] || { echo "no $bin: run 'bash scripts/llama_cpp.sh build $kind' first" >&2; exit 1; }
   local commit; commit=$(cat "$WORK/src/llama.cpp/LLAMACPP_COMMIT")
   local out=${OUT:-/tmp/llamacpp-out}; mkdir -p "$out" "$WORK/gguf" "$WORK/logs"
-  # gguf for tools/random_gguf.py: the venv's, else the carried wheel (as scripts/gpu.sh does)
+  # gguf for tools/random_gguf.py: the venv's, else the wheel in .whl (as tools/gpu_run.sh does)
   if ! "$PY" -c "import gguf, numpy" 2>/dev/null; then
     if ls "$ROOT"/.whl/gguf-*.whl >/dev/null 2>&1; then
       PIP_ROOT_USER_ACTION=ignore "$PY" -m pip install -q --no-index --no-deps --target "$WORK/site" "$ROOT"/.whl/gguf-*.whl
       export PYTHONPATH="$WORK/site${PYTHONPATH:+:$PYTHONPATH}"
     fi
-    "$PY" -c "import gguf, numpy" || { echo "tools/random_gguf.py needs gguf and numpy: carry .whl (gguf wheel)" >&2; exit 1; }
+    "$PY" -c "import gguf, numpy" || { echo "tools/random_gguf.py needs gguf and numpy: pip install gguf, or put its wheel in .whl" >&2; exit 1; }
   fi
   unset GGML_CUDA_DISABLE_GRAPHS  # CUDA graphs stay on (the llama.cpp default)
   if [[ $kind == cuda && -s $WORK/ld-path ]]; then  # pip's cuBLAS (cuda_libs)

@@ -7,7 +7,7 @@ loads --model, and starts each of these ways (--ways picks them; the first is th
   thread    the engine's command/event loop (EngineThread) on a thread of this process
   child     EngineProcess: the engine process exactly as the TUI runs it, no UI
   tui       the Textual app: its engine child + UI rendering in this process
-Then REPS + 1 rounds (FGCHAT_ROUNDS, default 3) of N tokens (FGCHAT_TOKENS, default 256): in each round every way runs once,
+Then --rounds + 1 rounds (default 3) of --tokens tokens (default 256): in each round every way runs once,
 the order rotating round by round, so a host CPU whose speed drifts (shared cloud hosts do, by tens
 of percent within a minute) moves every way alike; the first round is warm-up. Per round it takes
 the median inter-token latency (the TUI's from its latency log, the one the console shows) and the
@@ -16,7 +16,7 @@ ratio of the medians, and the median of the ratios within a round (paired: both 
 headless vs child isolates the process, child vs tui the UI beside it. The tui way needs textual
 (from wheels where there is no network: pip install --no-index --find-links DIR textual).
 Batch K > 1: K replies to one prompt (the TUI's F4), sampled at temperature 0.7 in every way.
-Usage: python scripts/tui_vs_headless.py [mode] [K] [--model=PATH] [--ways=headless,child,tui]
+Usage: python scripts/tui_vs_headless.py [mode] [K] [--model=PATH] [--ways=headless,child,tui] [--tokens N] [--rounds R]
 (PATH: any model fgchat loads, e.g. the embedded GGUF; random weights can fail the startup check
 and run the plain torch ops, so real weights measure the fused path the user gets)
 """
@@ -27,7 +27,6 @@ import argparse
 import asyncio
 import multiprocessing as mp
 import importlib.util
-import os
 import statistics
 import sys
 import tempfile
@@ -39,13 +38,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 import tiny_models  # noqa: E402
 
-from fgchat.engine import event_pipe  # noqa: E402
 from fgchat.engine.core import Engine, EngineConfig  # noqa: E402
 from fgchat.engine.process import EngineProcess, EngineThread  # noqa: E402
 from fgchat.protocol.events import EngineInfo, RequestFinished, SamplingParams, TokenEvent  # noqa: E402
 from fgchat.tui.store import DEFAULT_SYSTEM_PROMPT  # noqa: E402  (no Textual import)
 
-N, REPS = int(os.environ.get("FGCHAT_TOKENS", 256)), int(os.environ.get("FGCHAT_ROUNDS", 3))
+N, REPS = 256, 3  # tokens per reply, measured rounds: set from --tokens, --rounds
 PROMPT = "Tell me about latency."
 # every way sends the TUI's first turn of a new chat: its default system prompt and PROMPT (the
 # TUI way opens a new chat per round, so no way's context grows from round to round)
@@ -71,22 +69,6 @@ def _medians(tokens: list) -> tuple[float, float, float]:
 
 def _split(rounds: list[tuple[float, float, float]]) -> Rounds:
     return [r[0] for r in rounds[1:]], [r[1] for r in rounds[1:]], [r[2] for r in rounds[1:]]
-
-
-def _trace_file(way: str) -> Path:
-    """Where the engine child spawned next writes its event-pipe totals (inherited through spawn)."""
-    path = Path(tempfile.mkdtemp(prefix="fgchat-send-")) / f"{way}.txt"
-    os.environ[event_pipe.SEND_TRACE_ENV] = str(path)
-    return path
-
-
-def _show_trace(way: str, path: Path) -> None:
-    for _ in range(20):  # the child writes its line as it exits
-        if path.exists():
-            break
-        time.sleep(0.1)
-    text = path.read_text().strip() if path.exists() else "no trace written"
-    print(f"{way}: event pipe {text}", flush=True)
 
 
 class Headless:
@@ -149,7 +131,6 @@ class Driven:
 
     def __init__(self, model: Path, mode: str, k: int, handle_type: type) -> None:
         self.k, self.rid = k, 0
-        self.trace = _trace_file(handle_type.__name__)
         self.proc = handle_type(EngineConfig(model=str(model), mode=mode, max_context=2048))
         self.proc.start()
         deadline = time.monotonic() + 300
@@ -174,7 +155,6 @@ class Driven:
 
     async def close(self) -> None:
         self.proc.shutdown()
-        _show_trace("child", self.trace)
 
 
 class Tui:
@@ -184,7 +164,6 @@ class Tui:
         from fgchat.tui.app import FgchatApp
 
         self.k, self.engine_log = k, data / "engine.log"  # the app's engine child writes its stderr there
-        self.trace = _trace_file("tui")
         self.app = app = FgchatApp(EngineConfig(model=str(model), mode=mode, max_context=2048),
                                    sampling=SamplingParams(max_tokens=N, ignore_eos=True), data_path=data)
         self.test = app.run_test(size=(120, 40))
@@ -240,7 +219,6 @@ class Tui:
                   f"{1e6 * self.cpu / self.tokens:.0f} us per token ({self.tokens} tokens)")
         self.app.exit()
         await self.test.__aexit__(None, None, None)
-        _show_trace("tui", self.trace)
 
 
 async def measure(model: Path, mode: str, k: int, ways: list[str], data: Path) -> dict[str, Rounds]:
@@ -270,13 +248,19 @@ async def measure(model: Path, mode: str, k: int, ways: list[str], data: Path) -
 
 
 def main() -> None:
+    global N, REPS
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("mode", nargs="?", default="full", choices=("eager", "piecewise", "full"))
     ap.add_argument("k", nargs="?", type=int, default=1, help="replies per prompt (the batch)")
     ap.add_argument("--model", type=Path, help="a model fgchat loads (default: a random SmolLM2-shaped one)")
     ap.add_argument("--ways", default="headless,child,tui",
                     help=f"comma-separated from {', '.join(sorted(WAYS))}; the first is the ratios' base")
+    ap.add_argument("--tokens", type=int, default=256, help="tokens per reply (default %(default)s)")
+    ap.add_argument("--rounds", type=int, default=3, help="measured rounds after one warm-up round (default %(default)s)")
     a = ap.parse_args()
+    N, REPS = a.tokens, a.rounds
+    if N < 2 or REPS < 1:
+        ap.error("--tokens must be >= 2 and --rounds >= 1")
     mode, k, ways = a.mode, a.k, a.ways.split(",")
     if set(ways) - WAYS or len(set(ways)) != len(ways):
         ap.error(f"--ways: each of {', '.join(sorted(WAYS))} at most once")
@@ -296,7 +280,7 @@ def main() -> None:
               f"host launch {statistics.median(launch):.3f} ms, position {min(pos):.0f}-{max(pos):.0f}", flush=True)
     base = ways[0]
     paired = {w: statistics.median(x / y for x, y in zip(rounds[w][0], rounds[base][0])) for w in ways if w != base}
-    print(f"RESULT mode={mode} k={k} gate={int(event_pipe.gate_enabled())} " + " ".join(f"{w}_ms={m:.4f}" for w, m in med.items())
+    print(f"RESULT mode={mode} k={k} " + " ".join(f"{w}_ms={m:.4f}" for w, m in med.items())
           + " " + " ".join(f"{w}/{base}={m / med[base]:.3f}" for w, m in med.items() if w != base)
           + " " + " ".join(f"{w}/{base}_paired={r:.3f}" for w, r in paired.items())
           + " (target <= 1.05)")

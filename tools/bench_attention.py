@@ -79,6 +79,8 @@ def main() -> None:
     global HEAD_DIM
     HEAD_DIM = args.head_dim
 
+    if not torch.cuda.is_available():
+        raise SystemExit("bench_attention: needs a CUDA GPU")
     device = torch.device("cuda")
     torch.manual_seed(0)
     props = torch.cuda.get_device_properties(device)

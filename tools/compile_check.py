@@ -1,10 +1,16 @@
-"""Compile the decode step's Triton kernels for sm_90 without a GPU (catches frontend errors).
+"""Compiles every Triton kernel of the decode step for sm_90 (Hopper) without a GPU, at the shapes
+and settings the step launches them with (Llama-3.2-1B, Llama-3.1-8B and SmolLM2-135M tiles, with
+and without programmatic dependent launch), so a kernel edit made on a CPU-only machine is checked
+by the real compiler, not only by Triton's interpreter. Per kernel variant it prints shared memory,
+the PTX register count, the grid-dependency instructions, and the global loads issued before the
+PDL wait (the weights' prefetch). Needs triton, no CUDA.
 
-Prints registers / shared memory per kernel variant. Usage: python tools/compile_check.py
+    python tools/compile_check.py
 """
 
 from __future__ import annotations
 
+import argparse
 import inspect
 import re
 
@@ -21,7 +27,7 @@ TARGET = GPUTarget("cuda", 90, 32)
 
 def build(fn, signature: dict, constexprs: dict, **options) -> None:
     sig = dict(signature)
-    if fn is gemv._proj_kernel and "w_desc" not in sig:
+    if "w_desc" in fn.arg_names and "w_desc" not in sig:
         constexprs = dict(constexprs, w_desc=None)  # pointer loads: no descriptor
     # constexprs left out take their defaults, as a launch gives them (ASTSource would pass None)
     constexprs = {**{p.name: p.default for p in fn.params if p.is_constexpr and p.name not in sig
@@ -58,7 +64,7 @@ def main() -> None:
                   dict(N=128256, K=2048, EVEN_K=True, EVEN_N=True, BLOCK_M=16, BLOCK_N=64, BLOCK_K=128,
                        DOT_PRECISION="tf32", USE_PDL=pdl, SPLIT_K=1, ARGMAX=True, SAMPLE=sample),
                   num_warps=4, num_stages=4, launch_pdl=pdl)
-        # gate/up + SiLU: 1B's tiles, then 8B's one-wave tile (V92)
+        # gate/up + SiLU: 1B's tiles, then 8B's one-wave tile
         for n, k, tile in ((8192, 2048, "16,512,4,4"), (8192, 2048, "64,128,4,4,1"), (8192, 2048, "128,64,4,4,1"),
                            (14336, 4096, "128,128,8,3,1")):
             c = gemv.ProjConfig.parse(tile)
@@ -66,8 +72,7 @@ def main() -> None:
                   dict(N=n, K=k, EVEN_K=True, EVEN_N=True, BLOCK_M=16, BLOCK_N=c.block_n,
                        BLOCK_K=c.block_k, DOT_PRECISION="tf32", USE_PDL=pdl, SPLIT_K=1, GLU=True, SWAP=c.swap),
                   num_warps=c.num_warps, num_stages=c.num_stages, launch_pdl=pdl)
-        # 1B's and 8B's o and down on the wide-K tile (V90, V92), one then two weight tiles before
-        # the wait (V91)
+        # 1B's and 8B's o and down on the wide-K tile, one then two weight tiles before the wait
         for n, k, split in ((2048, 2048, 4), (2048, 8192, 4), (4096, 4096, 2), (4096, 14336, 2)):
             c = gemv.WIDE_K_TILE
             for pre in (1, 2):
@@ -75,15 +80,7 @@ def main() -> None:
                       dict(N=n, K=k, EVEN_K=True, EVEN_N=True, BLOCK_M=16, BLOCK_N=c.block_n, BLOCK_K=c.block_k,
                            DOT_PRECISION="tf32", USE_PDL=pdl, SPLIT_K=split, SWAP=c.swap, PRE_TILES=pre),
                       num_warps=c.num_warps, num_stages=c.num_stages, launch_pdl=pdl)
-        # weight tiles by TMA: 8B gate/up (the shape rule's), 1B and 8B o (split slices of two tiles)
-        for n, k, glu, split in ((14336, 4096, True, 1), (2048, 2048, False, 4), (4096, 4096, False, 8)):
-            c = gemv.short_slice_config(n, k, split) if split > 1 else gemv.pick_config(n, k, glu, tma=True)
-            build(gemv._proj_kernel, dict(proj, y_ptr="*fp32" if split > 1 else "*bf16",
-                                          w_desc=f"tensordesc<bf16[{c.block_n}, {c.block_k}]>"),
-                  dict(N=n, K=k, EVEN_K=True, EVEN_N=True, BLOCK_M=16, BLOCK_N=c.block_n, BLOCK_K=c.block_k,
-                       DOT_PRECISION="tf32", USE_PDL=pdl, SPLIT_K=split, GLU=glu, SWAP=c.swap, TMA=c.tma),
-                  num_warps=c.num_warps, num_stages=c.num_stages, launch_pdl=pdl)
-        # the int8 LM-head pick (V63): pass 1 at its default and swapped tiles, pass 2 on 1B's head
+        # the int8 LM-head pick: pass 1 at its default and swapped tiles, pass 2 on 1B's head
         # (whole K tiles) and SmolLM2's (a K tail); greedy and sampled
         pick_sig = {"x_ptr": "*bf16", "logits_ptr": "*fp32", "plo_ptr": "*fp32", "phi_ptr": "*fp32", "M": "i32",
                     "temp_ptr": "*fp32", "seed_ptr": "*i64", "pos_ptr": "*i64"}
@@ -138,7 +135,7 @@ def main() -> None:
                           MERGE_UNROLLED=False, MERGE_CH=8)
             sig = {n: t for n, t in split_sig.items() if n not in consts}
             build(td._split_kernel, sig, consts, num_warps=4, num_stages=3, launch_pdl=pdl)
-        # the last split merging the others (FUSE_COMBINE), its live splits eight at a time (V55)
+        # the last split merging the others (FUSE_COMBINE), its live splits eight at a time
         consts.update(FUSE_COMBINE=True, MERGE_UNROLLED=True, BLOCK_S=64)
         build(td._split_kernel, sig, consts, num_warps=4, num_stages=3, launch_pdl=pdl)
         comb_sig = {n: "i32" for n in td._combine_kernel.arg_names}
@@ -146,42 +143,34 @@ def main() -> None:
         for c in ("HEAD_DIM", "BLOCK_S", "USE_PDL"):
             comb_sig.pop(c)
         build(td._combine_kernel, comb_sig, dict(HEAD_DIM=64, BLOCK_S=32, USE_PDL=pdl), num_warps=2, launch_pdl=pdl)
-    # the L2 prefetch beside attention: whole ranges, and the leading K tiles of each row (V94)
+    # the L2 prefetch beside attention: whole ranges, and the leading K tiles of each row
     build(l2_prefetch._prefetch_kernel, {"a_addr": "i64", "a_chunks": "i32", "b_addr": "i64", "b_chunks": "i32"},
           dict(CHUNK_BYTES=l2_prefetch.CHUNK, BLOCK=l2_prefetch.BLOCK), num_warps=1)
     build(l2_prefetch._prefetch_rows_kernel, {"addr": "i64", "rows": "i32", "stride": "i64"},
           dict(ROW_BYTES=512, BLOCK=l2_prefetch.BLOCK), num_warps=1)
     mega(2048, 32, 8, 64, 8192)  # Llama-3.2-1B
     mega(576, 9, 3, 64, 1536)  # SmolLM2-135M
-    mega(576, 9, 3, 64, 1536, stamp=True)  # with the timeline's clock stamps
-    mega(2048, 32, 8, 64, 8192, rows=1)  # Llama-3.2-1B, the batch's rows only (V46, V47), batch 1
-    mega(2048, 32, 8, 64, 8192, rows=8)  # and batch 8
-    mega(2048, 32, 8, 64, 8192, sleep_ns=100)  # a nanosleep in the grid barrier's spin
 
-
-def mega(hidden: int, heads: int, kv_heads: int, head_dim: int, inter: int, stamp: bool = False,
-         rows: int | None = None, sleep_ns: int = 0) -> None:
-    """The mega kernel at a model's shapes, persistent (grid barriers) as the mega mode launches it;
-    with `rows`, its activation tiles for that batch's rows only (megakernel.NORM_BATCH_ROWS_ONLY,
-    OUT_BATCH_ROWS_ONLY); sleep_ns: megakernel.BARRIER_SLEEP_NS."""
+def mega(hidden: int, heads: int, kv_heads: int, head_dim: int, inter: int) -> None:
+    """The mega kernel at a model's shapes, persistent (grid barriers) as the mega mode launches it."""
     sig = {n: "i32" for n in mk._decode_layers_kernel.arg_names}
     for n in ("embed_ptr", "wbase_ptr", "cos_ptr", "sin_ptr", "cache_ptr", "q_ptr", "attn_ptr", "act_ptr"):
         sig[n] = "*bf16"
     for n in ("h_ptr", "stats_ptr", "part_ptr", "ml_ptr"):
         sig[n] = "*fp32"
     sig.update(ids_ptr="*i64", pos_ptr="*i64", slot_ptr="*i64", woff_ptr="*i64", cnt_ptr="*i32", bar_ptr="*i32",
-               stamp_ptr="*i64" if stamp else "*i32",
+               stamp_ptr="*i32",
                eps="fp32", scale="fp32", stride_layer="i64", stride_slot="i64", stride_pos="i64")
     t = mk.pick_tiles(hidden, heads * head_dim, inter, head_dim, 132)
     consts = dict(H=hidden, HQ=heads, HKV=kv_heads, D=head_dim, INTER=inter, BN=t.bn, BNI=t.bni, PB=t.pb,
                   BKH=t.bkh, BKQ=t.bkq, BKI=t.bki, NP=gemv.next_pow2(mk.cdiv(hidden, t.bn)), PREC="tf32",
-                  SYNC=True, ROUND_H=False, WA=mk.WEIGHT_ALIGN, STAMP=stamp,
-                  MP=mk.ROWS_PAD if rows is None else gemv.next_pow2(rows),
-                  MPO=mk.ROWS_PAD if rows is None else gemv.next_pow2(rows), SLEEP_NS=sleep_ns,
+                  SYNC=True, ROUND_H=False, WA=mk.WEIGHT_ALIGN, STAMP=False, MP=mk.ROWS_PAD, MPO=mk.ROWS_PAD,
+                  SLEEP_NS=0,
                   **mk.items_per_program(hidden, heads, kv_heads, head_dim, inter, t, 132))
     build(mk._decode_layers_kernel, {n: v for n, v in sig.items() if n not in consts}, consts,
           num_warps=mk.NUM_WARPS, num_stages=mk.NUM_STAGES)
 
 
 if __name__ == "__main__":
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args()
     main()

@@ -1,5 +1,5 @@
 """Start-up of the TUI: what the UI process imports, the order in which the engine and the UI
-start, the "ready in X s" the app shows, and scripts/startup_time.py's timeline (tiny model, CPU).
+start, the "ready in X s" the app shows, and tools/startup_time.py's timeline (tiny model, CPU).
 """
 
 from __future__ import annotations
@@ -166,11 +166,11 @@ async def test_prestarted_engine_counts_from_the_launch(tiny_llama, data_dir):
 
 
 def test_startup_time_script_timeline(tiny_llama, tmp_path):
-    """scripts/startup_time.py on a tiny model: every phase is traced, the engine is spawned
+    """tools/startup_time.py on a tiny model: every phase is traced, the engine is spawned
     before the UI imports Textual, and the app showed its start-up time."""
     out = tmp_path / "timeline.json"
     proc = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "startup_time.py"), "--model", str(tiny_llama), "--device", "cpu",
+        [sys.executable, str(REPO / "tools" / "startup_time.py"), "--model", str(tiny_llama), "--device", "cpu",
          "--runs", "1", "--timeout", "120", "--json", str(out)],
         cwd=REPO, capture_output=True, text=True, timeout=170,
     )

@@ -4,7 +4,6 @@ the RESULT line carries each way's ITL and its ratio to the first way."""
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
@@ -18,11 +17,10 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_every_way_measures_and_the_result_line_has_the_ratios(tiny_llama):
-    env = {**os.environ, "FGCHAT_TOKENS": "12", "FGCHAT_ROUNDS": "2"}
     out = subprocess.run(
         [sys.executable, str(REPO / "scripts" / "tui_vs_headless.py"), "full", "2", f"--model={tiny_llama}",
-         "--ways=headless,thread,child,tui"],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+         "--ways=headless,thread,child,tui", "--tokens=12", "--rounds=2"],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
     )
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     result = [line for line in out.stdout.splitlines() if line.startswith("RESULT")]

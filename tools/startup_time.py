@@ -11,13 +11,9 @@ each phase in ms since launch, the median over --runs.
 Needs no GPU (and no terminal); on a GPU machine the same command also shows what the engine
 reports about its GPU-only start-up work (Triton warm-up, graph capture, the start-up check).
 
-    .venv/bin/python scripts/startup_time.py                  # the embedded model (converted once)
-    .venv/bin/python scripts/startup_time.py --tiny           # a tiny random model (tests/tiny_models.py)
-    .venv/bin/python scripts/startup_time.py --model DIR --runs 5 --json out.json
-
-On an fgchat without fgchat.tui.build_app (before the start-up work), the app is built the way
-run_tui built it then, so the same command compares old and new commits; only the script's own
-marks then appear.
+    .venv/bin/python tools/startup_time.py                  # the embedded model (converted once)
+    .venv/bin/python tools/startup_time.py --tiny           # a tiny random model (tests/tiny_models.py)
+    .venv/bin/python tools/startup_time.py --model DIR --runs 5 --json out.json
 
 This file's top level imports only the standard library: the engine child (multiprocessing
 "spawn") imports this file again as its main module, as it imports the `fgchat` entry script.
@@ -89,20 +85,7 @@ def _measured_run(opts: dict) -> int:
                   device=args.device, dtype=args.dtype, lazy_capture=args.lazy_capture)
     import fgchat.tui
 
-    build = getattr(fgchat.tui, "build_app", None)
-    if build is not None:
-        app = build(**kwargs)
-    else:  # an fgchat before build_app: the app as run_tui built it then
-        from fgchat.protocol.config import EngineConfig
-        from fgchat.protocol.events import SamplingParams
-        from fgchat.tui.app import FgchatApp
-
-        _mark("ui: app imported")
-        config = EngineConfig(model=args.model, device=args.device, dtype=args.dtype,
-                              max_context=args.max_context, mode=args.mode, attention=args.attention,
-                              lazy_capture=args.lazy_capture)
-        app = FgchatApp(config, sampling=SamplingParams(max_tokens=1024))
-        _mark("ui: app built")
+    app = fgchat.tui.build_app(**kwargs)
     result = asyncio.run(_drive(app, float(opts["timeout"])))
     Path(opts["result"]).write_text(json.dumps(result))
     return 0 if result["state"] == "ready" else 1
