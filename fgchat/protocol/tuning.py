@@ -5,7 +5,7 @@ Tuning) without loading torch.
 | variable | default | what it chooses |
 |---|---|---|
 | FGCHAT_FUSED=0 | on | plain torch ops instead of the fused Triton kernels (CUDA) |
-| FGCHAT_PROJ_CONFIGS=spec | "" | tiles per projection role, e.g. "gate_up=64,128,4,4;qkv=32,256,4,4,1" (tuning on a new GPU) |
+| FGCHAT_PROJ_CONFIGS=spec | "" | tiles per projection role (tuning a new GPU), e.g. "o=32,256,4,3,1,4" |
 
 The other fields are set by code, never by the environment: tests force one side of a rule the
 engine otherwise decides by itself, and the engine process and the bench pick their own start-up.
