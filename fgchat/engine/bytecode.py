@@ -8,8 +8,8 @@ not write any (PYTHONDONTWRITEBYTECODE, or a read-only install), every start com
 
 Invariants:
 - It only acts before torch is imported, when torch is installed and has no bytecode beside its
-  `__init__.py`, the user set no PYTHONPYCACHEPREFIX, and FGCHAT_PYCACHE is not "0". Otherwise it
-  changes nothing (an install with bytecode keeps using its own).
+  `__init__.py`, and the user set no PYTHONPYCACHEPREFIX. Otherwise it changes nothing (an
+  install with bytecode keeps using its own).
 - With a prefix set, Python writes bytecode under the prefix only, never beside the sources, so
   PYTHONDONTWRITEBYTECODE's purpose (no files in the install) still holds.
 - Bytecode there is checked against each source's mtime and size as usual: an upgraded package
@@ -45,7 +45,7 @@ def lacks_bytecode(package: str = PACKAGE) -> bool:
 def use_own_pycache(cache_root: Path | None = None, package: str = PACKAGE) -> Path | None:
     """Point Python's bytecode cache at `cache_root / "pycache"` (default: fgchat's cache root)
     where the invariants above allow it; returns that directory, or None when nothing changed."""
-    if os.environ.get("FGCHAT_PYCACHE") == "0" or package in sys.modules:
+    if package in sys.modules:
         return None
     if sys.pycache_prefix is not None or os.environ.get("PYTHONPYCACHEPREFIX"):
         return None

@@ -12,7 +12,7 @@ kernel that is wrong on this model's activations (massive activation channels, s
 that check. This one compares with arithmetic that shares nothing with the fast path.
 
 The decode step's own pick must be the first maximum of its logits. Where greedy steps pick from a
-low-precision copy of the LM head (FGCHAT_HEAD_PICK) their logits are exact only for the rescored
+low-precision copy of the LM head (Tuning.head_pick) their logits are exact only for the rescored
 candidates, so the same step runs again eagerly with the exact head for the logits compared.
 
 Invariants: the check runs before any request is admitted and uses cache slot 0 only (a later

@@ -27,7 +27,6 @@ from pathlib import Path
 
 from fgchat.engine import cuda_driver
 
-SWITCH_ENV = "FGCHAT_STARTUP_PRIME"  # "0": no helper thread (the start-up A/B's other side)
 _DEVICE_RE = re.compile(r"^cuda(?::(\d+))?$")
 
 
@@ -141,8 +140,6 @@ class Primer:
 
 def start(device: str | None, mark: Callable[[str], None] = lambda label: None) -> Primer | None:
     """Start priming for the engine's device setting; None where there is nothing to prime."""
-    if os.environ.get(SWITCH_ENV, "1") == "0":
-        return None
     plan = plan_for(device)
     if plan is None:
         return None

@@ -188,20 +188,15 @@ class StepProgram:
             self._finish(st, b, variant)
 
         def attend(i: int) -> Callable[[StepState], None]:
-            o_now = dec.o_with_attention  # the o projection follows in this segment (piecewise: outside graphs)
             if dec.rope_in_attention:
                 def run_rope(st: StepState) -> None:
                     self.attention.decode_with_rope(*self._attention_args(i, st, seq_lens, slots32, attn_out))
-                    if o_now:
-                        dec.project_o(i, attn_out)
 
                 return run_rope
 
             def run(st: StepState) -> None:
                 hint = self.max_len_hint if bufs.device.type == "cpu" else None
                 self.attention(*self._attention_args(i, st, seq_lens, slots32, attn_out), hint)
-                if o_now:
-                    dec.project_o(i, attn_out)
 
             return run
 

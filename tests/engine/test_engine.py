@@ -47,7 +47,7 @@ def test_logits_and_greedy_match_transformers(tiny_model_dirs, family):
 
 def test_decode_logits_match_prefill(tiny_llama):
     """Each decode step's logits equal a fresh full forward of the same prefix (the exact LM head:
-    FGCHAT_HEAD_PICK's steps keep exact logits only for their candidates)."""
+    the head pick's steps keep exact logits only for their candidates)."""
     from fgchat.protocol.tuning import Tuning
 
     eng = make_engine(tiny_llama, tuning=Tuning(head_pick=False))

@@ -199,9 +199,6 @@ def test_the_engine_process_captures_while_idle_unless_told_otherwise(monkeypatc
     cfg = EngineConfig(model="m", max_context=128)
     assert engine_process_config(cfg).tuning.idle_capture is True
     assert cfg.tuning is None  # the caller's config is not changed
-    monkeypatch.setenv("FGCHAT_IDLE_CAPTURE", "0")
-    assert engine_process_config(cfg).tuning.idle_capture is False  # the environment decides: off
-    monkeypatch.delenv("FGCHAT_IDLE_CAPTURE")
     own = EngineConfig(model="m", tuning=Tuning(idle_capture=False))
     assert engine_process_config(own).tuning.idle_capture is False
 
@@ -272,14 +269,13 @@ class _CountingPrefillGraphs(_PrefillGraphs):
         self.reports.append(CaptureReport(Mode.FULL, n, 0.0, 0.0, kind="prefill"))
 
 
-def _engine_for_recapture(tiny_llama, recapture: bool) -> tuple[Engine, _GraphRunner]:
+def _engine_for_recapture(tiny_llama) -> tuple[Engine, _GraphRunner]:
     eng = Engine(EngineConfig(model=str(tiny_llama), device="cpu", max_context=128))
     ms = eng.modes
     full = _GraphRunner(Mode.FULL, eng.program)
     ms.install(Mode.FULL, full)
     ms.cap = _Cap()
     ms.prefill_graphs = _CountingPrefillGraphs()
-    ms.recapture = recapture
     return eng, full
 
 
@@ -287,7 +283,7 @@ def test_decode_graphs_are_captured_again_while_idle_after_prefill_graphs_came_b
     """The engine process's order (decode graphs first, prefill buckets later while idle) leaves
     the decode graphs stale: the idle passes capture each size again, one size a pass, its report
     replaced, once."""
-    eng, full = _engine_for_recapture(tiny_llama, recapture=True)
+    eng, full = _engine_for_recapture(tiny_llama)
     eng.modes.capture_start(False, Mode.FULL)
     passes = 0
     while eng.capture_idle():
@@ -308,15 +304,10 @@ def test_decode_graphs_are_captured_again_while_idle_after_prefill_graphs_came_b
     assert full.every[12:] == list(range(1, 9)) and not eng.modes.decode_stale()
 
 
-def test_no_recapture_when_prefill_graphs_came_first_or_the_switch_is_off(tiny_llama):
-    eng, full = _engine_for_recapture(tiny_llama, recapture=True)
+def test_no_recapture_when_prefill_graphs_came_first(tiny_llama):
+    eng, full = _engine_for_recapture(tiny_llama)
     eng.modes.prefill_graphs.capture_idle(32)  # as capture_all: prefill buckets before decode
     eng.modes.capture_sizes(Mode.FULL, range(1, 9), False)
-    while eng.capture_idle():
-        pass
-    assert full.every == list(range(1, 9))
-    eng, full = _engine_for_recapture(tiny_llama, recapture=False)
-    eng.modes.capture_start(False, Mode.FULL)
     while eng.capture_idle():
         pass
     assert full.every == list(range(1, 9))

@@ -146,11 +146,10 @@ def test_start_sets_lazy_module_loading_before_the_thread(monkeypatch):
     assert seen == ["LAZY", "EAGER", None]
 
 
-def test_switch_off_starts_nothing(monkeypatch):
-    monkeypatch.setattr(sp, "plan_for", lambda device: sp.Plan(None, False))
-    monkeypatch.setenv(sp.SWITCH_ENV, "0")
+def test_a_thread_starts_only_where_there_is_a_plan(monkeypatch):
+    monkeypatch.setattr(sp, "plan_for", lambda device: None)
     assert sp.start("cuda") is None
-    monkeypatch.setenv(sp.SWITCH_ENV, "1")
+    monkeypatch.setattr(sp, "plan_for", lambda device: sp.Plan(None, False))
     primer = sp.start("cuda")
     assert primer is not None
     primer.join(10)

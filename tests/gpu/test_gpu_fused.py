@@ -169,7 +169,7 @@ def test_split_partials_sum_to_the_projection(m, n, k, wide):
     assert ((y - ref).abs() <= ref.abs() * 2**-7 + 1e-3).all()
     one = project_partials(x[:1].contiguous(), w, split, cfg)
     assert torch.equal(one[:, 0], parts[:, 0])  # a row's sums do not depend on the other rows
-    # two weight tiles before the PDL wait (FGCHAT_PROJ_PRELOAD=2): the same tiles in the same order
+    # two weight tiles before the PDL wait (fused_step.PROJ_PRELOAD): the same tiles in the same order
     assert torch.equal(project_partials(x, w, split, cfg, pdl=True, preload=2), parts)
 
 
@@ -202,17 +202,19 @@ def test_engine_with_8b_one_wave_tiles_close_to_float32_reference(tmp_path):
 
 
 @pytest.mark.parametrize("preset,preload", [("llama-3.2-1b", 1), ("llama-3.2-1b", 2), ("qwen2.5-1.5b", 1)])
-def test_engine_with_wide_k_down_close_to_float32_reference(preset, preload):
+def test_engine_with_wide_k_down_close_to_float32_reference(preset, preload, monkeypatch):
     """The down projection (1B: and o) on the wide-K tile, partial sums added by the next norm, in
     every graph mode: each greedy step's logits against the float32 reference over the same tokens."""
     from reference_steps import greedy_steps_vs_reference
 
     from fgchat.engine.core import Engine, EngineConfig
     from fgchat.engine.kernels.gemv import WIDE_K_TILE
+    from fgchat.engine.model import fused_step
     from fgchat.protocol.tuning import Tuning
 
+    monkeypatch.setattr(fused_step, "PROJ_PRELOAD", preload)
     eng = Engine(EngineConfig(preset=preset, device="cuda", dtype="bfloat16", max_context=1024, mode="full",
-                              tuning=Tuning(head_pick=False, proj_preload=preload)))  # exact head: every logit
+                              tuning=Tuning(head_pick=False)))  # exact head: every logit
     st = eng.decoder.fused_stages
     assert st.down.ours and st.down.split > 1 and st.down.config == WIDE_K_TILE
     if preset == "llama-3.2-1b":  # 2048 x 2048: o is mid-sized too

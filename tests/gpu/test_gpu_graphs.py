@@ -235,19 +235,19 @@ def test_current_row_from_registers_modes_identical(gqa_model):
             assert got == want, (mode, batch)
 
 
-def engines_off_and_on(model, monkeypatch, var: str, mode: str) -> tuple[Engine, Engine]:
-    """Two engines on `model`: one with the switch `var` set to 0, one with its default."""
-    monkeypatch.setenv(var, "0")
+def stages_and_launch_lists(model, mode: str) -> tuple[Engine, Engine]:
+    """Two engines on `model`: one whose eager steps run through the stages every time, one as
+    built (eager replays launch lists)."""
     off = Engine(EngineConfig(model=str(model), device="cuda", dtype="bfloat16", max_context=4096, mode=mode))
-    monkeypatch.delenv(var)
+    off.modes.eager.launch_lists_on = False
     on = Engine(EngineConfig(model=str(model), device="cuda", dtype="bfloat16", max_context=4096, mode=mode))
     return off, on
 
 
-def test_piecewise_recorded_attention_same_tokens(gqa_model, monkeypatch):
+def test_piecewise_recorded_attention_same_tokens(gqa_model):
     """Piecewise replay runs each attention call as a launch list recorded once per batch size
-    and layer; it gives the tokens of eager through the stages (FGCHAT_EAGER_LAUNCH_LIST=0)."""
-    plain, eng = engines_off_and_on(gqa_model, monkeypatch, "FGCHAT_EAGER_LAUNCH_LIST", "piecewise")
+    and layer; it gives the tokens of eager through the stages."""
+    plain, eng = stages_and_launch_lists(gqa_model, "piecewise")
     v = eng.cfg.vocab_size
     sp = SamplingParams(max_tokens=40, ignore_eos=True)
     for batch in (1, 5):
@@ -265,14 +265,13 @@ def test_piecewise_recorded_attention_same_tokens(gqa_model, monkeypatch):
 
 
 @pytest.mark.parametrize("variant", ["greedy", "sampled", "filtered", "penalized"])
-def test_eager_launch_list_same_tokens(gqa_model, monkeypatch, variant):
+def test_eager_launch_list_same_tokens(gqa_model, variant):
     """Eager replaying the launch list recorded from its first step at each batch size and step
-    variant (the default) gives the tokens of eager through the stages
-    (FGCHAT_EAGER_LAUNCH_LIST=0), bit for bit in the logits, and of the full graphs. Greedy and
-    sampled steps (with and without top-k / top-p) record whole."""
+    variant gives the tokens of eager through the stages, bit for bit in the logits, and of the
+    full graphs. Greedy and sampled steps (with and without top-k / top-p) record whole."""
     from fgchat.engine.step import Variant
 
-    plain, eng = engines_off_and_on(gqa_model, monkeypatch, "FGCHAT_EAGER_LAUNCH_LIST", "eager")
+    plain, eng = stages_and_launch_lists(gqa_model, "eager")
     v = eng.cfg.vocab_size
     extra = {"greedy": {}, "sampled": dict(temperature=0.8), "filtered": dict(temperature=0.8, top_p=0.9, top_k=40),
              "penalized": dict(repetition_penalty=1.5, presence_penalty=0.3)}[variant]
@@ -354,14 +353,13 @@ def test_penalized_step_matches_a_float64_reference(engine):
     assert all(torch.equal(outs["eager"][0], outs[m][0]) for m in ("piecewise", "full"))
 
 
-def test_idle_capture_defers_all_but_batch_one_and_matches(gqa_model, monkeypatch):
-    """FGCHAT_IDLE_CAPTURE=1: the engine starts with full mode's batch-1 graph only and has not run
+def test_idle_capture_defers_all_but_batch_one_and_matches(gqa_model):
+    """Tuning(idle_capture=True): the engine starts with full mode's batch-1 graph only and has not run
     its start-up check; the first idle turn runs the check, the idle captures (Engine.capture_idle,
     one per call) then bring every size of both modes and every prefill
     bucket, self-checked, and the tokens equal those of an engine that captured at start."""
-    monkeypatch.setenv("FGCHAT_IDLE_CAPTURE", "1")
-    eng = Engine(EngineConfig(model=str(gqa_model), device="cuda", dtype="bfloat16", max_context=4096, mode="full"))
-    monkeypatch.delenv("FGCHAT_IDLE_CAPTURE")
+    eng = Engine(EngineConfig(model=str(gqa_model), device="cuda", dtype="bfloat16", max_context=4096, mode="full",
+                              tuning=Tuning(idle_capture=True)))
     ref = Engine(EngineConfig(model=str(gqa_model), device="cuda", dtype="bfloat16", max_context=4096, mode="full"))
     full = eng.modes.modes[Mode.FULL]
     assert set(full.graphs) == {(1, False)}, sorted(full.graphs)

@@ -1,6 +1,6 @@
 """The int8 LM-head pick (kernels.head_pick) on the GPU, in bf16 at the real heads' shapes: the
 exact kernel's tokens, its logits bit for bit in the rescored tiles, inside a captured graph, and
-an engine with FGCHAT_HEAD_PICK against a float32 transformers reference."""
+an engine with the int8 head pick against a float32 transformers reference."""
 
 from __future__ import annotations
 
@@ -88,7 +88,7 @@ def test_pick_replays_in_a_graph_with_new_rows():
 
 
 def test_engine_with_the_int8_head_matches_a_float32_reference(tmp_path):
-    """Greedy tokens of every mode with FGCHAT_HEAD_PICK equal those with the exact head, and each
+    """Greedy tokens of every mode with the int8 head pick equal those with the exact head, and each
     is the float32 reference's argmax wherever its top two are apart. The pick's logits are
     approximate outside rescored tiles: each step's maximum is still its token, with the exact
     head's bits, and the exact head's logits stay close to the reference."""

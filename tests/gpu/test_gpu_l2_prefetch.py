@@ -54,21 +54,30 @@ def _kernel_names(fn) -> list[str]:
     return [e.name for e in prof.events() if e.device_type.name == "CUDA"]
 
 
-def test_graphs_prefetch_beside_each_attention_with_the_same_bits(tmp_path):
+def _engine(model, budget_mb: int, monkeypatch, **tuning):
+    """A full-mode engine on `model` whose L2 prefetch budget is budget_mb."""
+    from fgchat.engine.core import Engine, EngineConfig
+    from fgchat.engine.model import fused_step
+
+    monkeypatch.setattr(fused_step, "L2_PREFETCH_MB", budget_mb)
+    try:
+        return Engine(EngineConfig(model=str(model), device="cuda", dtype="bfloat16", max_context=2048,
+                                   mode="full", tuning=Tuning(**tuning)))
+    finally:
+        monkeypatch.undo()
+
+
+def test_graphs_prefetch_beside_each_attention_with_the_same_bits(tmp_path, monkeypatch):
     _needs_sm90()
     import tiny_models
 
-    from fgchat.engine.core import Engine, EngineConfig
     from fgchat.protocol.events import Mode, SamplingParams
 
     model = tiny_models.head64_model(tmp_path / "m", max_pos=4096, seed=7)
 
-    def engine(mb: int, piecewise: bool | None = None) -> Engine:
-        return Engine(EngineConfig(model=str(model), device="cuda", dtype="bfloat16", max_context=2048,
-                                   mode="full", tuning=Tuning(l2_prefetch_mb=mb, piecewise_prefetch=piecewise)))
-
     # the tiny layers fit the budget whole, so piecewise graphs prefetch unless told not to
-    on, off, pw = engine(64, piecewise=False), engine(0), engine(64)
+    on = _engine(model, 64, monkeypatch, piecewise_prefetch=False)
+    off, pw = _engine(model, 0, monkeypatch), _engine(model, 64, monkeypatch)
     assert not on.decoder.piecewise_prefetch and pw.decoder.piecewise_prefetch
     assert on.decoder.side_work(2) is not None and off.decoder.side_work(2) is None
     assert on.info().available_modes == {"eager": "", "piecewise": "", "full": "", "mega": ""}, on.info().notes
@@ -108,25 +117,20 @@ def _same_logits(runs_of: list, prompts: list[list[int]], params: list) -> None:
         assert len(r) == len(runs[0]) and all(torch.equal(a, b) for a, b in zip(r, runs[0]))
 
 
-def test_leading_gate_up_tiles_in_a_full_graph_change_no_bit(tmp_path):
-    """FGCHAT_L2_PREFETCH_LEAD: a gate/up of 16 MiB that an 8 MiB budget cannot hold gets its
+def test_leading_gate_up_tiles_in_a_full_graph_change_no_bit(tmp_path, monkeypatch):
+    """Tuning.l2_prefetch_lead: a gate/up of 16 MiB that an 8 MiB budget cannot hold gets its
     leading K tiles (every row's first 256 columns each) prefetched after o, within LEAD_BUDGET_MB
     (at most half of K: two); full mode gives the same bits with them and without, and as eager."""
     _needs_sm90()
     import tiny_models
 
-    from fgchat.engine.core import Engine, EngineConfig
     from fgchat.engine.kernels import l2_prefetch as lp
     from fgchat.protocol.events import SamplingParams
 
     model = tiny_models.build_model(tmp_path / "m", "llama", hidden=1024, layers=2, heads=16, kv_heads=4,
                                     head_dim=64, intermediate=4096, max_pos=2048, seed=4)
 
-    def engine(lead: bool | None) -> Engine:
-        return Engine(EngineConfig(model=str(model), device="cuda", dtype="bfloat16", max_context=1024,
-                                   mode="full", tuning=Tuning(l2_prefetch_mb=8, l2_prefetch_lead=lead)))
-
-    on, off = engine(True), engine(False)
+    on, off = (_engine(model, 8, monkeypatch, l2_prefetch_lead=lead) for lead in (True, False))
     lw = on.decoder.w.layers[0]
     assert on.decoder.fused_stages.lead[0] == lp.Rows(lw.w_gate_up.data_ptr(), 8192, 2048, 2 * 512)
     assert off.decoder.fused_stages.lead is None

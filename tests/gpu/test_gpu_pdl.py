@@ -9,8 +9,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fgchat.protocol.tuning import Tuning
-
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
 H = 2048
@@ -121,7 +119,7 @@ def test_lm_head_greedy_pick_is_torch_argmax(vocab):
     assert tokens[3].item() == 0
 
 
-def test_engine_with_pdl_same_bits_as_without(tmp_path):
+def test_engine_with_pdl_same_bits_as_without(tmp_path, monkeypatch):
     import tiny_models
 
     from fgchat.engine.core import Engine, EngineConfig
@@ -130,11 +128,21 @@ def test_engine_with_pdl_same_bits_as_without(tmp_path):
     model = tiny_models.head64_model(tmp_path / "m", max_pos=4096, seed=7)
 
     def engine(pdl: bool) -> Engine:
-        return Engine(EngineConfig(model=str(model), device="cuda", dtype="bfloat16", max_context=2048,
-                                   mode="full", tuning=Tuning(pdl=pdl)))
+        """pdl False: built as on a device without PDL."""
+        from fgchat.engine.kernels import pdl as pdl_mod
+        from fgchat.engine.kernels.attention import triton_decode
+
+        if not pdl:
+            monkeypatch.setattr(pdl_mod, "supported", lambda device: False)
+            monkeypatch.setattr(triton_decode, "pdl_supported", lambda device: False)
+        try:
+            return Engine(EngineConfig(model=str(model), device="cuda", dtype="bfloat16", max_context=2048,
+                                       mode="full"))
+        finally:
+            monkeypatch.undo()
 
     on, off = engine(True), engine(False)
-    assert on.decoder.pdl and on.attention.pdl and not off.decoder.pdl
+    assert on.decoder.pdl and on.attention.pdl and not off.decoder.pdl and not off.attention.pdl
     modes = on.info().available_modes  # the graph modes compared below (mega, where built, is not)
     assert all(modes.get(m) == "" for m in ("eager", "piecewise", "full")), on.info().notes
     g = torch.Generator().manual_seed(4)

@@ -19,7 +19,7 @@ from test_prefix_reuse import hf_greedy, random_ids
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
 CTX = 2560
-REUSE = Tuning(prefix_reuse=True)  # on CUDA only where forced (FGCHAT_PREFIX_REUSE=1)
+REUSE = Tuning(prefix_reuse=True)  # on CUDA only where forced (prefix_reuse=True)
 
 
 def run(eng: Engine, prompt: list[int], n: int, ignore_eos: bool = True) -> object:

@@ -84,22 +84,25 @@ def test_the_lm_head_epilogue_picks_the_torch_tokens(vocab, hidden):
             assert torch.equal(tokens, ref), (b, pos, tokens, ref)
 
 
-def test_the_engine_samples_the_same_tokens_with_the_pick_in_the_lm_head(tmp_path):
+def test_the_engine_samples_the_same_tokens_with_the_pick_in_the_lm_head(tmp_path, monkeypatch):
     """Whole engine, every mode, T 0.7 without filters: the tokens with the pick in the LM head
-    (FGCHAT_HEAD_SAMPLE on) equal those of the separate kernels (off), which equal torch's."""
+    equal those of the separate sampling kernels after it (the head given no sample arguments)."""
     import tiny_models
 
     from fgchat.engine.core import Engine, EngineConfig
+    from fgchat.engine.model.fused_step import FusedStages
     from fgchat.protocol.events import RequestFinished, SamplingParams
-    from fgchat.protocol.tuning import Tuning
 
     path = tiny_models.build_model(tmp_path / "m", "llama", hidden=512, layers=2, heads=8, kv_heads=2,
                                    head_dim=64, intermediate=1024, max_pos=2048, seed=5)
     outs = {}
+    head = FusedStages.head
     for on in (True, False):
+        if not on:  # sampled steps: logits from the head, the pick in the sampling kernels
+            monkeypatch.setattr(FusedStages, "head", lambda self, st, greedy, sample=None: head(self, st, greedy))
         eng = Engine(EngineConfig(model=str(path), device="cuda", dtype="bfloat16", max_context=1024,
-                                  mode="full", tuning=Tuning(head_sample=on)))
-        assert eng.decoder._fused is not None and eng.decoder._fused.head_sample is on
+                                  mode="full"))
+        assert eng.decoder._fused is not None
         for mode, temp in (("eager", 0.7), ("piecewise", 0.7), ("full", 0.7), ("full", 0.0)):
             eng.set_mode(mode)
             rids = [eng.submit(list(range(5 + i, 25 + i)), SamplingParams(temperature=temp, seed=3 + i,

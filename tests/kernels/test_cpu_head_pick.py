@@ -61,17 +61,18 @@ def test_no_pick_without_native_bf16(monkeypatch):
     assert CpuHeadPick.prepare(_head(64, 64, 0, torch.bfloat16)) is None
 
 
-def _engine(model, monkeypatch, pick: str):
+def _engine(model, pick: bool):
     from fgchat.engine.core import Engine, EngineConfig
+    from fgchat.protocol.tuning import Tuning
 
-    monkeypatch.setenv("FGCHAT_HEAD_PICK", pick)
-    return Engine(EngineConfig(model=str(model), device="cpu", max_context=128, dtype="bfloat16"))
+    return Engine(EngineConfig(model=str(model), device="cpu", max_context=128, dtype="bfloat16",
+                               tuning=Tuning(head_pick=pick)))
 
 
 def test_engine_picks_the_exact_heads_tokens(tiny_llama, monkeypatch):
     from fgchat.protocol.events import RequestFinished, SamplingParams
 
-    eng_pick, eng_exact = _engine(tiny_llama, monkeypatch, "1"), _engine(tiny_llama, monkeypatch, "0")
+    eng_pick, eng_exact = _engine(tiny_llama, True), _engine(tiny_llama, False)
     if not eng_pick.decoder.picks_approximately:
         pytest.skip("no CPU head pick on this machine")
     assert not eng_exact.decoder.picks_approximately
@@ -92,7 +93,7 @@ def test_engine_picks_the_exact_heads_tokens(tiny_llama, monkeypatch):
 def test_startup_check_catches_a_wrong_cpu_pick(tiny_llama, monkeypatch):
     from fgchat.engine import startup_check
 
-    eng = _engine(tiny_llama, monkeypatch, "1")
+    eng = _engine(tiny_llama, True)
     if not eng.decoder.picks_approximately:
         pytest.skip("no CPU head pick on this machine")
     good = CpuHeadPick.pick

@@ -82,12 +82,12 @@ def test_swapped_operands_give_the_plain_product(m):
 
 def test_config_text_parses_and_rejects():
     assert ProjConfig.parse("64,128,4,3,1") == ProjConfig(64, 128, 4, 3, True)
-    assert ProjConfig.parse("64,128,4,3,1,1") == ProjConfig(64, 128, 4, 3, True, tma=True)
     assert ProjConfig.parse("16,512,4,4") == ProjConfig(16, 512, 4, 4, False)
     with pytest.raises(ValueError, match="bn,bk"):
         ProjConfig.parse("16,512")
-    assert ProjConfig.parse("32,256,4,3,1,0,4") == ProjConfig(32, 256, 4, 3, True, False, split=4)
-    for bad in ("16,512,4,4,1,1,2,1", "16,512,4,x", "16,512,4,4,0,0,-2"):
+    assert ProjConfig.parse("32,256,4,3,1,4") == ProjConfig(32, 256, 4, 3, True, split=4)
+    assert ProjConfig.parse("32,256,4,3,0,0") == ProjConfig(32, 256, 4, 3)
+    for bad in ("16,512,4,4,1,2,1", "16,512,4,x", "16,512,4,4,0,-2", "16,512,4,4,0,1"):
         with pytest.raises(ValueError, match="bn,bk"):
             ProjConfig.parse(bad)
 
@@ -110,8 +110,6 @@ def test_config_and_routing_depend_on_shape_only():
     assert pick_config(576, 576).block_k == 128  # K not a multiple of 512: masked 128-wide tiles
     assert wins_over_cublas(torch.empty(2048, 2048)) and not wins_over_cublas(torch.empty(2048, 8192))
     assert pick_config(8192, 2048, glu=True) == ProjConfig(64, 256, 4, 3, swap=True)  # 1B gate/up
-    # 8B gate/up: the same tile by TMA where the device has it
-    assert pick_config(14336, 4096, glu=True, tma=True) == ProjConfig(64, 256, 4, 3, swap=True, tma=True)
     assert pick_config(14336, 4096, glu=True) == ProjConfig(64, 256, 4, 3, swap=True)
     assert not pick_config(1536, 576, glu=True).swap  # SmolLM2's: the small-matrix rule
 
@@ -138,15 +136,14 @@ def test_routes_of_llama_1b_projections():
     assert st.qkv == Route(True)  # ours at every size
     assert st.down == Route(True, split=4, config=WIDE_K_TILE)  # 32 column tiles x 4 slices: 128 programs
     assert pick_config(3072, 2048) == ProjConfig(32, 128, 4, 6)  # 1B qkv: the mid-size tile
-    # above the size rule: cuBLAS without PDL (nothing launches early), or without our kernel
-    assert _stages(Tuning(), pdl=False).qkv == Route(False) == _stages(Tuning(gemv=False)).qkv
-    assert _stages(Tuning(gemv=False)).gate_up == Route(False)
+    # above the size rule: cuBLAS without PDL (nothing launches early)
+    assert _stages(Tuning(), pdl=False).qkv == Route(False)
     st = _stages(Tuning(proj_configs="qkv=32,256,4,4;down=32,256,4,4;gate_up=64,128,4,4"))
     tile = ProjConfig(32, 256, 4, 4)
     assert st.gate_up == Route(True, glu=True, config=ProjConfig(64, 128, 4, 4))
     assert st.qkv == Route(True, config=tile) and st.down == Route(True, split=2, config=tile)
     # a split given with the tile replaces pick_split's
-    st = _stages(Tuning(proj_configs="down=32,256,4,3,1,0,4"))
+    st = _stages(Tuning(proj_configs="down=32,256,4,3,1,4"))
     assert st.down == Route(True, split=4, config=ProjConfig(32, 256, 4, 3, True, split=4))
 
 
@@ -154,13 +151,13 @@ def test_a_split_that_cannot_be_added_is_one_user_error():
     from fgchat.protocol.errors import FgchatError
     from fgchat.protocol.tuning import Tuning
 
-    for bad, match in (("gate_up=64,256,4,3,1,0,2", "gate_up cannot be split"),
-                       ("down=32,256,4,3,1,0,3", "split 3 does not cut K=8192"),
-                       ("o=32,512,4,3,0,0,8", "split 8 does not cut K=2048")):
+    for bad, match in (("gate_up=64,256,4,3,1,2", "gate_up cannot be split"),
+                       ("down=32,256,4,3,1,3", "split 3 does not cut K=8192"),
+                       ("o=32,512,4,3,0,8", "split 8 does not cut K=2048")):
         with pytest.raises(FgchatError, match=match):
             _stages(Tuning(proj_configs=bad))
     with pytest.raises(FgchatError, match="too wide"):  # a 5000-wide o feeds the norm, but unsplit
-        _stages(Tuning(proj_configs="o=32,256,4,3,0,0,2"), hidden=5120)
+        _stages(Tuning(proj_configs="o=32,256,4,3,0,2"), hidden=5120)
 
 
 def test_wide_k_split_fills_the_sms_once():
@@ -231,10 +228,8 @@ def test_routes_of_llama_8b_projections():
     assert st.o == Route(True, split=pick_split(4096, 4096, 114)) and st.gate_up == Route(True, glu=True)
     assert _stages(Tuning(), hidden=4096, inter=14336, q=6144, sms=114).gate_up.config == ONE_WAVE_GLU_TILE
     # a tile given for a role wins over the shape rules
-    st = _stages(Tuning(proj_configs="gate_up=64,256,4,3,1;o=64,256,4,3,1,0,8"), hidden=4096, inter=14336, q=6144)
+    st = _stages(Tuning(proj_configs="gate_up=64,256,4,3,1;o=64,256,4,3,1,8"), hidden=4096, inter=14336, q=6144)
     assert st.gate_up.config == ProjConfig(64, 256, 4, 3, swap=True) and st.o.split == 8
-    st = _stages(Tuning(gemv=False), hidden=4096, inter=14336, q=6144)
-    assert st.qkv == st.o == st.down == st.gate_up == Route(False)
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
@@ -253,7 +248,7 @@ def test_fused_decoder_step_matches_unfused(tiny_model_dirs, family):
         eng.bufs.stage(list(range(5, 5 + b)), [9, 20, 30][:b], [4, 0, 7][:b], [0.0] * b, [1.0] * b,
                        [0] * b, [0] * b)
         eng.program.max_len_hint = fused.max_len_hint = 31
-        picked = eng.program.run_eager(b, variant=Variant.GREEDY).tokens.clone()  # FGCHAT_HEAD_PICK's
+        picked = eng.program.run_eager(b, variant=Variant.GREEDY).tokens.clone()  # the head pick's
         with eng.decoder.exact_head():
             ref = eng.program.run_eager(b, variant=Variant.GREEDY)
         ref_logits, ref_k = ref.logits.clone(), [k.clone() for k in eng.cache.k]
@@ -411,113 +406,3 @@ def test_lm_head_logits_are_float32_sums_not_rounded():
     assert got.dtype == torch.float32
     assert ((got.double() - exact).abs() <= 1e-5 * exact.abs().max()).all()
     assert not torch.equal(got, got.half().float())  # not fp16 values
-
-
-@pytest.fixture
-def tma_in_interpreter(monkeypatch):
-    """TMA configs run: on a Hopper GPU by bulk copies, on CPU in Triton's interpreter."""
-    from fgchat.engine.kernels import tma
-
-    monkeypatch.setattr(tma, "INTERPRETER", True)
-    if not tma.available(torch.device(DEV)):
-        pytest.skip("no TMA on this device")
-
-
-@pytest.mark.parametrize("m", [1, 5])
-def test_tma_tiles_give_the_pointer_load_sums(tma_in_interpreter, m):
-    """The same tiles in the same order: equal bits with and without TMA (float32 weights)."""
-    x, w = _inputs(m, 128, 256, 70 + m)
-    pointer = ProjConfig(64, 64, 4, 2, swap=True)
-    bulk = ProjConfig(64, 64, 4, 2, swap=True, tma=True)
-    got = project(x, w, bulk)
-    assert torch.equal(got, project(x, w, pointer))
-    torch.testing.assert_close(got, F.linear(x, w), rtol=1e-5, atol=1e-5)
-    parts = project_partials(x, w, 2, bulk)
-    assert torch.equal(parts, project_partials(x, w, 2, pointer))
-
-
-def test_tma_gate_up_reads_the_up_rows_n_below(tma_in_interpreter):
-    x, w = _inputs(3, 256, 128, 77)
-    bulk = ProjConfig(64, 64, 4, 2, swap=True, tma=True)
-    got = project_glu(x, w, bulk)
-    assert torch.equal(got, project_glu(x, w, ProjConfig(64, 64, 4, 2, swap=True)))
-    torch.testing.assert_close(got, F.silu(F.linear(x, w[:128])) * F.linear(x, w[128:]), rtol=1e-5, atol=1e-5)
-
-
-def test_tma_config_whose_tiles_do_not_divide_falls_back(tma_in_interpreter):
-    x, w = _inputs(2, 96, 192, 78)  # 96 rows: not whole 64-row tiles
-    got = project(x, w, ProjConfig(64, 64, 4, 2, swap=True, tma=True))
-    torch.testing.assert_close(got, F.linear(x, w), rtol=1e-5, atol=1e-5)
-
-
-def test_routes_with_tma():
-    """Where the device has TMA and FGCHAT_TMA=1: the o projection's short split slices and the 8B
-    gate/up load by TMA; off (the default) every role keeps its pointer-load tile."""
-    from fgchat.engine.kernels import gemv, tma
-    from fgchat.engine.model.fused_step import Route
-    from fgchat.protocol.tuning import Tuning
-
-    real = tma.available
-    try:
-        tma.available = lambda device: True
-        st = _stages(Tuning(tma=True))
-        assert st.o == Route(True, split=4, config=gemv.SHORT_SLICE) and st.qkv == Route(True)
-        assert st.gate_up == Route(True, glu=True)  # the shape rule's tile: pointer loads at 1B
-        st = _stages(Tuning(tma=True), hidden=4096, inter=14336, q=6144)
-        # 8B's o and down: one wave of two long slices each, by pointer loads
-        assert st.o == st.down == Route(True, split=2, config=WIDE_K_TILE) and st.qkv == Route(True)
-        assert st.gate_up == Route(True, glu=True, config=pick_config(14336, 4096, glu=True, tma=True))
-        st = _stages(Tuning(tma=True), hidden=4096, inter=14336, q=6144, sms=114)  # wide-K: two waves
-        assert st.o == Route(True, split=pick_split(4096, 4096, 114))  # 1024-wide slices: pointer loads
-        st = _stages(Tuning(), hidden=4096, inter=14336, q=6144)
-        assert st.o == Route(True, split=2, config=WIDE_K_TILE) and st.gate_up.config == ONE_WAVE_GLU_TILE
-    finally:
-        tma.available = real
-    assert gemv.short_slice_config(2048, 8192, 2) is None  # 4096-wide slices: pointer loads
-
-
-def test_no_tma_on_cpu_outside_tests():
-    from fgchat.engine.kernels import tma
-
-    assert not tma.INTERPRETER and not tma.available(torch.device("cpu"))
-
-
-def test_out_buffers_take_the_products():
-    x, w = _inputs(3, 48, 256, 21)
-    buf = torch.full((2, 3, 48), float("nan"), device=DEV)
-    got = project_partials(x, w, 2, ProjConfig(16, 64), out=buf)
-    assert got.data_ptr() == buf.data_ptr() and torch.equal(buf, project_partials(x, w, 2, ProjConfig(16, 64)))
-    flat = torch.empty(3 * 48, device=DEV)
-    project(x, w, ProjConfig(16, 64), out=flat.view(3, 48))
-    assert torch.equal(flat.view(3, 48), project(x, w, ProjConfig(16, 64)))
-    with pytest.raises(ValueError, match="out must be"):
-        project(x, w, ProjConfig(16, 64), out=torch.empty(2, 48, device=DEV))
-
-
-def test_o_projection_with_the_attention_changes_no_bit(tiny_model_dirs):
-    """FGCHAT_PIECEWISE_O moves the o projection from after_attention into the attention's
-    segment (a buffer of fixed address between them): the same step, bit for bit."""
-    from fgchat.engine.core import Engine, EngineConfig
-    from fgchat.engine.model.decoder import Decoder
-    from fgchat.engine.step import StepProgram, Variant
-    from fgchat.protocol.tuning import Tuning
-
-    eng = Engine(EngineConfig(model=str(tiny_model_dirs["llama"]), device="cpu", max_context=64, dtype="float32"))
-    outs = []
-    for o_first in (False, True):
-        dec = Decoder(eng.cfg, eng.model.weights, eng.max_context, fused=True, tuning=Tuning(piecewise_o=o_first))
-        assert dec.o_with_attention == o_first
-        prog = StepProgram(dec, eng.cache, eng.bufs, eng.attention)
-        g = torch.Generator().manual_seed(4)
-        for t in eng.cache.k + eng.cache.v:
-            t.copy_(torch.randn(t.shape, generator=g))
-        steps = []
-        for b in (1, 3):
-            eng.bufs.stage(list(range(5, 5 + b)), [9, 20, 30][:b], [4, 0, 7][:b], [0.0] * b, [1.0] * b,
-                           [0] * b, [0] * b)
-            prog.max_len_hint = 31
-            out = prog.run_eager(b, variant=Variant.GREEDY)
-            steps.append((out.logits.clone(), out.tokens.clone()))
-        outs.append(steps)
-    for (la, ta), (lb, tb) in zip(*outs):
-        assert torch.equal(la, lb) and torch.equal(ta, tb)

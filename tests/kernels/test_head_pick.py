@@ -148,7 +148,7 @@ def test_rejects_what_it_cannot_pick():
 
 
 def test_fused_step_with_the_int8_head_picks_the_exact_heads_tokens(tiny_model_dirs):
-    """A fused decoder (fp16) with FGCHAT_HEAD_PICK's head against the same decoder with the exact
+    """A fused decoder (fp16) with the int8 pick's head against the same decoder with the exact
     head: same greedy and sampled tokens, logits within the bound, exact ones inside exact_head()."""
     from fgchat.engine.core import Engine, EngineConfig
     from fgchat.engine.model.decoder import Decoder
@@ -183,7 +183,7 @@ def test_fused_step_with_the_int8_head_picks_the_exact_heads_tokens(tiny_model_d
 
 def test_default_pick_only_where_it_pays(tiny_model_dirs, monkeypatch):
     """Left to its default on CUDA, the pick copies only heads of PAYS_BYTES and up and picks
-    only batches of PAYS_ROWS; FGCHAT_HEAD_PICK=1 picks every batch of any head."""
+    only batches of PAYS_ROWS; head_pick=True picks every batch of any head."""
     from fgchat.engine.core import Engine, EngineConfig
     from fgchat.engine.model.decoder import Decoder
     from fgchat.engine.step import StepProgram, Variant
@@ -213,14 +213,14 @@ def test_default_pick_only_where_it_pays(tiny_model_dirs, monkeypatch):
 
 
 @pytest.fixture
-def int8_engine(tiny_model_dirs, monkeypatch):
-    """A CPU engine (fp16) rebuilt on the fused stages with FGCHAT_HEAD_PICK, eager (Triton's
-    interpreter runs the kernels)."""
+def int8_engine(tiny_model_dirs):
+    """A CPU engine (fp16) rebuilt on the fused stages with the int8 head pick forced, eager
+    (Triton's interpreter runs the kernels)."""
     from fgchat.engine.core import Engine, EngineConfig
+    from fgchat.protocol.tuning import Tuning
 
-    monkeypatch.setenv("FGCHAT_HEAD_PICK", "1")
     eng = Engine(EngineConfig(model=str(tiny_model_dirs["llama"]), device="cpu", max_context=64,
-                              dtype="float16", lazy_capture=True))
+                              dtype="float16", lazy_capture=True, tuning=Tuning(head_pick=True)))
     eng._build(True)
     assert eng.decoder.fused_stages.head_int8 is not None
     return eng

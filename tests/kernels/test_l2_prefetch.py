@@ -60,23 +60,15 @@ def test_each_layer_prefetches_the_next_layers_qkv_where_its_own_weights_fit(mon
 
 
 def test_piecewise_prefetches_by_default_only_where_every_layers_weights_fit(monkeypatch):
-    """FGCHAT_PIECEWISE_PREFETCH unset: SmolLM2's layers (o, gate/up, down within 16 MiB) are
-    latency-bound, so piecewise graphs prefetch too; 1B's plan is o alone (gate/up 32 MiB), and one
-    layer too large anywhere turns it off; the switch set either way wins."""
-    from fgchat.protocol.tuning import Tuning
-
+    """SmolLM2's layers (o, gate/up, down within 16 MiB) are latency-bound, so piecewise graphs
+    prefetch too; 1B's plan is o alone (gate/up 32 MiB), and one layer too large anywhere turns it
+    off."""
     monkeypatch.setattr(lp, "supported", lambda device: True)
     assert _stages(576, 1536, 960, 2).layers_fit
     assert not _stages(2048, 8192, 3072, 1).layers_fit
-    assert _stages(576, 1536, 960, 1, Tuning(l2_prefetch_mb=6)).layers_fit
-    assert not _stages(576, 1536, 960, 1, Tuning(l2_prefetch_mb=5)).layers_fit  # 0.6 + 3.4 + 1.7 MiB
-    assert not _stages(576, 1536, 960, 1, Tuning(l2_prefetch_mb=0)).layers_fit
-    monkeypatch.setenv("FGCHAT_PIECEWISE_PREFETCH", "0")
-    assert Tuning.from_env().piecewise_prefetch is False
-    monkeypatch.setenv("FGCHAT_PIECEWISE_PREFETCH", "1")
-    assert Tuning.from_env().piecewise_prefetch is True
-    monkeypatch.delenv("FGCHAT_PIECEWISE_PREFETCH")
-    assert Tuning.from_env().piecewise_prefetch is None
+    assert _stages(576, 1536, 960, 1, mb=6).layers_fit
+    assert not _stages(576, 1536, 960, 1, mb=5).layers_fit  # 0.6 + 3.4 + 1.7 MiB
+    assert not _stages(576, 1536, 960, 1, mb=0).layers_fit
 
 
 def test_leading_tiles_take_whole_tiles_of_every_row_up_to_half_the_columns():
@@ -98,7 +90,7 @@ def test_lead_tiles_join_the_prefetch_where_gate_up_does_not_fit(monkeypatch):
     monkeypatch.setattr(lp, "supported", lambda device: True)
 
     def lead(hidden: int, inter: int, q: int, mb: int = 16, on: bool | None = None):
-        st = _stages(hidden, inter, q, 1, Tuning(l2_prefetch_mb=mb, l2_prefetch_lead=on))
+        st = _stages(hidden, inter, q, 1, Tuning(l2_prefetch_lead=on), mb=mb)
         return st.lead[0] if st.lead is not None else None, st.dec.w.layers[0]
 
     rows, lw = lead(2048, 8192, 3072)
@@ -112,10 +104,10 @@ def test_lead_tiles_join_the_prefetch_where_gate_up_does_not_fit(monkeypatch):
     assert lead(2048, 8192, 3072, on=False)[0] is None
 
 
-def test_lead_tiles_go_to_graphs_of_four_rows_and_more_unless_switched(monkeypatch):
+def test_lead_tiles_go_to_graphs_of_four_rows_and_more_unless_forced(monkeypatch):
     """side_work(rows)(i) issues layer i's whole ranges, and its gate/up tiles in graphs of
-    LEAD_MIN_ROWS rows or more (switch unset), every graph (on) or none (off); 8B, whose plan has
-    no whole range and so no tiles, has no side work at any batch size."""
+    LEAD_MIN_ROWS rows or more (l2_prefetch_lead None), every graph (True) or none (False); 8B,
+    whose plan has no whole range and so no tiles, has no side work at any batch size."""
     from fgchat.engine.model import fused_step
     from fgchat.protocol.tuning import Tuning
 
@@ -142,7 +134,7 @@ def test_lead_tiles_go_to_graphs_of_four_rows_and_more_unless_switched(monkeypat
     assert big.prefetch is None and big.lead is None and kinds(big, 8) is None
 
 
-def _stages(hidden: int, inter: int, q: int, layers: int, tuning=None):
+def _stages(hidden: int, inter: int, q: int, layers: int, tuning=None, mb: int | None = None):
     """FusedStages over `layers` bf16 layers of these shapes (CPU tensors: real, distinct
     addresses), as a GPU with the bulk prefetch would plan them (caller patches lp.supported)."""
     from types import SimpleNamespace
@@ -155,4 +147,4 @@ def _stages(hidden: int, inter: int, q: int, layers: int, tuning=None):
     ls = [SimpleNamespace(wqkv=w(q, hidden), bqkv=None, wo=w(hidden, hidden), w_gate_up=w(2 * inter, hidden),
                           w_down=w(hidden, inter)) for _ in range(layers)]
     weights = SimpleNamespace(layers=ls, lm_head=torch.empty(64, hidden))  # float32: no int8 pick copy
-    return FusedStages(SimpleNamespace(w=weights), tuning or Tuning(), 132, pdl=True)
+    return FusedStages(SimpleNamespace(w=weights), tuning or Tuning(), 132, pdl=True, l2_prefetch_mb=mb)

@@ -31,14 +31,11 @@ def test_grow_and_unread_on_a_real_pipe():
         os.close(w)
 
 
-def test_the_gate_is_off_when_the_environment_says_so(monkeypatch):
+def test_the_backlog_check_says_when_the_reader_lags():
     r, w = os.pipe()
     try:
-        monkeypatch.setenv(event_pipe.GATE_ENV, "0")
-        assert event_pipe.backlog_check(w) is None
-        monkeypatch.delenv(event_pipe.GATE_ENV)
         check = event_pipe.backlog_check(w)
-        assert check is not None and not check()
+        assert not check()
         os.write(w, b"x" * (event_pipe.BACKLOG_BYTES + 1))
         assert check()
     finally:
@@ -111,14 +108,10 @@ def test_a_lagging_reader_never_holds_back_a_non_token_event(monkeypatch):
     assert sent[-1][-1] == "finished" and len([e for e in sent[-1] if isinstance(e, TokenEvent)]) == 3
 
 
-@pytest.mark.parametrize("gate", ["1", "0"])
-def test_an_engine_child_keeps_its_pace_while_the_ui_stops_reading(tiny_llama, tmp_path, monkeypatch, gate):
-    """The UI stops reading for 3 s mid-stream. With the gate (the default) the child keeps
-    stepping and no token waits on the pipe; with FGCHAT_EVENT_GATE=0 (a plain 64 KiB pipe) a
-    write blocks and the next token's ITL carries the stall."""
-    trace = tmp_path / "send.txt"
-    monkeypatch.setenv(event_pipe.SEND_TRACE_ENV, str(trace))
-    monkeypatch.setenv(event_pipe.GATE_ENV, gate)
+def test_an_engine_child_keeps_its_pace_while_the_ui_stops_reading(tiny_llama):
+    """The UI stops reading for 3 s mid-stream: the child keeps stepping (the gate holds token
+    events back) and no token waits on the pipe, where a plain 64 KiB pipe's write would block
+    and the next token's ITL would carry the stall."""
     proc = EngineProcess(EngineConfig(model=str(tiny_llama), device="cpu", mode="eager", max_context=2048))
     proc.start()
     try:
@@ -138,12 +131,4 @@ def test_an_engine_child_keeps_its_pace_while_the_ui_stops_reading(tiny_llama, t
     tokens = [e for e in events if isinstance(e, TokenEvent)]
     assert len(tokens) == k * n
     worst = max(t.itl_ms for t in tokens if t.itl_ms is not None)
-    line = trace.read_text()
-    assert f"gate={gate}" in line
-    stats = dict(kv.split("=") for kv in line.split())
-    if gate == "1":
-        assert int(stats["held"]) > 0
-        assert worst < 1000, f"a token waited {worst:.0f} ms: {line}"
-    else:
-        assert int(stats["held"]) == 0
-        assert worst > 1000, f"no token waited on the full pipe ({worst:.0f} ms): {line}"
+    assert worst < 1000, f"a token waited {worst:.0f} ms"

@@ -13,7 +13,6 @@ config is chosen from shapes only; no host sync, so it is safe under CUDA graph 
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from dataclasses import dataclass
 
@@ -22,7 +21,6 @@ import triton
 import triton.language as tl
 
 from fgchat.engine.intmath import cdiv, next_pow2
-from fgchat.engine.kernels import tma
 from fgchat.engine.kernels.launch import fast
 from fgchat.engine.kernels.pdl import pdl_enter
 from fgchat.engine.kernels.sampling_triton import LIBDEVICE, gumbel_scores, row_hash
@@ -44,7 +42,7 @@ def tile_product(x, w, SWAP: tl.constexpr, DOT_PRECISION: tl.constexpr):
 
 @triton.jit
 def _proj_kernel(
-    x_ptr, w_ptr, w_desc, y_ptr, M, stride_y, stride_split,
+    x_ptr, w_ptr, y_ptr, M, stride_y, stride_split,
     pmax_ptr, pidx_ptr, stride_p,  # ARGMAX outputs (None without)
     temp_ptr, seed_ptr, pos_ptr,  # SAMPLE: per row temperature, seed, position (None without)
     N: tl.constexpr, K: tl.constexpr,
@@ -53,7 +51,7 @@ def _proj_kernel(
     DOT_PRECISION: tl.constexpr, USE_PDL: tl.constexpr = False,
     SPLIT_K: tl.constexpr = 1, ARGMAX: tl.constexpr = False,
     GLU: tl.constexpr = False, SWAP: tl.constexpr = False, ROUND: tl.constexpr = True,
-    SAMPLE: tl.constexpr = False, LIBDEVICE: tl.constexpr = True, TMA: tl.constexpr = False,
+    SAMPLE: tl.constexpr = False, LIBDEVICE: tl.constexpr = True,
     PRE_TILES: tl.constexpr = 1,
 ):
     """Program (pid, ks) owns columns [pid*BLOCK_N, +BLOCK_N) over K slice ks of SPLIT_K. With
@@ -66,8 +64,6 @@ def _proj_kernel(
     GLU (SPLIT_K == 1): w is [2N, K], rows gate | up; y = silu(x.gate) * (x.up), each product
     rounded to x's dtype first, the activation as fused.silu_mul computes it.
     ROUND False (float32 y): the float32 sum is stored as it is (LM head logits: no bf16 ties).
-    TMA (EVEN_K and EVEN_N): weight tiles come by bulk copy through w_desc, a descriptor of w with
-    [BLOCK_N, BLOCK_K] blocks, instead of pointer loads from w_ptr; same tiles, same sum order.
     PRE_TILES 2 (pointer loads, EVEN_K and EVEN_N, not GLU, K_PART >= 2 BLOCK_K): the second weight
     tile is loaded before the PDL wait too (a slice of two tiles then reads all its weights while
     the previous kernel runs); same tiles, same sum order."""
@@ -85,12 +81,7 @@ def _proj_kernel(
     # The first weight tile is loaded before waiting on the previous kernel (weights are never
     # written by a kernel); the K loop below starts at the second tile, so the sum's order is the
     # same with and without PDL: tile 0, tile 1, ...
-    n_row = pid * BLOCK_N
-    if TMA:
-        w = w_desc.load([n_row, k_base])
-        if GLU:
-            wu = w_desc.load([N + n_row, k_base])
-    elif EVEN_K and EVEN_N:
+    if EVEN_K and EVEN_N:
         w = tl.load(w_rows + offs_k0[None, :])
         if GLU:
             wu = tl.load(u_rows + offs_k0[None, :])
@@ -111,12 +102,7 @@ def _proj_kernel(
         acc += tile_product(x, w_1, SWAP, DOT_PRECISION)
     for k0 in range(BLOCK_K * PRE_TILES, K_PART, BLOCK_K):
         offs_k = k0 + offs_k0
-        if TMA:
-            x = tl.load(x_rows + offs_k[None, :], mask=m_mask[:, None], other=0.0)
-            w = w_desc.load([n_row, k_base + k0])
-            if GLU:
-                wu = w_desc.load([N + n_row, k_base + k0])
-        elif EVEN_K:
+        if EVEN_K:
             x = tl.load(x_rows + offs_k[None, :], mask=m_mask[:, None], other=0.0)
             if EVEN_N:
                 w = tl.load(w_rows + offs_k[None, :])
@@ -187,55 +173,38 @@ class ProjConfig:
     num_warps: int = 4
     num_stages: int = 4
     swap: bool = False  # weight rows as the MMA's M dimension (see tile_product)
-    tma: bool = False  # weight tiles by bulk copy where the device has TMA (sm_90+) and tiles divide
     split: int = 0  # K slices of a norm-fed projection's partial sums (0: pick_split decides)
 
     @classmethod
     def parse(cls, text: str) -> ProjConfig:
-        """"bn,bk,warps,stages[,swap[,tma[,split]]]", e.g. "64,128,4,4,1,1" or "32,256,4,3,1,0,4"
-        (benchmark and tuning overrides)."""
+        """"bn,bk,warps,stages[,swap[,split]]", e.g. "64,128,4,4,1" or "32,256,4,3,1,4" (tuning
+        overrides; split 0: pick_split decides, else at least 2)."""
         try:
             parts = [int(p) for p in text.split(",")]
         except ValueError:
             parts = []
-        if not 4 <= len(parts) <= 7 or min(parts[:4]) < 1 or min(parts) < 0:
-            raise ValueError(f"projection config {text!r}: expected bn,bk,warps,stages[,swap[,tma[,split]]]")
-        return cls(*parts[:4], *(bool(p) for p in parts[4:6]), *parts[6:])
+        if not 4 <= len(parts) <= 6 or min(parts[:4]) < 1 or min(parts) < 0 or parts[5:] == [1]:
+            raise ValueError(f"projection config {text!r}: expected bn,bk,warps,stages[,swap[,split]] "
+                             f"(split 0 or at least 2)")
+        return cls(*parts[:4], *(bool(p) for p in parts[4:5]), *parts[5:])
 
 
-def pick_config(n: int, k: int, glu: bool = False, tma: bool = False) -> ProjConfig:
+def pick_config(n: int, k: int, glu: bool = False) -> ProjConfig:
     """Shape-only (eager and captured launches match). Narrow column tiles keep >= 1 program per
     SM for N >= 2048; wide K tiles keep 16 KiB of weights per stage in flight; vocabulary-sized N
     takes wide column tiles (LM head: 119 us vs cuBLAS 127 on the H200 sweep); the big() shapes
-    and a large gate/up (two weight tiles per step of K) take 64 weight rows as the MMA's M, an
-    8B-sized gate/up by TMA with `tma` (the caller knows the device has it; H100,
-    tools/bench_tma_proj.py: 80.3 -> 79.3 us; TMA measured slower or even on qkv and down, V61)."""
+    and a large gate/up (two weight tiles per step of K) take 64 weight rows as the MMA's M."""
     if n >= 32768:
         return ProjConfig(block_n=64, block_k=128, num_warps=4, num_stages=4)
     # pointer loads (sweep_proj.py, H100): 8B qkv 19.0 us vs cuBLAS 20.9, o split 12.7 vs 16.3,
     # down split 39.9 vs 44.6; gate/up 23.2 / 79.9 vs cuBLAS + SiLU 26.6 / 86.9
     if big(n, k) or (glu and n * k >= 2048 * 2048 and k % 256 == 0):
-        return ProjConfig(block_n=64, block_k=256, num_warps=4, num_stages=3, swap=True,
-                          tma=tma and glu and k >= 4096)
+        return ProjConfig(block_n=64, block_k=256, num_warps=4, num_stages=3, swap=True)
     # Mid-sized (1B's 3072 x 2048 qkv): 32-row tiles, 6 stages of 128 (H200 sweep: 5.5 us vs
     # cuBLAS 6.1 at M=1, 6.5 at M=8; the narrow-tile rule 7.6)
     if n * k > MAX_WEIGHT_ELEMENTS and max(n, k) <= 4096 and k % 128 == 0:
         return ProjConfig(block_n=32, block_k=128, num_warps=4, num_stages=6)
     return ProjConfig(block_k=512 if k % 512 == 0 else 128)
-
-
-# Split-K slices of at most two of these tiles (the o projection: 1B 2048 / 4, 8B 4096 / 8) load
-# by TMA in 64-row tiles (H100: 1B o 8.8 -> 8.3 us, 8B o 16.5 -> 16.0; V61)
-SHORT_SLICE = ProjConfig(block_n=64, block_k=256, num_warps=4, num_stages=4, swap=True, tma=True)
-
-
-def short_slice_config(n: int, k: int, split: int) -> ProjConfig | None:
-    """SHORT_SLICE where a split-K projection's slices are one or two of its tiles, else None."""
-    part = k // split
-    if split > 1 and part <= 2 * SHORT_SLICE.block_k and part % SHORT_SLICE.block_k == 0 \
-            and n % SHORT_SLICE.block_n == 0:
-        return SHORT_SLICE
-    return None
 
 
 def big(n: int, k: int) -> bool:
@@ -311,14 +280,12 @@ def pick_split(n: int, k: int, sm_count: int, config: ProjConfig | None = None) 
 
 
 def project(x: torch.Tensor, w: torch.Tensor, config: ProjConfig | None = None,
-            out_dtype: torch.dtype | None = None, pdl: bool = False,
-            out: torch.Tensor | None = None, preload: int = 1) -> torch.Tensor:
+            out_dtype: torch.dtype | None = None, pdl: bool = False, preload: int = 1) -> torch.Tensor:
     """x [M <= 16, K] @ w[N, K]^T -> [M, N] (float32 accumulation, rounded to x's dtype, stored
     as out_dtype, default x's). pdl: launch with programmatic dependent launch (see engine.pdl).
-    out: a contiguous [M, N] tensor of that dtype to store into (a buffer of fixed address).
     preload: weight tiles loaded before the PDL wait, 1 or 2 (2 where the tiles allow it, see
     _proj_kernel's PRE_TILES; the same sums either way)."""
-    return _launch(x, w, config, out_dtype, pdl, 1, out=out, preload=preload)
+    return _launch(x, w, config, out_dtype, pdl, 1, preload=preload)
 
 
 def project_logits(x: torch.Tensor, w: torch.Tensor, config: ProjConfig | None = None,
@@ -338,7 +305,7 @@ def project_argmax(x: torch.Tensor, w: torch.Tensor, config: ProjConfig | None =
     sampled pick, sampling.sample(filtered=False)'s token (T <= 0 rows: the argmax)."""
     m, n = x.shape[0], w.shape[0]
     plan = _plan(m, n, x.shape[1], x.dtype, w.dtype, torch.float32, 1, True, pdl, config, exact=True,
-                 sample=sample is not None, tma_ok=tma.available(x.device))
+                 sample=sample is not None)
     programs = plan.grid[0]
     pmax = torch.empty((m, programs), dtype=torch.float32, device=x.device)
     pidx = torch.empty((m, programs), dtype=torch.int32, device=x.device)
@@ -361,13 +328,12 @@ def project_glu(x: torch.Tensor, w_gate_up: torch.Tensor, config: ProjConfig | N
 
 
 def project_partials(x: torch.Tensor, w: torch.Tensor, split: int, config: ProjConfig | None = None,
-                     pdl: bool = False, out: torch.Tensor | None = None, preload: int = 1) -> torch.Tensor:
+                     pdl: bool = False, preload: int = 1) -> torch.Tensor:
     """Split-K x @ w^T: float32 partial sums [split, M, N], slab s over K slice s. Their sum in
-    slab order, rounded to x's dtype, is the projection (fused.add_rms_norm takes them as delta).
-    out: a contiguous float32 [split, M, N] tensor to store into."""
+    slab order, rounded to x's dtype, is the projection (fused.add_rms_norm takes them as delta)."""
     if split < 2:
         raise ValueError("project_partials needs split >= 2 (use project)")
-    return _launch(x, w, config, torch.float32, pdl, split, out=out, preload=preload)
+    return _launch(x, w, config, torch.float32, pdl, split, preload=preload)
 
 
 @dataclass(frozen=True)
@@ -377,46 +343,38 @@ class _Plan:
     stride_y: int
     stride_split: int
     kw: dict
-    desc_block: tuple[int, int] | None  # TMA: the weight descriptor's block shape
 
 
 @functools.lru_cache(maxsize=1024)
 def _plan(m: int, n: int, k: int, x_dtype: torch.dtype, w_dtype: torch.dtype, out_dtype: torch.dtype,
           split: int, argmax: bool, pdl: bool, config: ProjConfig | None, glu: bool = False,
-          exact: bool = False, sample: bool = False, tma_ok: bool = False, preload: int = 1) -> _Plan:
-    """Grid, output shape and launch options of one call signature (validated once). tma_ok: the
-    device can load by TMA; a config asking for TMA runs with pointer loads where it cannot or
-    where its tiles do not divide the weight."""
+          exact: bool = False, sample: bool = False, preload: int = 1) -> _Plan:
+    """Grid, output shape and launch options of one call signature (validated once)."""
     if m > MAX_ROWS:
         raise ValueError(f"project handles at most {MAX_ROWS} rows, got {m}")
     cfg = config or pick_config(n, k, glu)
-    # a TMA box spans at most 256 elements per dimension
-    if cfg.tma and not (tma_ok and n % cfg.block_n == 0 and (k // split) % cfg.block_k == 0
-                        and max(cfg.block_n, cfg.block_k) <= 256):
-        cfg = dataclasses.replace(cfg, tma=False)
     if k % split or (split > 1 and (k // split) % cfg.block_k):
         raise ValueError(f"split {split} must cut K={k} into whole {cfg.block_k}-wide tiles")
     if preload not in (1, 2):
         raise ValueError(f"preload is 1 or 2 weight tiles, got {preload}")
     even_k, even_n = (k // split) % cfg.block_k == 0, n % cfg.block_n == 0
-    pre = 2 if preload == 2 and even_k and even_n and not (glu or cfg.tma) and k // split >= 2 * cfg.block_k else 1
+    pre = 2 if preload == 2 and even_k and even_n and not glu and k // split >= 2 * cfg.block_k else 1
     kw = dict(
         N=n, K=k, EVEN_K=even_k, EVEN_N=even_n, PRE_TILES=pre,
         BLOCK_M=MAX_ROWS, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         DOT_PRECISION="ieee" if w_dtype == torch.float32 else "tf32", USE_PDL=pdl,
         SPLIT_K=split, ARGMAX=argmax, GLU=glu, SWAP=cfg.swap, ROUND=not exact,
-        SAMPLE=sample, LIBDEVICE=LIBDEVICE, TMA=cfg.tma,
+        SAMPLE=sample, LIBDEVICE=LIBDEVICE,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=pdl,
     )
     shape = (split, m, n) if split > 1 else (m, n)
-    return _Plan((cdiv(n, cfg.block_n), split), shape, n, m * n if split > 1 else 0, kw,
-                 (cfg.block_n, cfg.block_k) if cfg.tma else None)
+    return _Plan((cdiv(n, cfg.block_n), split), shape, n, m * n if split > 1 else 0, kw)
 
 
 def _launch(x: torch.Tensor, w: torch.Tensor, config: ProjConfig | None, out_dtype: torch.dtype | None,
             pdl: bool, split: int, argmax: tuple[torch.Tensor, torch.Tensor] | None = None,
             glu: bool = False, exact: bool = False,
-            sample: SampleArgs | None = None, out: torch.Tensor | None = None, preload: int = 1) -> torch.Tensor:
+            sample: SampleArgs | None = None, preload: int = 1) -> torch.Tensor:
     m, k = x.shape
     n = w.shape[0] // 2 if glu else w.shape[0]
     if w.shape[1] != k or not (x.is_contiguous() and w.is_contiguous()):
@@ -427,18 +385,12 @@ def _launch(x: torch.Tensor, w: torch.Tensor, config: ProjConfig | None, out_dty
     if sample is not None and argmax is None:
         raise ValueError("sampling in the epilogue needs the argmax outputs")
     plan = _plan(m, n, k, x.dtype, w.dtype, out_dtype, split, argmax is not None, pdl, config, glu, exact,
-                 sample is not None, tma.available(x.device), preload)
-    if out is None:
-        y = torch.empty(plan.shape, dtype=out_dtype, device=x.device)
-    elif tuple(out.shape) != plan.shape or out.dtype != out_dtype or not out.is_contiguous():
-        raise ValueError(f"project's out must be a contiguous {out_dtype} tensor of shape {plan.shape}")
-    else:
-        y = out
+                 sample is not None, preload)
+    y = torch.empty(plan.shape, dtype=out_dtype, device=x.device)
     pmax, pidx = argmax if argmax is not None else (None, None)
     temp, seeds, positions = sample if sample is not None else (None, None, None)
-    desc = tma.weight_descriptor(w, plan.desc_block) if plan.desc_block is not None else None
     # non-constexpr arguments positionally: the fast launcher keys them cheaply
-    fast(_proj_kernel)[plan.grid](x, w, desc, y, m, plan.stride_y, plan.stride_split,
+    fast(_proj_kernel)[plan.grid](x, w, y, m, plan.stride_y, plan.stride_split,
                                   pmax, pidx, pmax.stride(0) if pmax is not None else 0,
                                   temp, seeds, positions, **plan.kw)
     return y

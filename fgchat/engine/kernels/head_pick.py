@@ -237,7 +237,7 @@ def _plan(m: int, n: int, k: int, config: gemv.ProjConfig | None, pdl: bool, sam
     approx_kw = dict(P=tiles, N=n, K=k, BLOCK_M=gemv.MAX_ROWS, BLOCK_N=cfg.block_n, BLOCK_K=block_k8, USE_PDL=pdl,
                      SAMPLE=sample, LIBDEVICE=LIBDEVICE, SWAP=swap, num_warps=warps, num_stages=stages,
                      launch_pdl=pdl)
-    # the exact tiles as gemv._plan launches the head (TMA changes the loads, not the sums)
+    # the exact tiles as gemv._plan launches the head
     rescore_kw = dict(P=tiles, CHUNKS=chunks, N=n, K=k, EVEN_K=k % cfg.block_k == 0, BLOCK_M=gemv.MAX_ROWS, BLOCK_N=cfg.block_n,
                       BLOCK_K=cfg.block_k, TILES=TILES_PER_CHUNK, P_BLOCK=P_BLOCK, SWAP=cfg.swap,
                       DOT_PRECISION="tf32", USE_PDL=pdl, SAMPLE=sample, LIBDEVICE=LIBDEVICE,

@@ -5,11 +5,11 @@ graph the step forks a side branch at each attention call that asks the L2 cache
 weights read next (the o projection, then gate/up, down and the next layer's qkv while each fits
 the budget whole), so those kernels read them from L2 instead of HBM. Piecewise graphs must join
 their branches before each piece ends, which is before the eager attention starts; where every
-layer's weights fit the budget (or FGCHAT_PIECEWISE_PREFETCH=1) they fork the same prefetch at the
+layer's weights fit the budget they fork the same prefetch at the
 layer's first stage instead (the kernel only issues requests, so the join does not wait for the
 fills).
 
-In graphs of several rows (FGCHAT_L2_PREFETCH_LEAD), a gate/up too large to fit whole gets its
+In graphs of several rows (fused_step.LEAD_MIN_ROWS), a gate/up too large to fit whole gets its
 leading K columns (whole tiles of its kernel) as well: every program of that kernel reads those
 first, so they are used before later reads evict them, where a whole-row prefix of the weight is
 read by a few programs over the kernel's whole run (notes V94).

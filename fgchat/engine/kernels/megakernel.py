@@ -155,14 +155,11 @@ def _normed_x(h_ptr, nw_ptr, inv, M, offs_k, H: tl.constexpr, DT: tl.constexpr, 
 
 
 @triton.jit
-def _residual_add(acc, h_ptr, stats_ptr, item, cols, m_mask, H: tl.constexpr, DT: tl.constexpr,
-                  ROUND_H: tl.constexpr):
-    """h[:, cols] += acc rounded to the model dtype; this tile's sums of squares to stats[item]."""
+def _residual_add(acc, h_ptr, stats_ptr, item, cols, m_mask, H: tl.constexpr, DT: tl.constexpr):
+    """h[:, cols] += acc rounded to the model dtype (h float32); this tile's sums of squares to stats[item]."""
     rows = tl.arange(0, XM)
     ptr = h_ptr + rows[:, None] * H + cols[None, :]
     hn = tl.load(ptr, mask=m_mask[:, None], other=0.0, cache_modifier=".cg") + acc.to(DT).to(tl.float32)
-    if ROUND_H:
-        hn = hn.to(DT).to(tl.float32)
     tl.store(ptr, hn, mask=m_mask[:, None])
     tl.store(stats_ptr + item * XM + rows, tl.sum(hn * hn, axis=1))
 
@@ -170,7 +167,7 @@ def _residual_add(acc, h_ptr, stats_ptr, item, cols, m_mask, H: tl.constexpr, DT
 @triton.jit
 def _project_add(x_ptr, w_ptr, h_ptr, stats_ptr, pid, nprog, M, K: tl.constexpr, BK: tl.constexpr,
                  ITEMS: tl.constexpr, H: tl.constexpr, BN: tl.constexpr, DT: tl.constexpr,
-                 PREC: tl.constexpr, ROUND_H: tl.constexpr, MPO: tl.constexpr):
+                 PREC: tl.constexpr, MPO: tl.constexpr):
     """The o and down phases: x [M, K] (written earlier in the launch) times w [H, K]^T, added to
     the residual by items of BN columns, program pid's items as one flattened loop. MPO < XM:
     x tiles are loaded for rows [0, MPO) only and repeated to XM rows (as `_normed_x` does): the
@@ -191,7 +188,7 @@ def _project_add(x_ptr, w_ptr, h_ptr, stats_ptr, pid, nprog, M, K: tl.constexpr,
             w = tl.load(w_ptr + cols.to(tl.int64)[:, None] * K + offs_k[None, :], mask=live)
             acc += tl.dot(x, tl.trans(w), input_precision=PREC)
         if live:
-            _residual_add(acc, h_ptr, stats_ptr, item, cols, m_mask, H, DT, ROUND_H)
+            _residual_add(acc, h_ptr, stats_ptr, item, cols, m_mask, H, DT)
 
 
 @triton.jit
@@ -203,7 +200,7 @@ def _decode_layers_kernel(
     H: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, INTER: tl.constexpr,
     BN: tl.constexpr, BNI: tl.constexpr, PB: tl.constexpr,
     BKH: tl.constexpr, BKQ: tl.constexpr, BKI: tl.constexpr, NP: tl.constexpr,
-    PREC: tl.constexpr, SYNC: tl.constexpr, ROUND_H: tl.constexpr, WA: tl.constexpr,
+    PREC: tl.constexpr, SYNC: tl.constexpr, WA: tl.constexpr,
     IQ: tl.constexpr, IC: tl.constexpr, IG: tl.constexpr, STAMP: tl.constexpr, MP: tl.constexpr,
     MPO: tl.constexpr, SLEEP_NS: tl.constexpr,
 ):
@@ -352,7 +349,7 @@ def _decode_layers_kernel(
             elif step == 2:
                 # o projection, added to the residual
                 _project_add(attn_ptr, wbase_ptr + _w_offset(woff, W_O, WA), h_ptr, stats_ptr, pid, nprog, M,
-                             HQ * D, BKQ, IC, H, BN, DT, PREC, ROUND_H, MPO)
+                             HQ * D, BKQ, IC, H, BN, DT, PREC, MPO)
             elif step == 3:
                 # gate/up with SiLU-and-multiply, rounded as gemv.project_glu
                 w_ptr = wbase_ptr + _w_offset(woff, W_GU, WA)
@@ -379,7 +376,7 @@ def _decode_layers_kernel(
             else:
                 # down projection, added to the residual
                 _project_add(act_ptr, wbase_ptr + _w_offset(woff, W_DOWN, WA), h_ptr, stats_ptr, pid, nprog, M,
-                             INTER, BKI, IC, H, BN, DT, PREC, ROUND_H, MPO)
+                             INTER, BKI, IC, H, BN, DT, PREC, MPO)
         if STAMP:  # end, before this program arrives at the next barrier
             _stamp(stamp_ptr, (phase - phase_lo) * nprog + pid, 1)
         if phase + 1 < phase_hi:
@@ -453,6 +450,8 @@ class DecodeLayers:
             raise ValueError("the mega kernel has no q/k/v bias")
         if cfg.head_dim % 16 or cfg.num_heads % cfg.num_kv_heads or cfg.num_heads // cfg.num_kv_heads > GROUP_PAD:
             raise ValueError("the mega kernel needs head_dim % 16 == 0 and at most 16 q heads per kv head")
+        if dec.residual_dtype != torch.float32:
+            raise ValueError("the mega kernel keeps the residual stream in float32 (the fused decoder's)")
         self.dec, self.cache = dec, cache
         dev = lw0.wqkv.device
         self.device = dev
@@ -489,7 +488,6 @@ class DecodeLayers:
         # int64 [phases, programs, 2 (start, end), 2 (SM clock, global ns)] when a profiler sets
         # it (tools/timeline_mega.py; GPU only, the interpreter has no clocks); None: no stamps
         self.stamps: torch.Tensor | None = None
-        self.round_h = dec.residual_dtype != torch.float32
         self.num_warps, self.num_stages = NUM_WARPS, NUM_STAGES
         self.norm_batch_rows_only = NORM_BATCH_ROWS_ONLY
         self.out_batch_rows_only = OUT_BATCH_ROWS_ONLY
@@ -563,7 +561,7 @@ class DecodeLayers:
         kw = dict(H=cfg.hidden_size, HQ=cfg.num_heads, HKV=cfg.num_kv_heads, D=cfg.head_dim,
                   INTER=cfg.intermediate_size, BN=t.bn, BNI=t.bni, PB=t.pb, BKH=t.bkh, BKQ=t.bkq, BKI=t.bki,
                   NP=self.np, PREC="ieee" if dec.w.embed.dtype == torch.float32 else "tf32",
-                  ROUND_H=self.round_h, WA=self.align, **self.items_per_program(),
+                  WA=self.align, **self.items_per_program(),
                   STAMP=self.stamps is not None, MP=next_pow2(b) if self.norms_batch_rows(b) else ROWS_PAD,
                   MPO=next_pow2(b) if self.out_batch_rows_only else ROWS_PAD, SLEEP_NS=self.barrier_sleep_ns,
                   num_warps=self.num_warps, num_stages=self.num_stages)

@@ -170,7 +170,7 @@ class Decoder:
         tuning: Tuning | None = None,
     ) -> None:
         """fused=True runs decode stages with the Triton kernels of fgchat.engine.kernels.fused (CUDA);
-        `tuning` picks among their variants (see engine.tuning)."""
+        `tuning` holds the rules tests may force (protocol.tuning)."""
         self.cfg = cfg
         self.fused = fused
         t = tuning or Tuning()
@@ -182,7 +182,7 @@ class Decoder:
             from fgchat.engine.kernels.pdl import supported
 
             dev = weights.embed.device
-            self.pdl = t.pdl and supported(dev)
+            self.pdl = supported(dev)
             # SM count sizes split-K and shared memory bounds tiles; a CPU decoder (tests, Triton's
             # interpreter) takes the H200's
             sms, smem = 132, fused_step.H200_SMEM_PER_BLOCK
@@ -192,8 +192,9 @@ class Decoder:
             self._fused = fused_step.FusedStages(self, t, sms, self.pdl, smem)
         self.device = weights.embed.device
         self.dtype = weights.embed.dtype
-        # the fused path's residual stream (the plain path keeps the model's dtype, as HF does)
-        self.residual_dtype = torch.float32 if (fused and t.residual_fp32) else self.dtype
+        # the fused path's residual stream is float32: bf16 rounds a massive activation channel
+        # (~2.5e4) by up to 64 per add; the plain path keeps the model's dtype, as HF does
+        self.residual_dtype = torch.float32 if fused else self.dtype
         self.max_context = max_context
         inv = torch.tensor(rope_inv_freq(cfg), dtype=torch.float32, device=self.device)
         pos = torch.arange(max_context, dtype=torch.float32, device=self.device)
@@ -204,12 +205,12 @@ class Decoder:
         self.ssin = signed_sin(self.sin)  # the plain decode path's rotation (ops.apply_rope_rolled)
         self.scale = cfg.head_dim**-0.5
         cpu = self.device.type == "cpu"
-        # the LM head on CPU (packed where it can be; half weights always, float32 with cpu_packed)
-        self._cpu_head = CpuHead(weights.lm_head) if cpu and (t.cpu_packed or self.dtype != torch.float32) else None
-        # greedy picks on CPU from a packed bf16 copy of the head (FGCHAT_HEAD_PICK; None: CpuHead)
+        # the LM head on CPU, packed where it can be
+        self._cpu_head = CpuHead(weights.lm_head) if cpu else None
+        # greedy picks on CPU from a packed bf16 copy of the head (Tuning.head_pick; None: CpuHead)
         self._cpu_pick = CpuHeadPick.prepare(weights.lm_head) if cpu and not fused and t.head_pick is not False else None
         # the plain path's projections on CPU through oneDNN's packed weights (None: F.linear)
-        self._packed = PackedProjections.prepare(weights) if cpu and not fused and t.cpu_packed else None
+        self._packed = PackedProjections.prepare(weights) if cpu and not fused else None
 
     # ---- decode stages (batch of B sequences, one token each) ----
     @property
@@ -230,18 +231,9 @@ class Decoder:
         return self._fused.bind_attention(rope_in_attention, attention_is_triton)
 
     @property
-    def o_with_attention(self) -> bool:
-        """The o projection is launched with the attention call (`project_o`), not in after_attention."""
-        return self._fused is not None and self._fused.o_with_attention
-
-    def project_o(self, i: int, attn_out: torch.Tensor) -> None:
-        """With o_with_attention: layer i's o projection of attention's output, right after it."""
-        self._fused.project_o(i, attn_out)
-
-    @property
     def piecewise_prefetch(self) -> bool:
-        """Piecewise graphs fork side_work(rows)(i) at layer i's first stage (FGCHAT_PIECEWISE_PREFETCH;
-        unset: where every layer's o, gate/up and down fit the L2 budget whole)."""
+        """Piecewise graphs fork side_work(rows)(i) at layer i's first stage (Tuning.piecewise_prefetch;
+        None: where every layer's o, gate/up and down fit the L2 budget whole)."""
         if self._fused is None:
             return False
         chosen = self._fused.t.piecewise_prefetch
@@ -326,7 +318,7 @@ class Decoder:
 
     @property
     def picks_approximately(self) -> bool:
-        """Greedy steps pick from a low-precision copy of the LM head (FGCHAT_HEAD_PICK): their
+        """Greedy steps pick from a low-precision copy of the LM head (Tuning.head_pick): their
         logits are exact only for the rows they rescored."""
         return self._cpu_pick is not None or (self._fused is not None and self._fused.head_int8 is not None)
 

@@ -30,7 +30,6 @@ from fgchat.engine.kernels import fused as fk
 from fgchat.engine.kernels import gemv
 from fgchat.engine.kernels import head_pick
 from fgchat.engine.kernels import l2_prefetch
-from fgchat.engine.kernels import tma
 from fgchat.protocol.errors import FgchatError
 from fgchat.protocol.tuning import Tuning
 
@@ -48,6 +47,11 @@ SPLIT_ROLES = ("o", "down")
 # 1.172; batch 1 1.014 -> 1.047 and batch 2 1.082 -> 1.098, where the fills land on o; notes V94)
 LEAD_MIN_ROWS = 4
 LEAD_BUDGET_MB = 32
+# L2 prefetch budget beside attention (H100, 1B full batch 1: off 1.023, 16 MB 1.004, 32 MB 1.002 ms)
+L2_PREFETCH_MB = 16
+# weight tiles the qkv, o and down projections load before their PDL wait (H200, 1B full batch 1:
+# 0.865 -> 0.855 ms with 2; notes V91)
+PROJ_PRELOAD = 2
 
 
 @dataclass(frozen=True)
@@ -67,7 +71,8 @@ class Route:
 
 class FusedStages:
     def __init__(self, dec: Decoder, tuning: Tuning, sm_count: int, pdl: bool,
-                 smem_per_block: int = H200_SMEM_PER_BLOCK) -> None:
+                 smem_per_block: int = H200_SMEM_PER_BLOCK, l2_prefetch_mb: int | None = None) -> None:
+        """l2_prefetch_mb: the L2 prefetch budget (None: L2_PREFETCH_MB; 0: no prefetch)."""
         self.dec = dec
         self.smem_per_block = smem_per_block
         self.t = tuning
@@ -78,35 +83,25 @@ class FusedStages:
         self.o = self._route("o", lw.wo, True, feeds_norm=True, sm_count=sm_count)
         self.gate_up = self._route("gate_up", lw.w_gate_up, True, feeds_norm=False, sm_count=sm_count)
         self.down = self._route("down", lw.w_down, True, feeds_norm=True, sm_count=sm_count)
-        self.head_ours = tuning.gemv
-        self.head_sample = tuning.head_sample
         self.head_config = self.configs.get("head")
-        # FGCHAT_HEAD_PICK: the pick's int8 copy of the head (None: the exact kernel picks) and the
-        # most rows it picks for (=1 forces every head and batch; the default only where it pays);
+        # the pick's int8 copy of the head (None: the exact kernel picks) and the most rows it picks
+        # for (head_pick True forces every head and batch; None only where it pays);
         # the fused stages are the CUDA path, whatever device runs them (tests: Triton's interpreter)
         self.head_int8: head_pick.Int8Head | None = None
         forced = tuning.head_pick is True
         self.head_pick_rows = gemv.MAX_ROWS if forced else head_pick.PAYS_ROWS
         w = dec.w.lm_head
-        if tuning.head_pick is not False and self.head_ours and (head_pick.supports(w) if forced else head_pick.pays(w)):
+        if tuning.head_pick is not False and (head_pick.supports(w) if forced else head_pick.pays(w)):
             self.head_int8 = head_pick.quantize(w)
         self.attention_ours = False
         self.rope_in_attention = False
-        # FGCHAT_PIECEWISE_O: the o projection is launched with the attention (the segment piecewise
-        # runs outside its graphs) into a buffer of fixed address that the next piece reads; every
-        # mode runs the same kernels in the same order either way
-        self.o_with_attention = tuning.piecewise_o and self.o.ours
-        self._o_out: torch.Tensor | None = None
-        if self.o_with_attention:
-            rows = self.o.split * gemv.MAX_ROWS * lw.wo.shape[0]
-            dtype = torch.float32 if self.o.split > 1 else lw.wo.dtype
-            self._o_out = torch.empty(rows, dtype=dtype, device=lw.wo.device)
-        budget = tuning.l2_prefetch_mb * 2**20
+        budget = (L2_PREFETCH_MB if l2_prefetch_mb is None else l2_prefetch_mb) * 2**20
         dev = lw.wo.device
         self.prefetch: list[list[l2_prefetch.Range]] | None = None
         self.lead: list[l2_prefetch.Rows | None] | None = None
         # every layer's o, gate/up and down fit the budget whole: its kernels are latency-bound and
-        # HBM idles under them, so piecewise graphs prefetch too where tuning leaves it open (V95)
+        # HBM idles under them, so piecewise graphs prefetch too (H100, SmolLM2 piecewise 0.737 ->
+        # 0.690 ms at batch 1; 1B, whose plan holds o alone: 1.126 -> 1.166; notes V95)
         self.layers_fit = False
         if budget > 0 and l2_prefetch.supported(dev):
             # per layer, the weights its plan takes whole (l2_prefetch.plan): how many of o, gate/up,
@@ -162,14 +157,10 @@ class FusedStages:
 
     def _route(self, role: str, w: torch.Tensor, bias_free: bool, feeds_norm: bool, sm_count: int) -> Route:
         cfg = self.configs.get(role)
-        by_tma = cfg is None and self.t.tma and tma.available(w.device)  # FGCHAT_TMA=1 on sm_90+
-        if not (self.t.gemv and bias_free):
+        if not bias_free:
             return Route(False)
         if role == "gate_up":
             n, k = w.shape[0] // 2, w.shape[1]
-            bulk = gemv.pick_config(n, k, True, tma=True)
-            if by_tma and bulk.tma:
-                return Route(True, glu=True, config=bulk)
             if cfg is None and gemv.one_wave_glu(n, k, sm_count, self.smem_per_block):
                 cfg = gemv.ONE_WAVE_GLU_TILE
             return Route(True, glu=True, config=cfg)
@@ -183,11 +174,10 @@ class FusedStages:
         narrow = feeds_norm and w.shape[0] <= SPLIT_MAX_N
         # Narrow norm-fed outputs: more programs in flight, partial sums left to the norm (H200:
         # 1B o 5.0 -> 4.1 us). Larger ones (1B's and 8B's o and down) take the wide-K tile, one
-        # wave of slices (with FGCHAT_TMA its bulk-copy form where the slices are short).
+        # wave of slices.
         if narrow and cfg is None and gemv.wide_k_sized(w) and \
                 (split := gemv.wide_k_split(w.shape[0], w.shape[1], sm_count)):
-            short = gemv.short_slice_config(w.shape[0], w.shape[1], split) if by_tma else None
-            return Route(True, split, config=short or gemv.WIDE_K_TILE)
+            return Route(True, split, config=gemv.WIDE_K_TILE)
         if cfg is not None and cfg.split and not narrow:
             raise FgchatError(f"FGCHAT_PROJ_CONFIGS: {role}'s outputs ({w.shape[0]}) are too wide to be "
                               f"split along K (at most {SPLIT_MAX_N})")
@@ -197,8 +187,6 @@ class FusedStages:
         if narrow and mine:
             split = (cfg.split if cfg is not None and cfg.split
                      else gemv.pick_split(w.shape[0], w.shape[1], sm_count, cfg))
-            if by_tma:
-                cfg = gemv.short_slice_config(w.shape[0], w.shape[1], split)
             return Route(True, split, config=cfg)
         return Route(mine, config=cfg)
 
@@ -213,28 +201,13 @@ class FusedStages:
         self.attention_ours = attention_ours
         return self.after(self.qkv.ours or not rope_in_attention)
 
-    def _project(self, x: torch.Tensor, w: torch.Tensor, route: Route, predecessor_ours: bool,
-                 out: torch.Tensor | None = None) -> torch.Tensor:
+    def _project(self, x: torch.Tensor, w: torch.Tensor, route: Route, predecessor_ours: bool) -> torch.Tensor:
         if not route.serves(x.shape[0]):
-            if out is not None:  # cuBLAS writes a tensor of its own
-                raise ValueError(f"a fixed output buffer needs our kernel, which serves at most {gemv.MAX_ROWS} rows")
             return F.linear(x, w)
         pdl = self.after(predecessor_ours)
-        pre = self.t.proj_preload
         if route.split > 1:
-            return gemv.project_partials(x, w, route.split, route.config, pdl=pdl, out=out, preload=pre)
-        return gemv.project(x, w, route.config, pdl=pdl, out=out, preload=pre)
-
-    def _o_buffer(self, rows: int) -> torch.Tensor:
-        """The o projection's output for `rows` rows, at the fixed address of o_with_attention."""
-        n = self.dec.w.layers[0].wo.shape[0]
-        shape = (self.o.split, rows, n) if self.o.split > 1 else (rows, n)
-        return self._o_out[: self.o.split * rows * n].view(shape)
-
-    def project_o(self, i: int, attn_out: torch.Tensor) -> None:
-        """With o_with_attention: layer i's o projection into the fixed buffer after_attention reads."""
-        x = attn_out.view(attn_out.shape[0], -1)
-        self._project(x, self.dec.w.layers[i].wo, self.o, self.attention_ours, out=self._o_buffer(x.shape[0]))
+            return gemv.project_partials(x, w, route.split, route.config, pdl=pdl, preload=PROJ_PRELOAD)
+        return gemv.project(x, w, route.config, pdl=pdl, preload=PROJ_PRELOAD)
 
     # ---- stages (see Decoder for their contracts) ----
     def before_attention(self, i: int, st: StepState, positions: torch.Tensor, slot_ids: torch.Tensor,
@@ -256,10 +229,7 @@ class FusedStages:
 
     def after_attention(self, i: int, st: StepState, attn_out: torch.Tensor) -> None:
         c, lw = self.dec.cfg, self.dec.w.layers[i]
-        if self.o_with_attention:  # project_o ran right after the attention
-            o = self._o_buffer(attn_out.shape[0])
-        else:
-            o = self._project(attn_out.view(attn_out.shape[0], -1), lw.wo, self.o, self.attention_ours)
+        o = self._project(attn_out.view(attn_out.shape[0], -1), lw.wo, self.o, self.attention_ours)
         st.h, x = fk.add_rms_norm(st.h, o, lw.mlp_norm, c.rms_eps, self.after(self.o.ours), self.dec.residual_dtype)
         if self.gate_up.glu and self.gate_up.serves(x.shape[0]):
             act = gemv.project_glu(x, lw.w_gate_up, self.gate_up.config, pdl=self.after(True))
@@ -274,8 +244,7 @@ class FusedStages:
         st.h, x = fk.add_rms_norm(st.h, st.delta, dec.w.final_norm, dec.cfg.rms_eps, self.after(self.down.ours),
                                   dec.residual_dtype)
         st.delta = None
-        picks = greedy or (sample is not None and self.head_sample)
-        if picks and self.head_ours and x.shape[0] <= gemv.MAX_ROWS:
+        if (greedy or sample is not None) and x.shape[0] <= gemv.MAX_ROWS:
             sample = None if greedy else sample
             if self.picks_from_int8(x.shape[0]):  # logits exact only where rescored
                 st.logits, st.tokens = head_pick.pick(x, dec.w.lm_head, self.head_int8, self.head_config,
@@ -296,8 +265,8 @@ class FusedStages:
             self.head_int8 = saved
 
     def picks_from_int8(self, rows: int) -> bool:
-        """The head's pick for `rows` rows comes from its int8 copy (FGCHAT_HEAD_PICK)."""
-        return self.head_int8 is not None and self.head_ours and rows <= self.head_pick_rows
+        """The head's pick for `rows` rows comes from its int8 copy (Tuning.head_pick)."""
+        return self.head_int8 is not None and rows <= self.head_pick_rows
 
     def pick_logits(self, x: torch.Tensor) -> torch.Tensor | None:
         """Float32 logits [N, V] of normed rows x from the int8 pick: each row's argmax is the exact
@@ -310,7 +279,7 @@ class FusedStages:
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         """float32 logits [N, V] of normed rows x: our kernel for up to MAX_ROWS rows, else cuBLAS."""
-        if self.head_ours and x.shape[0] <= gemv.MAX_ROWS:
+        if x.shape[0] <= gemv.MAX_ROWS:
             return gemv.project_logits(x, self.dec.w.lm_head, self.head_config, pdl=self.after(True))
         return self.dec.head_logits(x)
 

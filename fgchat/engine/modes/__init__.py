@@ -39,18 +39,16 @@ class ModeSet:
         self.note = note
         dec = program.dec
         cuda = program.bufs.device.type == "cuda"
-        self.eager = EagerMode(program, cuda and dec.fused and tuning.eager_launch_list, note)
+        self.eager = EagerMode(program, cuda and dec.fused, note)
         self.modes: dict[Mode, StepMode] = {Mode.EAGER: self.eager}
         self.unavailable: dict[Mode, str] = {Mode.EAGER: ""}
         self.prefill_graphs = None  # PrefillGraphs in full mode (fused decoders on CUDA)
-        self.batch_route = dec.fused and tuning.prefill_batch_route
         self.kernel_warmup_s: float | None = None
         self.cap = None
         # captures deferred by capture_start, taken by capture_next: (mode or "prefill", size)
         self._queue: list[tuple[str, int]] = []
         self._self_check = False
-        # prefill captures the decode graphs already account for, and whether one came after them
-        self.recapture = tuning.recapture_decode
+        # prefill captures the decode graphs already account for
         self._prefill_seen = 0
         # (mode, batch size) whose decode graphs were captured before the latest prefill graph
         self._stale: list[tuple[Mode, int]] = []
@@ -67,7 +65,7 @@ class ModeSet:
         self.modes[Mode.FULL] = FullMode(self.cap)
         self.unavailable.update({m: "" for m in GRAPH_MODES})
         self._add_mega(dec.fused)
-        if dec.fused and tuning.prefill_graphs:
+        if dec.fused:
             from fgchat.engine.modes.prefill_graphs import PrefillGraphs
 
             self.prefill_graphs = PrefillGraphs(dec, program.cache.k, program.cache.v, self.cap)
@@ -167,7 +165,7 @@ class ModeSet:
         """A prefill graph was captured after decode graphs that are still held: those replay
         ~30 us a step slower from then on, until captured again (notes V85; H100, SmolLM2 batch 2:
         +30.7 us after a batch-route capture, +4.2 us once the decode graphs were captured again).
-        True while some are left to capture again and the switch is on."""
+        True while some are left to capture again."""
         graphs = self.prefill_graphs
         if graphs is not None and len(graphs.reports) > self._prefill_seen:
             self._prefill_seen = len(graphs.reports)
@@ -175,7 +173,7 @@ class ModeSet:
                     for b in sorted({b for b, _ in getattr(self.modes.get(m), "graphs", {})})]
             if held:  # every held size again, those already redone too: they preceded this capture
                 self._stale = held
-        return self.recapture and bool(self._stale)
+        return bool(self._stale)
 
     def recapture_decode(self) -> None:
         """The next stale (mode, batch size): its decode graphs (each variant held) captured again,
@@ -298,12 +296,12 @@ class ModeSet:
     def prefill_many_logits(self, mode: Mode, prompts: list[tuple[torch.Tensor, int]]) -> list[torch.Tensor] | None:
         """Prompts admitted together [(ids [T_j], slot_j)] on the batch route (one padded batch;
         a graph per shape in full mode, the same kernels eagerly otherwise): each prompt's last
-        logits [V]; None where the route is off or does not apply to these lengths."""
+        logits [V]; None where the route does not apply (plain decoders, or these lengths)."""
         from fgchat.engine.model.prefill import batch_bucket, prefill_batch
 
-        if not self.batch_route:
-            return None
         prog = self.program
+        if not prog.dec.fused:
+            return None
         tb = batch_bucket([int(p.shape[0]) for p, _ in prompts], prog.cache.max_context)
         if tb is None:
             return None

@@ -3,10 +3,8 @@ the host between the replays (as vLLM's piecewise graphs leave attention out).
 
 Each attention call runs as a launch list (engine.launch_list) recorded once per batch size and
 layer, right after capture, from a real step: the same launches with the same arguments as the
-eager call, without its Python. A call the recorder cannot capture whole runs eagerly. With
-FGCHAT_PIECEWISE_O the attention call includes the o projection (Decoder.o_with_attention), so it
-too runs outside the graphs, right behind the attention. Where Decoder.piecewise_prefetch holds
-(every layer's weights fit the L2 budget, or FGCHAT_PIECEWISE_PREFETCH=1) the piece that ends at
+eager call, without its Python. A call the recorder cannot capture whole runs eagerly. Where
+Decoder.piecewise_prefetch holds (every layer's weights fit the L2 budget) the piece that ends at
 attention i forks the decoder's side work for layer i (the L2 prefetch full graphs run beside
 attention i) at layer i's first stage and joins it before the piece ends: the prefetch kernel only
 issues requests, so the join waits for the issuing, not for the fills.

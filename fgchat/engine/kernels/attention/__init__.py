@@ -53,8 +53,7 @@ def get_backend(name: str, device: torch.device, tuning: Tuning | None = None) -
             from fgchat.engine.kernels.attention.triton_decode import TritonDecodeAttention
         except ImportError as exc:
             raise FgchatError(f"triton is not importable ({exc}); use --attention torch") from exc
-        t = tuning or Tuning()
-        return TritonDecodeAttention(device, pdl=t.pdl)
+        return TritonDecodeAttention(device, pdl=True)
     from fgchat.engine.kernels.attention.flash import FlashAttnDecode
 
     return FlashAttnDecode(device)

@@ -6,7 +6,7 @@ CPU steps are never captured in a graph, so this backend may use the host-side l
 zeros, as in the reference backend (torch_ref), which the tests compare this one with.
 
 A half-precision cache is attended by one of two routes, chosen once per process and head shape
-(`half_kernel_pays`, or FGCHAT_CPU_ATTN_HALF):
+(`half_kernel_pays`, unless Tuning.cpu_attn_half sets it):
 - float32: float32 copies of the lanes' windows and torch's float32 kernel. On 2 AMD EPYC vCPUs
   (AVX512-BF16, no AMX) torch's bf16 kernel took 60 / 277 / 1089 us a layer at 100 / 500 / 2000
   positions (SmolLM2's 9 q and 3 kv heads) where the copies and the float32 kernel took 41 / 107 /
