@@ -1,6 +1,6 @@
 """The CUDA driver library through ctypes, for what torch does not offer: the device's primary
 context before torch is imported (engine.startup_prime), a compiled kernel's occupancy
-(kernels.megakernel) and a graph's upload to the device (tools/decode_after_capture.py).
+(kernels.megakernel) and a graph's upload to the device.
 Nothing here imports torch; ctypes drops the GIL for each foreign call."""
 
 from __future__ import annotations

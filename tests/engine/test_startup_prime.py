@@ -1,7 +1,7 @@
 """The engine child's start-up helper thread (fgchat.engine.startup_prime), on the CPU.
 
 What it does on a GPU (the CUDA context and Triton's key before the main thread needs them) is
-timed by scripts/startup_time.py there; here: when it runs, in which order, that it calls the
+timed by tools/startup_time.py there; here: when it runs, in which order, that it calls the
 driver as the runtime expects, and that it leaves Triton's key computed.
 """
 

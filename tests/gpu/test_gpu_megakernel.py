@@ -112,7 +112,7 @@ def test_self_check_catches_rows_swapped():
 
 
 def test_clock_stamps_leave_the_results_alone(preset_engine):
-    """The timeline's stamps (tools/timeline_mega.py) change no bit of the step, and each program's
+    """The timeline's stamps change no bit of the step, and each program's
     stamps are ordered: every phase ends after it starts and the next starts after it ends."""
     from fgchat.engine.kernels.megakernel import PHASES_PER_LAYER
 

@@ -1,6 +1,6 @@
 """Skinny projection y = x @ w^T for decode (M <= 16 rows) as one Triton kernel.
 
-Used where it beats cuBLAS (docs/notes/decode-step.md, V4, V18, V90, V92): small weight matrices,
+Used where it beats cuBLAS (docs/design.md, V4, V18, V90, V92): small weight matrices,
 the qkv projection under PDL, gate/up with SiLU in its epilogue, larger norm-fed projections split
 along K into one wave of programs (1B's and 8B's o and down), and 8B's big() shapes, where
 cuBLAS's M=1 kernels leave bandwidth unused. One program owns BLOCK_N output columns and streams

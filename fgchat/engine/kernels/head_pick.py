@@ -19,7 +19,7 @@ Invariants:
   depends only on that row (any batch size, any graph mode).
 - Logits out: exact (project_logits' bits) in every rescored tile, within beta_v elsewhere.
 - Graph-safe: fixed grids per batch size, no host sync; how many tiles are rescored is decided
-  inside pass 2 (on real weights a median of 3 candidate rows, docs/notes/decode-step.md V63; if
+  inside pass 2 (on real weights a median of 3 candidate rows, docs/design.md V63; if
   every tile qualifies, pass 2 computes the whole head, slower but still exact).
 """
 
@@ -40,9 +40,9 @@ from fgchat.engine.kernels.pdl import pdl_enter
 from fgchat.engine.kernels.sampling_triton import LIBDEVICE, gumbel_scores, row_hash
 
 # pass 1's tile: (block_k, warps, stages, swap); None: K tiles of 256 int8, 4 warps, 4 stages, no
-# swap (tools/bench_head_pick.py --approx-tiles sweeps others)
+# swap (others measured slower on an H100)
 APPROX_TILE: tuple[int, int, int, bool] | None = None
-# Where the pick pays by default (H100 microbench, tools/bench_head_pick.py, notes V63): one row
+# Where the pick pays by default (H100 microbench, docs/design.md V63): one row
 # (1B head 174 -> 140 us, 8B 345 -> 307) and heads of at least PAYS_BYTES; at 8 rows of random
 # weights pass 2 rescores hundreds of tiles and the pick is no faster (1B) or up to 2x slower
 # (8B, 135M heads), and a 135M-sized head gains nothing at any batch.

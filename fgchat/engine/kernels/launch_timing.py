@@ -1,5 +1,5 @@
 """Host time per kernel launch: Triton's own `kernel[grid]` path against our FastLauncher, on the
-add+RMSNorm kernel of the decode step (tools/bench_launch.py, tests/kernels/test_launch.py)."""
+add+RMSNorm kernel of the decode step (tests/kernels/test_launch.py)."""
 
 from __future__ import annotations
 

@@ -54,10 +54,10 @@ BT = tl.constexpr(64)  # attention positions per block
 MAX_SPLITS = 16
 MS = tl.constexpr(MAX_SPLITS)
 # per program: warps, stages of the projections' weight pipeline, the largest K tile of the
-# norm-fed projections (qkv, gate/up) and of o and down (the H200 sweeps, tools/sweep_mega.py:
+# norm-fed projections (qkv, gate/up) and of o and down (the H200 sweeps:
 # notes V39, V43)
 NUM_WARPS, NUM_STAGES, MAX_K_TILE, MAX_K_TILE_OUT = 4, 4, 256, 512
-# Settings the sweep turns on (tools/sweep_mega.py +rows, +xrows, +sleepN; notes V46-V48); with
+# Settings the sweep turns on (docs/design.md V46-V48); with
 # all off the kernel is the one the GPU tests and the real weights cover. The norm-fed phases
 # normalise only rows [0, next_pow2(B)) of their activation tile (None: where `norm_rows_only`
 # says so); o and down load only those rows of x; the grid barrier sleeps this many ns between
@@ -486,7 +486,7 @@ class DecodeLayers:
         self.act = torch.zeros((ROWS_PAD, cfg.intermediate_size), dtype=dt, device=dev)
         self.bar = torch.zeros(1, dtype=torch.int32, device=dev)
         # int64 [phases, programs, 2 (start, end), 2 (SM clock, global ns)] when a profiler sets
-        # it (tools/timeline_mega.py; GPU only, the interpreter has no clocks); None: no stamps
+        # it (GPU only, the interpreter has no clocks); None: no stamps
         self.stamps: torch.Tensor | None = None
         self.num_warps, self.num_stages = NUM_WARPS, NUM_STAGES
         self.norm_batch_rows_only = NORM_BATCH_ROWS_ONLY

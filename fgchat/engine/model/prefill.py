@@ -14,7 +14,7 @@ cache, v a strided view of the qkv rows (no copies), so the slot is only ever a 
 prefill can be captured in a CUDA graph. In bf16/fp16 the grouped heads go to
 SDPA as they are (enable_gqa=True): both fused CUDA backends that take grouped heads, flash
 and cuDNN, are eligible for these views, and on an H200 with torch 2.11 the default dispatch
-picks cuDNN's flash-style kernel (measured by tools/profile_prefill.py: ~8.5 us a layer at
+picks cuDNN's flash-style kernel (measured: ~8.5 us a layer at
 T=512, as fast as flash forced, and no head expansion) at the bucketed lengths; elsewhere
 `attention_backends` leaves cuDNN out (a plan per new shape). Float32 is eligible for neither, and
 enable_gqa would fall back to the math backend, so there K/V heads are expanded first and the
@@ -260,7 +260,7 @@ PREFILL_BUCKETS: tuple[int, ...] = (32, 64, 128, 256, 384, 512, 768, 1024, 1536,
 
 # SDPA backends for the fused prefill's attention. torch's default picks cuDNN attention in
 # bf16/fp16, which builds a plan the first time it sees a shape: ~40 ms on an H100, where flash
-# runs a call at 2100 rows ~0.06 ms slower (tools/bench_sdpa_shapes.py). Bucketed lengths are few
+# runs a call at 2100 rows ~0.06 ms slower. Bucketed lengths are few
 # shapes, each paid once (most at start-up), so they keep cuDNN; the rest (prompts past the last
 # bucket, several prompts at their own lengths, a prefill after cached rows) would pay a plan at
 # nearly every new prompt, so they run without it.

@@ -343,7 +343,7 @@ def sink_context(prog: StepProgram, ids: list[int], pos: list[int], slots: list[
     """Each row's token decoded at position 0 of its slot, its K/V then copied to positions
     [1, pos): a context a real model attends to as it does to a sequence's first token. Over an
     unwritten cache (zero K/V) the real bf16 weights drift so far that eager itself is up to 90%
-    off float32 (docs/notes/decode-step.md, V38), and no comparison can tell a bug from noise."""
+    off float32 (docs/design.md, V38), and no comparison can tell a bug from noise."""
     b = len(ids)
     prog.bufs.stage(ids, [0] * b, slots, [0.0] * b, [1.0] * b, [0] * b, [0] * b)
     prog.run_eager(b, False)

@@ -286,7 +286,7 @@ class KernelConfig:
     max_splits: int = 64
 
 
-# Defaults per head dim, from the H200 sweep in docs/notes/attention-kernel.md: BLOCK_N=64,
+# Defaults per head dim, from the H200 sweep in docs/design.md: BLOCK_N=64,
 # 4 warps, 3 stages, 2 programs per SM was best or within noise of best for both head dims.
 DEFAULT_CONFIGS: dict[int, KernelConfig] = {64: KernelConfig(), 128: KernelConfig()}
 
