@@ -28,10 +28,6 @@ def one_run(a: argparse.Namespace) -> float:
 
     eng = Engine(EngineConfig(model=a.model, preset=a.preset, device="cpu", dtype=a.dtype,
                               max_context=max(2048, a.prompt + a.steps + 16)))
-    eng.poll_cpu_step(wait=True)  # FGCHAT_CPU_COMPILE=1: the first process builds the step, later ones load it
-    if a.batch > 1:  # and the batch package (engine.cpu_compiled.LANES lanes)
-        eng.want_cpu_batch_step()
-        eng.poll_cpu_step(wait=True)
     g = torch.Generator().manual_seed(0)
     if a.what == "prefill":
         return prefill_ms(eng, a, g)

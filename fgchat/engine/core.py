@@ -11,13 +11,11 @@ from dataclasses import dataclass
 import torch
 
 from fgchat.engine.admission import share_prompts
-from fgchat.engine.cpu_compiled import LANES, Builder
 from fgchat.engine.cpu_malloc import keep_freed_blocks, release_free_blocks
 from fgchat.engine.kernels import sampling
 from fgchat.engine.kv_cache import NUM_SLOTS, KVCache, choose_max_context
 from fgchat.engine.loader import LoadedModel, load_model, load_random, pick_device, pick_dtype
 from fgchat.engine.model.decoder import Decoder
-from fgchat.engine.model.resolve import default_cache_root
 from fgchat.engine.modes import GRAPH_MODES, ModeSet
 from fgchat.engine.prefix_reuse import SlotHistory
 from fgchat.engine.process import one_line, startup_mark
@@ -40,9 +38,6 @@ from fgchat.protocol.events import (
 )
 from fgchat.protocol.tuning import Tuning
 
-
-# the start of every note saying why a compiled CPU step is not used (the bench reports them)
-CPU_STEP_OFF = "compiled CPU step off"
 
 STEP_GRAPHS_KEPT = 4096
 
@@ -85,9 +80,8 @@ class Engine:
         self.tuning = config.tuning if config.tuning is not None else Tuning.from_env()
         # CPU: glibc keeps freed blocks for the next prefill's tensors (engine.cpu_malloc); the
         # free pages go back to the OS once the engine is idle after a prefill (capture_idle)
-        self._keeps_blocks = self.device.type == "cpu" and self.tuning.cpu_malloc and keep_freed_blocks()
+        self._keeps_blocks = self.device.type == "cpu" and keep_freed_blocks()
         self._trim_due = False
-        reloadable = loaded is None  # a child process can load these weights again (cpu_compiled)
         if loaded is None:
             if config.preset:
                 loaded = load_random(config.preset, self.device, self.dtype, config.seed, config.outliers)
@@ -101,21 +95,16 @@ class Engine:
             self.cfg, self.dtype, self.device, config.max_context, self._kv_budget()
         )
         self.notes.append(f"max context {self.max_context} tokens ({why})")
-        compiles = self.device.type == "cpu" and self.tuning.cpu_compile
-        # the compiled batch step's empty lanes write to a slot of their own (engine.cpu_compiled)
-        self.cache = KVCache(self.cfg, self.max_context, self.device, self.dtype, extra_slots=int(compiles))
+        self.cache = KVCache(self.cfg, self.max_context, self.device, self.dtype)
         startup_mark("engine: kv cache allocated")
         self.scheduler = Scheduler()
         self.history = SlotHistory(NUM_SLOTS)  # what each slot's rows hold (engine.prefix_reuse)
         self._settled = False  # the work after the deferred captures is done (capture_idle)
         self._build(self._use_fused())
-        self.cpu_step: Builder | None = None  # batch 1's package
-        self.cpu_batch_step: Builder | None = None  # batches 2..LANES: built once a batch ran
-        self._cpu_spec: dict | None = None
-        if compiles and not self.decoder.fused:
-            self._start_cpu_step(reloadable)
         cuda = self.device.type == "cuda"
-        self._pipelined = cuda if self.tuning.pipeline is None else self.tuning.pipeline
+        # pipelined on CUDA (the next step launched before the one in flight is read); on CPU the
+        # step runs on the host, so each is read before the next (tests may set it on CPU)
+        self.pipelined = cuda
         self.keep_logits = False  # keep every collected step's logits in step_logits (tests)
         self.step_logits: list[torch.Tensor] = []
         self._inflight: _InFlight | None = None
@@ -192,80 +181,6 @@ class Engine:
         else:
             self.modes.capture_all(self.config.self_check)
         startup_mark("engine: warmed and captured")
-
-    def _start_cpu_step(self, reloadable: bool) -> None:
-        """CPU batch-1 steps through the compiled step (engine.cpu_compiled): loaded now where its
-        package exists, else built in a child process while this engine serves eagerly."""
-        c = self.config
-        spec = {"config": {"model": c.model, "preset": c.preset, "seed": c.seed, "outliers": c.outliers,
-                           "dtype": self.dtype_name}, "max_context": self.max_context, "extra_slots": 1,
-                "gemm_templates": self.tuning.cpu_gemm_templates}
-        try:
-            self.cpu_step = Builder(self.decoder, self.cache.k, self.cache.v, spec, default_cache_root())
-            if not reloadable and not self.cpu_step.path.is_file():
-                self.cpu_step = None  # weights handed in: no child could load them
-                return
-            self._cpu_spec = spec
-            self.cpu_step.start()
-        except OSError as exc:  # an unwritable cache directory, a child that cannot start
-            self.notes.append(f"{CPU_STEP_OFF}: {one_line(exc)}")
-            self.cpu_step = None
-            return
-        if self.cpu_step.building:
-            self.notes.append("compiling the CPU step in the background (once for these weights, "
-                              "~60 s on two cores); eager until it is ready")
-        elif self.cpu_step.failed:
-            self.notes.append(f"{CPU_STEP_OFF}: {self.cpu_step.failed}")
-        elif not self.tuning.idle_capture:  # else loaded while idle (~1 s), like deferred captures
-            self.poll_cpu_step()
-
-    def want_cpu_batch_step(self) -> None:
-        """Batches of 2..LANES through a compiled step too: its package loaded where it exists,
-        else built by a child once batch 1's build has ended (one build at a time)."""
-        if self._cpu_spec is None or self.cpu_batch_step is not None:
-            return
-        if self.cpu_step is None or self.cpu_step.building or self.program.compiled is None:
-            self.program.lanes_wanted = True  # asked again by the next poll
-            return
-        self.program.lanes_wanted = False
-        try:
-            self.cpu_batch_step = Builder(self.decoder, self.cache.k, self.cache.v, self._cpu_spec,
-                                          default_cache_root(), LANES)
-            self.cpu_batch_step.start()
-        except OSError as exc:
-            self.notes.append(f"compiled CPU batch step off: {one_line(exc)}")
-            self._cpu_spec = None
-            return
-        if self.cpu_batch_step.building:
-            self.notes.append(f"compiling the CPU step of batches 2-{LANES} in the background (once for "
-                              "these weights, ~100 s on two cores); eager until it is ready")
-            self._info_due = True
-
-    def poll_cpu_step(self, wait: bool = False) -> bool:
-        """Loads a compiled CPU step once its package is there (wait: until its build is done),
-        batch 1's first; True when this call loaded one or found it failed (the next step() sends
-        an EngineInfo)."""
-        if self.program.lanes_wanted:
-            self.want_cpu_batch_step()
-        for builder, lanes in ((self.cpu_step, 1), (self.cpu_batch_step, LANES)):
-            if builder is None or not builder.pending:
-                continue
-            step = builder.poll(wait)
-            what = "batch-1 steps run" if lanes == 1 else f"steps of batches 2-{LANES} run"
-            if step is not None:
-                if lanes == 1:
-                    self.program.compiled = step
-                else:
-                    self.program.compiled_lanes = step
-                self.notes.append(f"{what} the compiled CPU step")
-            elif builder.failed:
-                label = "" if lanes == 1 else f" for batches 2-{LANES}"
-                self.notes.append(f"{CPU_STEP_OFF}{label}: {builder.failed}")
-            else:
-                return False
-            self._info_due = True
-            return True
-        return False
 
     def _make_modes(self) -> ModeSet:
         return ModeSet(self.program, self.tuning, self.notes.append)
@@ -361,20 +276,8 @@ class Engine:
             startup_check_pending=self._check_pending,
             sampling_defaults=SamplingParams.from_generation_config(self.model.generation_config),
             sampling_source="generation_config.json" if self.model.generation_config else "",
-            cpu_step=self._cpu_step_state(),
+            cpu_step="eager" if self.device.type == "cpu" else "",
         )
-
-    def _cpu_step_state(self) -> str:
-        """eager, compiling, compiled (batch 1), compiled+compiling (batches 2.. being built) or
-        compiled+batch (every batch size); "" on CUDA."""
-        if self.device.type != "cpu":
-            return ""
-        if self.program.compiled is not None:
-            if self.program.compiled_lanes is not None:
-                return "compiled+batch"
-            batch = self.cpu_batch_step
-            return "compiled+compiling" if batch is not None and batch.building else "compiled"
-        return "compiling" if self.cpu_step is not None and self.cpu_step.building else "eager"
 
     @property
     def stop_ids(self) -> frozenset[int]:
@@ -419,8 +322,6 @@ class Engine:
         if self._trim_due:  # no event to report: the loop asks again, for the work below
             self._trim_due = False
             release_free_blocks()
-        if self.poll_cpu_step():
-            return True
         if self.run_startup_check():
             return True
         if not self.modes.capture_next():
@@ -499,10 +400,6 @@ class Engine:
         self._finish(seq, "cancelled")
         return True
 
-    @property
-    def pipelined(self) -> bool:
-        return self._pipelined
-
     def has_work(self) -> bool:
         return self.scheduler.has_work() or self._inflight is not None
 
@@ -526,7 +423,7 @@ class Engine:
             self._drain()  # host staging and prefill need the in-flight step's tokens
             started = self._admit()
             self._trim_due = self._trim_due or (started and self._keeps_blocks)
-        if started and not self._pipelined:
+        if started and not self.pipelined:
             pass  # a host-run step would hold the first tokens back by a whole decode step: next call
         elif self.scheduler.running:
             seqs = list(self.scheduler.running)
@@ -539,7 +436,7 @@ class Engine:
                 seqs = list(self.scheduler.running)
                 if seqs:
                     self._inflight = self._launch(seqs, None)
-                    if not self._pipelined:
+                    if not self.pipelined:
                         self._drain()
         else:
             self._drain()
@@ -659,12 +556,10 @@ class Engine:
     def _prefill_together(self, seqs: list[Sequence]) -> list[torch.Tensor] | None:
         """Several prompts in one pass, their last logits [V] each: stacked rows make larger
         matrix products (CPU, unfused: 8 x 64 tokens of SmolLM2 in 0.69 s instead of 1.04 s).
-        None when it cannot run (fused without FGCHAT_BATCHED_PREFILL, or no memory for the
-        stacked rows): the caller then prefills one by one."""
+        None when it cannot run (no memory for the stacked rows): the caller then prefills one
+        by one."""
         from fgchat.engine.model import prefill as pf
 
-        if self.decoder.fused and not self.tuning.batched_prefill:
-            return None
         run = pf.prefill_many_fused if self.decoder.fused else pf.prefill_many
         prompts = [(torch.tensor(s.prompt_ids, dtype=torch.int64, device=self.device), s.slot) for s in seqs]
         try:

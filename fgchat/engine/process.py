@@ -496,14 +496,13 @@ def _redirect_stdio(log_path: str | None) -> None:
 
 
 def engine_process_config(config: Any) -> Any:
-    """`config` as the engine process runs it: captures while idle (Tuning.idle_capture) and, on
-    CPU, the compiled step (Tuning.cpu_compile) unless the config brings its own tuning or
-    FGCHAT_IDLE_CAPTURE / FGCHAT_CPU_COMPILE say otherwise."""
+    """`config` as the engine process runs it: captures while idle (Tuning.idle_capture) unless
+    the config brings its own tuning or FGCHAT_IDLE_CAPTURE says otherwise."""
     if getattr(config, "tuning", None) is not None:
         return config
     from fgchat.protocol.tuning import Tuning
 
-    return dataclasses.replace(config, tuning=Tuning.from_env(Tuning(idle_capture=True, cpu_compile=True)))
+    return dataclasses.replace(config, tuning=Tuning.from_env(Tuning(idle_capture=True)))
 
 
 class EngineProcess(_EngineHandle):

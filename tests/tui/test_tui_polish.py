@@ -203,6 +203,8 @@ async def test_starting_engine_shows_its_phase_and_elapsed_time(tiny_llama, data
         assert app.link.state == "starting"
         gate.set()
         await wait_ready(pilot, app)
+        await wait_for(pilot, lambda: " · eager step · ctx " in panel(app).text_of("engine-info"),
+                       "the engine line saying how a CPU step runs")
 
 
 def _blank_top_and_gap(view) -> tuple[int, int, int]:
