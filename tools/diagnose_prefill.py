@@ -19,7 +19,8 @@ import torch.nn.functional as F
 from fgchat.engine.kernels import fused as fk
 from fgchat.engine.kernels import gemv
 from fgchat.engine.kv_cache import KVCache
-from fgchat.engine.loader import DTYPES, load_model
+from fgchat.engine.devices import DTYPES
+from fgchat.engine.loader import load_model
 from fgchat.engine.model.decoder import Decoder
 from fgchat.engine.model.ops import apply_rope, rms_norm
 from fgchat.protocol.tuning import Tuning

@@ -57,7 +57,7 @@ def main() -> int:
 
     # the compiled, cache-reusing path must produce eager's greedy tokens (float32 makes this exact on CPU)
     if args.device == "cpu" and args.dtype in (None, "float32"):
-        from fgchat.engine.loader import pick_device, pick_dtype
+        from fgchat.engine.devices import pick_device, pick_dtype
 
         device = pick_device(args.device)
         model = peers._hf_model(spec, device, pick_dtype(args.dtype, device))

@@ -38,7 +38,8 @@ import time
 from pathlib import Path
 
 from fgchat.engine.core import EngineConfig
-from fgchat.engine.process import EngineProcess, Shutdown, SubmitChats
+from fgchat.engine.commands import Shutdown, SubmitChats
+from fgchat.engine.process import EngineProcess
 from fgchat.protocol.events import (
     EngineInfo,
     Mode,

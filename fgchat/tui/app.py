@@ -54,7 +54,8 @@ from textual.timer import Timer
 from textual.widgets import Footer, Header, Input, Static, TabbedContent
 
 from fgchat.engine.heap import freeze_heap
-from fgchat.engine.process import EngineProcess, startup_mark
+from fgchat.engine.process import EngineProcess
+from fgchat.engine.startup_trace import startup_mark
 from fgchat.metrics import CsvAppender, new_session_id
 from fgchat.protocol.errors import FgchatError
 from fgchat.protocol.events import MODES, EngineError, SamplingParams

@@ -163,7 +163,7 @@ def test_startup_phase_names_a_pending_conversion(tmp_path, monkeypatch):
     from types import SimpleNamespace
 
     from fgchat.engine.model import resolve
-    from fgchat.engine.process import startup_phase
+    from fgchat.engine.serve_loop import startup_phase
 
     gguf = tmp_path / "m.gguf"
     gguf.write_bytes(b"GGUF")
