@@ -35,6 +35,7 @@ from fgchat.engine.commands import Cancel, Command, GetInfo, SetMode, Shutdown, 
 from fgchat.engine.serve_loop import IDLE_POLL_S, serve, startup_phase
 from fgchat.engine.startup_trace import startup_mark
 from fgchat.protocol.events import EngineError, SamplingParams
+from fgchat.protocol.handle import EngineHandle
 
 
 @contextlib.contextmanager
@@ -59,12 +60,13 @@ def terminal_signals_blocked() -> Iterator[None]:
 # ---- shared parent-side interface ----------------------------------------------------------------
 
 
-class _EngineHandle:
+class _EngineHandle(EngineHandle):
     """Parent side: send commands, collect event batches, notice a dead engine."""
 
     fit_context = False  # SubmitChats.fit_context of this handle's chats (the TUI sets it)
 
     def __init__(self) -> None:
+        self.started_at: float | None = None  # time.monotonic() when start() was called
         self._fatal_seen = False
         self._exit_reported = False
         self._stopping = False
@@ -235,7 +237,6 @@ class EngineProcess(_EngineHandle):
         self._proc: Any = None
         self._eof = False
         self._lock = threading.Lock()  # serialises command sends from several threads
-        self.started_at: float | None = None  # time.monotonic() when start() was called
 
     def start(self) -> None:
         """Spawn the child and return at once: it imports torch and builds the engine on its own,
@@ -368,6 +369,7 @@ class EngineThread(_EngineHandle):
     def start(self) -> None:
         if self._thread is not None:
             raise RuntimeError("engine thread already started")
+        self.started_at = time.monotonic()
 
         def make() -> Any:
             if self._make_engine is not None:
