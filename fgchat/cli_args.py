@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 ATTENTION_BACKENDS = ("auto", "triton", "flash-attn", "torch", "sdpa")  # fgchat.engine.kernels.attention
-DTYPES = ("auto", "bfloat16", "bf16", "float16", "fp16", "float32", "fp32")  # fgchat.engine.loader
+DTYPES = ("auto", "bfloat16", "bf16", "float16", "fp16", "float32", "fp32")  # fgchat.engine.devices
 DEVICE_RE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 MIN_CONTEXT = 16
 STDOUT_CLOSED = "stdout is closed: nowhere to write the output"

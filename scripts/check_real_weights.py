@@ -1,11 +1,10 @@
 """The README's Correctness tables: fgchat on real weights against transformers and float32.
 
     python3 scripts/check_real_weights.py --model PATH.gguf [--tokens 16] [--json OUT.json]
-    python3 scripts/check_real_weights.py --device cpu [--model M] [--tokens 32] [--compiled]
+    python3 scripts/check_real_weights.py --device cpu [--model M] [--tokens 32]
 
 What it runs: fgchat.bench.real_weights (eight chat prompts; CUDA: bf16 and fp16, every mode;
-CPU: float32 and bf16, eager (--compiled: and the compiled steps, each prompt alone and the eight
-together), each also against transformers' float32).
+CPU: float32 and bf16, eager, each also against transformers' float32).
 """
 
 from __future__ import annotations
@@ -23,11 +22,9 @@ def main() -> None:
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     ap.add_argument("--tokens", type=int, default=None, help="greedy tokens per prompt (16 CUDA, 32 CPU)")
     ap.add_argument("--json", default=None)
-    ap.add_argument("--compiled", action="store_true",
-                    help="CPU: also the compiled steps (built once per weights: ~60 s, the batch package ~100 s)")
     args = ap.parse_args()
     if args.device == "cpu":
-        result = run_cpu(args.model, args.tokens or 32, compiled=args.compiled)
+        result = run_cpu(args.model, args.tokens or 32)
     elif args.model is None:
         ap.error("--model is required on CUDA")
     else:

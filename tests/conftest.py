@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -15,10 +14,6 @@ for _area in sorted(p for p in Path(__file__).parent.iterdir() if p.is_dir() and
     sys.path.insert(1, str(_area))
 
 import tiny_models  # noqa: E402
-
-# engine processes started by tests serve eagerly on CPU: no background build of the compiled
-# step per test (tests/engine/test_cpu_compiled.py turns it on where it is the subject)
-os.environ.setdefault("FGCHAT_CPU_COMPILE", "0")
 
 
 def pytest_collection_modifyitems(config, items):

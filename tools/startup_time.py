@@ -31,7 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
-TRACE_ENV = "FGCHAT_STARTUP_TRACE"  # fgchat.engine.process.STARTUP_TRACE_ENV
+TRACE_ENV = "FGCHAT_STARTUP_TRACE"  # fgchat.engine.startup_trace.STARTUP_TRACE_ENV
 REPO = Path(__file__).resolve().parent.parent
 SIZE = (120, 40)
 

@@ -220,7 +220,7 @@ def run_hf_peers(spec: BenchSpec, loaded, advance: Callable[[str], None],
     """Returns (runs, skipped), the given lists when passed: each row is appended as it finishes,
     so an interrupt keeps the rows already measured. A peer that cannot run is a skipped row,
     never a crash."""
-    from fgchat.engine.loader import pick_device, pick_dtype
+    from fgchat.engine.devices import pick_device, pick_dtype
 
     device = pick_device(spec.device)
     dtype = pick_dtype(spec.dtype, device)

@@ -163,10 +163,8 @@ def run_all(model: str, tokens: int = 16, dtypes: tuple[str, ...] = DTYPES) -> d
     return result
 
 
-def run_cpu(model: str, tokens: int = 32, dtypes: tuple[str, ...] = ("float32", "bfloat16"),
-            compiled: bool = False) -> dict:
-    """The CPU's table: fgchat on CPU (eager, plain torch ops; with `compiled` also the compiled
-    steps, engine.cpu_compiled: each prompt alone, then all eight together) in each dtype against
+def run_cpu(model: str, tokens: int = 32, dtypes: tuple[str, ...] = ("float32", "bfloat16")) -> dict:
+    """The CPU's table: fgchat on CPU (eager, plain torch ops) in each dtype against
     transformers on CPU in the same dtype and in float32, the first `tokens` greedy tokens of each
     prompt."""
     from fgchat.protocol.config import EngineConfig
@@ -188,19 +186,6 @@ def run_cpu(model: str, tokens: int = 32, dtypes: tuple[str, ...] = ("float32", 
         prompts = [chat_ids(engine.tokenizer, p) for p in PROMPTS]
         result["runs"][f"fgchat eager {dt_name}"] = fgchat_tokens(engine, prompts, tokens, Mode.EAGER)
         del engine
-        if compiled:  # each prompt alone: every decode step at batch 1 runs the compiled step; then
-            # the eight together through the batch package (fewer lanes as replies end)
-            engine = Engine(EngineConfig(model=model, device="cpu", dtype=dt_name,
-                                         tuning=Tuning(prefix_reuse=False, cpu_compile=True)))
-            engine.poll_cpu_step(wait=True)
-            if engine.program.compiled is not None:
-                result["runs"][f"fgchat compiled {dt_name}"] = fgchat_tokens(engine, prompts, tokens, Mode.EAGER)
-                engine.want_cpu_batch_step()
-                engine.poll_cpu_step(wait=True)
-            if engine.program.compiled_lanes is not None:
-                result["runs"][f"fgchat compiled, 8 together {dt_name}"] = fgchat_tokens_together(
-                    engine, prompts, tokens, Mode.EAGER)
-            del engine
     for dt_name in dtypes:
         result["runs"][f"transformers {dt_name}"] = hf_tokens(path, getattr(torch, dt_name), prompts,
                                                               tokens, device="cpu")

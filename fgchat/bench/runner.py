@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import platform
 import subprocess
-import sys
 import time
 from dataclasses import asdict
 from typing import Any
@@ -17,7 +16,7 @@ from fgchat.bench.interrupted import keeping_finished_runs
 from fgchat.bench.spec import BenchSpec, prompts_for, stats
 
 PENALTIES = (1.1, 0.5, 0.25)  # repetition, presence, frequency of `bench --penalties`
-from fgchat.engine.core import CPU_STEP_OFF, Engine, EngineConfig
+from fgchat.engine.core import Engine, EngineConfig
 from fgchat.protocol.events import Mode, RequestFinished, SamplingParams, TokenEvent
 from fgchat.protocol.tuning import Tuning
 
@@ -99,23 +98,12 @@ def run_all(spec: BenchSpec) -> dict[str, Any]:
 
     need = spec.prompt_len + spec.output_len + 8
     # every round prefills its prompts afresh: no slot's rows from an earlier round are reused
-    # on CPU the compiled batch-1 step, as the chat's and the server's engine run it (built here
-    # once for these weights before any round: ~60 s); FGCHAT_CPU_COMPILE=0 times eager alone
-    tuning = dataclasses.replace(Tuning.from_env(Tuning(cpu_compile=True)), prefix_reuse=False)
+    tuning = dataclasses.replace(Tuning.from_env(), prefix_reuse=False)
     engine = Engine(EngineConfig(
         model=spec.model, preset=spec.preset, device=spec.device, dtype=spec.dtype,
         max_context=spec.max_context or need, mode=Mode.EAGER, attention=spec.attention,
         outliers=spec.outliers, tuning=tuning,
     ))
-    if engine.cpu_step is not None and engine.cpu_step.building:
-        print("building the compiled CPU step (once for these weights)...", file=sys.stderr, flush=True)
-    engine.poll_cpu_step(wait=True)
-    if engine.program.compiled is not None and max(spec.batch_sizes) > 1:  # and that of batches 2..8
-        engine.want_cpu_batch_step()
-        if engine.cpu_batch_step is not None and engine.cpu_batch_step.building:
-            print("building the compiled CPU step of batches 2-8 (once for these weights)...", file=sys.stderr,
-                  flush=True)
-        engine.poll_cpu_step(wait=True)
     if engine.max_context < need:
         from fgchat.protocol.errors import FgchatError
 
@@ -133,8 +121,6 @@ def run_all(spec: BenchSpec) -> dict[str, Any]:
             "pdl": engine.decoder.pdl,
             "tuning_changed": engine.tuning.changed(),
             "cpu_step": info.cpu_step or None,
-            # why a compiled CPU step is not in these rounds (its build failed, no compiler, ...)
-            "cpu_step_off": [n for n in info.notes if n.startswith(CPU_STEP_OFF)],
             "gc_frozen_objects": frozen,
             "kernel_warmup_s": info.kernel_warmup_s,
             "startup_check": asdict(info.startup_check) if info.startup_check else None,

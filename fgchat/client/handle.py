@@ -24,6 +24,7 @@ import json
 import os
 import queue
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -33,7 +34,9 @@ from fgchat.client.info import NOT_FGCHAT, info_from_json, stand_in_info
 from fgchat.client.sse import sse_data
 from fgchat.client.stream import RemoteRequest
 from fgchat.client.urls import base_url, root_url
+from fgchat.protocol.errors import FgchatError
 from fgchat.protocol.events import EngineError, EngineInfo, Mode, ModeChanged, SamplingParams
+from fgchat.protocol.handle import EngineHandle
 from fgchat.stdio import one_line
 
 API_KEY_ENV = "FGCHAT_API_KEY"
@@ -43,8 +46,10 @@ MODE_TIMEOUT_S = 180.0
 MAX_ERROR_BODY = 4096
 
 
-class EndpointClient:
-    """Same interface as fgchat.engine.process.EngineProcess, talking to a server at `url`."""
+class EndpointClient(EngineHandle):
+    """The engine handle of a server at `url` (protocol.handle.EngineHandle)."""
+
+    fit_context = False  # the server keeps its own policy for a chat longer than the context
 
     def __init__(self, url: str, model: str | None = None, api_key: str | None = None,
                  *, read_timeout: float = READ_TIMEOUT_S) -> None:
@@ -56,6 +61,7 @@ class EndpointClient:
         self.info: EngineInfo | None = None
         self.is_fgchat = False
         self.pid = None  # no local process
+        self.started_at: float | None = None
         self._pending: list = []  # events not yet taken by get_events
         self._ready = threading.Condition()
         self._control: queue.Queue[Callable[[], None] | None] = queue.Queue()
@@ -70,6 +76,7 @@ class EndpointClient:
     def start(self) -> None:
         if self._thread is not None:
             raise RuntimeError("endpoint client already started")
+        self.started_at = time.monotonic()
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         self._client = httpx.Client(headers=headers, timeout=httpx.Timeout(self.read_timeout, connect=CONNECT_TIMEOUT_S),
                                     limits=httpx.Limits(max_connections=64, max_keepalive_connections=16))
@@ -105,7 +112,10 @@ class EndpointClient:
     def submit_chat(self, request_id: int, messages: list[dict[str, str]], params: SamplingParams) -> None:
         self.submit_chats(messages, [(request_id, params)])
 
-    def submit_chats(self, messages: list[dict[str, str]], requests: list[tuple[int, SamplingParams]]) -> None:
+    def submit_chats(self, messages: list[dict[str, str]] | str,
+                     requests: list[tuple[int, SamplingParams]]) -> None:
+        if isinstance(messages, str):
+            raise FgchatError("an endpoint takes chat messages, not a raw prompt")
         msgs = [dict(m) for m in messages]
         for group in _batches(list(requests)):
             req = RemoteRequest([rid for rid, _ in group], self.info.mode if self.info else Mode.EAGER)

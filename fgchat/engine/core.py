@@ -1,77 +1,37 @@
-"""The engine: admission + prefill, batched decode steps in the selected mode, token events."""
+"""The engine: admission + prefill, batched decode steps in the selected mode, token events.
+
+`Engine` is the facade callers drive (submit, cancel, set_mode, step, info, ...); its parts live
+in their own modules: construction of the decode path (engine.build), admission and prefill
+routing (engine.prefill_route) and the decode loop (engine.decode_loop)."""
 
 from __future__ import annotations
 
 import os
 import time
-from collections import deque
-from collections.abc import Iterator
-from dataclasses import dataclass
 
 import torch
 
-from fgchat.engine.admission import share_prompts
-from fgchat.engine.cpu_compiled import LANES, Builder
+from fgchat.engine.build import EngineBuild, load_weights
 from fgchat.engine.cpu_malloc import keep_freed_blocks, release_free_blocks
-from fgchat.engine.kernels import sampling
+from fgchat.engine.decode_loop import DecodeLoop
+from fgchat.engine.devices import pick_device, pick_dtype
 from fgchat.engine.kv_cache import NUM_SLOTS, KVCache, choose_max_context
-from fgchat.engine.loader import LoadedModel, load_model, load_random, pick_device, pick_dtype
-from fgchat.engine.model.decoder import Decoder
-from fgchat.engine.model.resolve import default_cache_root
-from fgchat.engine.modes import GRAPH_MODES, ModeSet
+from fgchat.engine.loader import LoadedModel
+from fgchat.engine.modes import GRAPH_MODES
+from fgchat.engine.prefill_route import PrefillRoute
 from fgchat.engine.prefix_reuse import SlotHistory
-from fgchat.engine.process import one_line, startup_mark
 from fgchat.engine.requests import Sequence
 from fgchat.engine.scheduler import Scheduler
-from fgchat.engine.step import ROW_IDS, ROW_POS, StepBuffers, StepOutputs, StepProgram, Variant
+from fgchat.engine.startup_trace import startup_mark
 from fgchat.protocol.config import EngineConfig
 from fgchat.protocol.errors import FgchatError, RequestError
-from fgchat.protocol.events import (
-    EngineError,
-    EngineEvent,
-    EngineInfo,
-    Mode,
-    ModeChanged,
-    RequestFinished,
-    RequestSummary,
-    SamplingParams,
-    StartupCheck,
-    TokenEvent,
-)
+from fgchat.protocol.events import EngineEvent, EngineInfo, Mode, ModeChanged, SamplingParams, StartupCheck
 from fgchat.protocol.tuning import Tuning
-
-
-# the start of every note saying why a compiled CPU step is not used (the bench reports them)
-CPU_STEP_OFF = "compiled CPU step off"
 
 STEP_GRAPHS_KEPT = 4096
 
 
-def _now() -> int:
-    return time.monotonic_ns()
-
-
-def _only_argmax(group: list[Sequence]) -> bool:
-    """A prompt's last logits serve only an argmax: every request sharing it is greedy and
-    unpenalized (then the prefill may take them from the LM head's int8 pick)."""
-    return all(s.params.temperature <= 0 and not s.params.penalized for s in group)
-
-
-@dataclass
-class _InFlight:
-    """A decode step enqueued on the device whose tokens are not read yet."""
-
-    seqs: list[Sequence]
-    out: StepOutputs
-    mode: Mode
-    graph: str | None
-    events: tuple | None  # (start, end, tokens copied) on CUDA
-    host_tokens: torch.Tensor | None  # pinned [B], filled by the async copy
-    logits: torch.Tensor
-    launch_ms: float  # host time to enqueue the step
-
-
-class Engine:
+class Engine(EngineBuild, PrefillRoute, DecodeLoop):
     """Single-GPU (or CPU) engine. Not thread-safe: one caller drives step().
 
     The engine holds its decode modes (`self.modes`, engine.modes) and its current `mode`, which
@@ -85,14 +45,10 @@ class Engine:
         self.tuning = config.tuning if config.tuning is not None else Tuning.from_env()
         # CPU: glibc keeps freed blocks for the next prefill's tensors (engine.cpu_malloc); the
         # free pages go back to the OS once the engine is idle after a prefill (capture_idle)
-        self._keeps_blocks = self.device.type == "cpu" and self.tuning.cpu_malloc and keep_freed_blocks()
+        self._keeps_blocks = self.device.type == "cpu" and keep_freed_blocks()
         self._trim_due = False
-        reloadable = loaded is None  # a child process can load these weights again (cpu_compiled)
         if loaded is None:
-            if config.preset:
-                loaded = load_random(config.preset, self.device, self.dtype, config.seed, config.outliers)
-            else:
-                loaded = load_model(config.model, self.device, self.dtype)
+            loaded = load_weights(config, self.device, self.dtype)
         self.model = loaded
         self.cfg = loaded.cfg
         self.tokenizer = loaded.tokenizer
@@ -101,41 +57,17 @@ class Engine:
             self.cfg, self.dtype, self.device, config.max_context, self._kv_budget()
         )
         self.notes.append(f"max context {self.max_context} tokens ({why})")
-        compiles = self.device.type == "cpu" and self.tuning.cpu_compile
-        # the compiled batch step's empty lanes write to a slot of their own (engine.cpu_compiled)
-        self.cache = KVCache(self.cfg, self.max_context, self.device, self.dtype, extra_slots=int(compiles))
+        self.cache = KVCache(self.cfg, self.max_context, self.device, self.dtype)
         startup_mark("engine: kv cache allocated")
         self.scheduler = Scheduler()
         self.history = SlotHistory(NUM_SLOTS)  # what each slot's rows hold (engine.prefix_reuse)
         self._settled = False  # the work after the deferred captures is done (capture_idle)
         self._build(self._use_fused())
-        self.cpu_step: Builder | None = None  # batch 1's package
-        self.cpu_batch_step: Builder | None = None  # batches 2..LANES: built once a batch ran
-        self._cpu_spec: dict | None = None
-        if compiles and not self.decoder.fused:
-            self._start_cpu_step(reloadable)
-        cuda = self.device.type == "cuda"
-        self._pipelined = cuda if self.tuning.pipeline is None else self.tuning.pipeline
-        self.keep_logits = False  # keep every collected step's logits in step_logits (tests)
-        self.step_logits: list[torch.Tensor] = []
-        self._inflight: _InFlight | None = None
-        self._flip = 0
-        # Two sets of (start, end, tokens copied) events and pinned token buffers, alternating
-        # between the step in flight and the one launched behind it.
-        if cuda:
-            self._event_sets = [
-                tuple(torch.cuda.Event(enable_timing=i < 2) for i in range(3)) for _ in range(2)
-            ]
-            self._host_tokens = [
-                torch.zeros(NUM_SLOTS, dtype=torch.int64, pin_memory=True) for _ in range(2)
-            ]
-        self.last_logits: torch.Tensor | None = None
+        self._init_decode_loop(STEP_GRAPHS_KEPT)
         self.mode = Mode.EAGER
         self._pending: list[EngineEvent] = []
         self._info_due = False  # a ModeChanged is pending: EngineInfo follows it from step()
         self._next_id = 1
-        # which graph ran each recent decode step (tests and diagnostics; bounded)
-        self.step_graphs: deque[str | None] = deque(maxlen=STEP_GRAPHS_KEPT)
         self._reports_sent = self.modes.capture_count()
         best = Mode.FULL if not self.modes.unavailable.get(Mode.FULL) else Mode.EAGER
         try:
@@ -158,143 +90,6 @@ class Engine:
             self.run_startup_check()
 
     # ---- setup ----
-    def _build(self, fused: bool) -> None:
-        """The decode path: decoder (fused Triton stages or plain torch ops), step program,
-        attention backend, launch lists and graphs (captured here unless lazy)."""
-        self.history.clear()  # kernel warm-up and captures below run steps on stale inputs
-        self.decoder = Decoder(self.cfg, self.model.weights, self.max_context, fused, self.tuning)
-        # a step's tokens feed the next step and reach the host through one kernel (fused.advance)
-        self._advance_on_device = fused
-        if self._advance_on_device:
-            from fgchat.engine.kernels.fused import advance
-
-            self._advance = advance
-        self.bufs = StepBuffers(self.device, self.cfg.num_heads, self.cfg.head_dim, self.dtype)
-        self.attention, self.attention_name = self._pick_attention(self.config.attention)
-        entry_pdl = self.decoder.bind_attention(
-            rope_in_attention=self.attention.rope_in_attention,
-            attention_is_triton=self.attention_name == "triton",
-        )
-        self.attention.pdl_entry = entry_pdl and self.attention.pdl
-        c = self.cfg
-        self.attention_label = self.attention.label(self.dtype, c.num_heads, c.num_kv_heads, c.head_dim)
-        self.program = StepProgram(self.decoder, self.cache, self.bufs, self.attention)
-        self.modes = self._make_modes()
-        startup_mark("engine: decode path set up")
-        if self.config.lazy_capture:
-            return
-        if self.tuning.idle_capture:
-            try:
-                first = Mode(self.config.mode or Mode.FULL)
-            except ValueError:  # set_mode reports it
-                first = Mode.FULL
-            self.modes.capture_start(self.config.self_check, first)
-        else:
-            self.modes.capture_all(self.config.self_check)
-        startup_mark("engine: warmed and captured")
-
-    def _start_cpu_step(self, reloadable: bool) -> None:
-        """CPU batch-1 steps through the compiled step (engine.cpu_compiled): loaded now where its
-        package exists, else built in a child process while this engine serves eagerly."""
-        c = self.config
-        spec = {"config": {"model": c.model, "preset": c.preset, "seed": c.seed, "outliers": c.outliers,
-                           "dtype": self.dtype_name}, "max_context": self.max_context, "extra_slots": 1,
-                "gemm_templates": self.tuning.cpu_gemm_templates}
-        try:
-            self.cpu_step = Builder(self.decoder, self.cache.k, self.cache.v, spec, default_cache_root())
-            if not reloadable and not self.cpu_step.path.is_file():
-                self.cpu_step = None  # weights handed in: no child could load them
-                return
-            self._cpu_spec = spec
-            self.cpu_step.start()
-        except OSError as exc:  # an unwritable cache directory, a child that cannot start
-            self.notes.append(f"{CPU_STEP_OFF}: {one_line(exc)}")
-            self.cpu_step = None
-            return
-        if self.cpu_step.building:
-            self.notes.append("compiling the CPU step in the background (once for these weights, "
-                              "~60 s on two cores); eager until it is ready")
-        elif self.cpu_step.failed:
-            self.notes.append(f"{CPU_STEP_OFF}: {self.cpu_step.failed}")
-        elif not self.tuning.idle_capture:  # else loaded while idle (~1 s), like deferred captures
-            self.poll_cpu_step()
-
-    def want_cpu_batch_step(self) -> None:
-        """Batches of 2..LANES through a compiled step too: its package loaded where it exists,
-        else built by a child once batch 1's build has ended (one build at a time)."""
-        if self._cpu_spec is None or self.cpu_batch_step is not None:
-            return
-        if self.cpu_step is None or self.cpu_step.building or self.program.compiled is None:
-            self.program.lanes_wanted = True  # asked again by the next poll
-            return
-        self.program.lanes_wanted = False
-        try:
-            self.cpu_batch_step = Builder(self.decoder, self.cache.k, self.cache.v, self._cpu_spec,
-                                          default_cache_root(), LANES)
-            self.cpu_batch_step.start()
-        except OSError as exc:
-            self.notes.append(f"compiled CPU batch step off: {one_line(exc)}")
-            self._cpu_spec = None
-            return
-        if self.cpu_batch_step.building:
-            self.notes.append(f"compiling the CPU step of batches 2-{LANES} in the background (once for "
-                              "these weights, ~100 s on two cores); eager until it is ready")
-            self._info_due = True
-
-    def poll_cpu_step(self, wait: bool = False) -> bool:
-        """Loads a compiled CPU step once its package is there (wait: until its build is done),
-        batch 1's first; True when this call loaded one or found it failed (the next step() sends
-        an EngineInfo)."""
-        if self.program.lanes_wanted:
-            self.want_cpu_batch_step()
-        for builder, lanes in ((self.cpu_step, 1), (self.cpu_batch_step, LANES)):
-            if builder is None or not builder.pending:
-                continue
-            step = builder.poll(wait)
-            what = "batch-1 steps run" if lanes == 1 else f"steps of batches 2-{LANES} run"
-            if step is not None:
-                if lanes == 1:
-                    self.program.compiled = step
-                else:
-                    self.program.compiled_lanes = step
-                self.notes.append(f"{what} the compiled CPU step")
-            elif builder.failed:
-                label = "" if lanes == 1 else f" for batches 2-{LANES}"
-                self.notes.append(f"{CPU_STEP_OFF}{label}: {builder.failed}")
-            else:
-                return False
-            self._info_due = True
-            return True
-        return False
-
-    def _make_modes(self) -> ModeSet:
-        return ModeSet(self.program, self.tuning, self.notes.append)
-
-    def use_plain_path(self) -> None:
-        """Drop the fused path (its graphs and pools) and rebuild on plain torch ops; the mode
-        stays where it was when the new graphs allow it. The KV cache and weights are kept."""
-        mode = self.mode
-        self.modes.drop_all()
-        if self.device.type == "cuda":
-            torch.cuda.synchronize()
-            torch.cuda.empty_cache()
-        self._build(False)
-        self.mode = mode if not self.modes.unavailable.get(mode) else Mode.EAGER
-
-    @property
-    def dtype_name(self) -> str:
-        return str(self.dtype).removeprefix("torch.")
-
-    def _kv_budget(self) -> int:
-        if self.device.type == "cuda":
-            free, _ = torch.cuda.mem_get_info(self.device)
-            return int(free * 0.6)
-        try:
-            avail = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
-        except (ValueError, OSError, AttributeError):
-            avail = 8 * 2**30
-        return int(avail * 0.25)
-
     def run_startup_check(self) -> bool:
         """Run the start-up check if it has not run yet (it may switch the engine to plain torch
         ops); True when it ran. The next step() sends an EngineInfo that carries the result."""
@@ -323,24 +118,9 @@ class Engine:
             return True
         return self.config.self_check and (self.device.type == "cuda" or self.dtype != torch.float32)
 
-    def _use_fused(self) -> bool:
-        if self.device.type != "cuda":
-            return False
-        import importlib.util
-
-        return self.tuning.fused and importlib.util.find_spec("triton") is not None
-
-    def _pick_attention(self, name: str):
-        from fgchat.engine.kernels.attention import get_backend
-
-        try:
-            backend = get_backend(name, self.device, self.tuning)
-        except FgchatError as exc:
-            if name in ("auto", "torch"):
-                raise
-            self.notes.append(f"{exc}; falling back to auto")
-            backend = get_backend("auto", self.device, self.tuning)
-        return backend, backend.name
+    @property
+    def dtype_name(self) -> str:
+        return str(self.dtype).removeprefix("torch.")
 
     # ---- public API ----
     def info(self) -> EngineInfo:
@@ -348,7 +128,7 @@ class Engine:
             model_name=self.model.name,
             architecture=self.cfg.architecture,
             device=str(self.device) if self.device.type == "cpu" else torch.cuda.get_device_name(self.device),
-            dtype=str(self.dtype).removeprefix("torch."),
+            dtype=self.dtype_name,
             max_context=self.max_context,
             num_layers=self.cfg.num_layers,
             attention_backend=self.attention_label,
@@ -361,20 +141,8 @@ class Engine:
             startup_check_pending=self._check_pending,
             sampling_defaults=SamplingParams.from_generation_config(self.model.generation_config),
             sampling_source="generation_config.json" if self.model.generation_config else "",
-            cpu_step=self._cpu_step_state(),
+            cpu_step="eager" if self.device.type == "cpu" else "",
         )
-
-    def _cpu_step_state(self) -> str:
-        """eager, compiling, compiled (batch 1), compiled+compiling (batches 2.. being built) or
-        compiled+batch (every batch size); "" on CUDA."""
-        if self.device.type != "cpu":
-            return ""
-        if self.program.compiled is not None:
-            if self.program.compiled_lanes is not None:
-                return "compiled+batch"
-            batch = self.cpu_batch_step
-            return "compiled+compiling" if batch is not None and batch.building else "compiled"
-        return "compiling" if self.cpu_step is not None and self.cpu_step.building else "eager"
 
     @property
     def stop_ids(self) -> frozenset[int]:
@@ -419,8 +187,6 @@ class Engine:
         if self._trim_due:  # no event to report: the loop asks again, for the work below
             self._trim_due = False
             release_free_blocks()
-        if self.poll_cpu_step():
-            return True
         if self.run_startup_check():
             return True
         if not self.modes.capture_next():
@@ -483,7 +249,7 @@ class Engine:
         rid = request_id if request_id is not None else self._next_id
         self._next_id = max(self._next_id, rid) + 1
         stops = frozenset() if params.ignore_eos else self.stop_ids
-        seq = Sequence(rid, list(prompt_ids), params, stops, _now())
+        seq = Sequence(rid, list(prompt_ids), params, stops, time.monotonic_ns())
         if self.tokenizer is not None:
             from fgchat.engine.model.tokenizer import IncrementalDetokenizer
 
@@ -498,10 +264,6 @@ class Engine:
         self.scheduler.remove_waiting(seq)
         self._finish(seq, "cancelled")
         return True
-
-    @property
-    def pipelined(self) -> bool:
-        return self._pipelined
 
     def has_work(self) -> bool:
         return self.scheduler.has_work() or self._inflight is not None
@@ -526,7 +288,7 @@ class Engine:
             self._drain()  # host staging and prefill need the in-flight step's tokens
             started = self._admit()
             self._trim_due = self._trim_due or (started and self._keeps_blocks)
-        if started and not self._pipelined:
+        if started and not self.pipelined:
             pass  # a host-run step would hold the first tokens back by a whole decode step: next call
         elif self.scheduler.running:
             seqs = list(self.scheduler.running)
@@ -539,7 +301,7 @@ class Engine:
                 seqs = list(self.scheduler.running)
                 if seqs:
                     self._inflight = self._launch(seqs, None)
-                    if not self._pipelined:
+                    if not self.pipelined:
                         self._drain()
         else:
             self._drain()
@@ -550,29 +312,6 @@ class Engine:
         events, self._pending = self._pending, []
         return events
 
-    def _admit(self) -> bool:
-        """Prefill the newly admitted requests, each distinct prompt once (engine.admission),
-        and start them with their first tokens; whether any was emitted."""
-        pending: list[tuple[Sequence, torch.Tensor]] = []
-        choose = self._choose_slot if self.reuses_prefixes else None
-        for group, logits in self._prefill_groups(share_prompts(self.scheduler.admit(choose))):
-            if logits is None:
-                continue
-            lead = group[0]
-            self.cache.copy_prefix(lead.slot, [s.slot for s in group[1:]], len(lead.prompt_ids))
-            for seq in group[1:]:  # their rows are the lead's: so is what its prefill skipped
-                seq.cached_tokens = lead.cached_tokens
-            pending += [(seq, logits) for seq in group]
-        firsts = self._first_tokens(pending)
-        # First tokens of one admission round are read with one sync and emitted together, so
-        # a request's decode latencies never include the prefills of requests admitted with it.
-        if firsts:
-            ids = torch.cat([tok for _, tok in firsts]).tolist()
-            for (seq, _), token in zip(firsts, ids):
-                self.scheduler.start(seq)
-                self._emit(seq, token, Mode.EAGER, 1, None, None)
-        return bool(firsts)
-
     def run_until_done(self, max_steps: int = 1_000_000) -> list[EngineEvent]:
         out: list[EngineEvent] = []
         for _ in range(max_steps):
@@ -582,287 +321,3 @@ class Engine:
         out.extend(self._pending)
         self._pending = []
         return out
-
-    # ---- internals ----
-    def _prefill_groups(
-        self, groups: list[list[Sequence]]
-    ) -> Iterator[tuple[list[Sequence], torch.Tensor | None]]:
-        """Each group with the last logits [V] of its prompt (a tensor of its own), prefilled into
-        group[0]'s slot (None when that failed: the group is finished with the error). One pass
-        over all the prompts where `_prefill_together` can, else one prefill per group."""
-        for group in [g for g in groups if g[0].cached_tokens]:
-            yield group, self._prefill_after(group)
-        groups = [g for g in groups if not g[0].cached_tokens]
-        together = self._prefill_together([g[0] for g in groups]) if len(groups) > 1 else None
-        if together is not None:
-            yield from zip(groups, together)
-            return
-        for group in groups:
-            yield group, self._prefill(group)
-
-    def _prefill(self, group: list[Sequence]) -> torch.Tensor | None:
-        """Prefill group[0]'s prompt into its slot; returns the last logits [V]."""
-        lead = group[0]
-        ids = torch.tensor(lead.prompt_ids, dtype=torch.int64, device=self.device)
-        try:
-            return self.modes.prefill_logits(self.mode, ids, lead.slot, _only_argmax(group))
-        except torch.OutOfMemoryError:
-            return self._fail_group(group, "out of memory during prefill")
-
-    def _fail_group(self, group: list[Sequence], message: str) -> None:
-        """Every request of `group` (one whose prefill failed; or all, after a failed step) ends
-        with `message` (one line)."""
-        for seq in group:
-            self._pending.append(EngineError(message, seq.request_id))
-            self._finish(seq, "error")
-
-    @property
-    def reuses_prefixes(self) -> bool:
-        """A prompt that starts with what a free slot still holds is prefilled from there
-        (engine.prefix_reuse): on CPU unless FGCHAT_PREFIX_REUSE=0, on CUDA where =1. Work that
-        writes slots outside a request's own rows (captures while idle, self-checks, the start-up
-        check, a rebuild) forgets every history first."""
-        reuse = self.tuning.prefix_reuse
-        return reuse is True or (reuse is None and self.device.type == "cpu")
-
-    def _choose_slot(self, seq: Sequence, free: list[int]) -> int:
-        """The free slot for `seq` (SlotHistory.choose) and how many rows of its prompt are
-        there before the prefill (seq.cached_tokens: kept in place, or copied from a donor slot
-        whose history stays); the chosen slot's history ends here."""
-        slot, seq.cached_tokens, donor = self.history.choose(seq.prompt_ids, free,
-                                                             self._suffix_prefill_pays(len(seq.prompt_ids)))
-        if donor is not None:
-            self.cache.copy_prefix(donor, [slot], seq.cached_tokens)
-        self.history.forget(slot)
-        return slot
-
-    def _suffix_prefill_pays(self, prompt_len: int) -> bool:
-        """A prefill after cached rows runs eagerly; where a prefill graph would run the whole
-        prompt (full mode), the graph is the faster one (the eager fused path launches ~10 kernels
-        a layer from the host), so there the prompt is prefilled afresh."""
-        graphs = self.modes.prefill_graphs
-        return not (self.mode == Mode.FULL and graphs is not None and graphs.covers(prompt_len))
-
-    def _prefill_after(self, group: list[Sequence]) -> torch.Tensor | None:
-        """Prefill group[0]'s prompt from position seq.cached_tokens (the rows before it are in
-        its slot); returns the last logits [V]."""
-        from fgchat.engine.model.prefill import prefill_after
-
-        lead = group[0]
-        m = lead.cached_tokens
-        ids = torch.tensor(lead.prompt_ids[m:], dtype=torch.int64, device=self.device)
-        try:
-            return prefill_after(self.decoder, ids, m, lead.slot, self.cache.k, self.cache.v, _only_argmax(group))
-        except (RuntimeError, MemoryError) as exc:
-            return self._fail_group(group, f"prefill failed: {one_line(exc)}")
-
-    def _prefill_together(self, seqs: list[Sequence]) -> list[torch.Tensor] | None:
-        """Several prompts in one pass, their last logits [V] each: stacked rows make larger
-        matrix products (CPU, unfused: 8 x 64 tokens of SmolLM2 in 0.69 s instead of 1.04 s).
-        None when it cannot run (fused without FGCHAT_BATCHED_PREFILL, or no memory for the
-        stacked rows): the caller then prefills one by one."""
-        from fgchat.engine.model import prefill as pf
-
-        if self.decoder.fused and not self.tuning.batched_prefill:
-            return None
-        run = pf.prefill_many_fused if self.decoder.fused else pf.prefill_many
-        prompts = [(torch.tensor(s.prompt_ids, dtype=torch.int64, device=self.device), s.slot) for s in seqs]
-        try:
-            batch = self.modes.prefill_many_logits(self.mode, prompts)
-            if batch is not None:
-                return batch
-            return run(self.decoder, prompts, self.cache.k, self.cache.v)
-        except (RuntimeError, MemoryError):  # e.g. no memory for the stacked rows: one by one
-            return None
-
-    def _first_tokens(self, pairs: list[tuple[Sequence, torch.Tensor]]) -> list[tuple[Sequence, torch.Tensor]]:
-        """Each request's first token [1] from its prompt's last logits [V], in order. Requests
-        without penalties are picked together, one pick over their stacked logits, as a decode
-        step picks its lanes; a penalized one has its logits penalized first."""
-        plain = [i for i, (seq, _) in enumerate(pairs) if not seq.params.penalized]
-        toks: dict[int, torch.Tensor] = {}
-        if plain:
-            picked = self._pick(torch.stack([pairs[i][1] for i in plain]), [pairs[i][0] for i in plain])
-            toks = {i: picked[j:j + 1] for j, i in enumerate(plain)}
-        return [(seq, toks[i] if i in toks else self._first_token_penalized(seq, logits))
-                for i, (seq, logits) in enumerate(pairs)]
-
-    def _pick(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
-        """First tokens [n] of `seqs` from their prompts' last logits [n, V]: all greedy, the
-        chunked argmax (not torch.argmax's single block); else the sampler with each row's
-        parameters at the position after its prompt."""
-        ps = [s.params for s in seqs]
-        if all(p.temperature <= 0 for p in ps):
-            return sampling.greedy(logits)
-        dev = self.device
-        return sampling.sample(
-            logits.float(), torch.tensor([p.temperature for p in ps], device=dev),
-            torch.tensor([p.top_p for p in ps], device=dev), torch.tensor([p.top_k for p in ps], device=dev),
-            torch.tensor([p.seed for p in ps], device=dev),
-            torch.tensor([len(s.prompt_ids) for s in seqs], device=dev),
-            filtered=any(sampling.needs_filter(p.top_p, p.top_k, self.cfg.vocab_size) for p in ps),
-        )
-
-    def _first_token_penalized(self, seq: Sequence, logits: torch.Tensor) -> torch.Tensor:
-        """A penalized request's first token [1]: its prompt's ids counted from here (output ids
-        as they are sampled), its last logits [V] penalized, then picked."""
-        from fgchat.engine.kernels import penalties
-
-        p = seq.params
-        dev = self.device
-        prog = self.program
-        slot = torch.tensor([seq.slot], device=dev)
-        penalties.reset_slot(prog.counts, prog.prompt_mask, seq.slot, seq.prompt_ids)
-        logits = logits.float().clone()[None]
-        penalties.apply_penalties(logits, prog.counts, prog.prompt_mask, slot,
-                                  torch.tensor([p.repetition_penalty], device=dev),
-                                  torch.tensor([p.presence_penalty], device=dev),
-                                  torch.tensor([p.frequency_penalty], device=dev))
-        tok = self._pick(logits, [seq])
-        penalties.record_tokens(prog.counts, slot, tok)
-        return tok
-
-    def _can_follow(self, prev: _InFlight, seqs: list[Sequence]) -> bool:
-        """A step may be launched behind `prev` when it runs the same lanes and no lane can hit a
-        length limit with prev's token (so the speculative step never writes past the cache)."""
-        if len(prev.seqs) != len(seqs) or any(a is not b for a, b in zip(prev.seqs, seqs)):
-            return False
-        return all(
-            len(s.output_ids) + 1 < s.params.max_tokens and s.length + 1 < self.max_context
-            for s in seqs
-        )
-
-    def _launch(self, seqs: list[Sequence], prev: _InFlight | None) -> _InFlight:
-        """Enqueue one decode step. With `prev`, inputs are prev's tokens at prev's positions + 1,
-        written on the device behind prev; otherwise they are staged from the host."""
-        b = len(seqs)
-        if prev is None:
-            pos = [s.length - 1 for s in seqs]
-            ps = [s.params for s in seqs]
-            self.bufs.stage(
-                [s.output_ids[-1] for s in seqs], pos, [s.slot for s in seqs],
-                [p.temperature for p in ps], [p.top_p for p in ps], [p.top_k for p in ps],
-                [p.seed for p in ps], [p.repetition_penalty for p in ps], [p.presence_penalty for p in ps],
-                [p.frequency_penalty for p in ps],
-            )
-            self.program.max_len_hint = max(pos) + 1
-        else:
-            if not self._advance_on_device:  # else prev's advance kernel did this
-                di = self.bufs.dev_i
-                di[ROW_IDS, :b].copy_(prev.out.tokens)
-                di[ROW_POS, :b].add_(1)
-            self.program.max_len_hint = (self.program.max_len_hint or 0) + 1
-        v = self.cfg.vocab_size
-        sampled = [s.params for s in seqs if s.params.temperature > 0]
-        variant = Variant.of(any(s.params.penalized for s in seqs), bool(sampled),
-                             any(sampling.needs_filter(p.top_p, p.top_k, v) for p in sampled))
-        mode = self.mode
-        cuda = self.device.type == "cuda"
-        events = None
-        if cuda:
-            self._flip ^= 1
-            events = self._event_sets[self._flip]
-            events[0].record()
-        t0 = time.perf_counter()
-        out, ran = self.modes.run(mode, b, variant)
-        launch_ms = (time.perf_counter() - t0) * 1e3
-        if ran != mode:  # capturing `mode` ran out of memory; ModeSet disabled it
-            self.mode = ran
-            self._pending.append(ModeChanged(ran, f"{mode} disabled: out of memory"))
-            self._info_due = True
-            mode = ran
-        graph = None if mode == Mode.EAGER else f"{mode}/b{b}"
-        host_tokens = None
-        if cuda:
-            events[1].record()
-            host_tokens = self._host_tokens[self._flip][:b]
-            if self._advance_on_device:
-                di = self.bufs.dev_i
-                self._advance(out.tokens, di[ROW_IDS, :b], di[ROW_POS, :b], host_tokens)
-            else:
-                host_tokens.copy_(out.tokens, non_blocking=True)
-            events[2].record()
-        # a graph's logits buffer is rewritten by the step launched behind this one
-        logits = out.logits.clone() if self.keep_logits else out.logits
-        self.step_graphs.append(graph)
-        return _InFlight(seqs, out, mode, graph, events, host_tokens, logits, launch_ms)
-
-    def _collect(self, inf: _InFlight) -> None:
-        """Wait for an enqueued step and emit its tokens to the lanes still running."""
-        if inf.events is not None:
-            inf.events[2].synchronize()
-            tokens = inf.host_tokens.tolist()
-            gpu_ms = inf.events[0].elapsed_time(inf.events[1])
-        else:
-            tokens, gpu_ms = inf.out.tokens.tolist(), None
-        self.last_logits = inf.logits
-        if self.keep_logits:
-            self.step_logits.append(inf.logits)
-        running = self.scheduler.running
-        b = len(inf.seqs)
-        for seq, tok in zip(inf.seqs, tokens):
-            if any(seq is r for r in running):  # finished or cancelled lanes drop their token
-                self._emit(seq, tok, inf.mode, b, gpu_ms, inf.graph, inf.launch_ms)
-
-    def _drain(self) -> None:
-        inf, self._inflight = self._inflight, None
-        if inf is not None:
-            self._collect(inf)
-
-    def _emit(
-        self, seq: Sequence, token: int, mode: Mode, b: int, gpu_ms: float | None, graph: str | None,
-        launch_ms: float | None = None,
-    ) -> None:
-        now = _now()
-        first = not seq.output_ids
-        itl = None if first else (now - seq.token_times_ns[-1]) / 1e6
-        seq.output_ids.append(token)
-        seq.token_times_ns.append(now)
-        if itl is not None:
-            seq.itls_ms.append(itl)
-        seq.mode_counts[mode] = seq.mode_counts.get(mode, 0) + 1
-        text = seq.detok.push(token) if seq.detok is not None else ""
-        seq.text_parts.append(text)
-        self._pending.append(
-            TokenEvent(
-                request_id=seq.request_id, token_index=len(seq.output_ids) - 1, token_id=token,
-                text=text, mode=mode, batch_size=b, t_ns=now, itl_ms=itl, gpu_step_ms=gpu_ms,
-                is_first_token=first, position=len(seq.prompt_ids) + len(seq.output_ids) - 1,
-                graph=graph, launch_ms=launch_ms,
-            )
-        )
-        if token in seq.stop_ids:
-            self._finish(seq, "stop")
-        elif len(seq.output_ids) >= seq.params.max_tokens or seq.length >= self.max_context:
-            self._finish(seq, "length")
-
-    def _finish(self, seq: Sequence, reason: str) -> None:
-        if seq.slot >= 0 and self.reuses_prefixes:
-            # rows [0, len) hold the prompt and the outputs fed back (a stopped reply's too: those
-            # rows were written by steps already read; a step still in flight writes only later
-            # rows, and admission drains it before any prefill)
-            if reason in ("stop", "length", "cancelled"):
-                self.history.record(seq.slot, seq.prompt_ids + seq.output_ids[:-1])
-            else:
-                self.history.forget(seq.slot)
-        self.scheduler.release(seq)
-        if seq.detok is not None:
-            tail = seq.detok.flush()
-            if tail:
-                seq.text_parts.append(tail)
-        now = _now()
-        n = len(seq.output_ids)
-        ttft = (seq.token_times_ns[0] - seq.submit_ns) / 1e6 if n else (now - seq.submit_ns) / 1e6
-        e2e = ((seq.token_times_ns[-1] if n else now) - seq.submit_ns) / 1e6
-        tpot = (seq.token_times_ns[-1] - seq.token_times_ns[0]) / 1e6 / (n - 1) if n > 1 else None
-        self._pending.append(
-            RequestFinished(
-                RequestSummary(
-                    request_id=seq.request_id, prompt_tokens=len(seq.prompt_ids), output_tokens=n,
-                    cached_tokens=seq.cached_tokens,
-                    ttft_ms=ttft, tpot_ms=tpot, e2e_ms=e2e, finish_reason=reason,  # type: ignore[arg-type]
-                    text="".join(seq.text_parts), token_ids=list(seq.output_ids),
-                    itl_ms=list(seq.itls_ms), mode_counts=dict(seq.mode_counts),
-                )
-            )
-        )

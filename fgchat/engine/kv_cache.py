@@ -53,13 +53,8 @@ def choose_max_context(
 
 
 class KVCache:
-    def __init__(
-        self, cfg: ModelConfig, max_context: int, device: torch.device, dtype: torch.dtype,
-        extra_slots: int = 0,
-    ) -> None:
-        # extra_slots: slots past NUM_SLOTS that no sequence is given (the compiled CPU step's
-        # scratch slot, engine.cpu_compiled); left uninitialised on CPU, so they cost address space
-        shape = (NUM_SLOTS + extra_slots, max_context, cfg.num_kv_heads, cfg.head_dim)
+    def __init__(self, cfg: ModelConfig, max_context: int, device: torch.device, dtype: torch.dtype) -> None:
+        shape = (NUM_SLOTS, max_context, cfg.num_kv_heads, cfg.head_dim)
         self.max_context = max_context
         alloc = torch.zeros if device.type == "cuda" else torch.empty
         layers = cfg.num_layers

@@ -22,3 +22,9 @@ def is_out_of_memory(exc: BaseException) -> bool:
         text = str(exc)
         return "DefaultCPUAllocator" in text or "not enough memory" in text or "out of memory" in text.lower()
     return False
+
+
+def error_line(exc: BaseException) -> str:
+    """`exc` as one line of at most 300 characters (its type's name when it has no message)."""
+    text = str(exc).strip() or type(exc).__name__
+    return " ".join(text.split())[:300]

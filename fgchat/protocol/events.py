@@ -184,9 +184,7 @@ class EngineInfo:
     # non-empty when the "engine" is a remote OpenAI-compatible server at this URL: timings are
     # then measured at the client, and gpu_step_ms / launch_ms are None unless it is fgchat
     endpoint: str = ""
-    # CPU: how decode steps run: "eager", "compiling" (batch 1's build runs), "compiled" (batch 1),
-    # "compiled+compiling" (batches 2..8 being built), "compiled+batch" (every batch size); "" on
-    # CUDA and for endpoints
+    # CPU: how decode steps run ("eager"); "" on CUDA and for endpoints
     cpu_step: str = ""
 
 

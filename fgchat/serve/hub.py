@@ -29,12 +29,14 @@ from fgchat.protocol.events import (
     MODES,
     EngineError,
     EngineInfo,
+    EngineProgress,
     ModeChanged,
     RequestFinished,
     SamplingParams,
     TokenEvent,
 )
 from fgchat.protocol.config import MAX_BATCH
+from fgchat.protocol.handle import EngineHandle
 from fgchat.serve.metrics import ServeMetrics
 
 ENGINE_SLOTS = MAX_BATCH
@@ -67,7 +69,7 @@ class _Active:
 
 
 class EngineHub:
-    def __init__(self, handle: Any, info: EngineInfo, mode: str, max_queue: int,
+    def __init__(self, handle: EngineHandle, info: EngineInfo, mode: str, max_queue: int,
                  metrics: ServeMetrics | None = None) -> None:
         self.handle = handle
         self.info = info
@@ -214,7 +216,7 @@ class EngineHub:
         self.metrics.waiting.set(self.waiting)
 
 
-def wait_for_info(handle: Any, timeout_s: float, on_phase: Any = None,
+def wait_for_info(handle: EngineHandle, timeout_s: float, on_phase: Callable[[str], None] | None = None,
                   stopped: Callable[[], bool] | None = None) -> tuple[EngineInfo, str, list]:
     """Block until the started handle sends EngineInfo: (info, mode, events after it). A fatal
     error while loading raises Unavailable with its one-line message; `stopped()` turning true
@@ -230,7 +232,7 @@ def wait_for_info(handle: Any, timeout_s: float, on_phase: Any = None,
                 raise Unavailable(ev.message)
             if info is None and isinstance(ev, EngineInfo):
                 info = ev
-            elif info is None and on_phase is not None and hasattr(ev, "phase"):
+            elif info is None and on_phase is not None and isinstance(ev, EngineProgress):
                 on_phase(ev.phase)
             elif info is not None:
                 rest.append(ev)

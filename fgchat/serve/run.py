@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from fgchat.protocol.errors import FgchatError
+from fgchat.protocol.handle import EngineHandle
 
 ENGINE_START_TIMEOUT_S = 3600.0  # a first start may download and convert a model
 API_KEY_ENV = "FGCHAT_API_KEY"
@@ -138,7 +139,7 @@ class _StopSignals:
         self._saved.clear()
 
 
-def _end_loading(handle: Any, timeout_s: float = 5.0) -> None:
+def _end_loading(handle: EngineHandle, timeout_s: float = 5.0) -> None:
     """End an engine process that is still loading (it holds nothing to finish): SIGTERM, then the
     handle's shutdown once it is gone. No command is sent to it, so no queue feeder thread is
     started that could still be releasing the queue's semaphores when this process exits (the

@@ -67,7 +67,8 @@ def build_app(
     fails to load and a chat store that cannot be opened are shown inside the UI instead.
     `launched_at` (time.monotonic()) is when "ready in X s" counts from; default this process's
     start."""
-    from fgchat.engine.process import EngineProcess, startup_mark, terminal_signals_blocked
+    from fgchat.engine.process import EngineProcess, terminal_signals_blocked
+    from fgchat.engine.startup_trace import startup_mark
     from fgchat.protocol.config import EngineConfig
     from fgchat.protocol.errors import FgchatError
 

@@ -8,7 +8,7 @@ The app composes components that each own their state:
 - `SamplingChoice` (sampling.py): model defaults + user overrides, K replies per prompt;
 - `LogFiles` (log_files.py): ctrl+s exports and --log-csv;
 - `StoreGuard` (store_guard.py): chat store calls that never end the app.
-The app itself owns the layout, key bindings, the engine-event dispatch and exit.
+The app itself owns the layout, the key bindings (bindings.py), the engine-event dispatch and exit.
 
 Data flow: the link's worker thread posts `EngineEvents` (a fast stream's batches gathered into
 at most one message per frame); the handler lets the link update its state, records every
@@ -54,11 +54,14 @@ from textual.timer import Timer
 from textual.widgets import Footer, Header, Input, Static, TabbedContent
 
 from fgchat.engine.heap import freeze_heap
-from fgchat.engine.process import EngineProcess, startup_mark
+from fgchat.engine.process import EngineProcess
+from fgchat.engine.startup_trace import startup_mark
+from fgchat.protocol.handle import EngineHandle
 from fgchat.metrics import CsvAppender, new_session_id
 from fgchat.protocol.errors import FgchatError
 from fgchat.protocol.events import MODES, EngineError, SamplingParams
 from fgchat import exit_signals
+from fgchat.tui.bindings import APP_BINDINGS
 from fgchat.tui.chat_tabs import ChatTabs
 from fgchat.tui.dialogs import ExportScreen, MessageScreen, SamplingScreen
 from fgchat.tui.engine_link import CPU_POST_S, EngineLink, EngineUpdate
@@ -75,7 +78,7 @@ from fgchat.tui.store import ChatStore, Settings, usable_data_dir
 from fgchat.tui.store_guard import StoreGuard, log_problem
 from fgchat.tui.themes import BUILTIN_THEME_DIR, DEFAULT_THEME, load_themes
 
-EngineFactory = Callable[..., object]
+EngineFactory = Callable[..., EngineHandle]
 EXIT_SIGNALS = exit_signals.EXIT_SIGNALS
 SHUTDOWN_GRACE_S = 3.0  # after a signal (data already stored): longest wait for the UI to close
 
@@ -98,53 +101,16 @@ def open_store(path: Path, problem: str = "") -> tuple[ChatStore, str]:
     return ChatStore(":memory:"), f"{problem}: chats are kept in memory for this session"
 
 
-def _chat(action: str) -> str:
-    """A binding's action string for a ChatTabs action (see `FgchatApp.action_chat`)."""
-    return f"chat('{action}')"
-
-
 class FgchatApp(App[int]):
-    """Chat + latency console. `engine_factory(config)` returns an object with EngineProcess's
-    interface (start, submit_chats or submit_chat, cancel, set_mode, get_events, shutdown); default
-    EngineProcess."""
+    """Chat + latency console. `engine_factory(config)` returns an EngineHandle
+    (protocol.handle); default EngineProcess."""
 
     CSS_PATH = "app.tcss"
     TITLE = "fgchat"
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (110, "-wide")]
     VERTICAL_BREAKPOINTS = [(0, "-short"), (34, "-tall")]
 
-    BINDINGS = [
-        Binding("escape", _chat("stop"), "Stop", tooltip="Stop the replies of the current chat (partial text is kept)"),
-        Binding("f1", "mode('eager')", "Eager", group=Binding.Group("Mode", compact=True),
-                tooltip="Mode eager: every kernel launched from Python"),
-        Binding("f2", "mode('piecewise')", "Piecewise", group=Binding.Group("Mode", compact=True),
-                tooltip="Mode piecewise: CUDA graphs between attention calls"),
-        Binding("f3", "mode('full')", "Full", group=Binding.Group("Mode", compact=True),
-                tooltip="Mode full: the whole decode step as one CUDA graph"),
-        Binding("f7", "mode('mega')", "Mega", group=Binding.Group("Mode", compact=True),
-                tooltip="Mode mega: every decoder layer as one persistent kernel, in one CUDA graph"),
-        Binding("f4", "samples(1)", "K+1", group=Binding.Group("Replies", compact=True),
-                tooltip="Ask for one more reply per prompt (K = 1..8 replies generated as one batch)"),
-        Binding("f5", "samples(-1)", "K-1", group=Binding.Group("Replies", compact=True),
-                tooltip="Ask for one reply fewer per prompt"),
-        Binding("f6", "sampling", "Sampling",
-                tooltip="Sampling: temperature, top-p, top-k, seed, penalties (the model's defaults unless you change them)"),
-        Binding("ctrl+n", _chat("new_chat"), "New", tooltip="New chat tab (chats can generate at the same time)"),
-        Binding("ctrl+r", _chat("regenerate"), "Regen", tooltip="Regenerate the last reply of this chat"),
-        Binding("ctrl+s", "export", "Export", tooltip="Export the latency log: tokens CSV + requests CSV"),
-        Binding("ctrl+y", _chat("copy_reply"), "Copy", show=False, tooltip="Copy the last reply to the clipboard"),
-        Binding("ctrl+o", _chat("open_chat"), "Open", tooltip="Reopen a saved conversation"),
-        Binding("ctrl+t", _chat("system_prompt"), "System", show=False, tooltip="Edit this chat's system prompt"),
-        Binding("ctrl+l", "toggle_panel", "Panel", show=False, tooltip="Show or hide the latency console"),
-        # priority: the prompt Input (a ScrollView) binds these keys to horizontal paging and
-        # takes them whenever its text or placeholder is wider than it (narrow terminals)
-        Binding("ctrl+pagedown", _chat("next_chat"), "Next", show=False, priority=True, tooltip="Next chat tab"),
-        Binding("ctrl+pageup", _chat("previous_chat"), "Prev", show=False, priority=True,
-                tooltip="Previous chat tab"),
-        Binding("f10", "help", "Help", tooltip="This help"),
-        Binding("ctrl+q", "quit", "Quit", priority=True,
-                tooltip="Quit (replies in flight are stored as interrupted)"),
-    ]
+    BINDINGS = APP_BINDINGS
 
     def __init__(
         self,
@@ -155,7 +121,7 @@ class FgchatApp(App[int]):
         sampling: SamplingParams | None = None,
         data_path: Path | None = None,
         session_id: str | None = None,
-        engine: object | None = None,
+        engine: EngineHandle | None = None,
         launched_at: float | None = None,
     ) -> None:
         """`engine`: a handle already started (fgchat.tui.build_app spawns it before importing the
@@ -180,7 +146,7 @@ class FgchatApp(App[int]):
         self.session_id = session_id or getattr(log_csv, "session_id", None) or new_session_id()
         self.latency = LatencyConsole(self.session_id)
         if launched_at is None and engine is not None:
-            launched_at = getattr(engine, "started_at", None)
+            launched_at = engine.started_at
         self.link = EngineLink(self, config, engine_factory or (
             lambda cfg: EngineProcess(cfg, log_path=self.data_path / "engine.log")),
             handle=engine, started_at=launched_at)

@@ -50,6 +50,7 @@ from fgchat.protocol.events import (
     StartupCheck,
     TokenEvent,
 )
+from fgchat.protocol.handle import EngineHandle
 from fgchat.tui.messages import EngineEvents
 
 POLL_S = 0.05
@@ -81,7 +82,7 @@ class EngineLink:
     """Engine lifecycle and state. `factory(config)` makes the handle; `handle`, when given, is
     one already started at `started_at` (time.monotonic()), adopted by the first `start`."""
 
-    def __init__(self, app: App, config, factory: Callable[..., object], handle: object | None = None,
+    def __init__(self, app: App, config, factory: Callable[..., EngineHandle], handle: EngineHandle | None = None,
                  started_at: float | None = None) -> None:
         self.app = app
         self.config = config
@@ -121,7 +122,7 @@ class EngineLink:
         self.app.run_worker(partial(self._poll, self.handle, self.generation), thread=True,
                             exclusive=True, group="engine-poll", exit_on_error=False)
 
-    def _poll(self, handle, generation: int) -> None:
+    def _poll(self, handle: EngineHandle, generation: int) -> None:
         worker = get_current_worker()
         posted_at = 0.0
         while not worker.is_cancelled:
@@ -171,13 +172,8 @@ class EngineLink:
         self.handle.set_mode(mode)
 
     def submit(self, messages: list[dict[str, str]], requests: list[tuple[int, SamplingParams]]) -> None:
-        """The K requests of one prompt as one command where the handle has it."""
-        submit_chats = getattr(self.handle, "submit_chats", None)
-        if submit_chats is not None:
-            submit_chats(messages, requests)
-        else:  # a handle without the batched command: one submit per reply
-            for rid, params in requests:
-                self.handle.submit_chat(rid, messages, params)
+        """The K requests of one prompt as one command."""
+        self.handle.submit_chats(messages, requests)
 
     def cancel(self, request_id: int) -> None:
         self.handle.cancel(request_id)

@@ -320,9 +320,7 @@ class LatencyPanel(VerticalScroll):
         if info is None:
             return Content("")
         sampling = [("\nsampling ", "$text-muted"), (view.sampling, "")] if view.sampling else []
-        step = {"compiled": " · compiled step", "compiling": " · compiling step…",
-                "compiled+compiling": " · compiled step · compiling batch step…",
-                "compiled+batch": " · compiled steps"}.get(info.cpu_step, "")
+        step = f" · {info.cpu_step} step" if info.cpu_step else ""
         where = (f"\n{info.endpoint} · measured at client" if info.endpoint else
                  f"\n{info.device} · {info.dtype} · {info.attention_backend}{step} · ctx {info.max_context}")
         ready = [(f"\nready in {view.ready_s:.1f} s", "$text-muted")] if view.ready_s is not None else []

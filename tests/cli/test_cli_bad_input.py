@@ -180,7 +180,7 @@ def test_pick_device_rejects_other_torch_devices():
     import torch
 
     from fgchat.protocol.errors import FgchatError
-    from fgchat.engine.loader import pick_device
+    from fgchat.engine.devices import pick_device
 
     assert pick_device("cpu") == torch.device("cpu")
     assert pick_device(None).type in ("cpu", "cuda")

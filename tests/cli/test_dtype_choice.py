@@ -1,10 +1,10 @@
-"""Which dtype the engine and the command line pick (loader.pick_dtype, cli --dtype)."""
+"""Which dtype the engine and the command line pick (devices.pick_dtype, cli --dtype)."""
 
 import pytest
 import torch
 
 from fgchat.cli import build_parser
-from fgchat.engine import loader
+from fgchat.engine import devices
 from fgchat.protocol.errors import FgchatError
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
@@ -12,15 +12,15 @@ CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 
 @pytest.mark.parametrize("native", [True, False])
 def test_auto_is_bf16_only_on_cpus_with_bf16_instructions(monkeypatch, native):
-    monkeypatch.setattr(loader, "cpu_computes_bf16", lambda: native)
-    assert loader.pick_dtype("auto", CPU) == (torch.bfloat16 if native else torch.float32)
-    assert loader.pick_dtype("auto", CUDA) == torch.bfloat16
+    monkeypatch.setattr(devices, "cpu_computes_bf16", lambda: native)
+    assert devices.pick_dtype("auto", CPU) == (torch.bfloat16 if native else torch.float32)
+    assert devices.pick_dtype("auto", CUDA) == torch.bfloat16
     # the engine's own default stays the float32 reference on CPU
-    assert loader.pick_dtype(None, CPU) == torch.float32
-    assert loader.pick_dtype(None, CUDA) == torch.bfloat16
-    assert loader.pick_dtype("fp32", CPU) == torch.float32
+    assert devices.pick_dtype(None, CPU) == torch.float32
+    assert devices.pick_dtype(None, CUDA) == torch.bfloat16
+    assert devices.pick_dtype("fp32", CPU) == torch.float32
     with pytest.raises(FgchatError):
-        loader.pick_dtype("int8", CPU)
+        devices.pick_dtype("int8", CPU)
 
 
 def test_cpu_probe_false_when_torch_cannot_tell(monkeypatch):
@@ -29,9 +29,9 @@ def test_cpu_probe_false_when_torch_cannot_tell(monkeypatch):
 
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", broken, raising=False)
     monkeypatch.delattr(torch.cpu, "_is_amx_tile_supported", raising=False)
-    assert loader.cpu_computes_bf16() is False
+    assert devices.cpu_computes_bf16() is False
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True, raising=False)
-    assert loader.cpu_computes_bf16() is True
+    assert devices.cpu_computes_bf16() is True
 
 
 @pytest.mark.parametrize("argv", [[], ["generate", "--prompt", "hi"], ["serve"], ["bench"]])

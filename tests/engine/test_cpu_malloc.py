@@ -12,7 +12,6 @@ import pytest
 
 from fgchat.engine import core
 from fgchat.engine.core import Engine, EngineConfig
-from fgchat.protocol.tuning import Tuning
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -62,14 +61,11 @@ def test_freed_blocks_are_reused_without_faulting_again() -> None:
     assert max(released[1:3]) < pages // 20 and released[3] >= pages // 2, released
 
 
-def test_a_cpu_engine_sets_it_unless_switched_off(tiny_llama, monkeypatch) -> None:
+def test_a_cpu_engine_sets_it(tiny_llama, monkeypatch) -> None:
     calls = []
     monkeypatch.setattr(core, "keep_freed_blocks", lambda: calls.append(1) or True)
-    for on in (True, False):
-        calls.clear()
-        Engine(EngineConfig(model=str(tiny_llama), device="cpu", mode="eager", max_context=64,
-                            tuning=Tuning(cpu_malloc=on), self_check=False))
-        assert calls == ([1] if on else [])
+    Engine(EngineConfig(model=str(tiny_llama), device="cpu", mode="eager", max_context=64, self_check=False))
+    assert calls == [1]
 
 
 def test_an_idle_engine_hands_the_free_pages_back_once_after_a_prefill(tiny_llama, monkeypatch) -> None:
@@ -78,8 +74,7 @@ def test_an_idle_engine_hands_the_free_pages_back_once_after_a_prefill(tiny_llam
     calls = []
     monkeypatch.setattr(core, "keep_freed_blocks", lambda: True)
     monkeypatch.setattr(core, "release_free_blocks", lambda: calls.append(1) or True)
-    eng = Engine(EngineConfig(model=str(tiny_llama), device="cpu", mode="eager", max_context=64,
-                              tuning=Tuning(cpu_malloc=True), self_check=False))
+    eng = Engine(EngineConfig(model=str(tiny_llama), device="cpu", mode="eager", max_context=64, self_check=False))
     assert not eng.capture_idle() and calls == []  # nothing prefilled yet
     eng.submit([5, 6, 7, 8], SamplingParams(max_tokens=3, ignore_eos=True))
     eng.step()

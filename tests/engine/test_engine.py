@@ -276,7 +276,7 @@ def test_request_errors(tiny_llama):
 def test_modes_unavailable_on_cpu(tiny_llama):
     eng = make_engine(tiny_llama, mode="full")
     info = eng.info()
-    assert eng.mode == "eager"
+    assert eng.mode == "eager" and info.cpu_step == "eager"
     assert "CUDA" in info.available_modes["full"] and "CUDA" in info.available_modes["piecewise"]
     ev = eng.set_mode("piecewise")
     assert ev.mode == "eager" and "unavailable" in ev.reason

@@ -8,7 +8,8 @@ import queue
 
 from fgchat.engine.core import Engine, EngineConfig
 from fgchat.engine.modes.base import StepMode
-from fgchat.engine.process import GetInfo, serve
+from fgchat.engine.commands import GetInfo
+from fgchat.engine.serve_loop import serve
 from fgchat.protocol.events import CaptureReport, EngineInfo, Mode, ModeChanged, SamplingParams
 
 

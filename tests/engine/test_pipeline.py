@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import torch
 
-from fgchat.protocol.tuning import Tuning
 from fgchat.engine.core import Engine, EngineConfig
 from fgchat.protocol.events import RequestFinished, SamplingParams, TokenEvent
 
 
 def _engine(path, pipeline: bool) -> Engine:
-    return Engine(EngineConfig(model=str(path), device="cpu", max_context=96, tuning=Tuning(pipeline=pipeline)))
+    eng = Engine(EngineConfig(model=str(path), device="cpu", max_context=96))
+    assert not eng.pipelined  # the CPU default
+    eng.pipelined = pipeline
+    return eng
 
 
 def _run(eng: Engine, jobs, cancel_at: dict[int, int] | None = None):

@@ -8,7 +8,8 @@ import time
 import pytest
 
 from fgchat.engine.core import Engine, EngineConfig
-from fgchat.engine.process import MAX_FAILED_STEPS, EngineThread
+from fgchat.engine.process import EngineThread
+from fgchat.engine.serve_loop import MAX_FAILED_STEPS
 from fgchat.protocol.events import EngineError, EngineInfo, RequestFinished, SamplingParams
 
 

@@ -55,9 +55,9 @@ def test_pick_on_nan_rows_matches_argmax():
 
 
 def test_no_pick_without_native_bf16(monkeypatch):
-    from fgchat.engine import loader
+    from fgchat.engine import devices
 
-    monkeypatch.setattr(loader, "cpu_computes_bf16", lambda: False)
+    monkeypatch.setattr(devices, "cpu_computes_bf16", lambda: False)
     assert CpuHeadPick.prepare(_head(64, 64, 0, torch.bfloat16)) is None
 
 

@@ -7,9 +7,10 @@ import time
 
 import pytest
 
-from fgchat.engine import event_pipe, process
+from fgchat.engine import event_pipe, serve_loop
 from fgchat.engine.core import EngineConfig
-from fgchat.engine.process import EngineProcess, serve
+from fgchat.engine.process import EngineProcess
+from fgchat.engine.serve_loop import serve
 from fgchat.protocol.events import EngineInfo, RequestFinished, SamplingParams, TokenEvent
 
 
@@ -70,7 +71,7 @@ class _Streaming:
 
 
 def test_serve_holds_token_events_while_the_reader_lags_and_sends_the_rest_at_once(monkeypatch):
-    monkeypatch.setattr(process, "SEND_INTERVAL_S", 0.0)  # every step's send is due
+    monkeypatch.setattr(serve_loop, "SEND_INTERVAL_S", 0.0)  # every step's send is due
     eng = _Streaming(10)
     lag = {3, 4, 5, 6}  # steps whose send the reader is behind for
     sent: list[list] = []
@@ -93,7 +94,7 @@ def test_serve_holds_token_events_while_the_reader_lags_and_sends_the_rest_at_on
 
 
 def test_a_lagging_reader_never_holds_back_a_non_token_event(monkeypatch):
-    monkeypatch.setattr(process, "SEND_INTERVAL_S", 0.0)
+    monkeypatch.setattr(serve_loop, "SEND_INTERVAL_S", 0.0)
     eng = _Streaming(3)
     sent: list[list] = []
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from fgchat.engine.chat_fit import fit_chat
-from fgchat.engine.process import SubmitChats, _apply_chats
+from fgchat.engine.commands import SubmitChats
+from fgchat.engine.serve_loop import _apply_chats
 from fgchat.protocol.events import EngineError, RequestNotice, SamplingParams
 from test_tui import data_dir, make_app, type_prompt, wait_for, wait_ready  # noqa: F401
 

@@ -261,7 +261,8 @@ async def test_footer_shows_k_open_quit_and_fits_120_columns(tiny_llama, data_di
 
 def test_submit_chats_tokenizes_once_and_reports_per_request_errors():
     from fgchat.protocol.events import EngineError
-    from fgchat.engine.process import SubmitChats, _apply
+    from fgchat.engine.commands import SubmitChats
+    from fgchat.engine.serve_loop import _apply
 
     class Tokenizer:
         calls = 0

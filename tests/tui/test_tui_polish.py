@@ -163,7 +163,7 @@ def test_startup_phase_names_a_pending_conversion(tmp_path, monkeypatch):
     from types import SimpleNamespace
 
     from fgchat.engine.model import resolve
-    from fgchat.engine.process import startup_phase
+    from fgchat.engine.serve_loop import startup_phase
 
     gguf = tmp_path / "m.gguf"
     gguf.write_bytes(b"GGUF")
@@ -203,6 +203,8 @@ async def test_starting_engine_shows_its_phase_and_elapsed_time(tiny_llama, data
         assert app.link.state == "starting"
         gate.set()
         await wait_ready(pilot, app)
+        await wait_for(pilot, lambda: " · eager step · ctx " in panel(app).text_of("engine-info"),
+                       "the engine line saying how a CPU step runs")
 
 
 def _blank_top_and_gap(view) -> tuple[int, int, int]:

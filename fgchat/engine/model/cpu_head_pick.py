@@ -51,7 +51,7 @@ class CpuHeadPick:
     def prepare(cls, w: torch.Tensor) -> CpuHeadPick | None:
         """The pick for head w (float32 or half), or None where a packed bf16 copy cannot be made
         or its product of a probe row disagrees with F.linear's (cpu_linear.agrees)."""
-        from fgchat.engine.loader import cpu_computes_bf16
+        from fgchat.engine.devices import cpu_computes_bf16
 
         if w.device.type != "cpu" or not cpu_computes_bf16():
             return None
