@@ -6,7 +6,7 @@ embedded model). By default glibc serves each of those from a fresh mmap and unm
 (or trims the heap's top), so the next tensor of that size faults in every 4 KB page again: a
 [8000, 3072] bf16 product took 26 ms into a fresh output and 9 ms into a reused one. With the mmap
 threshold at glibc's largest and the heap trimmed only past TRIM_THRESHOLD_BYTES of free space,
-the pages of tensors up to 32 MB are reused (notes V81). Larger blocks (the KV cache, weights, and
+the pages of tensors up to 32 MB are reused (design.md V81). Larger blocks (the KV cache, weights, and
 that 49 MB output) are still mapped and unmapped as before. The cost: memory freed after a large
 prefill stays resident until `release_free_blocks` hands the heap's free pages back (the engine
 does once it is idle after a prefill; the next prefill faults its pages in once, not at every

@@ -50,17 +50,3 @@ def backlog_check(fd: int) -> Callable[[], bool]:
     """Grow the pipe; a callable that says whether the reader lags by more than BACKLOG_BYTES."""
     grow(fd)
     return lambda: unread(fd) > BACKLOG_BYTES
-
-
-class SendMeter:
-    """The engine child's hooks around its writes (process.serve): `held` counts the sends the
-    gate deferred; `timed` and `report` leave the writes as they are."""
-
-    def __init__(self) -> None:
-        self.held = 0
-
-    def timed(self, send: Callable[[list], None]) -> Callable[[list], None]:
-        return send
-
-    def report(self) -> None:
-        """Nothing is reported."""

@@ -151,18 +151,11 @@ def _process_main(config: Any, commands: Any, events: Any, log_path: str | None)
         except (EOFError, OSError):
             return Shutdown()
 
-    meter = event_pipe.SendMeter()
-
-    @meter.timed
     def send(batch: list) -> None:
         try:
             events.send(batch)
         except (BrokenPipeError, EOFError, OSError):
-            meter.report()
             os._exit(0)  # the parent is gone: nobody to report to
-
-    def held() -> None:
-        meter.held += 1
 
     def make_engine() -> Any:
         from fgchat.engine.core import Engine
@@ -177,9 +170,8 @@ def _process_main(config: Any, commands: Any, events: Any, log_path: str | None)
 
     try:
         serve(make_engine, next_command, send, keep_going=lambda: parent is None or parent.is_alive(),
-              phase=startup_phase(config), lagging=event_pipe.backlog_check(events.fileno()), on_hold=held)
+              phase=startup_phase(config), lagging=event_pipe.backlog_check(events.fileno()))
     finally:
-        meter.report()
         try:
             events.close()
         except OSError:

@@ -1,6 +1,6 @@
 """Start-up trace: with $FGCHAT_STARTUP_TRACE set, every process of fgchat (the UI and the engine
 child) appends "label<TAB>time.monotonic()" lines to that file at each start-up phase
-(scripts/startup_time.py reads them); unset, nothing is written. Imports nothing from fgchat."""
+(tools/startup_time.py reads them); unset, nothing is written. Imports nothing from fgchat."""
 
 from __future__ import annotations
 

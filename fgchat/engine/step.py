@@ -23,7 +23,6 @@ from fgchat.engine.kv_cache import NUM_SLOTS, KVCache
 from fgchat.engine.model.decoder import Decoder, StepState
 
 if TYPE_CHECKING:
-    from fgchat.engine.cpu_compiled import CompiledStep
     from fgchat.engine.kernels.megakernel import DecodeLayers
 
 # rows of the packed int64 staging tensor
@@ -141,11 +140,6 @@ class StepProgram:
         self.counts, self.prompt_mask = penalties.alloc_state(NUM_SLOTS, decoder.cfg.vocab_size, bufs.device)
         # host-side bound of seq_lens for eager CPU steps (lets the torch backend slice the cache)
         self.max_len_hint: int | None = None
-        # CPU: steps through one compiled function (engine.cpu_compiled) once it is loaded: batch 1's,
-        # and the batch package's for 2..its lanes; lanes_wanted: a batch ran eagerly without it
-        self.compiled: CompiledStep | None = None
-        self.compiled_lanes: CompiledStep | None = None
-        self.lanes_wanted = False
 
     def pieces(self, b: int, variant: int, before_layer: Callable[[int], None] | None = None
                ) -> tuple[list[Piece], list[Callable[[StepState], None]]]:
@@ -254,15 +248,7 @@ class StepProgram:
 
     def run_eager(self, b: int, variant: int) -> StepOutputs:
         st = StepState()
-        step = self.compiled if b == 1 else self.compiled_lanes
-        if step is not None and b <= step.lanes:
-            di = self.bufs.dev_i
-            st.h = step.run(di[ROW_IDS, :b], di[ROW_POS, :b], di[ROW_SLOT, :b])
-            self._finish(st, b, Variant(variant))
-        else:
-            if b > 1 and self.compiled is not None:
-                self.lanes_wanted = True
-            run_pieces(st, *self.pieces(b, variant))
+        run_pieces(st, *self.pieces(b, variant))
         return StepOutputs(st.tokens, st.logits)
 
 

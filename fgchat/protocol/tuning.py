@@ -57,18 +57,6 @@ class Tuning:
     # CPU decode attention of a half-precision cache in its own dtype (True) or through float32
     # copies (False). None: whichever is faster on this machine (cpu_sdpa.half_kernel_pays)
     cpu_attn_half: bool | None = None
-    # read by engine.core / engine.process
-    # launch step n+1 before reading step n; None: on with CUDA
-    pipeline: bool | None = None
-    # CUDA: distinct prompts admitted together prefilled in one pass
-    batched_prefill: bool = True
-    # CPU: freed blocks of up to 32 MB kept by glibc's malloc for reuse (engine.cpu_malloc)
-    cpu_malloc: bool = True
-    # CPU: decode steps through one compiled function (engine.cpu_compiled); the engine process
-    # and the bench turn it on
-    cpu_compile: bool = False
-    # CPU: the compiled step's products from inductor's C++ GEMM templates where they time faster
-    cpu_gemm_templates: bool = True
     # capture only the first mode's batch-1 graph before the engine is ready, the rest while idle;
     # the engine process turns it on (process.engine_process_config)
     idle_capture: bool = False

@@ -1,5 +1,5 @@
 """Terminal UI. `run_tui` is what the CLI calls; `build_app` is its start-up, on its own for
-scripts that run the app headless (scripts/startup_time.py).
+scripts that run the app headless (tools/startup_time.py).
 
 Start-up order (invariant): the engine is started before Textual and the app are imported, so
 the engine child's imports and model load (seconds) overlap the UI's own imports and

@@ -12,7 +12,7 @@ def test_defaults_without_environment(monkeypatch):
     for name in ("FGCHAT_FUSED", "FGCHAT_PROJ_CONFIGS"):
         monkeypatch.delenv(name, raising=False)
     t = Tuning.from_env()
-    assert t == Tuning() and t.fused and t.proj_configs == "" and t.pipeline is None
+    assert t == Tuning() and t.fused and t.proj_configs == "" and t.head_pick is None
     assert t.changed() == {}
 
 
@@ -36,7 +36,7 @@ def test_retired_switches_are_not_read(monkeypatch):
 
 
 def test_fields_the_environment_does_not_set_come_from_the_defaults_given():
-    base = Tuning(idle_capture=True, cpu_compile=True, head_pick=False)
+    base = Tuning(idle_capture=True, prefix_reuse=True, head_pick=False)
     assert Tuning.from_env(base) == base
 
 

@@ -186,20 +186,22 @@ def test_random_llama_1b_generates():
 
 def test_batch_of_eight_matches_alone_bf16(engine):
     """bf16 on the GPU: 8 prompts of different lengths decoded together give each one's solo
-    tokens. Prefilled one by one, as alone (a one-pass prefill of the round runs other GEMM
-    shapes, so other rounding: tests/gpu/test_gpu_prefill.py checks it against float32)."""
-    import dataclasses
-
+    tokens. Each is admitted in a step of its own, so it is prefilled alone (a one-pass prefill of
+    a round runs other GEMM shapes, so other rounding: tests/gpu/test_gpu_prefill.py checks it
+    against float32); the decode steps then run batches of 1 to 8."""
     v = engine.cfg.vocab_size
     prompts = [prompt_of(3 + 29 * i, 700 + i, v) for i in range(8)]
     sp = SamplingParams(max_tokens=32, ignore_eos=True)
     alone = [run(engine, "full", [p], sp)[0][0] for p in prompts]
-    tuning, engine.tuning = engine.tuning, dataclasses.replace(engine.tuning, batched_prefill=False)
-    try:
-        together, _, _ = run(engine, "full", prompts, sp)
-    finally:
-        engine.tuning = tuning
-    assert together == alone
+    engine.set_mode("full")
+    rids, events = [], []
+    for p in prompts:
+        rids.append(engine.submit(p, sp))
+        events += engine.step()
+    while engine.has_work():
+        events += engine.step()
+    done = {e.summary.request_id: e.summary.token_ids for e in events if isinstance(e, RequestFinished)}
+    assert [done[r] for r in rids] == alone
 
 
 def test_pipelined_equals_plain_loop_with_joins_and_leaves(engine, gqa_model):
@@ -207,7 +209,8 @@ def test_pipelined_equals_plain_loop_with_joins_and_leaves(engine, gqa_model):
     requests of different lengths and sampling settings join and leave, in every mode."""
     assert engine.pipelined
     plain = Engine(EngineConfig(model=str(gqa_model), device="cuda", dtype="bfloat16",
-                                max_context=4096, mode="full", tuning=Tuning(pipeline=False)))
+                                max_context=4096, mode="full"))
+    plain.pipelined = False
     v = engine.cfg.vocab_size
     prompts = [prompt_of(9 + 41 * i, 900 + i, v) for i in range(6)]
     params = [SamplingParams(max_tokens=8 + 11 * i, ignore_eos=True, temperature=0.8 * (i % 2), seed=i)

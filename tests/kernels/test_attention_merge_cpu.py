@@ -1,6 +1,6 @@
 """The split-K decode attention's merge under Triton's CPU interpreter: the separate combine
 kernel, the last split merging the others one split at a time, and the same merge reading the
-live splits eight at a time (MERGE_UNROLLED, notes V55), each against a float32 reference.
+live splits eight at a time (MERGE_UNROLLED, design.md V55), each against a float32 reference.
 
 The backend object itself needs CUDA, so the script builds the split kernel's arguments the way
 `TritonDecodeAttention._plan` / `_split_args` do. GPU coverage: tests/kernels/test_attention.py.

@@ -222,7 +222,7 @@ def wins_over_cublas(w: torch.Tensor) -> bool:
 # as the MMA's M, split along K so its programs fill the SMs once (H100, 1B full, whole step, batch 1:
 # down from cuBLAS + its reduce 1.091 -> 1.049 ms, split 2: 1.080, split 8: 1.101, the 16-row tile
 # split 2: 1.075; o from the 16-row tile split 4 (512 programs) 1.034 -> 1.015; H200, 8B full: o
-# from split 8 (512 programs) to split 2 (128) 4.351 -> 4.252; notes V90, V92)
+# from split 8 (512 programs) to split 2 (128) 4.351 -> 4.252; design.md V90, V92)
 WIDE_K_TILE = ProjConfig(block_n=64, block_k=256, num_warps=4, num_stages=3, swap=True)
 
 
@@ -243,7 +243,7 @@ def wide_k_split(n: int, k: int, sm_count: int) -> int:
 
 # gate/up whose 64-row tiles need more than one wave (8B: 224 programs on 132 SMs) in 128-row
 # tiles, one wave (112 programs; H200, 8B full: 4.351 -> 4.257 ms at batch 1, 4.601 -> 4.533 at
-# batch 8, notes V92). Its three stages of two 128 x 128 weight tiles take 204 KB of shared memory
+# batch 8, design.md V92). Its three stages of two 128 x 128 weight tiles take 204 KB of shared memory
 # (tools/compile_check.py, sm_90).
 ONE_WAVE_GLU_TILE = ProjConfig(block_n=128, block_k=128, num_warps=8, num_stages=3, swap=True)
 ONE_WAVE_GLU_SMEM = 208896

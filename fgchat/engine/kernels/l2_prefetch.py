@@ -12,7 +12,7 @@ fills).
 In graphs of several rows (fused_step.LEAD_MIN_ROWS), a gate/up too large to fit whole gets its
 leading K columns (whole tiles of its kernel) as well: every program of that kernel reads those
 first, so they are used before later reads evict them, where a whole-row prefix of the weight is
-read by a few programs over the kernel's whole run (notes V94).
+read by a few programs over the kernel's whole run (design.md V94).
 
 Invariants:
 - a prefetch never writes memory and never changes a result; it is a hint the hardware may drop;

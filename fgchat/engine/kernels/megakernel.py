@@ -55,7 +55,7 @@ MAX_SPLITS = 16
 MS = tl.constexpr(MAX_SPLITS)
 # per program: warps, stages of the projections' weight pipeline, the largest K tile of the
 # norm-fed projections (qkv, gate/up) and of o and down (the H200 sweeps:
-# notes V39, V43)
+# design.md V39, V43)
 NUM_WARPS, NUM_STAGES, MAX_K_TILE, MAX_K_TILE_OUT = 4, 4, 256, 512
 # Settings the sweep turns on (docs/design.md V46-V48); with
 # all off the kernel is the one the GPU tests and the real weights cover. The norm-fed phases
@@ -64,12 +64,12 @@ NUM_WARPS, NUM_STAGES, MAX_K_TILE, MAX_K_TILE_OUT = 4, 4, 256, 512
 # polls of its counter (0: none).
 NORM_BATCH_ROWS_ONLY: bool | None = False
 OUT_BATCH_ROWS_ONLY = False
-# The H200 sweep (notes V46) timed the batch-rows-only norm at Llama-3.2-1B (hidden 2048) batch 1 at
+# The H200 sweep (design.md V46) timed the batch-rows-only norm at Llama-3.2-1B (hidden 2048) batch 1 at
 # 1.211 ms a step against 1.391, slower at batch 8 and on SmolLM2 (hidden 576); the GPU tests then
-# found that launch wrong at 1B batch 1 (notes, session 24), so the rule below is not the default.
+# found that launch wrong at 1B batch 1, so the rule below is not the default.
 NORM_ROWS_MIN_HIDDEN = 2048
 BARRIER_SLEEP_NS = 0
-# persistent programs per SM (the sweep's +ppsN, notes V53): more warps per scheduler to hide
+# persistent programs per SM (the sweep's +ppsN, design.md V53): more warps per scheduler to hide
 # each program's load latency, if the kernel's registers and shared memory let them be resident
 PROGRAMS_PER_SM = 1
 # columns of the per-layer weight-offset table (DecodeLayers writes each row in this order)

@@ -44,13 +44,13 @@ H200_SMEM_PER_BLOCK = 227 * 1024
 SPLIT_ROLES = ("o", "down")
 # gate/up's leading K tiles join the L2 prefetch in graphs of at least LEAD_MIN_ROWS rows, within
 # LEAD_BUDGET_MB with o before them (H100, 1B full: batch 4 1.131 -> 1.122 ms, batch 8 1.193 ->
-# 1.172; batch 1 1.014 -> 1.047 and batch 2 1.082 -> 1.098, where the fills land on o; notes V94)
+# 1.172; batch 1 1.014 -> 1.047 and batch 2 1.082 -> 1.098, where the fills land on o; design.md V94)
 LEAD_MIN_ROWS = 4
 LEAD_BUDGET_MB = 32
 # L2 prefetch budget beside attention (H100, 1B full batch 1: off 1.023, 16 MB 1.004, 32 MB 1.002 ms)
 L2_PREFETCH_MB = 16
 # weight tiles the qkv, o and down projections load before their PDL wait (H200, 1B full batch 1:
-# 0.865 -> 0.855 ms with 2; notes V91)
+# 0.865 -> 0.855 ms with 2; design.md V91)
 PROJ_PRELOAD = 2
 
 
@@ -101,7 +101,7 @@ class FusedStages:
         self.lead: list[l2_prefetch.Rows | None] | None = None
         # every layer's o, gate/up and down fit the budget whole: its kernels are latency-bound and
         # HBM idles under them, so piecewise graphs prefetch too (H100, SmolLM2 piecewise 0.737 ->
-        # 0.690 ms at batch 1; 1B, whose plan holds o alone: 1.126 -> 1.166; notes V95)
+        # 0.690 ms at batch 1; 1B, whose plan holds o alone: 1.126 -> 1.166; design.md V95)
         self.layers_fit = False
         if budget > 0 and l2_prefetch.supported(dev):
             # per layer, the weights its plan takes whole (l2_prefetch.plan): how many of o, gate/up,
@@ -119,7 +119,7 @@ class FusedStages:
     def _prefetched(self, i: int) -> list[torch.Tensor]:
         """What layer i's attention has prefetched beside it, in order, each whole while they fit
         the budget: its o, gate/up and down, then layer i+1's qkv (H100, SmolLM2 full with the next
-        qkv: 0.506 -> 0.491 ms at batch 1; notes V93)."""
+        qkv: 0.506 -> 0.491 ms at batch 1; design.md V93)."""
         layers = self.dec.w.layers
         lw = layers[i]
         return [lw.wo, lw.w_gate_up, lw.w_down] + [n.wqkv for n in layers[i + 1:i + 2]]
@@ -128,7 +128,7 @@ class FusedStages:
         """For a layer whose plan takes o whole but not gate/up: as many leading K tiles of
         gate/up's kernel as fit what `lead_budget` leaves beside o. Not called where o does not fit
         either: there HBM is busy beside attention (H100, 8B full at batch 8 with four tiles: 5.845
-        -> 5.961 ms; notes V94)."""
+        -> 5.961 ms; design.md V94)."""
         if not self.gate_up.ours:
             return None
         lw = self.dec.w.layers[i]

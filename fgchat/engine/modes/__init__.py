@@ -163,7 +163,7 @@ class ModeSet:
 
     def decode_stale(self) -> bool:
         """A prefill graph was captured after decode graphs that are still held: those replay
-        ~30 us a step slower from then on, until captured again (notes V85; H100, SmolLM2 batch 2:
+        ~30 us a step slower from then on, until captured again (design.md V85; H100, SmolLM2 batch 2:
         +30.7 us after a batch-route capture, +4.2 us once the decode graphs were captured again).
         True while some are left to capture again."""
         graphs = self.prefill_graphs

@@ -10,10 +10,10 @@ A half-precision cache is attended by one of two routes, chosen once per process
 - float32: float32 copies of the lanes' windows and torch's float32 kernel. On 2 AMD EPYC vCPUs
   (AVX512-BF16, no AMX) torch's bf16 kernel took 60 / 277 / 1089 us a layer at 100 / 500 / 2000
   positions (SmolLM2's 9 q and 3 kv heads) where the copies and the float32 kernel took 41 / 107 /
-  340 (notes V62).
+  340 (design.md V62).
 - half: torch's kernel on the cache's own dtype, reading the lane's positions where they lie. On 2
   Intel Xeon vCPUs with AMX it took 25 / 60 / 177 us at 100 / 1000 / 3000 positions where the
-  float32 route took 49 / 177 / 606 (notes V80).
+  float32 route took 49 / 177 / 606 (design.md V80).
 Both keep float32 scores and softmax sums; rounded to the cache's dtype their outputs differ from a
 float64 attention of the same inputs by the same amount (max relative error 2.3-2.5e-3 at 100-3000
 positions, most of it the final rounding).
@@ -23,7 +23,7 @@ the copies zeroed by one contiguous fill per lane (a masked position's value sti
 product with weight 0, and a fresh cache may hold NaN there). From PER_LANE_WINDOW positions up
 (float32 route) each lane's own positions are converted straight into the float32 window: fewer
 bytes moved, more calls (embedded model, bf16, batch 8: -4.4 ms a step at ~1000 positions,
-+0.5 ms at ~300; notes V68). From HALF_PER_LANE_WINDOW up (half route) each lane is its own call
++0.5 ms at ~300; design.md V68). From HALF_PER_LANE_WINDOW up (half route) each lane is its own call
 over its own positions: nothing copied, nothing masked.
 """
 

@@ -310,7 +310,7 @@ class TritonDecodeAttention(DecodeAttention):
         inside the kernel, the current row comes from registers, not re-read from the cache
         (~13 us less per 1B step; True rounds like the separate RoPE path at D=64).
         merge_unrolled (with fuse_combine): the merging split reads the live splits' partials
-        eight at a time, one load each, instead of every split's one after another (notes V55)."""
+        eight at a time, one load each, instead of every split's one after another (design.md V55)."""
         if device.type != "cuda" or not torch.cuda.is_available():
             raise FgchatError("the triton attention backend needs a CUDA device (use --attention torch)")
         index = device.index if device.index is not None else torch.cuda.current_device()
