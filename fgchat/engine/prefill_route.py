@@ -106,7 +106,7 @@ class PrefillRoute:
     @property
     def reuses_prefixes(self) -> bool:
         """A prompt that starts with what a free slot still holds is prefilled from there
-        (engine.prefix_reuse): on CPU unless FGCHAT_PREFIX_REUSE=0, on CUDA where =1. Work that
+        (engine.prefix_reuse): on CPU, or where Tuning.prefix_reuse says so. Work that
         writes slots outside a request's own rows (captures while idle, self-checks, the start-up
         check, a rebuild) forgets every history first."""
         reuse = self.tuning.prefix_reuse

@@ -202,7 +202,7 @@ def _redirect_stdio(log_path: str | None) -> None:
 
 def engine_process_config(config: Any) -> Any:
     """`config` as the engine process runs it: captures while idle (Tuning.idle_capture) unless
-    the config brings its own tuning or FGCHAT_IDLE_CAPTURE says otherwise."""
+    the config brings its own tuning."""
     if getattr(config, "tuning", None) is not None:
         return config
     from fgchat.protocol.tuning import Tuning
