@@ -27,8 +27,6 @@ TARGET = GPUTarget("cuda", 90, 32)
 
 def build(fn, signature: dict, constexprs: dict, **options) -> None:
     sig = dict(signature)
-    if "w_desc" in fn.arg_names and "w_desc" not in sig:
-        constexprs = dict(constexprs, w_desc=None)  # pointer loads: no descriptor
     # constexprs left out take their defaults, as a launch gives them (ASTSource would pass None)
     constexprs = {**{p.name: p.default for p in fn.params if p.is_constexpr and p.name not in sig
                      and p.default is not inspect.Parameter.empty}, **constexprs}
@@ -164,7 +162,7 @@ def mega(hidden: int, heads: int, kv_heads: int, head_dim: int, inter: int) -> N
     t = mk.pick_tiles(hidden, heads * head_dim, inter, head_dim, 132)
     consts = dict(H=hidden, HQ=heads, HKV=kv_heads, D=head_dim, INTER=inter, BN=t.bn, BNI=t.bni, PB=t.pb,
                   BKH=t.bkh, BKQ=t.bkq, BKI=t.bki, NP=gemv.next_pow2(mk.cdiv(hidden, t.bn)), PREC="tf32",
-                  SYNC=True, ROUND_H=False, WA=mk.WEIGHT_ALIGN, STAMP=False, MP=mk.ROWS_PAD, MPO=mk.ROWS_PAD,
+                  SYNC=True, WA=mk.WEIGHT_ALIGN, STAMP=False, MP=mk.ROWS_PAD, MPO=mk.ROWS_PAD,
                   SLEEP_NS=0,
                   **mk.items_per_program(hidden, heads, kv_heads, head_dim, inter, t, 132))
     build(mk._decode_layers_kernel, {n: v for n, v in sig.items() if n not in consts}, consts,
