@@ -9,7 +9,11 @@ any other server runs as one runner, "endpoint", without them.
 Invariants:
 - The result has the engine bench's shape, so the same report, JSON and CSV writers take it.
 - Timings include HTTP and the server's own overhead; meta["timing"] says so.
-- Every request must finish; an error from the server ends the run as one FgchatError line.
+- A batch size whose round fails (a stream cut, a request the server failed, a timeout) is
+  reported in `skipped` as "batch B: why", its streams are cancelled, and the run goes on: the
+  rows measured before and after it are kept. A server that cannot be used at all (unreachable,
+  the key refused) ends the run as one FgchatError line.
+- A round counts only its own requests' events: a failed round's late events never reach the next.
 - Nothing here imports torch or the engine.
 """
 
@@ -54,21 +58,36 @@ def _stats(values: list[float]) -> dict[str, float | None]:
     return {"mean": s.mean, "median": s.p50, "p90": s.p90, "p99": s.p99}
 
 
+class RoundFailed(FgchatError):
+    """One round of streams failed; the bench goes on with the next batch size."""
+
+
+def _rid(ev: Any) -> int | None:
+    return ev.summary.request_id if isinstance(ev, RequestFinished) else getattr(ev, "request_id", None)
+
+
 class _Session:
     def __init__(self, handle: Any) -> None:
         self.h = handle
         self.ids = itertools.count(1)
 
-    def wait(self, done: Any, timeout: float, what: str) -> list:
+    def wait(self, done: Any, timeout: float, what: str, rids: set[int] | None = None) -> list:
+        """Events until done(events). A fatal error raises FgchatError. With `rids` (a round), only
+        those requests' events count, and a failed request or the timeout raises RoundFailed;
+        without, events of requests (a failed round's late ones) are left out."""
         out: list = []
         deadline = time.monotonic() + timeout
         while not done(out):
             if time.monotonic() > deadline:
-                raise FgchatError(f"endpoint bench: timed out waiting for {what}")
-            out += self.h.get_events(0.05)
-            fatal = [e for e in out if isinstance(e, EngineError) and (e.fatal or e.request_id is not None)]
+                raise (FgchatError if rids is None else RoundFailed)(f"endpoint bench: timed out waiting for {what}")
+            new = self.h.get_events(0.05)
+            fatal = [e for e in new if isinstance(e, EngineError) and e.fatal]
             if fatal:
                 raise FgchatError(f"endpoint bench: {fatal[0].message}")
+            out += [e for e in new if _rid(e) is None or (rids is not None and _rid(e) in rids)]
+            failed = [e for e in out if isinstance(e, EngineError) and e.request_id is not None]
+            if failed:
+                raise RoundFailed(f"endpoint bench: {failed[0].message}")
         return out
 
     def round(self, batch: int, prompt_len: int, output_len: int) -> tuple[list, list, float]:
@@ -77,8 +96,13 @@ class _Session:
         for i, rid in enumerate(rids):
             msgs = [{"role": "user", "content": prompt_text(batch, i, prompt_len)}]
             self.h.submit_chat(rid, msgs, SamplingParams(max_tokens=output_len, ignore_eos=True, seed=i))
-        evs = self.wait(lambda out: sum(isinstance(e, RequestFinished) for e in out) >= batch,
-                        ROUND_TIMEOUT_S, f"{batch} streams")
+        try:
+            evs = self.wait(lambda out: sum(isinstance(e, RequestFinished) for e in out) >= batch,
+                            ROUND_TIMEOUT_S, f"{batch} streams", set(rids))
+        except RoundFailed:
+            for rid in rids:  # the round's other streams stop here; their late events are not counted
+                self.h.cancel(rid)
+            raise
         wall = time.perf_counter() - t0
         return [e for e in evs if isinstance(e, TokenEvent)], [e.summary for e in evs if isinstance(e, RequestFinished)], wall
 
@@ -130,7 +154,13 @@ def run_endpoint_bench(args: argparse.Namespace) -> dict[str, Any]:
                     continue
                 for b in args.batch_sizes:
                     advance(f"{runner} batch {b}")
-                    result["runs"].append(measure(session, runner, mode, b, args))
+                    try:
+                        result["runs"].append(measure(session, runner, mode, b, args))
+                    except RoundFailed as exc:
+                        why = str(exc).removeprefix("endpoint bench: ")
+                        result["skipped"].append({"runner": runner, "reason": f"batch {b}: {why}"})
+                        print(f"fgchat bench: {runner} batch {b} failed ({why}); it is left out, the run goes on",
+                              file=sys.stderr)
         return result
     finally:
         handle.shutdown()

@@ -6,6 +6,10 @@ messages with consecutive seeds go as one request with n=K, so a batching server
 together) on its own thread, and get_events returns the TokenEvent / RequestFinished /
 EngineError events those threads made, in arrival order.
 
+A server that ignores `n` (it answers fewer choices than asked, e.g. llama-cpp-python's) is found
+out at the end of such a stream: the replies it left out go again as one request each, one
+RequestNotice says so, and every later K replies go as K concurrent requests (`single_choice`).
+
 Invariants:
 - Only a failed start (server unreachable, key refused, model not served) is fatal; a server
   that goes away mid-reply fails that reply alone (EngineError, then RequestFinished("error")
@@ -35,7 +39,15 @@ from fgchat.client.sse import sse_data
 from fgchat.client.stream import RemoteRequest
 from fgchat.client.urls import base_url, root_url
 from fgchat.protocol.errors import FgchatError
-from fgchat.protocol.events import EngineError, EngineInfo, Mode, ModeChanged, SamplingParams
+from fgchat.protocol.events import (
+    REMOTE_MODE,
+    EngineError,
+    EngineInfo,
+    Mode,
+    ModeChanged,
+    RequestNotice,
+    SamplingParams,
+)
 from fgchat.protocol.handle import EngineHandle
 from fgchat.stdio import one_line
 
@@ -60,6 +72,7 @@ class EndpointClient(EngineHandle):
         self.read_timeout = read_timeout
         self.info: EngineInfo | None = None
         self.is_fgchat = False
+        self.single_choice = False  # the server ignores `n`: K replies go as K requests
         self.pid = None  # no local process
         self.started_at: float | None = None
         self._pending: list = []  # events not yet taken by get_events
@@ -117,13 +130,17 @@ class EndpointClient(EngineHandle):
         if isinstance(messages, str):
             raise FgchatError("an endpoint takes chat messages, not a raw prompt")
         msgs = [dict(m) for m in messages]
-        for group in _batches(list(requests)):
-            req = RemoteRequest([rid for rid, _ in group], self.info.mode if self.info else Mode.EAGER)
-            with self._lock:
-                for rid, _ in group:
-                    self._requests[rid] = req
-            threading.Thread(target=self._stream, args=(req, msgs, group[0][1], len(group)),
-                             name="fgchat-endpoint-stream", daemon=True).start()
+        for group in ([[r] for r in requests] if self.single_choice else _batches(list(requests))):
+            self._send(msgs, group)
+
+    def _send(self, messages: list[dict[str, str]], group: list[tuple[int, SamplingParams]]) -> None:
+        """One streamed request for the replies of `group` (n = its length), on its own thread."""
+        req = RemoteRequest([rid for rid, _ in group], self.info.mode if self.info else REMOTE_MODE)
+        with self._lock:
+            for rid, _ in group:
+                self._requests[rid] = req
+        threading.Thread(target=self._stream, args=(req, messages, group),
+                         name="fgchat-endpoint-stream", daemon=True).start()
 
     def cancel(self, request_id: int) -> None:
         with self._lock:
@@ -213,8 +230,9 @@ class EndpointClient(EngineHandle):
     def _set_mode(self, mode: str) -> None:
         if self.info is None:
             return
-        if not self.is_fgchat:
-            self._put([ModeChanged(self.info.mode, f"{mode} unavailable: {NOT_FGCHAT}")])
+        if not self.is_fgchat:  # it runs as it runs: asking for that is no change
+            why = "" if mode == self.info.mode else f"{mode} unavailable: {NOT_FGCHAT}"
+            self._put([ModeChanged(self.info.mode, why)])
             return
         assert self._client is not None
         resp = self._client.post(f"{self.root}/fgchat/mode", json={"mode": mode},
@@ -228,9 +246,11 @@ class EndpointClient(EngineHandle):
         self._put([ev, self.info])
 
     # ---- one streamed request (its own thread) --------------------------------------------------
-    def _stream(self, req: RemoteRequest, messages: list[dict[str, str]], params: SamplingParams, n: int) -> None:
+    def _stream(self, req: RemoteRequest, messages: list[dict[str, str]],
+                group: list[tuple[int, SamplingParams]]) -> None:
+        n = len(group)
         body = {"model": self.model, "messages": messages, "stream": True,
-                "stream_options": {"include_usage": True}, **sampling_body(params)}
+                "stream_options": {"include_usage": True}, **sampling_body(group[0][1])}
         if n > 1:
             body["n"] = n
         try:
@@ -246,13 +266,28 @@ class EndpointClient(EngineHandle):
                     self._chunk(req, json.loads(data))
                     if req.all_ended:  # every reply cancelled: closing the connection cancels it there
                         break
-            with req.lock:
+            with req.lock:  # held while the left-out replies move: a cancel finds one request or the other
+                unanswered = req.take_unanswered()
+                if unanswered:
+                    self._answer_apart(messages, [r for r in group if r[0] in unanswered], n)
                 events = req.end_all()
             self._end(req, events)
         except (httpx.HTTPError, ValueError, AttributeError, RuntimeError) as exc:
             with req.lock:
                 events = req.fail_all(f"{self.base}: connection lost mid-reply ({_why(exc)})")
             self._end(req, events)
+
+    def _answer_apart(self, messages: list[dict[str, str]], left: list[tuple[int, SamplingParams]], n: int) -> None:
+        """The server answered fewer than the `n` choices asked for: it ignores `n`. The replies
+        it left out go again as one request each, and so do all later ones."""
+        first = not self.single_choice
+        self.single_choice = True
+        if first:
+            self._put([RequestNotice(left[0][0], (
+                f"{self.base} answered {n - len(left)} of the {n} replies asked for in one request (it "
+                f"does not support n): each reply now goes as its own request"), title="endpoint")])
+        for rid, params in left:
+            self._send(messages, [(rid, params)])
 
     def _chunk(self, req: RemoteRequest, obj: Any) -> None:
         if not isinstance(obj, dict):
@@ -268,6 +303,7 @@ class EndpointClient(EngineHandle):
                 if not isinstance(ch, dict):
                     continue
                 index = int(ch.get("index", 0))
+                req.seen(index)
                 delta = ch.get("delta") if isinstance(ch.get("delta"), dict) else {}
                 text = delta.get("content") if "delta" in ch else ch.get("text")
                 token_ext = ext if (self.is_fgchat and ext and "token_index" in ext) else None
@@ -281,14 +317,15 @@ class EndpointClient(EngineHandle):
                         message = _error_message(ch.get("error") or "the server ended the reply with an error")
                         events += req.fail(req.choices[index].rid, f"server error: {message}")
                 elif ch.get("finish_reason"):
-                    req.finished(index, str(ch["finish_reason"]))
+                    events += req.finished(index, str(ch["finish_reason"]))
         self._put(events)
 
     def _end(self, req: RemoteRequest, events: list) -> None:
         self._put(events)
         with self._lock:
             for c in req.choices:
-                self._requests.pop(c.rid, None)
+                if self._requests.get(c.rid) is req:
+                    del self._requests[c.rid]
 
     def _in_flight(self) -> int:
         with self._lock:

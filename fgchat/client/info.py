@@ -1,5 +1,6 @@
 """EngineInfo for a remote endpoint: rebuilt from fgchat's /fgchat/info JSON, or a stand-in for
-any other OpenAI-compatible server (every mode unavailable: "not an fgchat server").
+any other OpenAI-compatible server (every mode unavailable: "not an fgchat server"; its mode is
+REMOTE_MODE, as nothing says how it runs).
 
 Invariant: the result always has `endpoint` set to the base URL, so the UI knows its timings are
 measured at the client.
@@ -10,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from fgchat.protocol.events import MODES, CaptureReport, EngineInfo, Mode, SamplingParams, StartupCheck
+from fgchat.protocol.events import MODES, REMOTE_MODE, CaptureReport, EngineInfo, Mode, SamplingParams, StartupCheck
 
 NOT_FGCHAT = "not an fgchat server"
 
@@ -42,7 +43,7 @@ def stand_in_info(model_name: str, endpoint: str, max_context: int = 0) -> Engin
     return EngineInfo(
         model_name=model_name, architecture="remote", device=endpoint, dtype="unknown",
         max_context=max_context, num_layers=0, attention_backend="remote",
-        available_modes={str(m): NOT_FGCHAT for m in MODES}, mode=Mode.EAGER,
+        available_modes={str(m): NOT_FGCHAT for m in MODES}, mode=REMOTE_MODE,
         notes=[f"{endpoint} is not an fgchat server: timings are measured at the client, modes are its own"],
         endpoint=endpoint,
     )

@@ -3,9 +3,15 @@
 Invariants:
 - Every choice ends exactly once: RequestFinished (stop, length, cancelled, or error after
   EngineError), or only EngineError when the request failed before any token.
+- A choice of a request with n > 1 ends at its own finish_reason: its RequestFinished and stats
+  are final then, whatever its siblings do. A lone choice ends with the stream, so that the
+  request's usage (which counts the request as a whole) can correct its token counts.
+- A choice the server finished keeps its finish reason: a later cancel, or a stream cut after
+  it, does not turn it into "cancelled" or "error".
 - Timing is the client's: t_ns / itl_ms are taken when a chunk arrives here; gpu_step_ms,
   launch_ms, mode, graph and batch size come from fgchat's `fgchat` chunk field when the server
-  sends it, else they are None / the handle's stand-ins.
+  sends it, else they are None / the handle's stand-ins (mode REMOTE_MODE for a server that does
+  not report how it runs).
 - A chunk is one token when it carries fgchat's field, else when it carries text (a server that
   packs several tokens in a chunk is counted per chunk; its usage corrects the total at the end).
 """
@@ -34,13 +40,14 @@ class ChoiceState:
     t_first: int | None = None
     t_last: int | None = None
     finish: str | None = None  # the server's finish reason, mapped
-    ended: bool = False  # its final event was emitted
+    ended: bool = False  # its final event was emitted (or it was handed to another request)
+    seen: bool = False  # a chunk of the stream named this choice's index
 
 
 class RemoteRequest:
     """The K choices of one streamed request (K = its `n`); thread-safe through `lock`."""
 
-    def __init__(self, rids: list[int], mode: Mode) -> None:
+    def __init__(self, rids: list[int], mode: Mode | str) -> None:
         self.choices = [ChoiceState(r) for r in rids]
         self.by_rid = {c.rid: c for c in self.choices}
         self.mode = mode
@@ -91,17 +98,37 @@ class RemoteRequest:
             launch_ms=_num(ext.get("launch_ms")),
         )]
 
-    def finished(self, index: int, reason: str) -> None:
-        if 0 <= index < len(self.choices) and self.choices[index].finish is None:
-            self.choices[index].finish = FINISH.get(reason, "stop")
+    def seen(self, index: int) -> None:
+        if 0 <= index < len(self.choices):
+            self.choices[index].seen = True
+
+    def finished(self, index: int, reason: str) -> list:
+        """The server finished choice `index`: its RequestFinished now when it has siblings."""
+        if not 0 <= index < len(self.choices) or self.choices[index].finish is not None:
+            return []
+        c = self.choices[index]
+        c.finish = FINISH.get(reason, "stop")
+        return self.end(c.rid, c.finish) if len(self.choices) > 1 else []
+
+    def take_unanswered(self) -> list[int]:
+        """At the end of a stream that answered some choices: the rids of those it never named
+        (a server that ignores `n`), now ended here without an event, for the caller to send
+        again; [] when it answered every choice, or none."""
+        if not any(c.seen for c in self.choices):
+            return []
+        out = [c.rid for c in self.choices if not c.seen and not c.ended]
+        for rid in out:
+            self.by_rid[rid].ended = True
+        return out
 
     def end(self, rid: int, reason: str) -> list:
-        """Choice rid's RequestFinished with `reason` (once); [] when it already ended."""
+        """Choice rid's RequestFinished with `reason` (its server finish reason when it has one;
+        once); [] when it already ended."""
         c = self.by_rid[rid]
         if c.ended:
             return []
         c.ended = True
-        return [RequestFinished(self._summary(c, reason))]
+        return [RequestFinished(self._summary(c, c.finish or reason))]
 
     def end_all(self) -> list:
         """At the end of the stream: every choice not ended yet, with its server finish reason."""
@@ -120,8 +147,8 @@ class RemoteRequest:
         """Choice rid failed: EngineError, then its partial text as a RequestFinished("error")
         when it had started; only the EngineError before any token (as the engine does)."""
         c = self.by_rid[rid]
-        if c.ended:
-            return []
+        if c.ended or c.finish is not None:
+            return self.end(rid, "error")
         if c.t_first is None:
             c.ended = True
             return [EngineError(message, rid)]
@@ -146,7 +173,7 @@ class RemoteRequest:
         )
 
 
-def _mode(value: Any, default: Mode) -> Mode:
+def _mode(value: Any, default: Mode | str) -> Mode | str:
     try:
         return Mode(value)
     except ValueError:

@@ -17,6 +17,9 @@ class Mode(StrEnum):
 
 
 MODES: tuple[Mode, ...] = tuple(Mode)
+# the mode label of tokens whose server did not say how it ran them (an OpenAI-compatible server
+# that is not fgchat); not a Mode: nothing can switch to it
+REMOTE_MODE = "remote"
 MAX_TOP_K = 2**31 - 1  # larger top-k values mean "every token" (no vocabulary is that large)
 SEED_SPACE = 2**63  # seeds are in [0, SEED_SPACE); seed + j of K samples wraps around in it
 
@@ -92,7 +95,7 @@ class TokenEvent:
     token_index: int  # 0 for the first generated token
     token_id: int
     text: str  # text delta (may be "" while a multi-byte character is incomplete)
-    mode: Mode  # mode that ran the step ("eager" for prefill)
+    mode: Mode | str  # mode that ran the step ("eager" for prefill; REMOTE_MODE when unknown)
     batch_size: int  # sequences in the step that produced this token
     t_ns: int  # host monotonic time when the token was available
     itl_ms: float | None  # since this request's previous token; None for the first
@@ -128,7 +131,7 @@ class RequestFinished:
 
 @dataclass
 class ModeChanged:
-    mode: Mode
+    mode: Mode | str  # REMOTE_MODE: a server that does not say how it runs
     reason: str = ""
 
 
@@ -170,7 +173,7 @@ class EngineInfo:
     num_layers: int
     attention_backend: str
     available_modes: dict[str, str]  # mode -> "" if available else the reason it is not
-    mode: Mode
+    mode: Mode | str  # REMOTE_MODE: a server that does not say how it runs
     captures: list[CaptureReport] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     # seconds of the eager warm-up step per batch size before capture (Triton JIT on a cold cache)
@@ -202,6 +205,7 @@ class RequestNotice:
 
     request_id: int
     message: str
+    title: str = "context full"  # what the UI heads the notice with
 
 
 @dataclass

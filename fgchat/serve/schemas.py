@@ -1,7 +1,8 @@
 """Request bodies of the OpenAI-compatible endpoints, parsed strictly, and their SamplingParams.
 
 Invariants:
-- A body is a JSON object of at most MAX_BODY_BYTES; NaN/Infinity are not JSON.
+- A body is a JSON object of at most MAX_BODY_BYTES; NaN/Infinity are not JSON; every string in it
+  (keys too) is valid Unicode: a lone surrogate escape ("\\ud800") is a 400 naming its field.
 - Unknown fields are rejected (400), never silently ignored; so are values of the wrong type
   (strict: "2" is not an int, "yes" not a bool; an int is a valid float).
 - Features the server does not have (logprobs, content parts other than text, stored
@@ -187,7 +188,31 @@ def parse_json(raw: bytes) -> dict[str, Any]:
         raise ApiError(400, f"malformed JSON body: {exc}") from None
     if not isinstance(body, dict):
         raise ApiError(400, "request body must be a JSON object")
+    _check_unicode(body, "")
     return body
+
+
+def _check_unicode(value: Any, where: str) -> None:
+    """ApiError 400 naming the first string under `value` (at path `where`, "" for the body) that
+    is not valid Unicode: JSON's \\uXXXX escapes can spell a lone surrogate, which no encoding takes."""
+    if isinstance(value, str):
+        _valid_text(value, where, where)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _valid_text(key, f"a field name in {where or 'the body'}", where)
+            _check_unicode(item, f"{where}.{key}" if where else key)
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            _check_unicode(item, f"{where}.{i}")
+
+
+def _valid_text(text: str, what: str, where: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ApiError(400, f"{what} is not valid Unicode: it contains a lone surrogate "
+                       f"(\\u{ord(text[exc.start]):04x}) at character {exc.start}; text must be UTF-8 "
+                       "(or escaped surrogate pairs)", param=where or None) from None
 
 
 def parse_model(cls: type[BaseModel], body: dict[str, Any]) -> Any:

@@ -242,7 +242,7 @@ class FgchatApp(App[int]):
             chat = self.replies.chat_of(notice.request_id)
             if self._context_notes.get(chat) != notice.message:
                 self._context_notes[chat] = notice.message
-                self.notify(notice.message, title="context full", severity="warning", timeout=10)
+                self.notify(notice.message, title=notice.title, severity="warning", timeout=10)
         for change in update.mode_changes:
             if change.reason:
                 self.notify(change.reason, title=f"running {change.mode}", severity="warning", timeout=6)
@@ -306,7 +306,6 @@ class FgchatApp(App[int]):
             self.link.post_s = CPU_POST_S
             self.query_one("#prompt", Input).cursor_blink = False  # a blink is a frame every 0.5 s
         self.sampling.set_defaults(info.sampling_defaults, info.sampling_source)
-        self.refresh_bindings()  # mode keys of an endpoint
         self._update_subtitle()
         if self.link.ready_s is not None:
             self.notify(f"{info.model_name} ready in {self.link.ready_s:.1f} s", timeout=4)
@@ -425,12 +424,6 @@ class FgchatApp(App[int]):
         await self.chats.run_action(action)
         if action == "new_chat":
             self.query_one("#prompt", Input).focus()
-
-    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        """Mode keys of a remote endpoint are shown disabled for modes it cannot switch to."""
-        if action == "mode" and parameters and self.link.endpoint:
-            return None if self.link.unavailable_modes().get(str(parameters[0])) else True
-        return True
 
     def action_mode(self, mode: str) -> None:
         if mode not in MODES:

@@ -96,7 +96,7 @@ class EngineLink:
         self.phase = ""  # what a starting engine is doing (EngineProgress)
         self.started_at = started_at if started_at is not None else time.monotonic()
         self.ready_s: float | None = None
-        self.mode: Mode = Mode.EAGER
+        self.mode: Mode | str = Mode.EAGER  # REMOTE_MODE: a server that does not say how it runs
         configured = getattr(config, "mode", None)
         self.requested_mode: Mode | None = Mode(configured) if configured in MODES else None
         self.mode_note = ""  # why the engine did not switch as asked ("" when it did)

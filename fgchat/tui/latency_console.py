@@ -20,7 +20,7 @@ from collections import Counter
 from dataclasses import dataclass, fields
 
 from fgchat.metrics import LatencyLog, RecentItl, WindowSummary
-from fgchat.protocol.events import MODES, EngineInfo, RequestSummary, TokenEvent
+from fgchat.protocol.events import MODES, REMOTE_MODE, EngineInfo, RequestSummary, TokenEvent
 from fgchat.tui.latency_panel import PanelView
 
 STATS_WINDOW_TOKENS = 5_000  # the stats table covers at most the latest tokens (stays fast)
@@ -107,7 +107,7 @@ class LatencyConsole:
             batch_size=self.batch_size_now,
             last_batch_size=self.last_batch_size,
             summary=summary,
-            itl_by_mode=self.itl_windows.by_mode(MODES),
+            itl_by_mode=self.itl_windows.by_mode((*MODES, REMOTE_MODE)),
             recent_itl=self.log.recent_itl(RECENT_ITL),
             windowed=self.stats.window_tokens if count > STATS_WINDOW_TOKENS else 0,
             total_tokens=count,

@@ -77,3 +77,25 @@ def test_bench_endpoint_unreachable_is_one_line(capsys):
     rc = main(["bench", "--endpoint", "http://127.0.0.1:9/v1", "--no-progress"])
     err = capsys.readouterr().err
     assert rc == 2 and "cannot use" in err and "Traceback" not in err
+
+
+def test_a_batch_size_whose_streams_are_cut_is_reported_and_the_rest_measured(tmp_path, capsys):
+    """A server that cuts a stream when another request arrives (llama-cpp-python's default):
+    batch 2 fails, batches 1 before and after it are measured and kept."""
+    from fake_openai import FakeServer
+
+    out = tmp_path / "bench.json"
+    with FakeServer("cut_on_arrival", tokens=8) as fake:
+        rc = main(["bench", "--endpoint", fake.base, "--batch-sizes", "1,2,1", "--prompt-len", "4",
+                   "--output-len", "8", "--warmup", "0", "--repeats", "1", "--no-progress", "--json", str(out)])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    result = json.loads(out.read_text())
+    assert [(r["runner"], r["batch_size"]) for r in result["runs"]] == [("endpoint", 1), ("endpoint", 1)]
+    assert all(r["requests"] == 1 and r["itl_ms"]["mean"] > 0 for r in result["runs"])
+    assert result["runs"][0]["decode_modes"] == ["remote"]  # the server does not say how it runs
+    (skip,) = result["skipped"]
+    assert skip["runner"] == "endpoint" and skip["reason"].startswith("batch 2: ")
+    assert "stream ended before the reply finished" in skip["reason"]
+    assert "endpoint batch 2 failed" in captured.err and "Traceback" not in captured.err
+    assert "skipped endpoint: batch 2: " in captured.out

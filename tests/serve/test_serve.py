@@ -146,12 +146,20 @@ def test_a_reply_cut_by_a_stop_string_keeps_its_timing(server):
     (json.dumps(_chat(store=True)).encode(), 400, "store is not supported"),
     (json.dumps(_chat(response_format={"type": "json_object"})).encode(), 400,
      "response_format type 'json_object' is not supported"),
+    # a lone surrogate (JSON can escape one; no text encoding takes it): the field and the problem
+    (json.dumps({"messages": [{"role": "user", "content": "hi \ud800 there"}]}).encode(), 400,
+     "messages.0.content is not valid Unicode: it contains a lone surrogate (\\ud800) at character 3"),
+    (json.dumps({"messages": [{"role": "user", "content": [{"type": "text", "text": "\udc00"}]}]}).encode(),
+     400, "messages.0.content.0.text is not valid Unicode"),
+    (json.dumps(_chat(stop=["ok", "x\udfff"])).encode(), 400, "stop.1 is not valid Unicode"),
 ])
 def test_bad_requests_are_4xx_in_openai_shape(server, body, status, needle):
     r = httpx.post(f"{server.base}/chat/completions", content=body, headers={"content-type": "application/json"})
     assert r.status_code == status, r.text
     err = r.json()["error"]
     assert needle in err["message"] and err["type"] and "\n" not in err["message"]
+    if "Unicode" in needle:
+        assert err["param"] == needle.split(" ")[0] and "Error" not in err["message"]
 
 
 def test_logprobs_off_is_accepted(client):

@@ -1,8 +1,9 @@
 """The console with a remote OpenAI-compatible endpoint as the engine (issue 20, TUI side).
 
-The only TUI test with a test double of the engine handle: it emits what the endpoint client
-emits (EngineInfo with `endpoint`, no GPU or launch times), so the display rules can be checked
-without a server.
+A test double of the engine handle emits what the endpoint client emits (EngineInfo with
+`endpoint`, no GPU or launch times), so the display rules can be checked without a server; the
+real EndpointClient drives the console against scripted servers that are not fgchat
+(tests/serve/fake_openai.py) for K = 2 replies.
 """
 
 from __future__ import annotations
@@ -13,11 +14,13 @@ import time
 
 import pytest
 
+from fake_openai import FakeServer
+from fgchat.client.handle import endpoint_factory
 from fgchat.engine.core import EngineConfig
 from fgchat.metrics import read_requests_csv, read_tokens_csv
 from fgchat.protocol.events import EngineInfo, Mode, RequestFinished, RequestSummary, SamplingParams, TokenEvent
 from fgchat.tui.app import FgchatApp
-from test_tui import data_dir, panel, type_prompt, wait_for  # noqa: F401
+from test_tui import assistant_bubbles, data_dir, panel, type_prompt, wait_for  # noqa: F401
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -85,15 +88,15 @@ async def test_endpoint_timings_are_labelled_client_side_and_exported_with_the_u
         bar = panel(app).text_of("mode-bar")
         assert bar.count("n/a") == 3  # eager runs (the current mode); the other three are unavailable
 
-        # mode keys: disabled (dimmed in the footer, a press does nothing); the palette's
-        # command says why in one warning; nothing reaches the handle
-        assert app.check_action("mode", ("full",)) is None
-        assert app.check_action("mode", ("eager",)) is True
+        # a mode key the endpoint cannot switch to says why in one warning (the palette's
+        # command too); nothing reaches the handle
         await pilot.press("f3")
-        app.action_mode("full")
+        await pilot.pause(0.05)
         assert handle.modes == [] and app.link.mode == "eager"
-        assert any(sev == "warning" and "full is unavailable" in text and "\n" not in text
-                   for sev, text in app.notices)
+        why = [text for sev, text in app.notices if sev == "warning" and "full is unavailable" in text]
+        assert len(why) == 1 and "\n" not in why[0] and URL in why[0]
+        app.action_mode("mega")
+        assert any("mega is unavailable" in text for _sev, text in app.notices) and handle.modes == []
 
         out = tmp_path / "remote-tokens.csv"
         assert app.log_files.export(out) is not None
@@ -115,6 +118,50 @@ async def test_local_engine_rows_have_an_empty_endpoint_and_no_client_label(data
         await wait_for(pilot, lambda: app.latency.log.request_count == 1 and not app.replies, "the reply")
         await pilot.pause(0.2)
         assert not panel(app).query_one("#timing-note").display
-        assert app.check_action("mode", ("full",)) is True  # the engine answers with its fallback
         tokens_csv, _requests_csv = app.log_files.export(tmp_path / "local-tokens.csv")
     assert {r.endpoint for r in read_tokens_csv(tokens_csv)} == {""}
+
+
+def _remote_app(base: str) -> FgchatApp:
+    return FgchatApp(EngineConfig(model="remote"), engine_factory=endpoint_factory(base),
+                     sampling=SamplingParams(max_tokens=50))
+
+
+async def test_k2_replies_each_end_on_their_own_finish_and_are_labelled_remote(data_dir, tmp_path):
+    with FakeServer("early", tokens=40) as fake:  # reply 1 stops at word 3, reply 2 streams 40
+        app = _remote_app(fake.base)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await wait_for(pilot, lambda: app.link.state == "ready", "the endpoint's info", 15)
+            assert " · remote · " in app.sub_title  # nothing says the server runs "eager"
+            app.set_samples(2)
+            await type_prompt(pilot, "hi")
+            await wait_for(pilot, lambda: app.latency.log.request_count == 1 and 1 not in app.replies,
+                           "reply 1 to end", 15)
+            await pilot.pause(0.05)
+            first, second = assistant_bubbles(app)
+            assert 2 in app.replies, "reply 1 ended only when reply 2 did"  # reply 2 still streams
+            assert first.status and not any(w in first.status for w in ("generating", "cancel", "error"))
+            assert second.status == "generating…"
+            await wait_for(pilot, lambda: not app.replies, "reply 2 to end", 15)
+            ends = {r.request_id: r for r in app.latency.log.requests()}
+            assert ends[1].finish_reason == "stop" and ends[1].output_tokens == 3
+            assert ends[2].finish_reason == "length" and ends[2].output_tokens == 40
+            await wait_for(pilot, lambda: panel(app).view.total_tokens == 43, "panel refresh", 5)
+            assert panel(app).view.itl_by_mode["remote"].size == 2 + 39  # every ITL, under remote
+            out = tmp_path / "tokens.csv"
+            assert app.log_files.export(out) is not None
+    assert {r.mode for r in read_tokens_csv(out)} == {"remote"}
+
+
+async def test_k2_replies_from_a_server_that_ignores_n_both_arrive(data_dir):
+    with FakeServer("ignore_n", tokens=5) as fake:
+        app = _remote_app(fake.base)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await wait_for(pilot, lambda: app.link.state == "ready", "the endpoint's info", 15)
+            app.set_samples(2)
+            await type_prompt(pilot, "hi")
+            await wait_for(pilot, lambda: app.latency.log.request_count == 2 and not app.replies, "both replies", 15)
+            assert [b.text for b in assistant_bubbles(app)] == [" w0 w1 w2 w3 w4"] * 2
+            assert not any(sev == "error" for sev, _text in app.notices), app.notices
+            said = [text for _sev, text in app.notices if "does not support n" in text]
+            assert len(said) == 1 and said[0].startswith("endpoint: ")
