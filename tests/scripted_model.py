@@ -24,6 +24,10 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 ENDOFTEXT, IM_START, IM_END = range(3)
@@ -84,7 +88,7 @@ def chatml(messages: list[dict[str, str]], add_generation_prompt: bool = True) -
     return text + ("<|im_start|>assistant\n" if add_generation_prompt else "")
 
 
-def backend():
+def backend() -> Tokenizer:
     """The word-level `tokenizers.Tokenizer` (special tokens split out before the words)."""
     from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
 
@@ -99,7 +103,7 @@ def encode(text: str) -> list[int]:
     return list(backend().encode(text).ids)
 
 
-def _weights(torch):
+def _weights(torch: Any) -> dict[str, Any]:
     """name -> tensor, as LlamaForCausalLM names them (one layer, 4 heads of 16, 2 KV heads)."""
     h, v, inter, hd = HIDDEN, len(VOCAB), 16, 16
     root = math.sqrt(h)
