@@ -135,6 +135,7 @@ class FgchatApp(App[int]):
             data_path, dir_problem = usable_data_dir()
         self.data_path = data_path
         self.settings = Settings(self.data_path / "settings.json")
+        self.startup_warnings += self.settings.problems
         self.store, store_problem = open_store(self.data_path / "chats.sqlite3", dir_problem)
         if store_problem:
             self.startup_warnings.append(store_problem)

@@ -339,26 +339,101 @@ def title_from(text: str, width: int = 24) -> str:
     return line if len(line) <= width else line[: width - 1] + "…"
 
 
+# the settings the app reads and the types their values must have; a value of another type is
+# ignored (and kept in the file as the user wrote it); keys not listed here are kept as they are
+SETTING_TYPES: dict[str, tuple[type, ...]] = {
+    "samples": (int,),
+    "system_prompt": (str,),
+    "theme": (str,),
+    "export_folder": (str, type(None)),
+    "sampling_overrides": (dict,),
+    "sampling": (dict, type(None)),
+}
+_TYPE_NAMES = {int: "a whole number", str: "text", dict: "a table", type(None): "null"}
+
+
+def _wrong_type(key: str, value: Any) -> str:
+    """Why `value` cannot be setting `key` ("" when it can)."""
+    allowed = SETTING_TYPES.get(key)
+    if allowed is None or (isinstance(value, allowed) and not isinstance(value, bool)):
+        return ""
+    wanted = " or ".join(_TYPE_NAMES[t] for t in allowed)
+    shown = json.dumps(value)
+    shown = shown if len(shown) <= 24 else shown[:23] + "…"
+    return f'settings.json: "{key}" is {shown}, not {wanted}; ignored'
+
+
 class Settings:
-    """Small JSON settings file (theme, samples per prompt, ...); unreadable files are ignored."""
+    """Small JSON settings file (theme, samples per prompt, system prompt, ...).
+
+    Invariants:
+    - What the user wrote is never lost: a value of the wrong type is ignored (`get` gives the
+      default) but stays in the file; a file that is not a JSON object is moved aside as
+      settings.json.bad-<time> before anything writes settings.json, and one that cannot be read
+      or moved aside is left untouched (changes are then kept in memory only).
+    - `problems` holds one line per thing ignored, naming the key or the file, for the app to show.
+    """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         self.values: dict[str, Any] = {}
+        self.problems: list[str] = []
+        self.ignored: set[str] = set()  # keys whose saved values have the wrong type
+        self.writable = True  # False: the file is left as it is; changes stay in memory
         tighten_mode(self.path)
         try:
-            loaded = json.loads(self.path.read_text(encoding="utf-8"))
-            if isinstance(loaded, dict):
-                self.values = loaded
-        except (OSError, ValueError):
-            pass
+            loaded = json.loads(self.path.read_bytes().decode("utf-8"))
+            if not isinstance(loaded, dict):
+                raise ValueError(f"not a JSON object but {type(loaded).__name__}")
+        except (FileNotFoundError, NotADirectoryError):  # none yet (or no data dir: the app says so)
+            return
+        except OSError as exc:
+            self._leave_untouched(exc.strerror or _one_line(exc))
+            return
+        except ValueError as exc:  # JSON syntax, bad UTF-8, not an object
+            self._move_aside(_one_line(exc))
+            return
+        self.values = loaded
+        for key, value in loaded.items():
+            problem = _wrong_type(key, value)
+            if problem:
+                self.ignored.add(key)
+                self.problems.append(problem)
+
+    def _leave_untouched(self, reason: str) -> None:
+        self.writable = False
+        self.problems.append(f"{self.path.name} could not be read ({reason}): left untouched; "
+                             "settings changed now are kept for this session only")
+
+    def _move_aside(self, reason: str) -> None:
+        """The unreadable file to settings.json.bad-<time> (a free name), so a later save
+        never overwrites it; left untouched when it cannot be moved."""
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        for n in range(1, 100):
+            aside = self.path.with_name(f"{self.path.name}.bad-{stamp}" + (f"-{n}" if n > 1 else ""))
+            if not os.path.lexists(aside):
+                break
+        else:
+            self._leave_untouched(f"{reason}; no free name to move it aside")
+            return
+        try:
+            os.rename(self.path, aside)
+        except OSError as exc:
+            self._leave_untouched(f"{reason}; cannot move it aside: {exc.strerror or _one_line(exc)}")
+            return
+        self.problems.append(f"{self.path.name} could not be read ({reason}): kept as {aside}; "
+                             "using default settings")
 
     def get(self, key: str, default: Any = None) -> Any:
-        return self.values.get(key, default)
+        """The saved value of `key`; `default` when there is none or it has the wrong type."""
+        return default if key in self.ignored else self.values.get(key, default)
 
     def set(self, key: str, value: Any) -> None:
         """Set and save at once (atomic replace, file 0600); a failed save keeps the value in memory."""
         self.values[key] = value
+        self.ignored.discard(key)
+        if not self.writable:
+            return
         tmp = self.path.with_name(f".{self.path.name}.tmp")
         try:
             fd = open_private(tmp, os.O_WRONLY | os.O_TRUNC)
