@@ -219,7 +219,9 @@ class ChatStore:
     """SQLite store of conversations. Thread-safe (one connection behind a lock).
 
     `ChatStore(path)` opens (creating 0600) for reading and writing; `read_only=True` opens an
-    existing store without ever writing to it (writes then fail with FgchatError);
+    existing store without ever writing to it (writes then fail with FgchatError): in a
+    read-only or immutable directory, where SQLite cannot create the -shm file a WAL store needs,
+    it is opened immutable (`immutable` then True: SQLite assumes nobody changes the file);
     `ChatStore(":memory:")` keeps chats in memory only. Any failure is one-line FgchatError.
     """
 
@@ -227,21 +229,19 @@ class ChatStore:
         self.path = Path(path)
         self.in_memory = os.fspath(path) == ":memory:"
         self.read_only = read_only and not self.in_memory
+        self.immutable = False
         self._lock = threading.Lock()
         db = None
         try:
             if self.in_memory:
                 db = sqlite3.connect(":memory:", check_same_thread=False, isolation_level=None)
             elif self.read_only:
-                uri = "file:" + urllib.parse.quote(os.fspath(self.path.absolute())) + "?mode=ro"
-                db = sqlite3.connect(uri, uri=True, check_same_thread=False, isolation_level=None)
+                db = self._open_read_only()
             else:
                 os.close(open_private(self.path, os.O_RDWR))  # created 0600 before SQLite sees it
                 db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
             db.execute("PRAGMA foreign_keys = ON")
-            if self.read_only:
-                db.execute("SELECT COUNT(*) FROM conversations").fetchone()  # readable at all?
-            else:
+            if not self.read_only:
                 db.execute("PRAGMA journal_mode = WAL")
                 db.executescript(_SCHEMA)
                 for suffix in ("-wal", "-shm"):  # SQLite gives them the database's mode
@@ -255,6 +255,17 @@ class ChatStore:
             reason = getattr(exc, "strerror", None) if isinstance(exc, OSError) else None
             raise FgchatError(f"cannot open chat store {self.path}: {reason or _one_line(exc)}") from None
         self._db = db
+
+    def _open_read_only(self) -> sqlite3.Connection:
+        """The store read-only; immutable when plain read-only fails (a WAL store in a directory
+        where its -shm cannot be created)."""
+        plain = "file:" + urllib.parse.quote(os.fspath(self.path.absolute())) + "?mode=ro"
+        try:
+            return _readable(plain)
+        except sqlite3.Error:
+            db = _readable(plain + "&immutable=1")
+            self.immutable = True
+            return db
 
     def _exec(self, sql: str, args: tuple = ()) -> sqlite3.Cursor:
         with self._lock:
@@ -323,6 +334,17 @@ class ChatStore:
                 self._db.close()
             except sqlite3.Error:
                 pass
+
+
+def _readable(uri: str) -> sqlite3.Connection:
+    """A connection to the store at `uri`, checked readable (closed again when not)."""
+    db = sqlite3.connect(uri, uri=True, check_same_thread=False, isolation_level=None)
+    try:
+        db.execute("SELECT COUNT(*) FROM conversations").fetchone()
+    except sqlite3.Error:
+        db.close()
+        raise
+    return db
 
 
 def _meta(text: str) -> dict[str, Any]:
