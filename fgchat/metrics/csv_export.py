@@ -9,6 +9,8 @@ The readers take files with or without `session_id` (and without columns added l
 Invariants:
 - `write_*_csv` are atomic: the target is either untouched or holds the complete new file
   (temp file in the same directory, fsync, os.replace). No temp file is left behind on failure.
+- A file written with `private=True` is 0600 from its creation on (never readable by others, not
+  even for a moment); otherwise it gets the mode a plain open() would give (0666 less the umask).
 - Every I/O failure surfaces as one-line `FgchatError`; nothing here mutates a `LatencyLog`, so
   the in-memory log survives any export error and the caller can retry.
 """
@@ -99,8 +101,8 @@ def _umask() -> int:
 # --- whole-file, atomic ---------------------------------------------------------------------
 
 
-def atomic_write_text(path: PathLike, text: str) -> None:
-    """Write `text` to path atomically; one-line FgchatError on any failure."""
+def atomic_write_text(path: PathLike, text: str, private: bool = False) -> None:
+    """Write `text` to path atomically (0600 when `private`); one-line FgchatError on any failure."""
     target = Path(os.path.expanduser(os.fspath(path)))
     tmp_name: str | None = None
     try:
@@ -111,8 +113,8 @@ def atomic_write_text(path: PathLike, text: str) -> None:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
-        # mkstemp creates 0600; give the file the mode a plain open() would have
-        os.chmod(tmp_name, 0o666 & ~_umask())
+        if not private:  # mkstemp creates 0600; else the mode a plain open() would give
+            os.chmod(tmp_name, 0o666 & ~_umask())
         os.replace(tmp_name, target)
         tmp_name = None
     except OSError as e:
@@ -125,21 +127,23 @@ def atomic_write_text(path: PathLike, text: str) -> None:
                 pass
 
 
-def write_tokens_csv(path: PathLike, records: Iterable[TokenRecord], session_id: str | None = None) -> int:
+def write_tokens_csv(
+    path: PathLike, records: Iterable[TokenRecord], session_id: str | None = None, private: bool = False
+) -> int:
     """Write all token records (with header) atomically; returns the row count. With a
-    `session_id`, a leading session_id column holds it on every row."""
+    `session_id`, a leading session_id column holds it on every row; `private`: file 0600."""
     records = list(records)
-    atomic_write_text(path, _rows_text(records, _columns(TOKEN_COLUMNS, session_id), True, session_id))
+    atomic_write_text(path, _rows_text(records, _columns(TOKEN_COLUMNS, session_id), True, session_id), private)
     return len(records)
 
 
 def write_requests_csv(
-    path: PathLike, records: Iterable[RequestRecord], session_id: str | None = None
+    path: PathLike, records: Iterable[RequestRecord], session_id: str | None = None, private: bool = False
 ) -> int:
     """Write all request records (with header) atomically; returns the row count. With a
-    `session_id`, a leading session_id column holds it on every row."""
+    `session_id`, a leading session_id column holds it on every row; `private`: file 0600."""
     records = list(records)
-    atomic_write_text(path, _rows_text(records, _columns(REQUEST_COLUMNS, session_id), True, session_id))
+    atomic_write_text(path, _rows_text(records, _columns(REQUEST_COLUMNS, session_id), True, session_id), private)
     return len(records)
 
 

@@ -135,8 +135,9 @@ def run_tui(*, engine_factory: Callable[..., object] | None = None, **options: A
             for sig, handler in previous.items():
                 if handler is not None:
                     signal.signal(sig, handler)
-            if app.kept_log_note:
-                _note(app.kept_log_note)
+            for note in (app.unsaved_note, app.kept_log_note):
+                if note:
+                    _note(note)
     if app.return_code not in (None, 0):
         return int(app.return_code)
     if late:

@@ -29,8 +29,10 @@ Invariants:
 - SIGTERM and SIGHUP (a closed terminal, a dropped SSH session) end the app like ctrl+q: partial
   replies stored (finish="interrupted"), --log-csv flushed, the engine stopped, then exit status
   128 + signal number. A second signal during that shutdown is ignored.
-- A broken chat store never ends the app: a store that cannot be opened is replaced by an
-  in-memory one (one warning), and every later store call is guarded.
+- A broken chat store never ends the app: a store that cannot be opened read-write is opened
+  read-only (immutable in a read-only directory), else replaced by an in-memory one (one
+  warning), and every later store call is guarded. At exit, every chat the store lacks is
+  written to a JSON file (beside the latency logs, else in the temp dir) named in one line.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from __future__ import annotations
 import gc
 import os
 import signal
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -97,8 +100,8 @@ def open_store(path: Path, problem: str = "") -> tuple[ChatStore, str]:
             except FgchatError:
                 pass
             else:
-                return store, f"{problem}: opened read-only; new messages are kept in memory only"
-    return ChatStore(":memory:"), f"{problem}: chats are kept in memory for this session"
+                return store, f"{problem}: opened read-only; chats changed now are written to a file at exit"
+    return ChatStore(":memory:"), f"{problem}: chats are kept in memory and written to a file at exit"
 
 
 class FgchatApp(App[int]):
@@ -135,6 +138,7 @@ class FgchatApp(App[int]):
             data_path, dir_problem = usable_data_dir()
         self.data_path = data_path
         self.settings = Settings(self.data_path / "settings.json")
+        self.startup_warnings += self.settings.problems
         self.store, store_problem = open_store(self.data_path / "chats.sqlite3", dir_problem)
         if store_problem:
             self.startup_warnings.append(store_problem)
@@ -154,6 +158,7 @@ class FgchatApp(App[int]):
         self.log_files = LogFiles(self.latency.log, self.settings, self.data_path, log_csv, self.notify)
         self._flushed = False
         self.kept_log_note = ""  # at exit: where the unwritten latency log went, or why it could not
+        self.unsaved_note = ""  # at exit: the chats the store lacks and the file they went to
         self._text_timer: Timer | None = None  # draws buffered reply text when it is due
         self.exit_signal: int | None = None  # SIGTERM/SIGHUP that ended the app, if one did
         self._previous_handlers: dict[int, object] = {}
@@ -555,6 +560,9 @@ class FgchatApp(App[int]):
             self._text_timer = None
         self.guard.quiet = True
         self.replies.interrupt_all(self._log_problem)
+        # beside the latency logs, else the temp dir (a read-only data dir)
+        self.unsaved_note = self.guard.keep_unsaved(
+            self.session_id, [self.log_files.kept_dir, Path(tempfile.gettempdir())])
         self.log_files.close()
         self._keep_log()
         self.link.shutdown()

@@ -2,17 +2,21 @@
 
 Each mode gets a band of vertical bars (bins left to right, one character per bin); all bands use
 the same bin edges, so a faster mode's mass sits visibly further left. Heights scale to each mode's
-own peak (shapes compare; counts are printed as n=).
+own peak within the axis (shapes compare; counts are printed as n=; edge bins draw at most full).
 
-The axis is robust to outliers (`robust_edges`): it spans the series' 1st..99th percentiles, and
-when values lie far beyond that the right-most column becomes an overflow bin counting them
-(labelled "> 12.3 ms: 2" under the axis), so one long gap never squashes every other sample into
-the first bins. Counts always sum to the number of samples shown.
+The axis follows the recent window and is robust to outliers (`robust_edges`): it spans the 1st..99th
+percentiles of each series' latest AXIS_WINDOW values, so slow tokens of a cold start stop setting
+it once they are older than that. Values far beyond it (older ones included) are counted at the
+edges: the right-most column becomes an overflow bin, the left-most an underflow bin (labelled
+"< 3.10 ms: 4 · > 61.2 ms: 20" under the axis). An axis that still spans a ratio of LOG_RATIO or
+more (slow tokens within the window) is logarithmic ("ITL ms log"), so the bulk keeps several
+columns. Counts always sum to the number of samples shown.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import NamedTuple
 
 import numpy as np
 from textual.content import Content
@@ -28,60 +32,80 @@ _V_BLOCKS = "▁▂▃▄▅▆▇█"
 LABEL_WIDTH = 11
 _SHORT = {Mode.EAGER: "eager", Mode.PIECEWISE: "piece", Mode.FULL: "full", Mode.MEGA: "mega"}
 LOW_PCT, HIGH_PCT = 1.0, 99.0
+AXIS_WINDOW = 500  # the axis follows each series' latest values (its percentiles come from these)
 # values up to this much of the percentile span beyond p99 (p1) just widen the axis; further out
-# they go to the overflow bin (or the first bin, below)
+# they go to the overflow (underflow) bin
 SLACK = 0.5
+MIN_SPAN = 0.1  # the span the slack is taken of is at least this fraction of p99 (a flat window)
+LOG_RATIO = 8.0  # an axis whose ends differ by this factor or more is logarithmic
 
 
-def robust_edges(series: Mapping[str, np.ndarray], bins: int) -> tuple[np.ndarray, bool]:
-    """Bin edges for `bins` columns shared by all series, and whether the last column is an
-    overflow bin (its right edge is then +inf: it counts every value beyond the axis).
+class Axis(NamedTuple):
+    """Bin edges shared by all series: -inf first with an underflow bin, +inf last with an
+    overflow bin; the finite edges are evenly spaced, geometrically when `log`."""
 
-    The axis spans the lowest per-series p1 to the highest per-series p99 (per series, so a slow
-    mode with few samples is never clipped away by a fast one with many); values within SLACK of
-    that span beyond it widen the axis instead, so a plain tail is not called overflow (only values
-further out than that land in the overflow bin).
+    edges: np.ndarray
+    underflow: bool
+    overflow: bool
+    log: bool
+
+    @property
+    def finite(self) -> np.ndarray:
+        return self.edges[int(self.underflow): len(self.edges) - int(self.overflow)]
+
+
+def robust_edges(series: Mapping[str, np.ndarray], bins: int, recent: int = AXIS_WINDOW) -> Axis:
+    """The axis for `bins` columns shared by all series (oldest value first in each).
+
+    The axis spans the lowest per-series p1 to the highest per-series p99 of each series' latest
+    `recent` values (per series, so a slow mode with few samples is never clipped away by a fast
+    one with many); values within SLACK of that span beyond it widen the axis instead, so a plain
+    tail is not called overflow (only values further out land in the edge bins).
     """
     arrays = [a[np.isfinite(a)] for a in (np.asarray(v, dtype=np.float64) for v in series.values())]
     arrays = [a for a in arrays if a.size]
     if not arrays:
-        return np.linspace(0.0, 1.0, bins + 1), False
-    vmin = min(float(a.min()) for a in arrays)
-    vmax = max(float(a.max()) for a in arrays)
-    lo = min(float(np.percentile(a, LOW_PCT)) for a in arrays)
-    hi = max(float(np.percentile(a, HIGH_PCT)) for a in arrays)
-    span = hi - lo
-    if vmin >= lo - SLACK * span:
-        lo = vmin
-    cut = hi + SLACK * span
-    overflow = vmax > cut and bins >= 2
-    if overflow:  # the axis ends at the largest value that is not far out: only those overflow
-        hi = max(float(a[a <= cut].max(initial=hi)) for a in arrays)
-    else:
-        hi = vmax
+        return Axis(np.linspace(0.0, 1.0, bins + 1), False, False, False)
+    tails = [a[-recent:] for a in arrays]
+    lo = min(float(np.percentile(t, LOW_PCT)) for t in tails)
+    hi = max(float(np.percentile(t, HIGH_PCT)) for t in tails)
+    span = max(hi - lo, MIN_SPAN * abs(hi))
+    low_cut, high_cut = lo - SLACK * span, hi + SLACK * span
+    underflow = min(float(a.min()) for a in arrays) < low_cut and bins >= 3
+    overflow = max(float(a.max()) for a in arrays) > high_cut and bins >= 2 + underflow
+    # the axis ends at the most extreme values that are not far out: only those are counted outside
+    lo = min(float(a[a >= low_cut].min(initial=lo)) if underflow else float(a.min()) for a in arrays)
+    hi = max(float(a[a <= high_cut].max(initial=hi)) if overflow else float(a.max()) for a in arrays)
     if not hi > lo:  # a single distinct value: give it a visible width around itself
         pad = abs(lo) * 0.05 or 0.5
         lo, hi = lo - pad, lo + pad
-    n = bins - 1 if overflow else bins
-    edges = np.linspace(lo, hi, n + 1)
+    n = bins - int(underflow) - int(overflow)
+    log = lo > 0 and hi / lo >= LOG_RATIO
+    edges = np.geomspace(lo, hi, n + 1) if log else np.linspace(lo, hi, n + 1)
     if not np.all(np.diff(edges) > 0):  # float resolution exhausted (huge magnitude, tiny span)
         edges = lo + np.arange(n + 1, dtype=np.float64) * max(abs(lo), 1.0) * 1e-9
-    if overflow:
-        edges = np.append(edges, np.inf)
-    return edges, overflow
+    edges = np.concatenate([[-np.inf]] * underflow + [edges] + [[np.inf]] * overflow)
+    return Axis(edges, underflow, overflow, log)
 
 
 def binned(values: np.ndarray, edges: np.ndarray) -> np.ndarray:
-    """Counts per bin; values below the first edge count in the first bin, above the last in the
-    last (with an overflow bin, that is the overflow)."""
+    """Counts per bin; with an underflow (overflow) bin, it counts every value below (above) the
+    finite edges; without one, such values count in the first (last) bin."""
     arr = np.asarray(values, dtype=np.float64)
     arr = arr[np.isfinite(arr)]
-    finite_hi = edges[-2] if np.isinf(edges[-1]) else edges[-1]
-    if np.isinf(edges[-1]):
-        over = int((arr > finite_hi).sum())
-        inner = histogram(arr[arr <= finite_hi], edges[:-1]) if arr.size else np.zeros(len(edges) - 2, np.int64)
-        return np.append(inner, over).astype(np.int64)
-    return histogram(arr, edges)
+    under, over = bool(np.isneginf(edges[0])), bool(np.isposinf(edges[-1]))
+    finite = edges[int(under): len(edges) - int(over)]
+    keep = np.ones(arr.shape, dtype=bool)
+    if under:
+        keep &= arr >= finite[0]
+    if over:
+        keep &= arr <= finite[-1]
+    counts = [histogram(arr[keep], finite)]
+    if under:
+        counts.insert(0, [int((arr < finite[0]).sum())])
+    if over:
+        counts.append([int((arr > finite[-1]).sum())])
+    return np.concatenate(counts).astype(np.int64)
 
 
 def fmt_ms(value: float | None) -> str:
@@ -107,9 +131,10 @@ def compact_count(n: int) -> str:
     return f"{n / 1e6:.1f}M"
 
 
-def column_rows(counts: np.ndarray, rows: int) -> list[str]:
-    """Vertical bars, top row first; each bin one character; every non-zero count shows."""
-    peak = float(counts.max(initial=0))
+def column_rows(counts: np.ndarray, rows: int, peak: float | None = None) -> list[str]:
+    """Vertical bars, top row first; each bin one character; every non-zero count shows.
+    Heights scale to `peak` (default the largest count); a count above it draws full height."""
+    peak = float(counts.max(initial=0)) if peak is None else float(peak)
     lines = [[" "] * len(counts) for _ in range(rows)]
     if peak <= 0:
         return ["".join(line) for line in lines]
@@ -139,8 +164,9 @@ class ModeHistograms(Widget):
         self.unavailable: dict[str, str] = {}
         self.current_mode: str = ""
         self.counts: dict[str, np.ndarray] = {}  # last drawn counts per mode (tests, export)
-        self.edges: np.ndarray | None = None  # last drawn edges (+inf last with an overflow bin)
+        self.axis: Axis | None = None  # last drawn axis
         self.overflow: dict[str, int] = {}  # samples per mode beyond the axis (in the overflow bin)
+        self.underflow: dict[str, int] = {}  # samples per mode below the axis (in the underflow bin)
         self._height = 0  # lines of the last render
 
     def set_data(
@@ -162,21 +188,25 @@ class ModeHistograms(Widget):
         bins = max(4, width - LABEL_WIDTH)
         rows = max(1, self.rows_per_mode)
         populated = {m: v for m, v in self.series.items() if v.size}
-        edges, has_overflow = robust_edges(populated, bins) if populated else (None, False)
-        self.edges = edges
+        axis = self.axis = robust_edges(populated, bins) if populated else None
         self.overflow = {m: 0 for m in MODES}
+        self.underflow = {m: 0 for m in MODES}
         lines: list[Content] = []
         for mode in MODES:
             values = self.series[mode]
             style = MODE_STYLES[mode]
             marker = "▶" if mode == self.current_mode else " "
             labels = [f"{marker}{mode}"[:LABEL_WIDTH], f" n={compact_count(values.size)}"]
-            if edges is not None and values.size:
-                counts = binned(values, edges)
+            if axis is not None and values.size:
+                counts = binned(values, axis.edges)
                 self.counts[mode] = counts
-                if has_overflow:
+                if axis.overflow:
                     self.overflow[mode] = int(counts[-1])
-                bars = column_rows(counts, rows)
+                if axis.underflow:
+                    self.underflow[mode] = int(counts[0])
+                inner = counts[int(axis.underflow): len(counts) - int(axis.overflow)]
+                # heights scale to the axis' own bins: an edge bin's count is printed, not scaled
+                bars = column_rows(counts, rows, int(inner.max(initial=0)) or None)
             else:
                 self.counts[mode] = np.zeros(bins, dtype=np.int64)
                 reason = "n/a on this device" if self.unavailable.get(mode) else "no tokens yet"
@@ -188,45 +218,57 @@ class ModeHistograms(Widget):
                 else:
                     label = labels[r] if r < len(labels) else ""
                 label_style = f"bold {style}" if mode == self.current_mode else style
-                dim = "" if values.size else "$text-muted"
-                bar_parts: list[tuple[str, str]] = [(bar, dim or style)]
-                if has_overflow and values.size:  # the overflow column stands out
-                    bar_parts = [(bar[:-1], style), (bar[-1:], f"bold {style} reverse" if bar[-1] != " " else "")]
+                bar_parts = self._bar_parts(bar, style, axis) if axis and values.size else [(bar, "$text-muted")]
                 lines.append(
                     Content.assemble((label[:LABEL_WIDTH].ljust(LABEL_WIDTH), label_style), *bar_parts)
                 )
-        lines.append(self._axis(edges, bins, has_overflow))
-        if has_overflow:
-            lines.append(self._overflow_line(edges, bins))
+        lines.append(self._axis(axis, bins))
+        if axis is not None and (axis.overflow or axis.underflow):
+            lines.append(self._overflow_line(bins))
         if len(lines) != self._height:  # the overflow line came or went (or rows changed)
             self._height = len(lines)
             self.call_later(self.refresh, layout=True)
         return Content("\n").join(lines)
 
-    def overflow_label(self) -> str:
-        """"> 12.3 ms: 2" (all modes together), or "" when nothing is beyond the axis."""
-        total = sum(self.overflow.values())
-        if not total or self.edges is None or not np.isinf(self.edges[-1]):
-            return ""
-        return f"> {fmt_ms(float(self.edges[-2]))} ms: {total}"
+    @staticmethod
+    def _bar_parts(bar: str, style: str, axis: Axis) -> list[tuple[str, str]]:
+        """A mode's bars with the underflow / overflow columns standing out."""
+        edge_style = f"bold {style} reverse"
+        first, last = int(axis.underflow), len(bar) - int(axis.overflow)
+        parts = [(bar[:first], edge_style if bar[:first].strip() else ""), (bar[first:last], style),
+                 (bar[last:], edge_style if bar[last:].strip() else "")]
+        return [part for part in parts if part[0]]
 
-    def _overflow_line(self, edges: np.ndarray, bins: int) -> Content:
+    def overflow_label(self) -> str:
+        """"< 3.10 ms: 4 · > 12.3 ms: 2" (all modes together; each part only when that edge bin
+        counts something), or "" when nothing is outside the axis."""
+        axis = self.axis
+        if axis is None:
+            return ""
+        finite = axis.finite
+        under, over = sum(self.underflow.values()), sum(self.overflow.values())
+        parts = ([f"< {fmt_ms(float(finite[0]))} ms: {under}"] if axis.underflow and under else []) + \
+            ([f"> {fmt_ms(float(finite[-1]))} ms: {over}"] if axis.overflow and over else [])
+        return " · ".join(parts)
+
+    def _overflow_line(self, bins: int) -> Content:
         text = self.overflow_label()
         width = LABEL_WIDTH + bins
         return Content.assemble((text.rjust(width)[-width:], "bold $warning"))
 
-    def _axis(self, edges: np.ndarray | None, bins: int, overflow: bool = False) -> Content:
-        if edges is None:
+    def _axis(self, axis: Axis | None, bins: int) -> Content:
+        if axis is None:
             return Content.assemble(("ITL ms".ljust(LABEL_WIDTH), "$text-muted"), ("─" * bins, "$text-muted"))
-        finite = edges[:-1] if overflow else edges
-        span = bins - 1 if overflow else bins
+        finite = axis.finite
+        span = bins - int(axis.underflow) - int(axis.overflow)
         lo, hi = fmt_ms(float(finite[0])), fmt_ms(float(finite[-1]))
         mid = fmt_ms(float(finite[len(finite) // 2]))
         fill = span - len(lo) - len(hi)
         if fill >= len(mid) + 4:
             left = (fill - len(mid)) // 2
-            axis = lo + "─" * left + mid + "─" * (fill - len(mid) - left) + hi
+            line = lo + "─" * left + mid + "─" * (fill - len(mid) - left) + hi
         else:
-            axis = lo + "─" * max(fill, 1) + hi
-        axis = axis[:span] + ("»" if overflow else "")
-        return Content.assemble(("ITL ms".ljust(LABEL_WIDTH), "$text-muted"), (axis, "$text-muted"))
+            line = lo + "─" * max(fill, 1) + hi
+        line = ("«" if axis.underflow else "") + line[:span] + ("»" if axis.overflow else "")
+        title = "ITL ms log" if axis.log else "ITL ms"
+        return Content.assemble((title.ljust(LABEL_WIDTH), "$text-muted"), (line, "$text-muted"))

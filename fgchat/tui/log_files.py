@@ -9,6 +9,7 @@ the latency console.
 Invariants: a failed write never loses rows; the log stays in memory and the user is told
 (for --log-csv once per failure streak, with a notice when it recovers). At exit, a log holding
 rows that neither --log-csv nor an export wrote goes to <data dir>/latency/ (`keep_at_exit`).
+Every CSV written under the data directory is 0600, like everything else there.
 """
 
 from __future__ import annotations
@@ -67,9 +68,10 @@ class LogFiles:
             except OSError:
                 pass  # the write below fails with a one-line reason
         session = self.log.session_id  # a leading session_id column: exports of two runs can be merged
+        private = self.in_data_dir(tokens_path)
         try:
-            n_tokens = write_tokens_csv(tokens_path, tokens, session_id=session)
-            n_requests = write_requests_csv(requests_path, requests, session_id=session)
+            n_tokens = write_tokens_csv(tokens_path, tokens, session_id=session, private=private)
+            n_requests = write_requests_csv(requests_path, requests, session_id=session, private=private)
         except FgchatError as exc:
             self._notify(f"{exc} — the log is kept in memory; export again to another path",
                          title="export failed", severity="error", timeout=10)
@@ -84,6 +86,13 @@ class LogFiles:
         self._notify(f"{n_tokens} token rows → {tokens_path}\n{n_requests} request rows → {requests_path}",
                      title="latency log exported", timeout=6)
         return tokens_path, requests_path
+
+    def in_data_dir(self, path: Path) -> bool:
+        """Whether `path` lies under the data directory (its files are private there)."""
+        try:
+            return path.expanduser().resolve().is_relative_to(self.data_path.resolve())
+        except (OSError, RuntimeError):  # a symlink loop: not known to be outside, keep it private
+            return True
 
     # ---- --log-csv -----------------------------------------------------------------------
     def sync(self) -> None:
@@ -136,7 +145,7 @@ class LogFiles:
         session = self.log.session_id
         name = session or time.strftime("%Y%m%dT%H%M%S")
         tokens_path = self.kept_dir / f"{name}-tokens.csv"
-        write_tokens_csv(tokens_path, tokens, session_id=session)
-        write_requests_csv(self.kept_dir / f"{name}-requests.csv", requests, session_id=session)
+        write_tokens_csv(tokens_path, tokens, session_id=session, private=True)
+        write_requests_csv(self.kept_dir / f"{name}-requests.csv", requests, session_id=session, private=True)
         self._written = (len(tokens), len(requests))
         return tokens_path

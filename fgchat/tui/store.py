@@ -219,7 +219,9 @@ class ChatStore:
     """SQLite store of conversations. Thread-safe (one connection behind a lock).
 
     `ChatStore(path)` opens (creating 0600) for reading and writing; `read_only=True` opens an
-    existing store without ever writing to it (writes then fail with FgchatError);
+    existing store without ever writing to it (writes then fail with FgchatError): in a
+    read-only or immutable directory, where SQLite cannot create the -shm file a WAL store needs,
+    it is opened immutable (`immutable` then True: SQLite assumes nobody changes the file);
     `ChatStore(":memory:")` keeps chats in memory only. Any failure is one-line FgchatError.
     """
 
@@ -227,21 +229,19 @@ class ChatStore:
         self.path = Path(path)
         self.in_memory = os.fspath(path) == ":memory:"
         self.read_only = read_only and not self.in_memory
+        self.immutable = False
         self._lock = threading.Lock()
         db = None
         try:
             if self.in_memory:
                 db = sqlite3.connect(":memory:", check_same_thread=False, isolation_level=None)
             elif self.read_only:
-                uri = "file:" + urllib.parse.quote(os.fspath(self.path.absolute())) + "?mode=ro"
-                db = sqlite3.connect(uri, uri=True, check_same_thread=False, isolation_level=None)
+                db = self._open_read_only()
             else:
                 os.close(open_private(self.path, os.O_RDWR))  # created 0600 before SQLite sees it
                 db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
             db.execute("PRAGMA foreign_keys = ON")
-            if self.read_only:
-                db.execute("SELECT COUNT(*) FROM conversations").fetchone()  # readable at all?
-            else:
+            if not self.read_only:
                 db.execute("PRAGMA journal_mode = WAL")
                 db.executescript(_SCHEMA)
                 for suffix in ("-wal", "-shm"):  # SQLite gives them the database's mode
@@ -255,6 +255,17 @@ class ChatStore:
             reason = getattr(exc, "strerror", None) if isinstance(exc, OSError) else None
             raise FgchatError(f"cannot open chat store {self.path}: {reason or _one_line(exc)}") from None
         self._db = db
+
+    def _open_read_only(self) -> sqlite3.Connection:
+        """The store read-only; immutable when plain read-only fails (a WAL store in a directory
+        where its -shm cannot be created)."""
+        plain = "file:" + urllib.parse.quote(os.fspath(self.path.absolute())) + "?mode=ro"
+        try:
+            return _readable(plain)
+        except sqlite3.Error:
+            db = _readable(plain + "&immutable=1")
+            self.immutable = True
+            return db
 
     def _exec(self, sql: str, args: tuple = ()) -> sqlite3.Cursor:
         with self._lock:
@@ -325,6 +336,17 @@ class ChatStore:
                 pass
 
 
+def _readable(uri: str) -> sqlite3.Connection:
+    """A connection to the store at `uri`, checked readable (closed again when not)."""
+    db = sqlite3.connect(uri, uri=True, check_same_thread=False, isolation_level=None)
+    try:
+        db.execute("SELECT COUNT(*) FROM conversations").fetchone()
+    except sqlite3.Error:
+        db.close()
+        raise
+    return db
+
+
 def _meta(text: str) -> dict[str, Any]:
     try:
         value = json.loads(text)
@@ -339,26 +361,101 @@ def title_from(text: str, width: int = 24) -> str:
     return line if len(line) <= width else line[: width - 1] + "…"
 
 
+# the settings the app reads and the types their values must have; a value of another type is
+# ignored (and kept in the file as the user wrote it); keys not listed here are kept as they are
+SETTING_TYPES: dict[str, tuple[type, ...]] = {
+    "samples": (int,),
+    "system_prompt": (str,),
+    "theme": (str,),
+    "export_folder": (str, type(None)),
+    "sampling_overrides": (dict,),
+    "sampling": (dict, type(None)),
+}
+_TYPE_NAMES = {int: "a whole number", str: "text", dict: "a table", type(None): "null"}
+
+
+def _wrong_type(key: str, value: Any) -> str:
+    """Why `value` cannot be setting `key` ("" when it can)."""
+    allowed = SETTING_TYPES.get(key)
+    if allowed is None or (isinstance(value, allowed) and not isinstance(value, bool)):
+        return ""
+    wanted = " or ".join(_TYPE_NAMES[t] for t in allowed)
+    shown = json.dumps(value)
+    shown = shown if len(shown) <= 24 else shown[:23] + "…"
+    return f'settings.json: "{key}" is {shown}, not {wanted}; ignored'
+
+
 class Settings:
-    """Small JSON settings file (theme, samples per prompt, ...); unreadable files are ignored."""
+    """Small JSON settings file (theme, samples per prompt, system prompt, ...).
+
+    Invariants:
+    - What the user wrote is never lost: a value of the wrong type is ignored (`get` gives the
+      default) but stays in the file; a file that is not a JSON object is moved aside as
+      settings.json.bad-<time> before anything writes settings.json, and one that cannot be read
+      or moved aside is left untouched (changes are then kept in memory only).
+    - `problems` holds one line per thing ignored, naming the key or the file, for the app to show.
+    """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         self.values: dict[str, Any] = {}
+        self.problems: list[str] = []
+        self.ignored: set[str] = set()  # keys whose saved values have the wrong type
+        self.writable = True  # False: the file is left as it is; changes stay in memory
         tighten_mode(self.path)
         try:
-            loaded = json.loads(self.path.read_text(encoding="utf-8"))
-            if isinstance(loaded, dict):
-                self.values = loaded
-        except (OSError, ValueError):
-            pass
+            loaded = json.loads(self.path.read_bytes().decode("utf-8"))
+            if not isinstance(loaded, dict):
+                raise ValueError(f"not a JSON object but {type(loaded).__name__}")
+        except (FileNotFoundError, NotADirectoryError):  # none yet (or no data dir: the app says so)
+            return
+        except OSError as exc:
+            self._leave_untouched(exc.strerror or _one_line(exc))
+            return
+        except ValueError as exc:  # JSON syntax, bad UTF-8, not an object
+            self._move_aside(_one_line(exc))
+            return
+        self.values = loaded
+        for key, value in loaded.items():
+            problem = _wrong_type(key, value)
+            if problem:
+                self.ignored.add(key)
+                self.problems.append(problem)
+
+    def _leave_untouched(self, reason: str) -> None:
+        self.writable = False
+        self.problems.append(f"{self.path.name} could not be read ({reason}): left untouched; "
+                             "settings changed now are kept for this session only")
+
+    def _move_aside(self, reason: str) -> None:
+        """The unreadable file to settings.json.bad-<time> (a free name), so a later save
+        never overwrites it; left untouched when it cannot be moved."""
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        for n in range(1, 100):
+            aside = self.path.with_name(f"{self.path.name}.bad-{stamp}" + (f"-{n}" if n > 1 else ""))
+            if not os.path.lexists(aside):
+                break
+        else:
+            self._leave_untouched(f"{reason}; no free name to move it aside")
+            return
+        try:
+            os.rename(self.path, aside)
+        except OSError as exc:
+            self._leave_untouched(f"{reason}; cannot move it aside: {exc.strerror or _one_line(exc)}")
+            return
+        self.problems.append(f"{self.path.name} could not be read ({reason}): kept as {aside}; "
+                             "using default settings")
 
     def get(self, key: str, default: Any = None) -> Any:
-        return self.values.get(key, default)
+        """The saved value of `key`; `default` when there is none or it has the wrong type."""
+        return default if key in self.ignored else self.values.get(key, default)
 
     def set(self, key: str, value: Any) -> None:
         """Set and save at once (atomic replace, file 0600); a failed save keeps the value in memory."""
         self.values[key] = value
+        self.ignored.discard(key)
+        if not self.writable:
+            return
         tmp = self.path.with_name(f".{self.path.name}.tmp")
         try:
             fd = open_private(tmp, os.O_WRONLY | os.O_TRUNC)

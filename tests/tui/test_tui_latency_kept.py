@@ -79,6 +79,7 @@ def test_run_tui_prints_the_note_after_the_app_is_gone(monkeypatch, capsys):
         exit_watchdog = False
         return_code = 0
         kept_log_note = "latency log kept in /x/latency/s-tokens.csv (and -requests.csv beside it)"
+        unsaved_note = '1 chat not in the chat store ("hi") written to /x/latency/s-chats.json'
 
         def run(self) -> int:
             print("ui", file=__import__("sys").stderr)
@@ -89,4 +90,4 @@ def test_run_tui_prints_the_note_after_the_app_is_gone(monkeypatch, capsys):
 
     monkeypatch.setattr(tui, "build_app", lambda **_: Ran())
     assert tui.run_tui() == 0
-    assert capsys.readouterr().err.splitlines() == ["ui", f"fgchat: {Ran.kept_log_note}"]
+    assert capsys.readouterr().err.splitlines() == ["ui", f"fgchat: {Ran.unsaved_note}", f"fgchat: {Ran.kept_log_note}"]

@@ -21,14 +21,14 @@ def test_histogram_outlier_gets_an_overflow_bin():
     rng = np.random.default_rng(0)
     normal = rng.normal(12.0, 1.5, 126)
     values = np.append(normal, 8400.0)
-    edges, overflow = robust_edges({"eager": values}, 40)
-    assert overflow and np.isinf(edges[-1]) and edges[-2] < 20
+    edges, underflow, overflow, _log = robust_edges({"eager": values}, 40)
+    assert overflow and not underflow and np.isinf(edges[-1]) and edges[-2] < 20
     counts = binned(values, edges)
     assert counts.sum() == 127 and counts[-1] == 1
     assert (counts[:-1] > 0).sum() >= 15  # the rest spread over many bins, not squashed
     # a plain tail is not called overflow
-    edges, overflow = robust_edges({"eager": normal}, 40)
-    assert not overflow and binned(normal, edges).sum() == 126
+    edges, underflow, overflow, _log = robust_edges({"eager": normal}, 40)
+    assert not overflow and not underflow and binned(normal, edges).sum() == 126
 
 
 async def test_histogram_widget_shows_the_overflow_count():

@@ -271,12 +271,9 @@ def saved_chat(path: Path) -> Conversation:
     return conv
 
 
-async def test_read_only_store(tiny_llama, data_dir, monkeypatch):
-    data_dir.mkdir(parents=True)
-    path = data_dir / "chats.sqlite3"
-    old = saved_chat(path)
-    # a write-protected chats.sqlite3: opening it for writing is refused (as for a user without
-    # write permission; the tests may run as root, who has it anyway), then it is opened read-only
+def refuse_store_writes(monkeypatch) -> None:
+    """A write-protected chats.sqlite3: opening it for writing is refused (as for a user without
+    write permission; the tests may run as root, who has it anyway), so it is opened read-only."""
     real_open = store_module.open_private
 
     def refuse_the_store(target, flags):
@@ -285,6 +282,13 @@ async def test_read_only_store(tiny_llama, data_dir, monkeypatch):
         return real_open(target, flags)
 
     monkeypatch.setattr(store_module, "open_private", refuse_the_store)
+
+
+async def test_read_only_store(tiny_llama, data_dir, monkeypatch):
+    data_dir.mkdir(parents=True)
+    path = data_dir / "chats.sqlite3"
+    old = saved_chat(path)
+    refuse_store_writes(monkeypatch)
     app = make_app(tiny_llama, thread=True, max_tokens=8)
     async with app.run_test(size=SIZE) as pilot:
         await wait_ready(pilot, app)
