@@ -172,7 +172,9 @@ class ModeHistograms(Widget):
     def set_data(
         self, series: Mapping[str, np.ndarray], unavailable: Mapping[str, str], current_mode: str
     ) -> None:
-        self.series = {m: np.asarray(series.get(m, np.empty(0)), dtype=np.float64) for m in MODES}
+        # the engine's modes, then any other label with data (an endpoint's `remote`)
+        shown = [*MODES, *(m for m in series if m not in MODES and len(series[m]))]
+        self.series = {m: np.asarray(series.get(m, np.empty(0)), dtype=np.float64) for m in shown}
         self.unavailable = dict(unavailable)
         self.current_mode = current_mode
         self.refresh()  # a repaint; `render` asks for a layout when the height changes
@@ -189,12 +191,12 @@ class ModeHistograms(Widget):
         rows = max(1, self.rows_per_mode)
         populated = {m: v for m, v in self.series.items() if v.size}
         axis = self.axis = robust_edges(populated, bins) if populated else None
-        self.overflow = {m: 0 for m in MODES}
-        self.underflow = {m: 0 for m in MODES}
+        self.overflow = {m: 0 for m in self.series}
+        self.underflow = {m: 0 for m in self.series}
         lines: list[Content] = []
-        for mode in MODES:
+        for mode in self.series:
             values = self.series[mode]
-            style = MODE_STYLES[mode]
+            style = MODE_STYLES.get(mode, "$primary")
             marker = "▶" if mode == self.current_mode else " "
             labels = [f"{marker}{mode}"[:LABEL_WIDTH], f" n={compact_count(values.size)}"]
             if axis is not None and values.size:
@@ -214,7 +216,7 @@ class ModeHistograms(Widget):
                 bars[-1] = ("·" * 2 + " " + reason)[:bins].ljust(bins)
             for r, bar in enumerate(bars):
                 if rows == 1:
-                    label = f"{marker}{_SHORT[mode]:<5}{compact_count(values.size):>4} "
+                    label = f"{marker}{_SHORT.get(mode, mode[:5]):<5}{compact_count(values.size):>4} "
                 else:
                     label = labels[r] if r < len(labels) else ""
                 label_style = f"bold {style}" if mode == self.current_mode else style

@@ -19,6 +19,7 @@ from fgchat.client.handle import endpoint_factory
 from fgchat.engine.core import EngineConfig
 from fgchat.metrics import read_requests_csv, read_tokens_csv
 from fgchat.protocol.events import EngineInfo, Mode, RequestFinished, RequestSummary, SamplingParams, TokenEvent
+from fgchat.tui.histogram import ModeHistograms
 from fgchat.tui.app import FgchatApp
 from test_tui import assistant_bubbles, data_dir, panel, type_prompt, wait_for  # noqa: F401
 
@@ -148,6 +149,9 @@ async def test_k2_replies_each_end_on_their_own_finish_and_are_labelled_remote(d
             assert ends[2].finish_reason == "length" and ends[2].output_tokens == 40
             await wait_for(pilot, lambda: panel(app).view.total_tokens == 43, "panel refresh", 5)
             assert panel(app).view.itl_by_mode["remote"].size == 2 + 39  # every ITL, under remote
+            hist = panel(app).query_one(ModeHistograms)
+            await wait_for(pilot, lambda: hist.series.get("remote", ()).size == 41, "the remote band", 5)
+            assert "remot" in str(hist.render())  # drawn as a band of its own, not dropped
             out = tmp_path / "tokens.csv"
             assert app.log_files.export(out) is not None
     assert {r.mode for r in read_tokens_csv(out)} == {"remote"}
