@@ -138,17 +138,22 @@ class ModeHistograms(Widget):
         self.series: dict[str, np.ndarray] = {m: np.empty(0) for m in MODES}
         self.unavailable: dict[str, str] = {}
         self.current_mode: str = ""
+        self.chosen_mode: str = ""
         self.counts: dict[str, np.ndarray] = {}  # last drawn counts per mode (tests, export)
         self.edges: np.ndarray | None = None  # last drawn edges (+inf last with an overflow bin)
         self.overflow: dict[str, int] = {}  # samples per mode beyond the axis (in the overflow bin)
         self._height = 0  # lines of the last render
 
     def set_data(
-        self, series: Mapping[str, np.ndarray], unavailable: Mapping[str, str], current_mode: str
+        self, series: Mapping[str, np.ndarray], unavailable: Mapping[str, str], current_mode: str,
+        chosen_mode: str = "",
     ) -> None:
+        """current_mode: the mode of the latest step (marked ▶); chosen_mode: the engine's chosen
+        one, marked ▷ where it differs."""
         self.series = {m: np.asarray(series.get(m, np.empty(0)), dtype=np.float64) for m in MODES}
         self.unavailable = dict(unavailable)
         self.current_mode = current_mode
+        self.chosen_mode = chosen_mode or current_mode
         self.refresh()  # a repaint; `render` asks for a layout when the height changes
 
     @property
@@ -169,7 +174,7 @@ class ModeHistograms(Widget):
         for mode in MODES:
             values = self.series[mode]
             style = MODE_STYLES[mode]
-            marker = "▶" if mode == self.current_mode else " "
+            marker = "▶" if mode == self.current_mode else "▷" if mode == self.chosen_mode else " "
             labels = [f"{marker}{mode}"[:LABEL_WIDTH], f" n={compact_count(values.size)}"]
             if edges is not None and values.size:
                 counts = binned(values, edges)
