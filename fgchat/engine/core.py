@@ -140,7 +140,7 @@ class Engine(EngineBuild, PrefillRoute, DecodeLoop):
             startup_check=self.startup_check,
             startup_check_pending=self._check_pending,
             sampling_defaults=SamplingParams.from_generation_config(self.model.generation_config),
-            sampling_source="generation_config.json" if self.model.generation_config else "",
+            sampling_source=self.model.sampling_source if self.model.generation_config else "",
             cpu_step="eager" if self.device.type == "cpu" else "",
         )
 

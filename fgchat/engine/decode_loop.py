@@ -119,6 +119,14 @@ class DecodeLoop:
         variant = Variant.of(any(s.params.penalized for s in seqs), bool(sampled),
                              any(sampling.needs_filter(p.top_p, p.top_k, v) for p in sampled))
         mode = self.mode
+        # the graph this step needs is captured before the step (and before its timing starts);
+        # where it cannot be, the step runs eager and the switch is announced, never silent
+        why = self.modes.prepare(mode, b, variant)
+        if why:
+            self.mode = Mode.EAGER
+            self._pending.append(ModeChanged(Mode.EAGER, f"{mode} could not run batch size {b} ({why}): running eager"))
+            self._info_due = True
+            mode = Mode.EAGER
         cuda = self.device.type == "cuda"
         events = None
         if cuda:
@@ -126,13 +134,8 @@ class DecodeLoop:
             events = self._event_sets[self._flip]
             events[0].record()
         t0 = time.perf_counter()
-        out, ran = self.modes.run(mode, b, variant)
+        out, _ = self.modes.run(mode, b, variant)  # prepared: runs `mode`
         launch_ms = (time.perf_counter() - t0) * 1e3
-        if ran != mode:  # capturing `mode` ran out of memory; ModeSet disabled it
-            self.mode = ran
-            self._pending.append(ModeChanged(ran, f"{mode} disabled: out of memory"))
-            self._info_due = True
-            mode = ran
         graph = None if mode == Mode.EAGER else f"{mode}/b{b}"
         host_tokens = None
         if cuda:

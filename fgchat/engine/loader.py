@@ -25,6 +25,8 @@ class LoadedModel:
     generation_config: dict = field(default_factory=dict)
     # one-line notes about loading the engine may show (e.g. a malformed generation_config.json)
     notes: list[str] = field(default_factory=list)
+    # where generation_config came from, shown as EngineInfo.sampling_source ("" when it is empty)
+    sampling_source: str = ""
 
 
 def load_preset_config(name: str) -> dict:
@@ -60,7 +62,12 @@ def _oom_message(device: torch.device, name: str, exc: BaseException) -> str:
 
 def load_model(arg: str | None, device: torch.device, dtype: torch.dtype) -> LoadedModel:
     """Resolve, read and place a model. Every failure is a ModelLoadError with one line."""
-    from fgchat.engine.model.generation_config import read_generation_config
+    from fgchat.engine.model.generation_config import (
+        EMBEDDED_SAMPLING,
+        EMBEDDED_SAMPLING_SOURCE,
+        FILE_NAME,
+        read_generation_config,
+    )
     from fgchat.engine.model.resolve import resolve_model
     from fgchat.engine.model.tokenizer import Tokenizer
     from fgchat.engine.model.weights import load_safetensors, read_config
@@ -77,5 +84,8 @@ def load_model(arg: str | None, device: torch.device, dtype: torch.dtype) -> Loa
             raise ModelLoadError(_oom_message(device, f"model {resolved.name}", exc)) from None
         raise
     gen, note = read_generation_config(resolved.path)
+    source = FILE_NAME if gen else ""
+    if not gen and resolved.source == "embedded":
+        gen, source = dict(EMBEDDED_SAMPLING), EMBEDDED_SAMPLING_SOURCE
     startup_mark("engine: model loaded")
-    return LoadedModel(resolved.name, cfg, weights, tokenizer, gen, [note] if note else [])
+    return LoadedModel(resolved.name, cfg, weights, tokenizer, gen, [note] if note else [], source)

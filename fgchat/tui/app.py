@@ -349,7 +349,7 @@ class FgchatApp(App[int]):
     def _panel_status(self) -> PanelStatus:
         link = self.link
         return PanelStatus(
-            mode=link.mode, requested_mode=link.requested_mode, mode_note=link.mode_note,
+            mode=link.mode, ran_mode=link.ran_mode or "", requested_mode=link.requested_mode, mode_note=link.mode_note,
             unavailable=tuple(sorted(link.unavailable_modes().items())),
             samples=self.sampling.samples, sampling=self.sampling.label(),
             active_replies=len(self.replies), info=link.info, engine_state=link.state,
@@ -378,8 +378,7 @@ class FgchatApp(App[int]):
     def _update_subtitle(self) -> None:
         """"model · mode · batch B · K k · sampling · its source"."""
         link = self.link
-        mode = link.mode + (f"→{link.requested_mode}?" if link.requested_mode and
-                            link.requested_mode != link.mode else "")
+        mode = link.mode_label()
         if link.state == "failed":
             model = "engine stopped"
         else:

@@ -100,6 +100,9 @@ class EngineLink:
         configured = getattr(config, "mode", None)
         self.requested_mode: Mode | None = Mode(configured) if configured in MODES else None
         self.mode_note = ""  # why the engine did not switch as asked ("" when it did)
+        # the mode that ran the latest decode step (TokenEvent.mode), None until one ran since the
+        # last ModeChanged; it differs from `mode` only where the engine ran another than it chose
+        self.ran_mode: Mode | None = None
         self.posted = 0  # EngineEvents messages posted (all engines of this link)
         self.post_s = POST_S  # shortest time between two EngineEvents messages
 
@@ -111,6 +114,7 @@ class EngineLink:
         self.error = ""
         self.phase = ""
         self.ready_s = None
+        self.ran_mode = None
         if self._adopt:  # started before the app: keep its start time
             self._adopt = False
         else:
@@ -184,6 +188,15 @@ class EngineLink:
         """URL of the remote server behind the handle; "" for the local engine."""
         return self.info.endpoint if self.info is not None else ""
 
+    def mode_label(self) -> str:
+        """The mode of the latest decode step, with the chosen one where they differ, and a
+        switch asked for but not confirmed: "full", "eager (chosen full)", "eager→full?"."""
+        ran = self.ran_mode or self.mode
+        label = str(ran) if ran == self.mode else f"{ran} (chosen {self.mode})"
+        if self.requested_mode and self.requested_mode != self.mode:
+            label += f"→{self.requested_mode}?"
+        return label
+
     def unavailable_modes(self) -> dict[str, str]:
         """mode -> why it cannot run ("" when it can). On an endpoint every mode but the one
         it reports running is unavailable unless the server reports it as available."""
@@ -202,11 +215,14 @@ class EngineLink:
         for ev in message.events:
             if isinstance(ev, TokenEvent):
                 update.tokens.append(ev)
+                if not ev.is_first_token:  # a first token comes from the prefill
+                    self.ran_mode = ev.mode
             elif isinstance(ev, RequestFinished):
                 update.finished.append(ev.summary)
                 update.endings.append(ev)
             elif isinstance(ev, ModeChanged):
                 self.mode = ev.mode
+                self.ran_mode = None
                 self.mode_note = ev.reason
                 self.requested_mode = None
                 update.mode_changes.append(ev)

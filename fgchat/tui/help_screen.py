@@ -39,9 +39,9 @@ sends the message whole, Esc cancels the paste).
 
 ## Sampling
 Replies start from the model's own defaults (its generation_config.json; greedy when it has
-none). F6 sets temperature, top-p, top-k, seed and the repetition, presence and frequency
-penalties; only the fields you change from the model's values are remembered, and "Model
-defaults" forgets them. The title bar shows what applies and where it comes from. Temperature 0
+none; the embedded model: T 0.2, top-p 0.9, as its model card recommends). F6 sets temperature,
+top-p, top-k, seed and the repetition, presence and frequency penalties; only the fields you
+change from the model's values are remembered, and "Model defaults" forgets them. The title bar shows what applies and where it comes from. Temperature 0
 is greedy. Reply j of K uses seed + j; with K > 1 and temperature 0 the K replies are sampled at
 temperature 0.7 instead (greedy would give K identical copies); K = 1 keeps your settings.
 

@@ -163,6 +163,7 @@ class ModeHistograms(Widget):
         self.series: dict[str, np.ndarray] = {m: np.empty(0) for m in MODES}
         self.unavailable: dict[str, str] = {}
         self.current_mode: str = ""
+        self.chosen_mode: str = ""
         self.counts: dict[str, np.ndarray] = {}  # last drawn counts per mode (tests, export)
         self.axis: Axis | None = None  # last drawn axis
         self.overflow: dict[str, int] = {}  # samples per mode beyond the axis (in the overflow bin)
@@ -170,13 +171,17 @@ class ModeHistograms(Widget):
         self._height = 0  # lines of the last render
 
     def set_data(
-        self, series: Mapping[str, np.ndarray], unavailable: Mapping[str, str], current_mode: str
+        self, series: Mapping[str, np.ndarray], unavailable: Mapping[str, str], current_mode: str,
+        chosen_mode: str = "",
     ) -> None:
-        # the engine's modes, then any other label with data (an endpoint's `remote`)
+        """current_mode: the mode of the latest step (marked ▶); chosen_mode: the engine's chosen
+        one, marked ▷ where it differs. Bands: the engine's modes, then any other label with data
+        (an endpoint's `remote`)."""
         shown = [*MODES, *(m for m in series if m not in MODES and len(series[m]))]
         self.series = {m: np.asarray(series.get(m, np.empty(0)), dtype=np.float64) for m in shown}
         self.unavailable = dict(unavailable)
         self.current_mode = current_mode
+        self.chosen_mode = chosen_mode or current_mode
         self.refresh()  # a repaint; `render` asks for a layout when the height changes
 
     @property
@@ -197,7 +202,7 @@ class ModeHistograms(Widget):
         for mode in self.series:
             values = self.series[mode]
             style = MODE_STYLES.get(mode, "$primary")
-            marker = "▶" if mode == self.current_mode else " "
+            marker = "▶" if mode == self.current_mode else "▷" if mode == self.chosen_mode else " "
             labels = [f"{marker}{mode}"[:LABEL_WIDTH], f" n={compact_count(values.size)}"]
             if axis is not None and values.size:
                 counts = binned(values, axis.edges)

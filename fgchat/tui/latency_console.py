@@ -37,6 +37,7 @@ class PanelStatus:
     are PanelView's."""
 
     mode: str = "eager"
+    ran_mode: str = ""
     requested_mode: str | None = None
     mode_note: str = ""
     unavailable: tuple[tuple[str, str], ...] = ()

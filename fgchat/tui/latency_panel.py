@@ -36,6 +36,7 @@ class PanelView:
     """Everything the panel shows, computed by the app from the latency log."""
 
     mode: str = "eager"  # the mode the engine reports
+    ran_mode: str = ""  # the mode of the latest decode step ("" before one; EngineLink.ran_mode)
     requested_mode: str | None = None  # asked for, not confirmed yet (or refused: see note)
     mode_note: str = ""  # e.g. "full unavailable: CUDA graphs need a CUDA device"
     unavailable: tuple[tuple[str, str], ...] = ()  # (mode, why it cannot run; "" when it can)
@@ -111,7 +112,7 @@ class LatencyPanel(VerticalScroll):
         hist = self.query_one(ModeHistograms)
         height = self.app.size.height
         hist.rows_per_mode = 1 if height < 34 else (2 if height < 50 else 3)
-        hist.set_data(view.itl_by_mode, available, view.mode)
+        hist.set_data(view.itl_by_mode, available, view.ran_mode or view.mode, chosen_mode=view.mode)
         self._set("stats", self._stats(view.summary, width), columns)
         self._set("throughput", self._throughput(view), columns)
         self._set("gpu-host", Content("") if endpoint and self._no_server_timing(view.summary)

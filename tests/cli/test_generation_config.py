@@ -181,13 +181,23 @@ def test_loader_tolerates_invalid_json(tiny_llama, tmp_path):
 
 
 @pytest.mark.slow
-def test_embedded_model_states_no_sampling():
-    """The embedded SmolLM2 GGUF converts to a generation_config.json without sampling keys."""
+def test_embedded_model_defaults_to_its_model_card_sampling():
+    """The embedded SmolLM2 GGUF converts to a generation_config.json without sampling keys; its
+    greedy replies loop, so it defaults to its model card's T 0.2, top-p 0.9, shown as the source."""
+    from fgchat.engine.core import Engine, EngineConfig
+    from fgchat.engine.loader import load_model
     from fgchat.engine.model.resolve import resolve_model
 
     path = resolve_model(None).path
     assert (path / "generation_config.json").is_file()
     assert read_generation_config(path) == ({}, "")
+
+    loaded = load_model(None, torch.device("cpu"), torch.float32)
+    assert loaded.notes == []
+    info = Engine(EngineConfig(device="cpu", max_context=64), loaded).info()
+    assert info.sampling_defaults == SamplingParams(temperature=0.2, top_p=0.9)
+    assert info.sampling_source == "SmolLM2 model card"
+    assert describe_sampling(info.sampling_defaults) == "T 0.2 top-p 0.9"
 
 
 # ---------------------------------------------------------------------------- fgchat generate

@@ -64,3 +64,51 @@ def test_ordinary_template_renders_as_before(tiny_llama):
     tok = Tokenizer.from_dir(tiny_llama)
     text = tok.render_chat([{"role": "user", "content": "hello"}])
     assert "hello" in text and len(text) < 200
+
+
+BOMBS = {
+    "center": "{{ ''|center(1000000000) }}",
+    "center method": "{{ ''.center(1000000000) }}",
+    "ljust": "{{ 'x'.ljust(1000000000) }}",
+    "replace": "{{ ('a'*1000000)|replace('a', 'a'*1000) }}",
+    "replace method": "{{ ('a'*1000000).replace('a', 'a'*1000) }}",
+    "format": "{{ '%1000000000s'|format('') }}",
+    "format method": "{{ '{:{w}}'.format('', w=1000000000) }}",
+    "percent": "{{ '%*s' % (1000000000, '') }}",
+    "join": "{{ ('x'*1000)|join('y'*100000) }}",
+    "indent": "{{ 'abc'|indent(1000000000, true) }}",
+    "tojson indent": "{{ {'a': 1}|tojson(indent=1000000000) }}",
+    "concat doubling": "{% set ns = namespace(s='x'*3000000) %}{% for i in range(30) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s }}",
+    "shared repr": "{% set ns = namespace(x=[]) %}{% for i in range(40) %}{% set ns.x = [ns.x, ns.x] %}{% endfor %}{{ ns.x }}",
+    "macro buffer": "{% macro m() %}{% for i in range(1000) %}{{ 'x'*4000000 }}{% endfor %}{% endmacro %}{{ m() }}",
+}
+
+
+@pytest.mark.parametrize("name", list(BOMBS))
+def test_template_bomb_stops_before_it_takes_the_memory(tiny_llama, tmp_path, name):
+    """Loading and rendering a bomb ends in the one-line error within 2 s, and the peak of what
+    Python allocated meanwhile stays within 200 MB: the bound holds while the text is built."""
+    import tracemalloc
+
+    model = tmp_path / "m"
+    shutil.copytree(tiny_llama, model)
+    cfg_path = model / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["chat_template"] = BOMBS[name]
+    cfg_path.write_text(json.dumps(cfg))
+    for extra in model.glob("chat_template.jinja"):
+        extra.unlink()
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        t0 = time.monotonic()
+        with pytest.raises(RequestError) as info:
+            Tokenizer.from_dir(model).apply_chat_template([{"role": "user", "content": "hi"}])
+        seconds = time.monotonic() - t0
+        peak = tracemalloc.get_traced_memory()[1] - base
+    finally:
+        tracemalloc.stop()
+    msg = str(info.value)
+    assert msg.startswith("chat template stopped: ") and "\n" not in msg
+    assert seconds <= 2.0, f"{name}: {seconds:.1f} s"
+    assert peak <= 200 * 2**20, f"{name}: {peak / 2**20:.0f} MB"

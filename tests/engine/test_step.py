@@ -143,6 +143,6 @@ def test_out_of_memory_during_a_lazy_capture_falls_back_to_eager(tiny_llama):
     assert sum(isinstance(e, TokenEvent) for e in events) == 3
     assert all(e.mode == "eager" for e in events if isinstance(e, TokenEvent))
     changed = [e for e in events if isinstance(e, ModeChanged)]
-    assert changed and changed[-1].mode == "eager" and "out of memory" in changed[-1].reason
+    assert changed and changed[-1].mode == "eager" and "out of GPU memory" in changed[-1].reason
     infos = [e for e in events if isinstance(e, EngineInfo)]
     assert infos and "out of GPU memory" in infos[-1].available_modes["full"] and eng.mode == "eager"

@@ -14,7 +14,8 @@ Invariants:
   (as vLLM does), not transformers' implicit 50.
 - An empty dict means "the model states no sampling": the engine then reports built-in greedy
   (EngineInfo.sampling_source == ""). A non-empty dict means the model states something, even if
-  that is greedy (`do_sample: false`).
+  that is greedy (`do_sample: false`). The embedded model is the one exception: when its file
+  states nothing, the loader takes EMBEDDED_SAMPLING (source EMBEDDED_SAMPLING_SOURCE).
 - Torch-free: entry points may import this module before any model loads.
 """
 
@@ -28,6 +29,12 @@ from typing import Any
 from fgchat.protocol.events import SamplingParams
 
 FILE_NAME = "generation_config.json"
+
+# The embedded SmolLM2-135M-Instruct states no sampling (its generation_config.json has none, and
+# greedy replies loop on long answers); its model card recommends these. They apply only when the
+# file states nothing, and are reported with EMBEDDED_SAMPLING_SOURCE as their source.
+EMBEDDED_SAMPLING: dict[str, Any] = {"do_sample": True, "temperature": 0.2, "top_p": 0.9}
+EMBEDDED_SAMPLING_SOURCE = "SmolLM2 model card"
 
 # transformers' GenerationConfig keys that SamplingParams.from_generation_config reads
 SAMPLING_KEYS = ("do_sample", "temperature", "top_p", "top_k", "repetition_penalty")

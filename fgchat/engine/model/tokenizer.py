@@ -6,12 +6,10 @@ Deliberately does not import transformers: start-up must stay fast.
 from __future__ import annotations
 
 import json
-import sys
-import time
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from fgchat.engine.model.chat_template import TemplateBudgetError, compile_template, render_bounded
 from fgchat.protocol.errors import ModelLoadError, RequestError
 
 # Used when a model ships no chat template (and written by GGUF conversion when one is lost).
@@ -105,7 +103,7 @@ class Tokenizer:
         """The prompt text of `messages` as the model's chat template renders it."""
         context: dict[str, Any] = {"tools": None, "documents": None, **self.special_tokens, **kwargs}
         try:
-            return _render_bounded(self._template, dict(
+            return render_bounded(self._template, dict(
                 messages=messages, add_generation_prompt=add_generation_prompt, **context))
         except TemplateBudgetError as e:
             raise RequestError(f"chat template stopped: {e}") from None
@@ -246,98 +244,11 @@ def _pick_template(value: Any) -> str | None:
     return None
 
 
-# A chat template is code from the model repo: sandboxed, and bounded in what it may produce.
-TEMPLATE_MAX_CHARS = 4_000_000  # rendered text (about a million tokens)
-TEMPLATE_MAX_SECONDS = 2.0
-_TRACE_EVERY = 4096  # line events between clock reads
-
-
-class TemplateBudgetError(Exception):
-    """A chat template exceeded TEMPLATE_MAX_CHARS or TEMPLATE_MAX_SECONDS."""
-
-
-def _render_bounded(template: Any, context: dict[str, Any]) -> str:
-    """Render with the output size and time bounded: the output is read chunk by chunk, and a
-    line tracer on the template's own code (the compiled template is Python) reads the clock every
-    _TRACE_EVERY lines, so a loop that outputs nothing is stopped too. Tracing is per thread."""
-    deadline = time.monotonic() + TEMPLATE_MAX_SECONDS
-    count = 0
-
-    def tracer(frame: Any, event: str, arg: Any) -> Any:
-        nonlocal count
-        count += 1
-        if count % _TRACE_EVERY == 0 and time.monotonic() > deadline:
-            raise TemplateBudgetError(f"it ran longer than {TEMPLATE_MAX_SECONDS:g} s")
-        return tracer
-
-    def scope(frame: Any, event: str, arg: Any) -> Any:  # trace template code only
-        return tracer if frame.f_code.co_filename == "<template>" else None
-
-    parts: list[str] = []
-    size = 0
-    previous = sys.gettrace()
-    sys.settrace(scope)
-    try:
-        for chunk in template.generate(**context):
-            size += len(chunk)
-            if size > TEMPLATE_MAX_CHARS:
-                raise TemplateBudgetError(f"its output passed {TEMPLATE_MAX_CHARS:,} characters")
-            parts.append(chunk)
-    finally:
-        sys.settrace(previous)
-    return "".join(parts)
-
-
 def _compile_template(source: str) -> Any:
-    """Compile like transformers does: sandboxed, trim_blocks + lstrip_blocks, loopcontrols,
-    a non-escaping tojson, raise_exception and strftime_now."""
-    from jinja2 import TemplateError, nodes
-    from jinja2.ext import Extension, loopcontrols
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
+    from jinja2 import TemplateError
 
-    class GenerationTag(Extension):
-        """`{% generation %}...{% endgeneration %}` (assistant-mask marker): renders its body."""
-
-        tags = {"generation"}
-
-        def parse(self, parser: Any) -> Any:
-            lineno = next(parser.stream).lineno
-            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
-            return nodes.CallBlock(self.call_method("_render", []), [], [], body).set_lineno(lineno)
-
-        def _render(self, caller: Any) -> str:
-            return str(caller())
-
-    def raise_exception(message: str) -> None:
-        raise TemplateError(message)
-
-    def tojson(x: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None, sort_keys: bool = False) -> str:
-        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
-
-    def strftime_now(fmt: str) -> str:
-        return datetime.now().strftime(fmt)
-
-    class BoundedEnvironment(ImmutableSandboxedEnvironment):
-        """`*` and `**` may not build strings, lists or numbers beyond the template's budget."""
-
-        intercepted_binops = frozenset(["*", "**"])
-
-        def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
-            if operator == "**":
-                if isinstance(right, (int, float)) and abs(right) > 64:
-                    raise TemplateBudgetError("an exponent above 64")
-                return left**right
-            for seq, n in ((left, right), (right, left)):
-                if isinstance(seq, (str, list, tuple)) and isinstance(n, int) and len(seq) * n > TEMPLATE_MAX_CHARS:
-                    raise TemplateBudgetError(f"a repetition passed {TEMPLATE_MAX_CHARS:,} items")
-            return left * right
-
-    env = BoundedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[GenerationTag, loopcontrols])
-    env.filters["tojson"] = tojson
-    env.globals["raise_exception"] = raise_exception
-    env.globals["strftime_now"] = strftime_now
     try:
-        return env.from_string(source)
+        return compile_template(source)
     except TemplateError as e:
         raise ModelLoadError(f"invalid chat template: {_one_line(e)}") from None
 

@@ -267,18 +267,29 @@ class ModeSet:
         return torch.equal(out.tokens, ref_tokens) and bool(torch.isfinite(out.logits).all()) and (
             torch.allclose(out.logits, ref_logits, rtol=2e-2, atol=2e-2))
 
-    def run(self, mode: Mode, b: int, variant: int) -> tuple[StepOutputs, Mode]:
-        """One decode step in `mode`; returns its outputs and the mode that ran it (eager when
-        capturing `mode` ran out of memory: the mode is then disabled)."""
+    def prepare(self, mode: Mode, b: int, variant: int) -> str:
+        """At a step boundary, before the step: `mode`'s graph of (b, variant) captured where it has
+        none (its report joins `reports`). "" when `mode` can run the step; otherwise why not,
+        and `mode` is disabled (a capture that failed once is not retried at every step)."""
         runner = self.modes[mode]
-        if mode != Mode.EAGER and not runner.has(b, variant):
-            try:
-                runner.capture(b, variant)
-            except torch.OutOfMemoryError:
-                self.disable(mode, "out of GPU memory while capturing graphs")
-                self.program.max_len_hint = None
-                return self.eager.run(b, variant), Mode.EAGER
-        return runner.run(b, variant), mode
+        if runner.has(b, variant):
+            return ""
+        try:
+            runner.capture(b, variant)
+            return ""
+        except torch.OutOfMemoryError:
+            reason = "out of GPU memory while capturing graphs"
+        except RuntimeError as exc:  # capture failures surface as RuntimeError
+            reason = f"graph capture failed: {str(exc).splitlines()[0][:160]}"
+        self.disable(mode, reason)
+        self.program.max_len_hint = None
+        return reason
+
+    def run(self, mode: Mode, b: int, variant: int) -> tuple[StepOutputs, Mode]:
+        """One decode step in `mode` (prepared first); returns its outputs and the mode that ran
+        it: eager where `mode` could not be prepared (see `prepare`)."""
+        ran = Mode.EAGER if self.prepare(mode, b, variant) else mode
+        return self.modes[ran].run(b, variant), ran
 
     def prefill_logits(self, mode: Mode, ids: torch.Tensor, slot: int, greedy: bool = False) -> torch.Tensor:
         """Full mode replays a prefill graph (captured on first use of a bucket when capture is
