@@ -8,7 +8,8 @@ EngineError events those threads made, in arrival order.
 
 A server that ignores `n` (it answers fewer choices than asked, e.g. llama-cpp-python's) is found
 out at the end of such a stream: the replies it left out go again as one request each, one
-RequestNotice says so, and every later K replies go as K concurrent requests (`single_choice`).
+RequestNotice says so, and every later K replies go as K requests one after another
+(`single_choice`; such servers serve one stream at a time).
 
 Invariants:
 - Only a failed start (server unreachable, key refused, model not served) is fatal; a server
@@ -130,17 +131,31 @@ class EndpointClient(EngineHandle):
         if isinstance(messages, str):
             raise FgchatError("an endpoint takes chat messages, not a raw prompt")
         msgs = [dict(m) for m in messages]
-        for group in ([[r] for r in requests] if self.single_choice else _batches(list(requests))):
-            self._send(msgs, group)
+        if self.single_choice:  # one request per reply, one after another
+            self._send(msgs, [[r] for r in requests])
+            return
+        for group in _batches(list(requests)):
+            self._send(msgs, [group])
 
-    def _send(self, messages: list[dict[str, str]], group: list[tuple[int, SamplingParams]]) -> None:
-        """One streamed request for the replies of `group` (n = its length), on its own thread."""
-        req = RemoteRequest([rid for rid, _ in group], self.info.mode if self.info else REMOTE_MODE)
+    def _send(self, messages: list[dict[str, str]], groups: list[list[tuple[int, SamplingParams]]]) -> None:
+        """One streamed request per group (n = its length), the groups one after another on one
+        thread; a group whose replies were all cancelled while it waited is not sent."""
+        queued = []
         with self._lock:
-            for rid, _ in group:
-                self._requests[rid] = req
-        threading.Thread(target=self._stream, args=(req, messages, group),
-                         name="fgchat-endpoint-stream", daemon=True).start()
+            for group in groups:
+                req = RemoteRequest([rid for rid, _ in group], self.info.mode if self.info else REMOTE_MODE)
+                for rid, _ in group:
+                    self._requests[rid] = req
+                queued.append((req, group))
+
+        def run() -> None:
+            for req, group in queued:
+                if req.all_ended:
+                    self._end(req, [])
+                else:
+                    self._stream(req, messages, group)
+
+        threading.Thread(target=run, name="fgchat-endpoint-stream", daemon=True).start()
 
     def cancel(self, request_id: int) -> None:
         with self._lock:
@@ -279,15 +294,15 @@ class EndpointClient(EngineHandle):
 
     def _answer_apart(self, messages: list[dict[str, str]], left: list[tuple[int, SamplingParams]], n: int) -> None:
         """The server answered fewer than the `n` choices asked for: it ignores `n`. The replies
-        it left out go again as one request each, and so do all later ones."""
+        it left out go again as one request each, one after another, and so do all later ones (such
+        a server serves one stream at a time: llama-cpp-python's cuts a stream when another comes)."""
         first = not self.single_choice
         self.single_choice = True
         if first:
             self._put([RequestNotice(left[0][0], (
                 f"{self.base} answered {n - len(left)} of the {n} replies asked for in one request (it "
                 f"does not support n): each reply now goes as its own request"), title="endpoint")])
-        for rid, params in left:
-            self._send(messages, [(rid, params)])
+        self._send(messages, [[r] for r in left])
 
     def _chunk(self, req: RemoteRequest, obj: Any) -> None:
         if not isinstance(obj, dict):

@@ -8,6 +8,7 @@ port in a thread; `script` picks what /v1/chat/completions streams:
 - "ignore_n": answers one choice whatever `n` asks (llama-cpp-python's server does).
 - "cut_on_arrival": a stream still running when another request arrives is cut without a
   finish_reason (llama-cpp-python cancels a stream when a new request comes, by default).
+- "llama_cpp": both of the last two, as llama-cpp-python's server behaves by default.
 
 Every request body is kept in `bodies`, in arrival order.
 """
@@ -70,11 +71,11 @@ class FakeServer:
             body = await request.json()
             self.bodies.append(body)
             for ev in self._cut:  # a new request cuts the streams still running
-                if self.script == "cut_on_arrival":
+                if self.script in ("cut_on_arrival", "llama_cpp"):
                     ev.set()
             cut = asyncio.Event()
             self._cut.append(cut)
-            n = 1 if self.script == "ignore_n" else int(body.get("n") or 1)
+            n = 1 if self.script in ("ignore_n", "llama_cpp") else int(body.get("n") or 1)
             return StreamingResponse(self._stream(n, int(body.get("max_tokens") or self.tokens), cut),
                                      media_type="text/event-stream")
 

@@ -71,3 +71,25 @@ def test_a_server_that_ignores_n_gets_each_reply_as_its_own_request():
             assert not any(isinstance(e, RequestNotice) for e in evs)  # said once
         finally:
             h.shutdown()
+
+
+def test_a_server_that_ignores_n_and_cuts_a_stream_when_another_comes_gets_replies_in_turn():
+    """llama-cpp-python's server by default: one choice whatever `n` asks, and a new request cuts
+    the stream still running. K = 3 replies, twice: all six arrive whole, one request at a time."""
+    with FakeServer("llama_cpp", tokens=5) as fake:
+        h = EndpointClient(fake.base)
+        try:
+            started(h)
+            three = [(i, SamplingParams(max_tokens=50, temperature=0.8, seed=10 + i)) for i in (1, 2, 3)]
+            h.submit_chats(HI, three)
+            evs = collect(h, finished([1, 2, 3]), 20)
+            h.submit_chats(HI, [(i + 3, p) for i, p in three])
+            evs += collect(h, finished([4, 5, 6]), 20)
+            assert not any(isinstance(e, EngineError) for e in evs), [e for e in evs if isinstance(e, EngineError)]
+            ends = _ends(evs)
+            assert {rid: [(s.finish_reason, s.output_tokens) for s in ss] for rid, ss in ends.items()} == {
+                rid: [("length", 5)] for rid in range(1, 7)}
+            assert [b.get("n") for b in fake.bodies] == [3] + [None] * 5
+            assert [b["seed"] for b in fake.bodies] == [11, 12, 13, 11, 12, 13]
+        finally:
+            h.shutdown()
