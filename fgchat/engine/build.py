@@ -83,7 +83,7 @@ class EngineBuild:
         startup_mark("engine: warmed and captured")
 
     def _make_modes(self) -> ModeSet:
-        return ModeSet(self.program, self.tuning, self.notes.append)
+        return ModeSet(self.program, self.notes.append)
 
     def use_plain_path(self) -> None:
         """Drop the fused path (its graphs and pools) and rebuild on plain torch ops; the mode

@@ -26,7 +26,6 @@ from fgchat.engine.modes.base import StepMode
 from fgchat.engine.modes.eager import EagerMode
 from fgchat.engine.step import StepOutputs, StepProgram
 from fgchat.protocol.events import CaptureReport, Mode
-from fgchat.protocol.tuning import Tuning
 
 T = TypeVar("T")
 
@@ -34,7 +33,7 @@ GRAPH_MODES = (Mode.PIECEWISE, Mode.FULL, Mode.MEGA)
 
 
 class ModeSet:
-    def __init__(self, program: StepProgram, tuning: Tuning, note: Callable[[str], None]) -> None:
+    def __init__(self, program: StepProgram, note: Callable[[str], None]) -> None:
         self.program = program
         self.note = note
         dec = program.dec
