@@ -259,12 +259,14 @@ class CsvAppender:
     refused, not rewritten, because another process may still be appending to it).
     Each `append` / `sync` call writes its batch in one write and flushes. Opening happens in the
     constructor so a bad path fails at start-up. Thread-safe. Use it as a context manager or
-    call `close()`.
+    call `close()`. `private`: a file this appender creates is 0600 (else a plain open()'s mode);
+    an existing file keeps its mode.
     """
 
-    def __init__(self, path: PathLike, session_id: str | None = None) -> None:
+    def __init__(self, path: PathLike, session_id: str | None = None, private: bool = False) -> None:
         self.path = Path(os.path.expanduser(os.fspath(path)))
         self.session_id = session_id
+        self.private = private
         self.columns = _columns(TOKEN_COLUMNS, session_id)
         self._lock = threading.Lock()  # guards the file
         self._sync_lock = threading.Lock()  # guards _synced; taken before _lock, never after
@@ -297,7 +299,9 @@ class CsvAppender:
                 with open(self.path, "rb") as fb:
                     fb.seek(-1, os.SEEK_END)
                     needs_newline = fb.read(1) != b"\n"  # last row was cut short: end it
-            f = open(self.path, "a", encoding="utf-8", newline="")
+            mode = 0o600 if self.private else 0o666
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, mode)
+            f = open(fd, "a", encoding="utf-8", newline="")
             try:
                 if size == 0:
                     f.write(header)

@@ -44,6 +44,16 @@ def _engine_log_path() -> Path:
     return usable_data_dir()[0] / "engine.log"  # a problem with it is the app's to report
 
 
+def _in_data_dir(path: str | os.PathLike[str]) -> bool:
+    """Whether a --log-csv path lies under the data directory (files there are 0600)."""
+    from fgchat.tui.store import data_dir_path
+
+    try:
+        return Path(os.path.expanduser(os.fspath(path))).resolve().is_relative_to(data_dir_path().resolve())
+    except (OSError, RuntimeError):  # a symlink loop: not known to be outside, keep it private
+        return True
+
+
 def build_app(
     *,
     model: str | None = None,
@@ -92,7 +102,7 @@ def build_app(
 
         startup_mark("ui: app imported")
         session_id = new_session_id()
-        appender = CsvAppender(log_csv, session_id=session_id) if log_csv else None
+        appender = CsvAppender(log_csv, session_id=session_id, private=_in_data_dir(log_csv)) if log_csv else None
         app = FgchatApp(config, engine_factory=engine_factory, engine=engine, launched_at=launched_at,
                         log_csv=appender, sampling=SamplingParams(max_tokens=max_tokens),
                         session_id=session_id)

@@ -47,3 +47,17 @@ def test_latency_csvs_in_the_data_dir_are_0600(tmp_path, umask022):
     assert kept is not None and kept.parent == data / "latency"
     requests = kept.with_name(kept.name.replace("-tokens", "-requests"))
     assert [mode_of(kept), mode_of(requests)] == [0o600, 0o600]
+
+
+def test_log_csv_inside_the_data_dir_is_0600(tmp_path, umask022, monkeypatch):
+    """--log-csv creates its file 0600 under the data directory, a plain file's mode elsewhere."""
+    from fgchat.metrics import CsvAppender
+    from fgchat.tui import _in_data_dir
+
+    data = tmp_path / "data"
+    data.mkdir(mode=0o700)
+    monkeypatch.setenv("FGCHAT_DATA_DIR", str(data))
+    inside, outside = data / "live.csv", tmp_path / "live.csv"
+    for path in (inside, outside):
+        CsvAppender(path, session_id="s", private=_in_data_dir(path)).close()
+    assert (mode_of(inside), mode_of(outside)) == (0o600, 0o644)
