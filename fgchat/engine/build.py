@@ -28,8 +28,8 @@ if TYPE_CHECKING:
 def load_weights(config: EngineConfig, device: torch.device, dtype: torch.dtype) -> LoadedModel:
     """The weights `config` names: a preset's random weights, else the model it resolves to."""
     if config.preset:
-        return load_random(config.preset, device, dtype, config.seed, config.outliers)
-    return load_model(config.model, device, dtype)
+        return load_random(config.preset, device, dtype, config.seed, config.outliers, config.quantize)
+    return load_model(config.model, device, dtype, config.quantize, config.dequantize)
 
 
 class EngineBuild:

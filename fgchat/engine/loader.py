@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -27,6 +28,9 @@ class LoadedModel:
     notes: list[str] = field(default_factory=list)
     # where generation_config came from, shown as EngineInfo.sampling_source ("" when it is empty)
     sampling_source: str = ""
+    # the projections' weight format as loaded (model.quant_weights.weight_format: "Q4_1", "int4",
+    # "bfloat16", ...); on CPU, the format the dequantized copies were made from
+    weight_format: str = ""
 
 
 def load_preset_config(name: str) -> dict:
@@ -37,18 +41,82 @@ def load_preset_config(name: str) -> dict:
 
 
 def load_random(preset: str, device: torch.device, dtype: torch.dtype, seed: int = 0,
-                outliers: float = 0.0) -> LoadedModel:
+                outliers: float = 0.0, quantize: str = "none") -> LoadedModel:
     """Random weights of a preset's shape; outliers > 0: with massive activation channels
-    (decoder.random_weights)."""
+    (decoder.random_weights); quantize: fp8 / int4 projections (model.quant_weights)."""
     cfg = parse_config(load_preset_config(preset))
+    _check_quantize(cfg, quantize)
     name = f"{preset} (random weights{f', outliers {outliers:g}' if outliers > 0 else ''})"
     try:
         weights = random_weights(cfg, device, dtype, seed, outliers)
+        fmt, notes = _settle_quantized(weights, device, dtype, quantize)
     except Exception as exc:
         if is_out_of_memory(exc):
             raise ModelLoadError(_oom_message(device, f"preset {preset}", exc)) from None
         raise
-    return LoadedModel(name, cfg, weights, None)
+    return LoadedModel(name, cfg, weights, None, notes=notes, weight_format=fmt)
+
+
+def _check_quantize(cfg: ModelConfig, quantize: str) -> None:
+    from fgchat.engine.model.quant_weights import check_quantize
+
+    problem = check_quantize(cfg, quantize)
+    if problem:
+        raise ModelLoadError(problem)
+
+
+def _settle_quantized(weights: DecoderWeights, device: torch.device, dtype: torch.dtype,
+                      quantize: str) -> tuple[str, list[str]]:
+    """--quantize the projections, then, on CPU, replace every quantized weight by its
+    dequantized copy in `dtype`. Returns the weight format and the note saying so (CPU)."""
+    from fgchat.engine.model.quant_weights import dequantize_all, quantize_projections, weight_format
+
+    if quantize != "none":
+        quantize_projections(weights, quantize)
+    fmt = weight_format(weights)
+    notes = []
+    if device.type == "cpu" and dequantize_all(weights, dtype):
+        notes.append(f"{fmt} weights run on CPU as {str(dtype).removeprefix('torch.')} copies of their "
+                     "dequantized values (the reference the GPU kernels are checked against)")
+    return fmt, notes
+
+
+def _gguf_file(arg: str | None, source: str) -> Path | None:
+    """The GGUF file a resolved model was converted from; None for other sources."""
+    from fgchat.engine.model.resolve import embedded_gguf_path
+
+    if source == "embedded":
+        return embedded_gguf_path()
+    if source == "gguf" and arg is not None:
+        return Path(arg.strip()).expanduser()
+    return None
+
+
+def _use_gguf_blocks(state: dict, path: Path, cfg: ModelConfig, dtype: torch.dtype) -> list[str]:
+    """Put the GGUF file's quantized projections, embedding and LM head (quant.gguf_tensors)
+    into `state` (the conversion's tensors, by name) in place of their dequantized copies.
+    Returns the note naming the tensor types that are not kept as they are (if any)."""
+    from fgchat.engine.quant.gguf_tensors import read_gguf_weights
+    from fgchat.engine.quant.qweight import QuantWeight
+
+    try:
+        read = read_gguf_weights(path, cfg.num_heads, cfg.num_kv_heads)
+    except Exception as exc:  # a file the conversion read but our reader cannot: one line
+        if is_out_of_memory(exc):
+            raise
+        raise ModelLoadError(f"cannot read the tensors of {path.name}: {type(exc).__name__}: {exc}") from None
+    for name, t in read.tensors.items():
+        if not isinstance(t, QuantWeight) or name not in state:
+            continue
+        if tuple(state[name].shape) != t.shape:
+            raise ModelLoadError(f"{path.name}: tensor {name} is {t.shape} in the file but "
+                                 f"{tuple(state[name].shape)} in its conversion")
+        state[name] = t
+    if not read.other_types:
+        return []
+    types = ", ".join(f"{k} ({n} tensors)" for k, n in sorted(read.other_types.items()))
+    return [f"GGUF tensor types not kept in their format: {types}; those tensors (and the fused "
+            f"projections they belong to) run dequantized to {str(dtype).removeprefix('torch.')}"]
 
 
 def _oom_message(device: torch.device, name: str, exc: BaseException) -> str:
@@ -60,8 +128,11 @@ def _oom_message(device: torch.device, name: str, exc: BaseException) -> str:
             "try a smaller model or dtype, or free memory")
 
 
-def load_model(arg: str | None, device: torch.device, dtype: torch.dtype) -> LoadedModel:
-    """Resolve, read and place a model. Every failure is a ModelLoadError with one line."""
+def load_model(arg: str | None, device: torch.device, dtype: torch.dtype, quantize: str = "none",
+               dequantize: bool = False) -> LoadedModel:
+    """Resolve, read and place a model. Every failure is a ModelLoadError with one line.
+    A GGUF file keeps its quantized blocks (dequantize=True: today's dequantized weights);
+    quantize: fp8 / int4 projections made from float weights at load."""
     from fgchat.engine.model.generation_config import (
         EMBEDDED_SAMPLING,
         EMBEDDED_SAMPLING_SOURCE,
@@ -75,10 +146,19 @@ def load_model(arg: str | None, device: torch.device, dtype: torch.dtype) -> Loa
     resolved = resolve_model(arg)
     raw = read_config(resolved.path)
     cfg = parse_config(raw)
+    _check_quantize(cfg, quantize)
+    gguf = None if dequantize else _gguf_file(arg, resolved.source)
+    if gguf is not None and quantize != "none":
+        raise ModelLoadError(f"--quantize {quantize} is for bf16/fp16 weights; {resolved.name} is a GGUF file "
+                             "that runs in its own format (add --dequantize to quantize its dequantized weights)")
     tokenizer = Tokenizer.from_dir(resolved.path)
+    notes = []
     try:
         state = load_safetensors(resolved.path)
+        if gguf is not None:
+            notes += _use_gguf_blocks(state, gguf, cfg, dtype)
         weights = weights_from_state_dict(cfg, state, device, dtype)
+        fmt, quant_notes = _settle_quantized(weights, device, dtype, quantize)
     except Exception as exc:  # MemoryError is an Exception too
         if is_out_of_memory(exc):
             raise ModelLoadError(_oom_message(device, f"model {resolved.name}", exc)) from None
@@ -88,4 +168,5 @@ def load_model(arg: str | None, device: torch.device, dtype: torch.dtype) -> Loa
     if not gen and resolved.source == "embedded":
         gen, source = dict(EMBEDDED_SAMPLING), EMBEDDED_SAMPLING_SOURCE
     startup_mark("engine: model loaded")
-    return LoadedModel(resolved.name, cfg, weights, tokenizer, gen, [note] if note else [], source)
+    notes += quant_notes + ([note] if note else [])
+    return LoadedModel(resolved.name, cfg, weights, tokenizer, gen, notes, source, fmt)

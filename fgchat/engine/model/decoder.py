@@ -20,6 +20,7 @@ from fgchat.engine.model.config import ModelConfig, rope_inv_freq
 from fgchat.engine.model.cpu_head_pick import CpuHeadPick
 from fgchat.engine.model.cpu_linear import PackedProjections, role_weight
 from fgchat.engine.model.ops import CpuHead, apply_rope_rolled, head_logits, rms_norm, signed_sin
+from fgchat.engine.quant.qweight import QuantStack, QuantWeight
 from fgchat.protocol.tuning import Tuning
 
 if TYPE_CHECKING:
@@ -29,43 +30,47 @@ if TYPE_CHECKING:
 
 @dataclass
 class LayerWeights:
+    """A layer's weights. The projections may be quantized (quant.qweight; a CUDA model's GGUF
+    blocks or --quantize) and are then [N, K] logically; norms and biases are plain."""
+
     attn_norm: torch.Tensor  # [H]
-    wqkv: torch.Tensor  # [q + 2*kv, H], rows q | k | v
+    wqkv: torch.Tensor | QuantWeight | QuantStack  # [q + 2*kv, H], rows q | k | v
     bqkv: torch.Tensor | None  # [q + 2*kv]
-    wo: torch.Tensor  # [H, q]
+    wo: torch.Tensor | QuantWeight | QuantStack  # [H, q]
     mlp_norm: torch.Tensor  # [H]
-    w_gate_up: torch.Tensor  # [2*I, H], rows gate | up
-    w_down: torch.Tensor  # [H, I]
+    w_gate_up: torch.Tensor | QuantWeight | QuantStack  # [2*I, H], rows gate | up
+    w_down: torch.Tensor | QuantWeight | QuantStack  # [H, I]
 
 
 @dataclass
 class DecoderWeights:
-    embed: torch.Tensor  # [V, H]
+    embed: torch.Tensor | QuantWeight  # [V, H]; quantized where a GGUF file quantizes it (CUDA)
     layers: list[LayerWeights]
-    final_norm: torch.Tensor  # [H]
-    lm_head: torch.Tensor  # [V, H]; the same tensor as embed when tied
+    final_norm: torch.Tensor  # [H]; its dtype is the model's
+    lm_head: torch.Tensor | QuantWeight  # [V, H]; the same object as embed when tied
 
 
 def weights_from_state_dict(
-    cfg: ModelConfig, sd: dict[str, torch.Tensor], device: torch.device, dtype: torch.dtype
+    cfg: ModelConfig, sd: dict[str, torch.Tensor | QuantWeight], device: torch.device, dtype: torch.dtype
 ) -> DecoderWeights:
-    """Map HF parameter names to fused decoder weights; missing tensors raise ModelLoadError."""
+    """Map HF parameter names to fused decoder weights; missing tensors raise ModelLoadError.
+    Quantized entries stay quantized (model.quant_weights.fuse)."""
+    from fgchat.engine.model.quant_weights import fuse
 
-    def take(name: str) -> torch.Tensor:
+    def take(name: str) -> torch.Tensor | QuantWeight:
         t = sd.pop(name, None)
         if t is None:
             raise ModelLoadError(f"weights are missing tensor '{name}'")
         return t
 
-    def put(*ts: torch.Tensor) -> torch.Tensor:
-        t = ts[0] if len(ts) == 1 else torch.cat(ts, dim=0)
-        return t.to(device=device, dtype=dtype).contiguous()
+    def put(*ts: torch.Tensor | QuantWeight):
+        return fuse(list(ts), device, dtype)
 
     layers = []
     for i in range(cfg.num_layers):
         p = f"model.layers.{i}."
         q, k, v = (take(p + f"self_attn.{n}_proj.weight") for n in "qkv")
-        if q.shape != (cfg.q_size, cfg.hidden_size) or k.shape != (cfg.kv_size, cfg.hidden_size):
+        if tuple(q.shape) != (cfg.q_size, cfg.hidden_size) or tuple(k.shape) != (cfg.kv_size, cfg.hidden_size):
             raise ModelLoadError(f"layer {i}: attention weight shapes do not match config.json")
         bias = None
         if cfg.qkv_bias:

@@ -4,6 +4,9 @@ Used by the start-up check (engine.startup_check) on the user's own weights, wha
 engine runs in. Weights stay in the engine's dtype; each layer's weights are upcast only while
 that layer runs, and the LM head in row chunks, so the check needs little memory beyond the
 engine's own. The residual stream, norms, RoPE, attention and MLP run in float32 throughout.
+Quantized weights (quant.qweight) enter as their dequantized float32 values (quant.dequant):
+exactly the numbers the file or the quantizer holds; the embedding dequantizes only the rows it
+looks up.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import torch.nn.functional as F
 from fgchat.engine.model.config import ModelConfig
 from fgchat.engine.model.decoder import DecoderWeights, LayerWeights
 from fgchat.engine.model.ops import apply_rope, rms_norm
+from fgchat.engine.quant.dequant import dense, dense_rows
 
 HEAD_CHUNK_ROWS = 16384
 
@@ -22,7 +26,7 @@ def _qkv(cfg: ModelConfig, lw: LayerWeights, h: torch.Tensor) -> tuple[torch.Ten
     """q [N, Hq, D], k and v [N, Hkv, D] of the residual h [N, H], before RoPE, in float32."""
     f, n = torch.float32, h.shape[0]
     x = rms_norm(h, lw.attn_norm.to(f), cfg.rms_eps)
-    qkv = F.linear(x, lw.wqkv.to(f), None if lw.bqkv is None else lw.bqkv.to(f))
+    qkv = F.linear(x, dense(lw.wqkv, f), None if lw.bqkv is None else lw.bqkv.to(f))
     q = qkv[:, : cfg.q_size].view(n, cfg.num_heads, cfg.head_dim)
     k = qkv[:, cfg.q_size: cfg.q_size + cfg.kv_size].view(n, cfg.num_kv_heads, cfg.head_dim)
     v = qkv[:, cfg.q_size + cfg.kv_size:].view(n, cfg.num_kv_heads, cfg.head_dim)
@@ -32,10 +36,10 @@ def _qkv(cfg: ModelConfig, lw: LayerWeights, h: torch.Tensor) -> tuple[torch.Ten
 def _finish_layer(cfg: ModelConfig, lw: LayerWeights, h: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
     """The residual after the o projection of attn [N, Hq * D] and the MLP, in float32."""
     f = torch.float32
-    h = h + F.linear(attn, lw.wo.to(f))
+    h = h + F.linear(attn, dense(lw.wo, f))
     x = rms_norm(h, lw.mlp_norm.to(f), cfg.rms_eps)
-    g, u = F.linear(x, lw.w_gate_up.to(f)).chunk(2, dim=-1)
-    return h + F.linear(F.silu(g) * u, lw.w_down.to(f))
+    g, u = F.linear(x, dense(lw.w_gate_up, f)).chunk(2, dim=-1)
+    return h + F.linear(F.silu(g) * u, dense(lw.w_down, f))
 
 
 def _logits(cfg: ModelConfig, w: DecoderWeights, h: torch.Tensor) -> torch.Tensor:
@@ -43,7 +47,7 @@ def _logits(cfg: ModelConfig, w: DecoderWeights, h: torch.Tensor) -> torch.Tenso
     f = torch.float32
     x = rms_norm(h, w.final_norm.to(f), cfg.rms_eps)
     head = w.lm_head
-    return torch.cat([F.linear(x, head[r: r + HEAD_CHUNK_ROWS].to(f))
+    return torch.cat([F.linear(x, dense_rows(head, slice(r, r + HEAD_CHUNK_ROWS), f))
                       for r in range(0, head.shape[0], HEAD_CHUNK_ROWS)], dim=1)
 
 
@@ -55,7 +59,7 @@ def reference_logits(cfg: ModelConfig, w: DecoderWeights, ids: torch.Tensor, cos
     t = ids.shape[0]
     f = torch.float32
     cos, sin = cos[:t].to(f), sin[:t].to(f)
-    h = F.embedding(ids, w.embed).to(f)
+    h = dense_rows(w.embed, ids, f)
     groups = cfg.num_heads // cfg.num_kv_heads
     causal = torch.ones(t, t, dtype=torch.bool, device=ids.device).tril()
     for lw in w.layers:
@@ -76,10 +80,10 @@ def reference_decode_step(cfg: ModelConfig, w: DecoderWeights, ids: list[int], p
     slot slots[r]; it attends over that slot's cached rows [0, position) (k_cache[layer] [slots,
     T, Hkv, D], upcast) and its own k/v, computed here in float32. The cache is only read."""
     f = torch.float32
-    dev = w.embed.device
+    dev = w.final_norm.device
     pos = torch.tensor(positions, dtype=torch.int64, device=dev)
     cos, sin = cos[pos].to(f), sin[pos].to(f)
-    h = F.embedding(torch.tensor(ids, dtype=torch.int64, device=dev), w.embed).to(f)
+    h = dense_rows(w.embed, torch.tensor(ids, dtype=torch.int64, device=dev), f)
     groups = cfg.num_heads // cfg.num_kv_heads
     for lw, kc, vc in zip(w.layers, k_cache, v_cache):
         q, k, v = _qkv(cfg, lw, h)

@@ -53,3 +53,68 @@ class QuantWeight:
     def nbytes(self) -> int:
         """Bytes the weight occupies (every plane)."""
         return sum(p.numel() * p.element_size() for p in self.planes.values())
+
+    def to(self, device: torch.device | str) -> QuantWeight:
+        """The same weight with every plane on `device` (the bits unchanged)."""
+        return QuantWeight(self.fmt, self.shape, {k: p.to(device) for k, p in self.planes.items()})
+
+
+def cat_rows(parts: list[QuantWeight]) -> QuantWeight:
+    """The row concatenation of weights of one format and width: every plane concatenated along
+    dim 0 (a fused q|k|v or gate|up weight)."""
+    fmt, k = parts[0].fmt, parts[0].shape[1]
+    if any(p.fmt != fmt or p.shape[1] != k for p in parts):
+        raise ValueError(f"cat_rows needs one format and width: {[(p.fmt, p.shape) for p in parts]}")
+    planes = {name: torch.cat([p.planes[name] for p in parts], dim=0) for name in parts[0].planes}
+    return QuantWeight(fmt, (sum(p.shape[0] for p in parts), k), planes)
+
+
+@dataclass
+class QuantStack:
+    """Rows of weights of different formats stacked (a Q4_K_M file's Q4_K q, k with a Q6_K v):
+    part i owns rows [offsets[i], offsets[i + 1]) of the logical weight [N, K]; a product runs
+    one launch per part into its slice of the output columns. Adjacent parts differ in format
+    (stack_rows merges runs of one format)."""
+
+    parts: list[QuantWeight]
+
+    @property
+    def fmt(self) -> str:
+        return "+".join(p.fmt for p in self.parts)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (sum(p.shape[0] for p in self.parts), self.parts[0].shape[1])
+
+    @property
+    def offsets(self) -> list[int]:
+        out = [0]
+        for p in self.parts:
+            out.append(out[-1] + p.shape[0])
+        return out
+
+    @property
+    def device(self) -> torch.device:
+        return self.parts[0].device
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.parts)
+
+    def to(self, device: torch.device | str) -> QuantStack:
+        return QuantStack([p.to(device) for p in self.parts])
+
+
+def stack_rows(parts: list[QuantWeight]) -> QuantWeight | QuantStack:
+    """The row concatenation of `parts` (one width): a QuantWeight when they share a format, else
+    a QuantStack of the runs of one format (cat_rows of each run)."""
+    runs: list[list[QuantWeight]] = []
+    for p in parts:
+        if runs and runs[-1][0].fmt == p.fmt:
+            runs[-1].append(p)
+        else:
+            runs.append([p])
+    if any(p.shape[1] != parts[0].shape[1] for p in parts):
+        raise ValueError(f"stack_rows needs one width: {[p.shape for p in parts]}")
+    merged = [cat_rows(r) if len(r) > 1 else r[0] for r in runs]
+    return merged[0] if len(merged) == 1 else QuantStack(merged)

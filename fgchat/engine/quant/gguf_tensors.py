@@ -1,0 +1,160 @@
+"""A GGUF file's tensors read raw: the block formats we keep (qweight.GGUF_FORMATS) as QuantWeight
+planes, float tensors as plain tensors, under our Hugging Face names.
+
+Invariants:
+- A plane holds the bytes of its field in every block, unchanged; only Q4_K / Q5_K's 12 packed
+  scale bytes are unpacked into the 6-bit sc and mn values they hold (qweight's layout).
+- llama.cpp's converter permutes the q and k rows of "llama" architecture files (Llama, Mistral,
+  SmolLM2; rotary pairs interleaved); those rows (and their biases) are permuted back here, as
+  transformers' GGUF loader does, so row r is row r of the Hugging Face weight. Rows are
+  independent in every format, so permuting plane rows permutes the weight's rows.
+- Tensors of other types (IQ*, Q2_K, Q3_K, Q5_0, Q5_1, ...) come back dequantized to float32 by
+  gguf-py and are named in `other_types`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from fgchat.engine.quant.qweight import BLOCK, GGUF_FORMATS, QuantWeight
+
+# per format: bytes per block, then each field's (plane, first byte, end byte, dtype) in a block
+BLOCK_FIELDS: dict[str, tuple[int, list[tuple[str, int, int, torch.dtype]]]] = {
+    "Q8_0": (34, [("d", 0, 2, torch.float16), ("qs", 2, 34, torch.int8)]),
+    "Q4_0": (18, [("d", 0, 2, torch.float16), ("qs", 2, 18, torch.uint8)]),
+    "Q4_1": (20, [("d", 0, 2, torch.float16), ("m", 2, 4, torch.float16), ("qs", 4, 20, torch.uint8)]),
+    "Q4_K": (144, [("d", 0, 2, torch.float16), ("dmin", 2, 4, torch.float16), ("scales", 4, 16, torch.uint8),
+                   ("qs", 16, 144, torch.uint8)]),
+    "Q5_K": (176, [("d", 0, 2, torch.float16), ("dmin", 2, 4, torch.float16), ("scales", 4, 16, torch.uint8),
+                   ("qh", 16, 48, torch.uint8), ("qs", 48, 176, torch.uint8)]),
+    "Q6_K": (210, [("ql", 0, 128, torch.uint8), ("qh", 128, 192, torch.uint8), ("sc", 192, 208, torch.int8),
+                   ("d", 208, 210, torch.float16)]),
+}
+FLOAT_TYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+
+_LAYER_NAMES = {
+    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+}
+_TOP_NAMES = {"token_embd": "model.embed_tokens", "output": "lm_head", "output_norm": "model.norm"}
+_LAYER_RE = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
+_TOP_RE = re.compile(r"^(\w+)\.(weight|bias)$")
+# architectures whose q / k rows llama.cpp's converter permuted (transformers' LlamaTensorProcessor)
+PERMUTED_ARCHITECTURES = ("llama",)
+
+
+def hf_name(gguf_name: str) -> str | None:
+    """Our (Hugging Face) name of a GGUF tensor; None for tensors the decoder does not use."""
+    m = _LAYER_RE.match(gguf_name)
+    if m:
+        role = _LAYER_NAMES.get(m[2])
+        return None if role is None else f"model.layers.{m[1]}.{role}.{m[3]}"
+    m = _TOP_RE.match(gguf_name)
+    if m and m[1] in _TOP_NAMES:
+        return f"{_TOP_NAMES[m[1]]}.{m[2]}"
+    return None
+
+
+def _unpack_k_scales(scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q4_K / Q5_K: a block's 12 scale bytes [..., 12] -> its 8 sub-block scales and mins, each
+    6 bits: sub-blocks 0-3 in the low 6 bits of bytes 0-3 (scales) and 4-7 (mins); sub-blocks 4-7
+    take their low 4 bits from bytes 8-11 (scale low nibble, min high nibble) and their high 2
+    bits from the top bits of bytes 0-3 (scales) and 4-7 (mins)."""
+    s = scales.view(*scales.shape[:-1], 3, 4)
+    a, b, c = s[..., 0, :], s[..., 1, :], s[..., 2, :]
+    sc = torch.cat((a & 63, (c & 15) | ((a >> 2) & 48)), dim=-1)
+    mn = torch.cat((b & 63, (c >> 4) | ((b >> 2) & 48)), dim=-1)
+    return sc, mn
+
+
+def planes_from_blocks(fmt: str, raw: torch.Tensor, k: int) -> QuantWeight:
+    """The planes of a weight [N, K] in block format `fmt` from its bytes raw uint8 [N, bytes per row]."""
+    size, fields = BLOCK_FIELDS[fmt]
+    n, nb = raw.shape[0], k // BLOCK[fmt]
+    if k % BLOCK[fmt] or raw.shape[1] != nb * size:
+        raise ValueError(f"{fmt}: {raw.shape[1]} bytes per row do not hold {k} weights")
+    blocks = raw.view(n, nb, size)
+    planes: dict[str, torch.Tensor] = {}
+    for name, a, b, dtype in fields:
+        planes[name] = blocks[:, :, a:b].contiguous().view(dtype).reshape(n, -1)
+    if "scales" in planes:
+        sc, mn = _unpack_k_scales(planes.pop("scales").view(n, nb, 12))
+        planes["sc"], planes["mn"] = sc.reshape(n, -1), mn.reshape(n, -1)
+    return QuantWeight(fmt, (n, k), planes)
+
+
+def unpermute_index(rows: int, heads: int) -> torch.Tensor:
+    """Row r of the Hugging Face weight is row index[r] of llama.cpp's permuted one: within each
+    head, llama.cpp stores rotary pair halves interleaved (row 2i + s is HF row s * half + i)."""
+    half = rows // heads // 2
+    return torch.arange(rows).view(heads, half, 2).transpose(1, 2).reshape(-1)
+
+
+def _permute_rows(t: torch.Tensor | QuantWeight, index: torch.Tensor) -> torch.Tensor | QuantWeight:
+    if isinstance(t, torch.Tensor):
+        return t[index].contiguous()
+    return QuantWeight(t.fmt, t.shape, {k: p[index].contiguous() for k, p in t.planes.items()})
+
+
+@dataclass
+class GgufWeights:
+    """A GGUF file's decoder tensors under our names: QuantWeight for the kept block formats, plain
+    tensors for float types and for the rest (dequantized to float32)."""
+
+    architecture: str
+    tensors: dict[str, torch.Tensor | QuantWeight]
+    # GGUF type name -> how many decoder tensors of that type were dequantized (not kept as they are)
+    other_types: dict[str, int] = field(default_factory=dict)
+
+    def formats(self) -> list[str]:
+        """The block formats kept, in the order of qweight.GGUF_FORMATS."""
+        kept = {t.fmt for t in self.tensors.values() if isinstance(t, QuantWeight)}
+        return [f for f in GGUF_FORMATS if f in kept]
+
+
+def _tensor(t: Any) -> tuple[torch.Tensor | QuantWeight, str | None]:
+    """One reader tensor as planes or a plain tensor; the type name when it was dequantized."""
+    import gguf
+
+    kind = t.tensor_type.name
+    data = np.array(t.data)  # a copy: the reader's arrays map the file read-only
+    if kind in GGUF_FORMATS:
+        k = int(t.shape[0])  # GGUF lists dims innermost first
+        return planes_from_blocks(kind, torch.from_numpy(data).reshape(data.shape[0], -1), k), None
+    if kind in FLOAT_TYPES:
+        if kind == "BF16":
+            data = data.view(np.int16)
+        out = torch.from_numpy(data)
+        return (out.view(torch.bfloat16) if kind == "BF16" else out), None
+    return torch.from_numpy(np.ascontiguousarray(gguf.quants.dequantize(data, t.tensor_type))), kind
+
+
+def read_gguf_weights(path: Path, num_heads: int, num_kv_heads: int) -> GgufWeights:
+    """The decoder tensors of the GGUF file at `path` (see the module invariants). num_heads /
+    num_kv_heads: the model's attention heads (they size the q / k row permutation)."""
+    import gguf
+
+    reader = gguf.GGUFReader(path)
+    arch_field = reader.get_field("general.architecture")
+    arch = str(arch_field.contents()) if arch_field is not None else ""
+    tensors: dict[str, torch.Tensor | QuantWeight] = {}
+    other: dict[str, int] = {}
+    for t in reader.tensors:
+        name = hf_name(t.name)
+        if name is None:
+            continue
+        value, dequantized = _tensor(t)
+        if dequantized is not None:
+            other[dequantized] = other.get(dequantized, 0) + 1
+        if arch in PERMUTED_ARCHITECTURES and (".q_proj." in name or ".k_proj." in name):
+            heads = num_heads if ".q_proj." in name else num_kv_heads
+            value = _permute_rows(value, unpermute_index(value.shape[0], heads))
+        tensors[name] = value
+    return GgufWeights(arch, tensors, other)
