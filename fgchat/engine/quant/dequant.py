@@ -25,17 +25,14 @@ def unpack_nibbles(qs: torch.Tensor, pair: int) -> torch.Tensor:
     return torch.cat((v & 15, v >> 4), dim=2).reshape(n, 2 * half)
 
 
-def _per_block(x: torch.Tensor, block: int) -> torch.Tensor:
-    """A per-block value x [N, K/block] repeated over its block's weights: [N, K]."""
-    return x.repeat_interleave(block, dim=1)
+def _blocks(x: torch.Tensor, block: int) -> torch.Tensor:
+    """Values [N, K] viewed by block: [N, K/block, block] (per-block factors broadcast over it)."""
+    return x.view(x.shape[0], -1, block)
 
 
-def _k_scales(qw: QuantWeight) -> tuple[torch.Tensor, torch.Tensor]:
-    """Q4_K / Q5_K: the float32 sub-block factors d * sc and dmin * mn, [N, K/32]."""
-    p = qw.planes
-    d = _per_block(p["d"].to(f32), 8)
-    dmin = _per_block(p["dmin"].to(f32), 8)
-    return d * p["sc"].to(f32), dmin * p["mn"].to(f32)
+def _f(x: torch.Tensor) -> torch.Tensor:
+    """A per-block plane [N, K/block] as float32 [N, K/block, 1]."""
+    return x.to(f32)[:, :, None]
 
 
 def _q6(qw: QuantWeight) -> torch.Tensor:
@@ -52,30 +49,35 @@ def _q6(qw: QuantWeight) -> torch.Tensor:
 
 def _dequant_f32(qw: QuantWeight) -> torch.Tensor:
     fmt, p = qw.fmt, qw.planes
+    n = qw.shape[0]
     if fmt == "Q8_0":
-        return p["qs"].to(f32) * _per_block(p["d"].to(f32), 32)
-    if fmt == "Q4_0":
+        out = _blocks(p["qs"].to(f32), 32) * _f(p["d"])
+    elif fmt == "Q4_0":
         q = unpack_nibbles(p["qs"], PAIR[fmt]).to(torch.int8) - 8
-        return _per_block(p["d"].to(f32), 32) * q.to(f32)
-    if fmt == "Q4_1":
+        out = _f(p["d"]) * _blocks(q.to(f32), 32)
+    elif fmt == "Q4_1":
         q = unpack_nibbles(p["qs"], PAIR[fmt]).to(f32)
-        return _per_block(p["d"].to(f32), 32) * q + _per_block(p["m"].to(f32), 32)
-    if fmt in ("Q4_K", "Q5_K"):
+        out = _f(p["d"]) * _blocks(q, 32) + _f(p["m"])
+    elif fmt in ("Q4_K", "Q5_K"):
         q = unpack_nibbles(p["qs"], PAIR[fmt])
         if fmt == "Q5_K":
             q = q | (_q5_high_bits(p["qh"]) << 4)
-        dsc, dmn = _k_scales(qw)
-        return _per_block(dsc, 32) * q.to(f32) - _per_block(dmn, 32)
-    if fmt == "Q6_K":
+        d, dmin = _f(p["d"]), _f(p["dmin"])  # [N, blocks, 1] against sc / mn [N, blocks, 8]
+        dsc = (d * p["sc"].view(n, -1, 8).to(f32)).view(n, -1)
+        dmn = (dmin * p["mn"].view(n, -1, 8).to(f32)).view(n, -1)
+        out = _f(dsc) * _blocks(q.to(f32), 32) - _f(dmn)
+    elif fmt == "Q6_K":
         q = (_q6(qw) - 32).to(f32)
-        dsc = _per_block(p["d"].to(f32), 16) * p["sc"].to(f32)
-        return _per_block(dsc, 16) * q
-    if fmt == "fp8":
-        return p["w"].to(f32) * p["scale"].to(f32)[:, None]
-    if fmt == "int4":
+        dsc = (_f(p["d"]) * p["sc"].view(n, -1, 16).to(f32)).view(n, -1)
+        out = _f(dsc) * _blocks(q, 16)
+    elif fmt == "fp8":
+        out = p["w"].to(f32) * p["scale"].to(f32)[:, None]
+    elif fmt == "int4":
         q = unpack_nibbles(p["qs"], PAIR[fmt]).to(torch.int8) - 8
-        return _per_block(p["scale"].to(f32), 128) * q.to(f32)
-    raise ValueError(f"unknown quantized format {fmt!r}")
+        out = _f(p["scale"]) * _blocks(q.to(f32), 128)
+    else:
+        raise ValueError(f"unknown quantized format {fmt!r}")
+    return out.reshape(n, -1)
 
 
 def _q5_high_bits(qh: torch.Tensor) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""A GGUF file's tensors read raw: the block formats we keep (qweight.GGUF_FORMATS) as QuantWeight
+"""A GGUF file's tensors read raw (quant.gguf_index): the block formats we keep (qweight.GGUF_FORMATS) as QuantWeight
 planes, float tensors as plain tensors, under our Hugging Face names.
 
 Invariants:
@@ -17,11 +17,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
 
+from fgchat.engine.quant.gguf_index import GgufTensorInfo, read_index
 from fgchat.engine.quant.qweight import BLOCK, GGUF_FORMATS, QuantWeight
 
 # per format: bytes per block, then each field's (plane, first byte, end byte, dtype) in a block
@@ -119,34 +119,33 @@ class GgufWeights:
         return [f for f in GGUF_FORMATS if f in kept]
 
 
-def _tensor(t: Any) -> tuple[torch.Tensor | QuantWeight, str | None]:
-    """One reader tensor as planes or a plain tensor; the type name when it was dequantized."""
+def _tensor(t: GgufTensorInfo) -> tuple[torch.Tensor | QuantWeight, str | None]:
+    """One indexed tensor as planes or a plain tensor [rows, K] (or [K]); the type name when it
+    was dequantized."""
     import gguf
 
-    kind = t.tensor_type.name
-    data = np.array(t.data)  # a copy: the reader's arrays map the file read-only
-    if kind in GGUF_FORMATS:
-        k = int(t.shape[0])  # GGUF lists dims innermost first
-        return planes_from_blocks(kind, torch.from_numpy(data).reshape(data.shape[0], -1), k), None
+    qtype = gguf.GGMLQuantizationType(t.type_id)
+    kind, k = qtype.name, t.dims[0]  # GGUF lists dims innermost first
+    rows = int(np.prod(t.dims[1:], dtype=np.int64))
+    data = np.array(t.data).reshape(rows, -1)  # a copy: the index maps the file read-only
+    shape = tuple(reversed(t.dims))
+    if kind in GGUF_FORMATS and len(t.dims) == 2:
+        return planes_from_blocks(kind, torch.from_numpy(data), k), None
     if kind in FLOAT_TYPES:
-        if kind == "BF16":
-            data = data.view(np.int16)
-        out = torch.from_numpy(data)
-        return (out.view(torch.bfloat16) if kind == "BF16" else out), None
-    return torch.from_numpy(np.ascontiguousarray(gguf.quants.dequantize(data, t.tensor_type))), kind
+        dtype = FLOAT_TYPES[kind]
+        return torch.from_numpy(data).view(dtype).reshape(shape), None
+    values = gguf.quants.dequantize(data, qtype)
+    return torch.from_numpy(np.ascontiguousarray(values)).reshape(shape), kind
 
 
 def read_gguf_weights(path: Path, num_heads: int, num_kv_heads: int) -> GgufWeights:
     """The decoder tensors of the GGUF file at `path` (see the module invariants). num_heads /
     num_kv_heads: the model's attention heads (they size the q / k row permutation)."""
-    import gguf
-
-    reader = gguf.GGUFReader(path)
-    arch_field = reader.get_field("general.architecture")
-    arch = str(arch_field.contents()) if arch_field is not None else ""
+    index = read_index(path)
+    arch = index.architecture
     tensors: dict[str, torch.Tensor | QuantWeight] = {}
     other: dict[str, int] = {}
-    for t in reader.tensors:
+    for t in index.tensors:
         name = hf_name(t.name)
         if name is None:
             continue
