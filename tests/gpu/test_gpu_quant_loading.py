@@ -5,26 +5,12 @@ planes on the GPU. Prints what it measured."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
+from test_gpu_real_weights import real_model  # the embedded GGUF, or FGCHAT_REAL_GGUF's
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 CUDA = torch.device("cuda")
-
-
-def _embedded() -> str | None:
-    env = os.environ.get("FGCHAT_REAL_GGUF")
-    if env:
-        return env if os.path.isfile(env) else None
-    from fgchat.engine.model.resolve import embedded_gguf_path
-    from fgchat.protocol.errors import ModelLoadError
-
-    try:
-        return str(embedded_gguf_path())
-    except ModelLoadError:
-        return None
 
 
 def test_embedded_gguf_blocks_on_gpu():
@@ -34,7 +20,7 @@ def test_embedded_gguf_blocks_on_gpu():
     from fgchat.engine.quant.gguf_index import read_index
     from fgchat.engine.quant.qweight import QuantWeight
 
-    path = _embedded()
+    path = real_model()
     if path is None:
         pytest.skip("the embedded GGUF is not installed")
     gpu = load_model(path, CUDA, torch.bfloat16)
