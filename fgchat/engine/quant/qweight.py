@@ -44,6 +44,8 @@ class QuantWeight:
     fmt: str  # a key of BLOCK
     shape: tuple[int, int]  # (N, K): the logical weight
     planes: dict[str, torch.Tensor]  # see the module docstring; all on one device
+    # the dtype the weight stands for: what dequantizing it gives and the activations it meets
+    dtype: torch.dtype = torch.bfloat16
 
     @property
     def device(self) -> torch.device:
@@ -53,3 +55,46 @@ class QuantWeight:
     def nbytes(self) -> int:
         """Bytes the weight occupies (every plane)."""
         return sum(p.numel() * p.element_size() for p in self.planes.values())
+
+
+@dataclass
+class QuantStack:
+    """Quantized weights of different formats stacked along N as one fused weight (a Q4_K_M
+    file's q / k in Q4_K with v in Q6_K): part j holds output rows [offsets[j], offsets[j+1]).
+    Every part has the same K and dtype."""
+
+    parts: list[QuantWeight]
+
+    def __post_init__(self) -> None:
+        if not self.parts or len({(p.shape[1], p.dtype) for p in self.parts}) != 1:
+            raise ValueError("a QuantStack needs parts of one K and one dtype")
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return sum(p.shape[0] for p in self.parts), self.parts[0].shape[1]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.parts[0].dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.parts[0].device
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.parts)
+
+
+def stack(parts: list[QuantWeight]) -> QuantWeight | QuantStack:
+    """Parts stacked along N: adjacent parts of one format become one QuantWeight (their planes
+    concatenated row-wise, which the planar layout allows); a QuantStack where formats differ."""
+    merged: list[QuantWeight] = []
+    for p in parts:
+        last = merged[-1] if merged else None
+        if last is not None and last.fmt == p.fmt and last.shape[1] == p.shape[1] and last.dtype == p.dtype:
+            planes = {name: torch.cat((last.planes[name], p.planes[name])) for name in last.planes}
+            merged[-1] = QuantWeight(p.fmt, (last.shape[0] + p.shape[0], p.shape[1]), planes, p.dtype)
+        else:
+            merged.append(p)
+    return merged[0] if len(merged) == 1 else QuantStack(merged)
