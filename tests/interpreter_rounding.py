@@ -31,4 +31,26 @@ def install() -> bool:
 
     convert._fgchat_rne = True  # type: ignore[attr-defined]
     interpreter._convert_float = convert
+    _install_bf16_dot(interpreter, tl, np)
     return True
+
+
+def _install_bf16_dot(interpreter, tl, np) -> None:
+    """tl.dot of bf16 operands: the interpreter multiplies their raw 16-bit patterns as integers;
+    widen them to the float32 values they hold first (exact), as the GPU's products are."""
+    builder = interpreter.InterpreterBuilder
+    original = getattr(builder, "create_dot", None)
+    if original is None or getattr(original, "_fgchat_bf16", False):
+        return
+
+    def widen(h):
+        if h.dtype.scalar == tl.bfloat16:
+            data = (np.ascontiguousarray(h.data).astype(np.uint32) << 16).view(np.float32)
+            return interpreter.TensorHandle(data, tl.float32)
+        return h
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        return original(self, widen(a), widen(b), d, input_precision, max_num_imprecise_acc)
+
+    create_dot._fgchat_bf16 = True  # type: ignore[attr-defined]
+    builder.create_dot = create_dot

@@ -111,6 +111,7 @@ def _use_gguf_blocks(state: dict, path: Path, cfg: ModelConfig, dtype: torch.dty
         if tuple(state[name].shape) != t.shape:
             raise ModelLoadError(f"{path.name}: tensor {name} is {t.shape} in the file but "
                                  f"{tuple(state[name].shape)} in its conversion")
+        t.dtype = dtype  # the activations it meets and what dequantizing it gives
         state[name] = t
     if not read.other_types:
         return []

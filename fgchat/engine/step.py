@@ -158,7 +158,9 @@ class StepProgram:
         n_layers = dec.cfg.num_layers
 
         def first(st: StepState) -> None:
-            if dec.fused:
+            if dec.fused and is_quantized(dec.w.embed):
+                st.h, st.delta = qtiles.step_inputs(ids, pos, slots, dec.w.embed, seq_lens, slots32), None
+            elif dec.fused:
                 st.h, st.delta = fused_ops.step_inputs(ids, pos, slots, dec.w.embed, seq_lens, slots32), None
             else:
                 seq_lens.copy_(pos + 1)
@@ -194,9 +196,11 @@ class StepProgram:
 
             return run
 
-        fused_ops = None
+        fused_ops = qtiles = None
         if dec.fused:
             from fgchat.engine.kernels import fused as fused_ops
+            from fgchat.engine.kernels import qtiles
+            from fgchat.engine.kernels.qtiles import is_quantized
         pieces = [first] + [middle(i) for i in range(1, n_layers)] + [last]
         return pieces, [attend(i) for i in range(n_layers)]
 

@@ -52,7 +52,8 @@ class Rows:
 
 
 def nbytes(t: torch.Tensor) -> int:
-    return t.numel() * t.element_size()
+    """Bytes of a tensor, or of a quantized weight's planes (both have .nbytes)."""
+    return t.nbytes
 
 
 def fitting(tensors: list[torch.Tensor], budget_bytes: int) -> list[torch.Tensor]:

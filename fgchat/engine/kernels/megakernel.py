@@ -446,6 +446,9 @@ class DecodeLayers:
     def __init__(self, dec, cache, programs: int | None = None) -> None:
         cfg, w = dec.cfg, dec.w
         lw0 = w.layers[0]
+        dense = [w.embed, w.lm_head] + [t for lw in w.layers for t in (lw.wqkv, lw.wo, lw.w_gate_up, lw.w_down)]
+        if not all(isinstance(t, torch.Tensor) for t in dense):
+            raise ValueError("the mega kernel reads bf16 / fp16 weights, not quantized ones (full mode runs them)")
         if any(lw.bqkv is not None for lw in w.layers):
             raise ValueError("the mega kernel has no q/k/v bias")
         if cfg.head_dim % 16 or cfg.num_heads % cfg.num_kv_heads or cfg.num_heads // cfg.num_kv_heads > GROUP_PAD:

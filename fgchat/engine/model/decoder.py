@@ -211,7 +211,8 @@ class Decoder:
         self.scale = cfg.head_dim**-0.5
         cpu = self.device.type == "cpu"
         # the LM head on CPU, packed where it can be
-        self._cpu_head = CpuHead(weights.lm_head) if cpu else None
+        dense_head = isinstance(weights.lm_head, torch.Tensor)  # else quantized: FusedStages.logits
+        self._cpu_head = CpuHead(weights.lm_head) if cpu and dense_head else None
         # greedy picks on CPU from a packed bf16 copy of the head (Tuning.head_pick; None: CpuHead)
         self._cpu_pick = CpuHeadPick.prepare(weights.lm_head) if cpu and not fused and t.head_pick is not False else None
         # the plain path's projections on CPU through oneDNN's packed weights (None: F.linear)
@@ -344,7 +345,11 @@ class Decoder:
     def head_logits(self, x: torch.Tensor) -> torch.Tensor:
         """Float32 logits of normed rows x (ops.head_logits; on CPU, the decoder's prepared
         CpuHead)."""
-        return self._cpu_head(x) if self._cpu_head is not None else head_logits(x, self.w.lm_head)
+        if self._cpu_head is not None:
+            return self._cpu_head(x)
+        if self._fused is not None and not isinstance(self.w.lm_head, torch.Tensor):
+            return self._fused.logits(x)
+        return head_logits(x, self.w.lm_head)
 
     # ---- prefill (one sequence, eager) ----
     @torch.inference_mode()

@@ -8,6 +8,10 @@ graphs launch identical kernels (modes stay bit-identical):
   our kernel split along K into float32 partial sums that the norm adds in a fixed order (more
   programs in flight, and no reduce launch);
 - the gate/up projection carries SiLU-and-multiply in its epilogue (one launch);
+- a quantized weight (engine.quant: a QuantWeight, or a QuantStack of formats) runs on
+  kernels.qgemv, which dequantizes its tiles in registers: always for up to MAX_ROWS rows (o and
+  down split along K where that fills the SMs), through a dequantized copy and cuBLAS for more;
+  its L2 prefetch takes the weight's planes, and a quantized gate/up adds no lead tiles;
 - programmatic dependent launch (kernels.pdl) is used for every Triton launch of the step, the o
   projection's after attention included. Each kernel waits for its predecessor before touching
   its data, so PDL never changes results; it only lets a kernel start (and load weights) while
@@ -30,6 +34,9 @@ from fgchat.engine.kernels import fused as fk
 from fgchat.engine.kernels import gemv
 from fgchat.engine.kernels import head_pick
 from fgchat.engine.kernels import l2_prefetch
+from fgchat.engine.kernels import qgemv
+from fgchat.engine.kernels.qtiles import dequantize, is_quantized
+from fgchat.engine.model.ops import head_logits
 from fgchat.protocol.errors import FgchatError
 from fgchat.protocol.tuning import Tuning
 
@@ -91,7 +98,8 @@ class FusedStages:
         forced = tuning.head_pick is True
         self.head_pick_rows = gemv.MAX_ROWS if forced else head_pick.PAYS_ROWS
         w = dec.w.lm_head
-        if tuning.head_pick is not False and (head_pick.supports(w) if forced else head_pick.pays(w)):
+        if tuning.head_pick is not False and not is_quantized(w) and \
+                (head_pick.supports(w) if forced else head_pick.pays(w)):
             self.head_int8 = head_pick.quantize(w)
         self.attention_ours = False
         self.rope_in_attention = False
@@ -107,7 +115,7 @@ class FusedStages:
             # per layer, the weights its plan takes whole (l2_prefetch.plan): how many of o, gate/up,
             # down (and the next qkv) decides the piecewise default and where lead tiles go
             fits = [l2_prefetch.fitting(self._prefetched(i), budget) for i in range(len(dec.w.layers))]
-            plans = [l2_prefetch.ranges(f) for f in fits]
+            plans = [l2_prefetch.ranges([p for w in f for p in _planes(w)]) for f in fits]
             self.prefetch = plans if any(plans) else None
             whole = [len(f) for f in fits]
             self.layers_fit = all(n >= 3 for n in whole)
@@ -129,7 +137,7 @@ class FusedStages:
         gate/up's kernel as fit what `lead_budget` leaves beside o. Not called where o does not fit
         either: there HBM is busy beside attention (H100, 8B full at batch 8 with four tiles: 5.845
         -> 5.961 ms; design.md V94)."""
-        if not self.gate_up.ours:
+        if not self.gate_up.ours or is_quantized(self.dec.w.layers[i].w_gate_up):
             return None
         lw = self.dec.w.layers[i]
         w = lw.w_gate_up
@@ -157,6 +165,9 @@ class FusedStages:
 
     def _route(self, role: str, w: torch.Tensor, bias_free: bool, feeds_norm: bool, sm_count: int) -> Route:
         cfg = self.configs.get(role)
+        if is_quantized(w):  # qgemv's own tiles; a bias is added after it (before_attention)
+            split = qgemv.pick_split(w, sm_count) if feeds_norm else 1
+            return Route(True, split, glu=role == "gate_up")
         if not bias_free:
             return Route(False)
         if role == "gate_up":
@@ -203,8 +214,12 @@ class FusedStages:
 
     def _project(self, x: torch.Tensor, w: torch.Tensor, route: Route, predecessor_ours: bool) -> torch.Tensor:
         if not route.serves(x.shape[0]):
-            return F.linear(x, w)
+            return qgemv.linear(x, w)
         pdl = self.after(predecessor_ours)
+        if is_quantized(w):
+            if route.split > 1:
+                return qgemv.project_partials(x, w, route.split, pdl=pdl)
+            return qgemv.project(x, w, pdl=pdl)
         if route.split > 1:
             return gemv.project_partials(x, w, route.split, route.config, pdl=pdl, preload=PROJ_PRELOAD)
         return gemv.project(x, w, route.config, pdl=pdl, preload=PROJ_PRELOAD)
@@ -217,7 +232,9 @@ class FusedStages:
         st.h, x = fk.add_rms_norm(st.h, st.delta, lw.attn_norm, c.rms_eps, self.after(i > 0 and self.down.ours),
                                   self.dec.residual_dtype)
         st.delta = None
-        if lw.bqkv is not None:
+        if lw.bqkv is not None and is_quantized(lw.wqkv):
+            qkv = self._project(x, lw.wqkv, self.qkv, True) + lw.bqkv
+        elif lw.bqkv is not None:
             qkv = F.linear(x, lw.wqkv, lw.bqkv)
         else:
             qkv = self._project(x, lw.wqkv, self.qkv, True)
@@ -231,7 +248,9 @@ class FusedStages:
         c, lw = self.dec.cfg, self.dec.w.layers[i]
         o = self._project(attn_out.view(attn_out.shape[0], -1), lw.wo, self.o, self.attention_ours)
         st.h, x = fk.add_rms_norm(st.h, o, lw.mlp_norm, c.rms_eps, self.after(self.o.ours), self.dec.residual_dtype)
-        if self.gate_up.glu and self.gate_up.serves(x.shape[0]):
+        if self.gate_up.glu and self.gate_up.serves(x.shape[0]) and is_quantized(lw.w_gate_up):
+            act = qgemv.project_glu(x, lw.w_gate_up, pdl=self.after(True))
+        elif self.gate_up.glu and self.gate_up.serves(x.shape[0]):
             act = gemv.project_glu(x, lw.w_gate_up, self.gate_up.config, pdl=self.after(True))
         else:
             gu = self._project(x, lw.w_gate_up, self.gate_up, True)
@@ -246,7 +265,9 @@ class FusedStages:
         st.delta = None
         if (greedy or sample is not None) and x.shape[0] <= gemv.MAX_ROWS:
             sample = None if greedy else sample
-            if self.picks_from_int8(x.shape[0]):  # logits exact only where rescored
+            if is_quantized(dec.w.lm_head):
+                st.logits, st.tokens = qgemv.project_argmax(x, dec.w.lm_head, pdl=self.after(True), sample=sample)
+            elif self.picks_from_int8(x.shape[0]):  # logits exact only where rescored
                 st.logits, st.tokens = head_pick.pick(x, dec.w.lm_head, self.head_int8, self.head_config,
                                                       pdl=self.after(True), sample=sample)
             else:
@@ -279,9 +300,22 @@ class FusedStages:
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         """float32 logits [N, V] of normed rows x: our kernel for up to MAX_ROWS rows, else cuBLAS."""
+        w = self.dec.w.lm_head
+        if is_quantized(w):
+            if x.shape[0] <= gemv.MAX_ROWS:
+                return qgemv.project_logits(x, w, pdl=self.after(True))
+            return head_logits(x, dequantize(w, x.dtype))
         if x.shape[0] <= gemv.MAX_ROWS:
-            return gemv.project_logits(x, self.dec.w.lm_head, self.head_config, pdl=self.after(True))
+            return gemv.project_logits(x, w, self.head_config, pdl=self.after(True))
         return self.dec.head_logits(x)
+
+
+def _planes(w: torch.Tensor | object) -> list[torch.Tensor]:
+    """The tensors a weight's bytes live in: a dense weight itself, a quantized one's planes."""
+    if not is_quantized(w):
+        return [w]
+    parts = getattr(w, "parts", [w])
+    return [p for part in parts for p in part.planes.values()]
 
 
 def _configs(tuning: Tuning) -> dict[str, gemv.ProjConfig]:

@@ -453,11 +453,12 @@ def _fused_layers(dec: Decoder, ids: torch.Tensor, pos: torch.Tensor, slots: tor
     layer runs its o projection and MLP on those rows alone (its K/V are written for every row
     before, and no other row's output of that layer is read by anything)."""
     from fgchat.engine.kernels import fused as fk
+    from fgchat.engine.kernels import qgemv  # dense weights: F.linear / F.embedding as they are
 
     c, w = dec.cfg, dec.w
     n = ids.shape[0]
     dev = dec.device
-    h = F.embedding(ids, w.embed)
+    h = qgemv.embedding(ids, w.embed)
     delta: torch.Tensor | None = None
     v_at = c.q_size + c.kv_size
     padded = PaddedPrompts.build(spans, c.num_heads, c.num_kv_heads, c.head_dim, h.dtype, dev)
@@ -471,7 +472,7 @@ def _fused_layers(dec: Decoder, ids: torch.Tensor, pos: torch.Tensor, slots: tor
     with attention_backends(rows, dev):
         for i, lw in enumerate(w.layers):
             h, x = fk.add_rms_norm(h, delta, lw.attn_norm, c.rms_eps, residual_dtype=dec.residual_dtype)
-            qkv = F.linear(x, lw.wqkv, lw.bqkv)
+            qkv = qgemv.linear(x, lw.wqkv, lw.bqkv)
             k = torch.empty((n, c.num_kv_heads, c.head_dim), dtype=qkv.dtype, device=dev)
             q = fk.rope_kv_write(qkv, dec.cos, dec.sin, pos, slots, k_caches[i], v_caches[i],
                                  c.num_heads, c.num_kv_heads, c.head_dim, k_out=k)
@@ -493,9 +494,9 @@ def _fused_layers(dec: Decoder, ids: torch.Tensor, pos: torch.Tensor, slots: tor
                     a[r] = sdpa_causal(heads_first(q[r]), heads_first(k[r]), heads_first(v[r]), dec.scale)
             if keep is not None and i == last_layer:
                 h, a = h.index_select(0, keep), a.index_select(0, keep)
-            h, x = fk.add_rms_norm(h, F.linear(a, lw.wo), lw.mlp_norm, c.rms_eps,
+            h, x = fk.add_rms_norm(h, qgemv.linear(a, lw.wo), lw.mlp_norm, c.rms_eps,
                                    residual_dtype=dec.residual_dtype)
-            delta = F.linear(fk.silu_mul(F.linear(x, lw.w_gate_up)), lw.w_down)
+            delta = qgemv.linear(fk.silu_mul(qgemv.linear(x, lw.w_gate_up)), lw.w_down)
     return h, delta
 
 

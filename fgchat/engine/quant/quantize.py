@@ -24,7 +24,7 @@ def quantize_fp8(w: torch.Tensor) -> QuantWeight:
     x = w.to(torch.float32)
     scale = x.abs().amax(dim=1) / FP8_MAX
     q = (x / _nonzero(scale)[:, None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
-    return QuantWeight("fp8", tuple(w.shape), {"w": q.contiguous(), "scale": scale.contiguous()})
+    return QuantWeight("fp8", tuple(w.shape), {"w": q.contiguous(), "scale": scale.contiguous()}, w.dtype)
 
 
 def quantize_int4(w: torch.Tensor) -> QuantWeight:
@@ -38,7 +38,7 @@ def quantize_int4(w: torch.Tensor) -> QuantWeight:
     s = scale.to(torch.float32)[:, :, None]
     q = (torch.round(x / _nonzero(s)) + 8).clamp(0, 15).to(torch.uint8).view(n, k // 2, 2)
     qs = q[:, :, 0] | (q[:, :, 1] << 4)  # pair distance 1: byte t holds k = 2t (low), 2t + 1 (high)
-    return QuantWeight("int4", (n, k), {"scale": scale.contiguous(), "qs": qs.contiguous()})
+    return QuantWeight("int4", (n, k), {"scale": scale.contiguous(), "qs": qs.contiguous()}, w.dtype)
 
 
 def _nonzero(scale: torch.Tensor) -> torch.Tensor:

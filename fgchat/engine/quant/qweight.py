@@ -44,6 +44,8 @@ class QuantWeight:
     fmt: str  # a key of BLOCK
     shape: tuple[int, int]  # (N, K): the logical weight
     planes: dict[str, torch.Tensor]  # see the module docstring; all on one device
+    # the dtype the weight stands for: what dequantizing it gives and the activations it meets
+    dtype: torch.dtype = torch.bfloat16
 
     @property
     def device(self) -> torch.device:
@@ -56,27 +58,31 @@ class QuantWeight:
 
     def to(self, device: torch.device | str) -> QuantWeight:
         """The same weight with every plane on `device` (the bits unchanged)."""
-        return QuantWeight(self.fmt, self.shape, {k: p.to(device) for k, p in self.planes.items()})
+        return QuantWeight(self.fmt, self.shape, {k: p.to(device) for k, p in self.planes.items()}, self.dtype)
 
 
 def cat_rows(parts: list[QuantWeight]) -> QuantWeight:
-    """The row concatenation of weights of one format and width: every plane concatenated along
-    dim 0 (a fused q|k|v or gate|up weight)."""
-    fmt, k = parts[0].fmt, parts[0].shape[1]
-    if any(p.fmt != fmt or p.shape[1] != k for p in parts):
+    """The row concatenation of weights of one format, width and dtype: every plane concatenated
+    along dim 0 (a fused q|k|v or gate|up weight)."""
+    fmt, k, dtype = parts[0].fmt, parts[0].shape[1], parts[0].dtype
+    if any(p.fmt != fmt or p.shape[1] != k or p.dtype != dtype for p in parts):
         raise ValueError(f"cat_rows needs one format and width: {[(p.fmt, p.shape) for p in parts]}")
     planes = {name: torch.cat([p.planes[name] for p in parts], dim=0) for name in parts[0].planes}
-    return QuantWeight(fmt, (sum(p.shape[0] for p in parts), k), planes)
+    return QuantWeight(fmt, (sum(p.shape[0] for p in parts), k), planes, dtype)
 
 
 @dataclass
 class QuantStack:
     """Rows of weights of different formats stacked (a Q4_K_M file's Q4_K q, k with a Q6_K v):
     part i owns rows [offsets[i], offsets[i + 1]) of the logical weight [N, K]; a product runs
-    one launch per part into its slice of the output columns. Adjacent parts differ in format
-    (stack_rows merges runs of one format)."""
+    one launch per part into its slice of the output columns. Every part has the same K and
+    dtype; adjacent parts differ in format (stack_rows merges runs of one format)."""
 
     parts: list[QuantWeight]
+
+    def __post_init__(self) -> None:
+        if not self.parts or len({(p.shape[1], p.dtype) for p in self.parts}) != 1:
+            raise ValueError("a QuantStack needs parts of one K and one dtype")
 
     @property
     def fmt(self) -> str:
@@ -85,6 +91,10 @@ class QuantStack:
     @property
     def shape(self) -> tuple[int, int]:
         return (sum(p.shape[0] for p in self.parts), self.parts[0].shape[1])
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.parts[0].dtype
 
     @property
     def offsets(self) -> list[int]:
@@ -108,13 +118,13 @@ class QuantStack:
 def stack_rows(parts: list[QuantWeight]) -> QuantWeight | QuantStack:
     """The row concatenation of `parts` (one width): a QuantWeight when they share a format, else
     a QuantStack of the runs of one format (cat_rows of each run)."""
+    if any(p.shape[1] != parts[0].shape[1] for p in parts):
+        raise ValueError(f"stack_rows needs one width: {[p.shape for p in parts]}")
     runs: list[list[QuantWeight]] = []
     for p in parts:
         if runs and runs[-1][0].fmt == p.fmt:
             runs[-1].append(p)
         else:
             runs.append([p])
-    if any(p.shape[1] != parts[0].shape[1] for p in parts):
-        raise ValueError(f"stack_rows needs one width: {[p.shape for p in parts]}")
     merged = [cat_rows(r) if len(r) > 1 else r[0] for r in runs]
     return merged[0] if len(merged) == 1 else QuantStack(merged)

@@ -1,0 +1,96 @@
+"""kernels.qgemv on the GPU at the real model shapes (Llama-3.2-1B: K 2048, N 2048 / 512 / 8192;
+Llama-3.1-8B: K 4096, N 14336 and K 14336, N 4096), bf16 activations with massive channels,
+against the float64 composition of the same planes (tests/kernels/qweights.py); rows identical at
+every batch size; and a timing print per format (us per call at M = 1 and 8, exact hi + lo weights
+and the one-rounding variant) beside gemv.project on the bf16 weight of the same shape."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from qweights import FORMATS, bound, compose, outlier_rows, random_qweight
+
+pytestmark = pytest.mark.gpu
+DEV = "cuda"
+BF16_ULP = 2.0**-7
+SHAPES = [(2048, 2048), (512, 2048), (8192, 2048), (14336, 4096), (4096, 14336)]
+
+
+def _x(m: int, k: int, seed: int) -> torch.Tensor:
+    return outlier_rows(m, k, seed).to(torch.bfloat16).to(DEV)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("n,k", [(2048, 2048), (4096, 14336)])
+def test_against_float64_at_real_sizes(fmt, n, k):
+    from fgchat.engine.kernels import qgemv
+
+    w = random_qweight(fmt, n, k, seed=n + k, device=DEV)
+    x = _x(4, k, 1)
+    w64 = compose(w)
+    ref = x.double().cpu() @ w64.t()
+    got = qgemv.project(x, w).double().cpu()
+    lim = bound(x.cpu(), w64, ref, BF16_ULP)
+    err = (got - ref).abs()
+    print(f"\n{fmt} {n}x{k}: worst error / bound {(err / lim).max().item():.3f}")
+    assert (err <= lim).all()
+    parts = qgemv.project_partials(x, w, 2).double().cpu().sum(0)
+    assert ((parts - ref).abs() <= bound(x.cpu(), w64, ref, 0.0)).all()
+
+
+@pytest.mark.parametrize("fmt", ["Q8_0", "Q4_K", "Q6_K", "int4"])
+def test_rows_identical_at_every_batch_size(fmt):
+    from fgchat.engine.kernels import qgemv
+
+    w = random_qweight(fmt, 8192, 2048, seed=5, device=DEV)
+    x = _x(8, 2048, 2)
+    full, glu = qgemv.project(x, w), qgemv.project_glu(x, w)
+    for m in range(1, 8):
+        xm = x[:m].contiguous()
+        assert torch.equal(qgemv.project(xm, w), full[:m])
+        assert torch.equal(qgemv.project_glu(xm, w), glu[:m])
+
+
+def test_head_logits_and_argmax_at_vocabulary_size():
+    from fgchat.engine.kernels import qgemv
+
+    w = random_qweight("Q8_0", 128256, 2048, seed=7, device=DEV)
+    x = _x(8, 2048, 3)
+    logits, tokens = qgemv.project_argmax(x, w)
+    assert torch.equal(tokens, logits.argmax(dim=1))
+    assert torch.equal(logits, qgemv.project_logits(x, w))
+    sub = qgemv.project_argmax(x[:1].contiguous(), w)
+    assert torch.equal(sub[0], logits[:1]) and torch.equal(sub[1], tokens[:1])
+
+
+def _us(fn, reps: int = 50) -> float:
+    for _ in range(3):
+        fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1000 / reps
+
+
+def test_timing_print():
+    """Not a pass/fail check: us per call, each format beside bf16 gemv (and cuBLAS)."""
+    from fgchat.engine.kernels import gemv, qgemv
+
+    lines = []
+    for n, k in SHAPES:
+        dense = (torch.randn(n, k, device=DEV) * 0.02).to(torch.bfloat16)
+        xs = {m: _x(m, k, 4) for m in (1, 8)}
+        rows = {m: [f"{n:>6}x{k:<6} M={m}: bf16 gemv {_us(lambda: gemv.project(xs[m], dense)):7.1f}"
+                    f" cuBLAS {_us(lambda: torch.nn.functional.linear(xs[m], dense)):7.1f}"] for m in xs}
+        for fmt in FORMATS:
+            w = random_qweight(fmt, n, k, seed=1, device=DEV)
+            for m, x in xs.items():
+                exact = _us(lambda: qgemv.project(x, w))
+                rounded = _us(lambda: qgemv.project(x, w, exact=False))
+                rows[m].append(f"{fmt} {exact:6.1f}/{rounded:6.1f}")
+        lines += [" | ".join(r) for r in rows.values()]
+    print("\nus per call (format: exact hi+lo / one rounding)\n" + "\n".join(lines))
