@@ -26,6 +26,8 @@ class EngineConfig:
     seed: int = 0
     # with preset: massive activation channels of this size in the residual stream (0: none)
     outliers: float = 0.0
+    quantize: str = "none"
+    dequantize: bool = False
     # kernel-path switches; None: Tuning.from_env() (the FGCHAT_* variables) when the engine starts
     tuning: Tuning | None = None
     notes: list[str] = field(default_factory=list)
