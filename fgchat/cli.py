@@ -17,6 +17,8 @@ from fgchat.cli_args import (
     ATTENTION_BACKENDS,
     DTYPES,
     MIN_CONTEXT,
+    QUANTIZE,
+    check_weight_args,
     check_writable,
     context_arg,
     device_arg,
@@ -106,6 +108,12 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="auto", choices=DTYPES,
                    help="weight and cache dtype (default: auto: bfloat16 on CUDA and on CPUs with AVX512-BF16 or AMX, else float32)")
     p.add_argument("--lazy-capture", action="store_true", help="capture each batch size's graphs on first use")
+    p.add_argument("--quantize", default="none", choices=QUANTIZE,
+                   help="quantize a bf16/fp16 model's projections at load: fp8 (e4m3, a scale per output "
+                   "channel) or int4 (groups of 128, bf16 scales); not for GGUF files, which run in their "
+                   "own format")
+    p.add_argument("--dequantize", action="store_true",
+                   help="a GGUF file's weights dequantized to bf16 at load (the unquantized path, to compare)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -168,10 +176,13 @@ def _engine_config(args: argparse.Namespace):
     return EngineConfig(
         model=args.model, device=args.device, dtype=args.dtype, max_context=args.max_context,
         mode=args.mode, attention=args.attention, lazy_capture=args.lazy_capture,
+        quantize=args.quantize, dequantize=args.dequantize,
     )
 
 
 def _run(args: argparse.Namespace) -> int:
+    if args.command in ("generate", "serve") or (args.command is None and args.endpoint is None):
+        check_weight_args(args.model, [args.quantize], args.dequantize)
     if args.command == "generate":
         from fgchat.generate import run_generate
 
@@ -202,6 +213,7 @@ def _run(args: argparse.Namespace) -> int:
     return run_tui(
         model=args.model, mode=args.mode, attention=args.attention, max_context=args.max_context,
         log_csv=args.log_csv, device=args.device, dtype=args.dtype, lazy_capture=args.lazy_capture,
+        quantize=args.quantize, dequantize=args.dequantize,
     )
 
 

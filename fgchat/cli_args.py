@@ -7,12 +7,13 @@ import argparse
 import os
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 ATTENTION_BACKENDS = ("auto", "triton", "flash-attn", "torch", "sdpa")  # fgchat.engine.kernels.attention
 DTYPES = ("auto", "bfloat16", "bf16", "float16", "fp16", "float32", "fp32")  # fgchat.engine.devices
 DEVICE_RE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
+QUANTIZE = ("none", "fp8", "int4")  # fgchat.engine.quant.qweight.QUANTIZE_FORMATS, and none
 MIN_CONTEXT = 16
 STDOUT_CLOSED = "stdout is closed: nowhere to write the output"
 
@@ -67,6 +68,28 @@ def endpoint_arg(text: str) -> str:
         return base_url(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def is_gguf_model(model: str | None) -> bool:
+    """Whether --model names a GGUF file: a .gguf path, or none (the embedded model's GGUF)."""
+    return model is None or model.strip().lower().endswith(".gguf")
+
+
+def check_weight_args(model: str | None, quantize: Sequence[str], dequantize: bool,
+                      preset: str | None = None) -> None:
+    """--quantize is for float checkpoints, --dequantize for GGUF files: a quantized file is never
+    quantized again, and --dequantize with anything but a GGUF file is a one-line error."""
+    from fgchat.protocol.errors import FgchatError
+
+    gguf = preset is None and is_gguf_model(model)
+    asked = [q for q in quantize if q != "none"]
+    if gguf and asked:
+        name = "the embedded model's GGUF file" if model is None else model
+        raise FgchatError(f"--quantize {asked[0]}: {name} is already quantized; --dequantize runs it in bf16"
+                          + (" (without --quantize)" if dequantize else ""))
+    if dequantize and not gguf:
+        what = "--random-weights makes unquantized weights" if preset else f"{model} is not one"
+        raise FgchatError(f"--dequantize applies to GGUF files; {what}")
 
 
 def check_writable(path: str, option: str, replace: bool = False) -> None:

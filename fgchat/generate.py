@@ -280,6 +280,8 @@ def _report(args, engine, rids: list[int], done: dict[int, RequestSummary], batc
         ]
         head = dict(objs[0]) if objs else {}
         head.update(model=engine.model.name, mode=engine.mode, device=str(engine.device))
+        # the weights as the engine holds them (EngineInfo.weights / weight_bytes / step_bytes)
+        head.update(weights=engine.weights_format, weight_bytes=engine.weight_bytes, step_bytes=engine.step_bytes)
         # the sampling every completion ran with (completion i: seed + i) and where it came from
         head["sampling"] = dataclasses.asdict(params[0]) if params else None
         head["sampling_source"] = source

@@ -12,6 +12,8 @@
 # On the GPU machine (no network needed; .whl holds the gguf wheel tools/random_gguf.py needs where
 # the venv lacks it):
 #   bash scripts/llama_cpp.sh build cuda && bash scripts/llama_cpp.sh bench llama-3.2-1b smollm2-135m
+#   bash scripts/llama_cpp.sh quantize llama-3.2-1b llama-3.1-8b   # Q8_0 and Q4_K_M files of the
+#   DTYPES="bf16 Q8_0 Q4_K_M" bash scripts/llama_cpp.sh bench llama-3.2-1b   # random bf16 weights
 # nvcc must be there (the build stops with a message if not); cuBLAS comes from the toolkit or,
 # failing that, from the pip nvidia-cublas a CUDA torch brings. The CUDA build (sm_90 only) takes
 # ~5 min on 16 cores; a build cut off resumes where it stopped when the same command runs again.
@@ -21,13 +23,20 @@
 # Commands:
 #   source            fetch the sdist (PyPI's simple JSON API), write .llamacpp/src.tgz
 #   wheels            pip download cmake and ninja wheels (manylinux x86_64) to .llamacpp/wheels
-#   build [cpu|cuda]  extract src.tgz under $LLAMACPP_WORK, cmake, build llama-batched-bench only
+#   build [cpu|cuda]  extract src.tgz under $LLAMACPP_WORK, cmake, build llama-batched-bench and
+#                     llama-quantize only
+#   quantize PRESET...  the preset's random bf16 GGUF quantized by llama-quantize to each of QUANTS:
+#                     $LLAMACPP_WORK/gguf/PRESET-TYPE.gguf (kept: a second call reuses them)
 #   bench PRESET...   random GGUF per preset (tools/random_gguf.py), llama-batched-bench, JSON;
-#                     an argument ending in .gguf is benched as that file (dtype "file")
+#                     a DTYPES entry that is a quantization type benches PRESET-TYPE.gguf (made
+#                     as `quantize` makes it, if missing); an argument ending in .gguf is benched
+#                     as that file (dtype "file")
 # Environment:
 #   LLAMACPP_WORK  where sources, builds and GGUFs go (default /tmp/llamacpp)
 #   OUT            results (default /tmp/llamacpp-out)
-#   DTYPES         weight dtypes to bench, space separated: bf16, f16, f32 (default "bf16 f16")
+#   DTYPES         weight dtypes to bench, space separated: bf16, f16, f32, or one of QUANT_TYPES
+#                  (default "bf16 f16")
+#   QUANTS         types `quantize` makes, space separated, from QUANT_TYPES (default "Q8_0 Q4_K_M")
 #   BATCHES        batch sizes (default "1,8"); REPEATS timed runs per batch size after one
 #                  warm-up run (default 3, as fgchat bench); PROMPT (512), NEW (128), CTX (8192,
 #                  or the largest batch x (PROMPT + NEW) + 256 cells where that is more)
@@ -57,6 +66,8 @@ KEEP=(CMakeLists.txt LICENSE licenses cmake include src common vendor
       tools/cvector-generator tools/export-lora tools/fit-params tools/results)
 DROP_BACKENDS=(blas cann et hexagon hip metal musa opencl openvino rpc sycl virtgpu vulkan
                webgpu zdnn zendnn)
+# llama-quantize's type names for the block formats fgchat runs as they are (engine/quant)
+QUANT_TYPES=(Q8_0 Q4_0 Q4_1 Q4_K_S Q4_K_M Q5_K_S Q5_K_M Q6_K)
 
 src_archive() {
   mkdir -p "$STORE"
@@ -239,30 +250,91 @@ build() {
     grep -E "Including|CUDA Toolkit found|CMAKE_CUDA_ARCHITECTURES|llama.cpp version" "$WORK/cmake-$kind.log" || true
   fi
   local t1=$SECONDS
-  cmake --build "$bdir" --target llama-batched-bench -j "${JOBS:-$(nproc)}" > "$WORK/build-$kind.log" 2>&1 \
-    || { tail -40 "$WORK/build-$kind.log"; exit 1; }
-  echo "built $bdir/bin/llama-batched-bench (llama.cpp ${commit:0:10}, $kind): configure $((t1 - t0)) s," \
-       "build $((SECONDS - t1)) s with -j ${JOBS:-$(nproc)}"
+  cmake --build "$bdir" --target llama-batched-bench llama-quantize -j "${JOBS:-$(nproc)}" \
+    > "$WORK/build-$kind.log" 2>&1 || { tail -40 "$WORK/build-$kind.log"; exit 1; }
+  echo "built $bdir/bin/llama-batched-bench and llama-quantize (llama.cpp ${commit:0:10}, $kind):" \
+       "configure $((t1 - t0)) s, build $((SECONDS - t1)) s with -j ${JOBS:-$(nproc)}"
+}
+
+is_quant_type() {
+  local t
+  for t in "${QUANT_TYPES[@]}"; do [[ $1 == "$t" ]] && return 0; done
+  return 1
+}
+
+# the build a command uses: KIND, else cuda where built, else cpu; prints the tool's path
+tool_path() {
+  local kind=${KIND:-}
+  if [[ -z $kind ]]; then
+    if [[ -x $WORK/build-cuda/bin/$1 ]]; then kind=cuda; else kind=cpu; fi
+  fi
+  local bin=$WORK/build-$kind/bin/$1
+  [[ -x $bin ]] || { echo "no $bin: run 'bash scripts/llama_cpp.sh build $kind' first" >&2; exit 1; }
+  echo "$bin"
+}
+
+need_gguf_py() {  # gguf for tools/random_gguf.py: the venv's, else the wheel in .whl (as tools/gpu_run.sh does)
+  "$PY" -c "import gguf, numpy" 2>/dev/null && return
+  if ls "$ROOT"/.whl/gguf-*.whl >/dev/null 2>&1; then
+    PIP_ROOT_USER_ACTION=ignore "$PY" -m pip install -q --no-index --no-deps --target "$WORK/site" "$ROOT"/.whl/gguf-*.whl
+    export PYTHONPATH="$WORK/site${PYTHONPATH:+:$PYTHONPATH}"
+  fi
+  "$PY" -c "import gguf, numpy" || { echo "tools/random_gguf.py needs gguf and numpy: pip install gguf, or put its wheel in .whl" >&2; exit 1; }
+}
+
+# $WORK/gguf/PRESET-DTYPE.gguf of random weights (bf16, f16, f32), made once
+random_gguf() {
+  local preset=$1 dtype=$2 gguf=$WORK/gguf/$1-$2.gguf
+  if [[ ! -f $gguf ]]; then
+    need_gguf_py
+    local t0=$SECONDS
+    "$PY" tools/random_gguf.py "$preset" --dtype "$dtype" -o "$gguf.part" >&2 || exit 1
+    mv "$gguf.part" "$gguf"
+    echo "$gguf: $(stat -c %s "$gguf") bytes in $((SECONDS - t0)) s" >&2
+  fi
+  echo "$gguf"
+}
+
+# $WORK/gguf/PRESET-TYPE.gguf: the preset's random bf16 GGUF quantized by llama-quantize, made once
+quantized_gguf() {
+  local preset=$1 type=$2 out=$WORK/gguf/$1-$2.gguf
+  if [[ ! -f $out ]]; then
+    local bin src; bin=$(tool_path llama-quantize); src=$(random_gguf "$preset" bf16)
+    local t0=$SECONDS log=$WORK/logs/quantize-$preset-$type.log
+    "$bin" "$src" "$out.part" "$type" > "$log" 2>&1 || { tail -30 "$log" >&2; rm -f "$out.part"; exit 1; }
+    mv "$out.part" "$out"
+    echo "$out: $(stat -c %s "$out") bytes ($type of $(basename "$src")) in $((SECONDS - t0)) s" >&2
+  fi
+  echo "$out"
+}
+
+quantize() {
+  (( $# )) || { echo "quantize: name one or more presets" >&2; exit 2; }
+  local types=${QUANTS:-Q8_0 Q4_K_M} preset type
+  for type in $types; do
+    is_quant_type "$type" || { echo "quantize: unknown type '$type' (QUANTS: ${QUANT_TYPES[*]})" >&2; exit 2; }
+  done
+  for preset in "$@"; do
+    [[ $preset != *.gguf ]] || { echo "quantize: name presets, not files ($preset)" >&2; exit 2; }
+  done
+  mkdir -p "$WORK/gguf" "$WORK/logs"
+  tool_path llama-quantize > /dev/null
+  for preset in "$@"; do
+    for type in $types; do quantized_gguf "$preset" "$type"; done
+  done
 }
 
 bench() {
   (( $# )) || { echo "bench: name one or more presets" >&2; exit 2; }
-  local kind=${KIND:-}
-  if [[ -z $kind ]]; then
-    if [[ -x $WORK/build-cuda/bin/llama-batched-bench ]]; then kind=cuda; else kind=cpu; fi
-  fi
-  local bin=$WORK/build-$kind/bin/llama-batched-bench
-  [[ -x $bin ]] || { echo "no $bin: run 'bash scripts/llama_cpp.sh build $kind' first" >&2; exit 1; }
+  local dtype
+  for dtype in ${DTYPES:-bf16 f16}; do
+    [[ $dtype == bf16 || $dtype == f16 || $dtype == f32 ]] || is_quant_type "$dtype" \
+      || { echo "bench: unknown dtype '$dtype' (bf16, f16, f32, ${QUANT_TYPES[*]})" >&2; exit 2; }
+  done
+  local bin; bin=$(tool_path llama-batched-bench)
+  local kind; kind=$(basename "$(dirname "$(dirname "$bin")")"); kind=${kind#build-}
   local commit; commit=$(cat "$WORK/src/llama.cpp/LLAMACPP_COMMIT")
   local out=${OUT:-/tmp/llamacpp-out}; mkdir -p "$out" "$WORK/gguf" "$WORK/logs"
-  # gguf for tools/random_gguf.py: the venv's, else the wheel in .whl (as tools/gpu_run.sh does)
-  if ! "$PY" -c "import gguf, numpy" 2>/dev/null; then
-    if ls "$ROOT"/.whl/gguf-*.whl >/dev/null 2>&1; then
-      PIP_ROOT_USER_ACTION=ignore "$PY" -m pip install -q --no-index --no-deps --target "$WORK/site" "$ROOT"/.whl/gguf-*.whl
-      export PYTHONPATH="$WORK/site${PYTHONPATH:+:$PYTHONPATH}"
-    fi
-    "$PY" -c "import gguf, numpy" || { echo "tools/random_gguf.py needs gguf and numpy: pip install gguf, or put its wheel in .whl" >&2; exit 1; }
-  fi
   unset GGML_CUDA_DISABLE_GRAPHS  # CUDA graphs stay on (the llama.cpp default)
   if [[ $kind == cuda && -s $WORK/ld-path ]]; then  # pip's cuBLAS (cuda_libs)
     LD_LIBRARY_PATH="$(paste -sd: "$WORK/ld-path")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
@@ -276,20 +348,20 @@ bench() {
   local npl=$batches i
   for ((i = 0; i < repeats; i++)); do npl+=",$batches"; done
   [[ $kind == cuda ]] && nvidia-smi --query-gpu=name,driver_version --format=csv,noheader || true
-  local preset dtype
+  local preset
   local threads=()
   [[ -n ${THREADS:-} ]] && threads=(-t "$THREADS" -tb "$THREADS")
   for preset in "$@"; do
     local dtypes=${DTYPES:-bf16 f16}
     [[ $preset == *.gguf ]] && dtypes=file  # a GGUF file as it is (e.g. a quantized model)
     for dtype in $dtypes; do
-      local gguf=$WORK/gguf/$preset-$dtype.gguf log=$WORK/logs/$preset-$dtype.log
+      local gguf log=$WORK/logs/$preset-$dtype.log
       if [[ $dtype == file ]]; then
         gguf=$preset; log=$WORK/logs/$(basename "$preset").log
-      elif [[ ! -f $gguf ]]; then
-        local t0=$SECONDS
-        "$PY" tools/random_gguf.py "$preset" --dtype "$dtype" -o "$gguf.part" && mv "$gguf.part" "$gguf"
-        echo "$gguf: $(stat -c %s "$gguf") bytes in $((SECONDS - t0)) s"
+      elif is_quant_type "$dtype"; then
+        gguf=$(quantized_gguf "$preset" "$dtype")
+      else
+        gguf=$(random_gguf "$preset" "$dtype")
       fi
       local cmd=("$bin" -m "$gguf" -c "$ctx" -b 2048 -ub 512 -npp "$pp" -ntg "$tg" -npl "$npl"
                  -ngl 99 -fa on "${threads[@]}" --output-format jsonl)
@@ -346,6 +418,7 @@ case ${1:-} in
   source) src_archive ;;
   wheels) wheels ;;
   build) shift; build "$@" ;;
+  quantize) shift; quantize "$@" ;;
   bench) shift; bench "$@" ;;
   *) awk 'NR > 1 && /^#/ {print; next} NR > 1 {exit}' "$0" >&2; exit 2 ;;
 esac

@@ -129,3 +129,21 @@ def head64_model(out: Path, max_pos: int = 8192, seed: int = 9) -> Path:
     attention's), 8 query and 2 KV heads, hidden 512, 3 layers."""
     return build_model(out, "llama", hidden=512, layers=3, heads=8, kv_heads=2, head_dim=64,
                        intermediate=1024, max_pos=max_pos, seed=seed)
+
+
+def file_weight_bytes(model_dir: Path, dtype) -> tuple[int, int]:
+    """(every weight, all but the embedding table) of a saved model, in bytes of `dtype`: what
+    the engine holds and what a decode step reads, counted from the file's tensor shapes."""
+    import math
+
+    import torch
+    from safetensors import safe_open
+
+    size = torch.empty(0, dtype=dtype).element_size()
+    total = embed = 0
+    with safe_open(str(model_dir / "model.safetensors"), "pt") as f:
+        for name in f.keys():
+            count = math.prod(f.get_slice(name).get_shape())
+            total += count
+            embed += count if name == "model.embed_tokens.weight" else 0
+    return total * size, (total - embed) * size

@@ -70,7 +70,16 @@ def _float_in(low: float, high: float, low_open: bool = False):
 
 
 def add_bench_parser(sub) -> None:
-    from fgchat.cli_args import ATTENTION_BACKENDS, DTYPES, context_arg, device_arg, endpoint_arg, int_at_least, model_arg
+    from fgchat.cli_args import (
+        ATTENTION_BACKENDS,
+        DTYPES,
+        QUANTIZE,
+        context_arg,
+        device_arg,
+        endpoint_arg,
+        int_at_least,
+        model_arg,
+    )
 
     b = sub.add_parser("bench", help="benchmark modes and batch sizes (TTFT, TPOT, ITL, GPU time)",
                        description="Benchmark decode modes and batch sizes on one model: TTFT, TPOT, ITL, "
@@ -82,6 +91,12 @@ def add_bench_parser(sub) -> None:
                         f"{', '.join(preset_names())} "
                    "(default: none)")
     b.add_argument("--random-weights", action="store_true", help="random weights of the preset's shape")
+    b.add_argument("--quantize", type=_choice_list(QUANTIZE, "format", False), default="none", metavar="LIST",
+                   help="comma-separated weight formats to measure, one set of rows each, from "
+                   f"{', '.join(QUANTIZE)}: fp8 and int4 quantize a bf16/fp16 model's projections at load "
+                   "(rows labelled fgchat-MODE-FORMAT)")
+    b.add_argument("--dequantize", action="store_true",
+                   help="a GGUF file's weights dequantized to bf16 at load (the unquantized path, to compare)")
     b.add_argument("--outliers", type=_float_in(0.0, MAX_OUTLIERS), default=0.0, metavar="VALUE",
                    help="with --random-weights: massive activation channels up to VALUE (0..60000) in the "
                         "residual stream, as real models carry them (e.g. 2.5e4; default 0: none)")
@@ -171,6 +186,10 @@ def check_bench_args(args: argparse.Namespace) -> None:
         raise FgchatError("give --model or --preset with --random-weights, not both")
     if args.outliers and not args.random_weights:
         raise FgchatError("--outliers needs --random-weights")
+    if not getattr(args, "endpoint", None):
+        from fgchat.cli_args import check_weight_args
+
+        check_weight_args(args.model, args.quantize, args.dequantize, args.preset)
     if args.temperature > 0 and (args.peers or getattr(args, "endpoint", None)):
         raise FgchatError("--temperature measures fgchat's own sampled steps: leave out --peers and --endpoint")
     if args.top_k and not args.temperature > 0:
@@ -264,6 +283,7 @@ def run_bench(args: argparse.Namespace) -> int:
         dtype=args.dtype, max_context=args.max_context, progress=not args.no_progress,
         peer_timeout=args.peer_timeout, outliers=args.outliers, penalties=args.penalties,
         temperature=args.temperature, top_k=max(args.top_k, 0),
+        quantize=list(dict.fromkeys(args.quantize)), dequantize=args.dequantize,
     )
     if args.endpoint:
         from fgchat.bench.endpoint import run_endpoint_bench

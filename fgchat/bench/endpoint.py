@@ -36,7 +36,8 @@ START_TIMEOUT_S = 60.0
 ROUND_TIMEOUT_S = 900.0
 # bench options that configure a local engine: meaningless with --endpoint
 LOCAL_ONLY = (("preset", None), ("random_weights", False), ("peers", []), ("device", None), ("dtype", "auto"),
-              ("attention", "auto"), ("max_context", None), ("outliers", 0.0))
+              ("attention", "auto"), ("max_context", None), ("outliers", 0.0),
+              ("quantize", ["none"]), ("dequantize", False))
 
 
 def check_endpoint_bench_args(args: argparse.Namespace) -> None:

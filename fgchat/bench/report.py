@@ -34,8 +34,12 @@ def _block(run: dict[str, Any], captures: list[dict[str, Any]]) -> str:
     lines.append(f"{'Host overhead per step (ms):':<36}{_f(run.get('host_overhead_ms'), 3):>14}")
     launch = (run.get("launch_ms") or {}).get("mean")
     lines.append(f"{'Host launch per step (ms):':<36}{_f(launch, 3):>14}")
+    if run.get("bandwidth_share") is not None:
+        lines.append(f"{'Weight bytes read per step (MB):':<36}{_f(run['step_bytes'] / 1e6, 1):>14}")
+        lines.append(f"{'Share of peak memory bandwidth (%):':<36}{_f(100 * run['bandwidth_share'], 1):>14}")
     caps = [c for c in captures if c["mode"] == run["mode"] and c["batch_size"] == run["batch_size"]
-            and c.get("kind", "decode") == "decode"]
+            and c.get("kind", "decode") == "decode"
+            and c.get("weights_label", "") == run.get("weights_label", "")]
     if caps:
         lines.append(f"{'Graph capture (s):':<36}{_f(sum(c['seconds'] for c in caps), 3):>14}")
         lines.append(f"{'Graph pool (MiB):':<36}{_f(sum(c['pool_mib'] for c in caps), 1):>14}")
@@ -49,12 +53,16 @@ def summary_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
     rows = []
     for r in runs:
         tpot = r["tpot_ms"]["mean"]
+        label = r.get("weights_label", "")
         row = {"runner": r["runner"], "batch_size": r["batch_size"], "ttft_ms_median": r["ttft_ms"]["median"],
                "tpot_ms_mean": tpot, "itl_ms_p99": r["itl_ms"]["p99"],
                "output_tokens_per_s": r["output_tokens_per_s"], "gpu_step_ms_mean": r["gpu_step_ms"]["mean"],
-               "launch_ms_mean": (r.get("launch_ms") or {}).get("mean")}
+               "launch_ms_mean": (r.get("launch_ms") or {}).get("mean"),
+               "weights": r.get("weights"), "bandwidth_share": r.get("bandwidth_share")}
         for ref in ("fgchat-eager", "fgchat-piecewise", "hf-eager", "hf-compile"):
-            other = by.get((ref, r["batch_size"]))
+            # our modes against the same weight set's; the peers run the model's own weights
+            name = f"{ref}-{label}" if label and ref.startswith("fgchat-") else ref
+            other = by.get((name, r["batch_size"]))
             ot = other["tpot_ms"]["mean"] if other else None
             row[f"speedup_vs_{ref}"] = (ot / tpot) if (ot and tpot) else None
         rows.append(row)
@@ -69,6 +77,8 @@ def print_report(result: dict[str, Any], out: TextIO) -> None:
         out.write(f"host CPU (eager and piecewise launch times follow it): {m['host_cpu']}\n")
     if m.get("cpu_step"):
         out.write(f"CPU decode step: {m['cpu_step']}\n")
+    for line in weight_lines(m):
+        out.write(line + "\n")
     out.write("\n")
     for run in result["runs"]:
         out.write(_block(run, result["captures"]) + "\n\n")
@@ -103,10 +113,26 @@ def print_report(result: dict[str, Any], out: TextIO) -> None:
                       f"the host CPU\n")
 
 
+def weight_lines(meta: dict[str, Any]) -> list[str]:
+    """One line per weight set: format, bytes held and read per step; the GPU's peak bandwidth."""
+    peak = meta.get("peak_bandwidth")
+    lines = []
+    for ws in meta.get("weight_sets") or []:
+        asked = f" (--quantize {ws['quantize']})" if ws.get("quantize", "none") != "none" else ""
+        lines.append(f"weights {ws['weights']}{asked}: {ws['weight_bytes'] / 1e6:.1f} MB, "
+                     f"a decode step reads {ws['step_bytes'] / 1e6:.1f} MB")
+    if lines:
+        lines.append(f"peak memory bandwidth: {peak / 1e12:.2f} TB/s" if peak else
+                     "peak memory bandwidth: unknown (no share of it shown)")
+    return lines
+
+
 SUMMARY_COLUMNS: list[tuple[str, str, int | None]] = [  # (header, summary key, decimals; None: ratio)
-    ("runner", "runner", -1), ("batch", "batch_size", -1), ("TTFT p50 ms", "ttft_ms_median", 2),
+    ("runner", "runner", -1), ("weights", "weights", -1), ("batch", "batch_size", -1),
+    ("TTFT p50 ms", "ttft_ms_median", 2),
     ("TPOT ms", "tpot_ms_mean", 3), ("ITL p99 ms", "itl_ms_p99", 3), ("tok/s", "output_tokens_per_s", 0),
     ("GPU ms/step", "gpu_step_ms_mean", 3), ("launch ms/step", "launch_ms_mean", 3),
+    ("BW %", "bandwidth_share", -2),
     ("× eager", "speedup_vs_fgchat-eager", None), ("× piecewise", "speedup_vs_fgchat-piecewise", None),
     ("× hf-eager", "speedup_vs_hf-eager", None), ("× hf-compile", "speedup_vs_hf-compile", None),
 ]
@@ -123,9 +149,14 @@ def summary_table(rows: list[dict[str, Any]]) -> Any:
             return ""
         if digits is None:
             return f"{v:.2f}x"
+        if digits == -2:
+            return f"{100 * v:.0f}%"
         return str(v) if digits < 0 else _f(v, digits)
 
-    cols = [c for c in SUMMARY_COLUMNS if any(r.get(c[1]) is not None for r in rows)]
+    # the weights column only where they vary (a peer's row has none: the model's own)
+    varies = len({r["weights"] for r in rows if r.get("weights")}) > 1
+    cols = [c for c in SUMMARY_COLUMNS if any(r.get(c[1]) is not None for r in rows)
+            and (c[1] != "weights" or varies)]
     t = Table(title="summary (× other = other's TPOT / this TPOT: > 1 means this row is faster)",
               title_justify="left")
     for header, _, _ in cols:

@@ -17,7 +17,9 @@ from fgchat.bench.spec import BenchSpec, prompts_for, stats
 
 PENALTIES = (1.1, 0.5, 0.25)  # repetition, presence, frequency of `bench --penalties`
 from fgchat.engine.core import Engine, EngineConfig
-from fgchat.protocol.events import Mode, RequestFinished, SamplingParams, TokenEvent
+from fgchat.engine.quant.describe import FLOAT_FORMATS
+from fgchat.metrics.stats import bandwidth_share
+from fgchat.protocol.events import EngineInfo, Mode, RequestFinished, SamplingParams, TokenEvent
 from fgchat.protocol.tuning import Tuning
 
 
@@ -93,25 +95,66 @@ def measure_engine(engine: Engine, mode: str, batch: int, spec: BenchSpec) -> di
     return out
 
 
+def _engine(spec: BenchSpec, quantize: str, need: int, tuning: Tuning) -> Engine:
+    return Engine(EngineConfig(
+        model=spec.model, preset=spec.preset, device=spec.device, dtype=spec.dtype,
+        max_context=spec.max_context or need, mode=Mode.EAGER, attention=spec.attention,
+        outliers=spec.outliers, tuning=tuning, quantize=quantize, dequantize=spec.dequantize,
+    ))
+
+
+def weights_label(quantize: str, weights: str) -> str:
+    """What names a weight set in runner labels ("fgchat-full-int4"): the --quantize value, else a
+    quantized file's format as the engine holds it; "" for float weights (plain "fgchat-full")."""
+    if quantize != "none":
+        return quantize
+    return "" if weights in FLOAT_FORMATS.values() else weights
+
+
+def weight_set(quantize: str, label: str, info: EngineInfo) -> dict[str, Any]:
+    return {"quantize": quantize, "label": label, "weights": info.weights, "weight_bytes": info.weight_bytes,
+            "step_bytes": info.step_bytes,
+            "startup_check": asdict(info.startup_check) if info.startup_check else None}
+
+
+def label_run(run: dict[str, Any], ws: dict[str, Any], peak: float | None) -> dict[str, Any]:
+    """A run of a weight set: its runner label, weights, bytes and the share of the GPU's peak
+    bandwidth its steps reached."""
+    if ws["label"]:
+        run["runner"] = f"{run['runner']}-{ws['label']}"
+    run.update(weights_label=ws["label"], weights=ws["weights"], weight_bytes=ws["weight_bytes"],
+               step_bytes=ws["step_bytes"])
+    run["bandwidth_share"] = bandwidth_share(ws["step_bytes"], run["gpu_step_ms"]["mean"], peak)
+    return run
+
+
+def _release() -> None:
+    """Free the memory of an engine no longer referenced, before the next weight set's or the
+    peers' (the frozen heap is collected whole: an engine's cycles were frozen with it)."""
+    import gc
+
+    gc.unfreeze()
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
 def run_all(spec: BenchSpec) -> dict[str, Any]:
     from fgchat.bench.progress import progress_bar
+    from fgchat.engine.heap import freeze_heap
+    from fgchat.protocol.errors import FgchatError
 
     need = spec.prompt_len + spec.output_len + 8
     # every round prefills its prompts afresh: no slot's rows from an earlier round are reused
     tuning = dataclasses.replace(Tuning.from_env(), prefix_reuse=False)
-    engine = Engine(EngineConfig(
-        model=spec.model, preset=spec.preset, device=spec.device, dtype=spec.dtype,
-        max_context=spec.max_context or need, mode=Mode.EAGER, attention=spec.attention,
-        outliers=spec.outliers, tuning=tuning,
-    ))
+    quantize = spec.quantize or ["none"]
+    engine: Engine | None = _engine(spec, quantize[0], need, tuning)
     if engine.max_context < need:
-        from fgchat.protocol.errors import FgchatError
-
         raise FgchatError(f"prompt + output ({need} tokens) exceed the context ({engine.max_context})")
-    from fgchat.engine.heap import freeze_heap
 
     frozen = freeze_heap(collect=True)  # no full collection of the whole heap inside a timed round
     info = engine.info()
+    first = weight_set(quantize[0], weights_label(quantize[0], info.weights), info)
     result: dict[str, Any] = {
         "meta": {
             "model": info.model_name, "architecture": info.architecture, "device": info.device,
@@ -123,7 +166,11 @@ def run_all(spec: BenchSpec) -> dict[str, Any]:
             "cpu_step": info.cpu_step or None,
             "gc_frozen_objects": frozen,
             "kernel_warmup_s": info.kernel_warmup_s,
-            "startup_check": asdict(info.startup_check) if info.startup_check else None,
+            "startup_check": first["startup_check"],
+            # the first weight set's; every set's in weight_sets (one per --quantize value)
+            "weights": info.weights, "weight_bytes": info.weight_bytes, "step_bytes": info.step_bytes,
+            "weight_sets": [first], "dequantize": spec.dequantize,
+            "peak_bandwidth": info.peak_bandwidth,
             "torch": torch.__version__, "python": platform.python_version(), "host_cpu": _cpu_name(),
             "prompt_len": spec.prompt_len, "output_len": spec.output_len,
             "penalties": dict(zip(("repetition", "presence", "frequency"), PENALTIES)) if spec.penalties else None,
@@ -131,27 +178,44 @@ def run_all(spec: BenchSpec) -> dict[str, Any]:
             "warmup": spec.warmup, "repeats": spec.repeats, "time": time.strftime("%Y-%m-%d %H:%M:%S"),
             "interrupted": False,
         },
-        "captures": [asdict(c) for c in info.captures],
-        "skipped": [], "runs": [],
+        "captures": [], "skipped": [], "runs": [],
     }
-    modes = []
-    for mode in spec.modes:
-        reason = info.available_modes.get(mode, "")
-        if reason:
-            result["skipped"].append({"runner": f"fgchat-{mode}", "reason": reason})
-        else:
-            modes.append(mode)
-    total = len(modes) * len(spec.batch_sizes) + len(spec.peers) * 2 * len(spec.batch_sizes)
+    available = [m for m in spec.modes if not info.available_modes.get(m, "")]
+    total = len(quantize) * len(available) * len(spec.batch_sizes) + len(spec.peers) * 2 * len(spec.batch_sizes)
     with keeping_finished_runs(result), progress_bar(total, spec.progress) as advance:
-        for mode in modes:
-            for b in spec.batch_sizes:
-                advance(f"fgchat {mode} batch {b}")
-                result["runs"].append(measure_engine(engine, mode, b, spec))
+        for i, q in enumerate(quantize):
+            if i:
+                engine = None
+                _release()
+                try:
+                    engine = _engine(spec, q, need, tuning)
+                except FgchatError as exc:  # the sets measured so far stay
+                    result["skipped"].append({"runner": f"fgchat ({q})", "reason": str(exc)})
+                    continue
+                freeze_heap(collect=True)
+                info = engine.info()
+                result["meta"]["weight_sets"].append(weight_set(q, weights_label(q, info.weights), info))
+            ws = result["meta"]["weight_sets"][-1]
+            _measure_set(engine, info, ws, spec, result, advance)
         if spec.peers:
             from fgchat.bench.peers import run_hf_peers
 
-            weights_like = engine.model
-            del engine
-            torch.cuda.empty_cache() if torch.cuda.is_available() else None
-            run_hf_peers(spec, weights_like, advance, result["runs"], result["skipped"])
+            engine = None
+            _release()
+            run_hf_peers(spec, None, advance, result["runs"], result["skipped"])
     return result
+
+
+def _measure_set(engine: Engine, info: EngineInfo, ws: dict[str, Any], spec: BenchSpec,
+                 result: dict[str, Any], advance) -> None:
+    """Every available mode at every batch size on one weight set's engine."""
+    suffix = f"-{ws['label']}" if ws["label"] else ""
+    result["captures"] += [{**asdict(c), "weights_label": ws["label"]} for c in info.captures]
+    for mode in spec.modes:
+        reason = info.available_modes.get(mode, "")
+        if reason:
+            result["skipped"].append({"runner": f"fgchat-{mode}{suffix}", "reason": reason})
+            continue
+        for b in spec.batch_sizes:
+            advance(f"fgchat {mode}{' ' + ws['label'] if ws['label'] else ''} batch {b}")
+            result["runs"].append(label_run(measure_engine(engine, mode, b, spec), ws, info.peak_bandwidth))

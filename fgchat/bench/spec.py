@@ -35,6 +35,10 @@ class BenchSpec:
     # temperature 0: greedy. Request i of a round samples with seed i.
     temperature: float = 0.0
     top_k: int = 0
+    # weight sets measured one after the other, one engine each: --quantize values ("none": the
+    # model's own weights); dequantize: a GGUF file's weights dequantized at load
+    quantize: list[str] = field(default_factory=lambda: ["none"])
+    dequantize: bool = False
 
 
 def stats(values: list[float]) -> dict[str, float | None]:

@@ -11,7 +11,8 @@ from fgchat.protocol.errors import FgchatError
 
 # main-command options that configure a local engine: meaningless with --endpoint
 _ENGINE_ONLY = (("attention", "auto", "--attention"), ("max_context", None, "--max-context"),
-                ("device", None, "--device"), ("dtype", "auto", "--dtype"), ("lazy_capture", False, "--lazy-capture"))
+                ("device", None, "--device"), ("dtype", "auto", "--dtype"), ("lazy_capture", False, "--lazy-capture"),
+                ("quantize", "none", "--quantize"), ("dequantize", False, "--dequantize"))
 
 
 def check_endpoint_args(args: argparse.Namespace) -> None:

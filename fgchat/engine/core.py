@@ -53,6 +53,7 @@ class Engine(EngineBuild, PrefillRoute, DecodeLoop):
         self.cfg = loaded.cfg
         self.tokenizer = loaded.tokenizer
         self.notes: list[str] = list(config.notes) + list(loaded.notes)
+        self._describe_weights()
         self.max_context, why = choose_max_context(
             self.cfg, self.dtype, self.device, config.max_context, self._kv_budget()
         )
@@ -118,6 +119,21 @@ class Engine(EngineBuild, PrefillRoute, DecodeLoop):
             return True
         return self.config.self_check and (self.device.type == "cuda" or self.dtype != torch.float32)
 
+    def _describe_weights(self) -> None:
+        """The weights' format and bytes (EngineInfo) and the start-up note that names them."""
+        from fgchat.engine.bandwidth import peak_bandwidth
+        from fgchat.engine.quant.describe import step_read_bytes, weight_bytes, weight_format
+
+        w = self.model.weights
+        self.weights_format = weight_format(w)
+        self.weight_bytes = weight_bytes(w)
+        self.step_bytes = step_read_bytes(w)
+        self.peak_bandwidth = peak_bandwidth(self.device)
+        where = self.device
+        if where.type == "cuda" and where.index is None:
+            where = torch.device("cuda", torch.cuda.current_device())
+        self.notes.append(f"weights {self.weights_format}, {self.weight_bytes / 1e6:.1f} MB on {where}")
+
     @property
     def dtype_name(self) -> str:
         return str(self.dtype).removeprefix("torch.")
@@ -142,6 +158,10 @@ class Engine(EngineBuild, PrefillRoute, DecodeLoop):
             sampling_defaults=SamplingParams.from_generation_config(self.model.generation_config),
             sampling_source=self.model.sampling_source if self.model.generation_config else "",
             cpu_step="eager" if self.device.type == "cpu" else "",
+            weights=self.weights_format,
+            weight_bytes=self.weight_bytes,
+            step_bytes=self.step_bytes,
+            peak_bandwidth=self.peak_bandwidth,
         )
 
     @property

@@ -24,6 +24,7 @@ from fgchat.metrics.records import (
 from fgchat.metrics.stats import (
     HOST_BOUND_FRACTION,
     Stats,
+    bandwidth_share,
     host_bound,
     itl_by_mode,
     latency_summary,
@@ -46,6 +47,7 @@ __all__ = [
     "RecentItl",
     "WindowSummary",
     "histogram",
+    "bandwidth_share",
     "host_bound",
     "itl_by_mode",
     "latency_summary",

@@ -30,6 +30,14 @@ def host_bound(launch_ms: float | None, gpu_ms: float | None) -> bool:
     return launch_ms is not None and gpu_ms is not None and gpu_ms > 0 and launch_ms >= HOST_BOUND_FRACTION * gpu_ms
 
 
+def bandwidth_share(step_bytes: int, step_ms: float | None, peak_bytes_per_s: float | None) -> float | None:
+    """The share of the GPU's peak memory bandwidth a step reached that reads `step_bytes` in
+    `step_ms` (its weights: a decode step at batch 1..8 reads each once); None when unknown."""
+    if not step_bytes or not step_ms or step_ms <= 0 or not peak_bytes_per_s:
+        return None
+    return step_bytes / (step_ms * 1e-3) / peak_bytes_per_s
+
+
 @dataclass(frozen=True)
 class Stats:
     """mean / p50 / p90 / p99 of the finite values; all None when count == 0."""

@@ -189,6 +189,15 @@ class EngineInfo:
     endpoint: str = ""
     # CPU: how decode steps run ("eager"); "" on CUDA and for endpoints
     cpu_step: str = ""
+    # the weights as held on the device (engine.quant.describe): their format ("bf16", "Q4_1",
+    # "Q4_K+Q6_K", "int4"), the bytes they occupy and the bytes a batch-1 decode step reads (every
+    # layer and the LM head; the same at any batch size up to 8). "" / 0 for endpoints
+    weights: str = ""
+    weight_bytes: int = 0
+    step_bytes: int = 0
+    # the GPU's peak memory bandwidth in bytes per second (engine.bandwidth); None on CPU, for
+    # endpoints and for GPUs of unknown bandwidth
+    peak_bandwidth: float | None = None
 
 
 @dataclass

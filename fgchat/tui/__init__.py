@@ -64,6 +64,8 @@ def build_app(
     device: str | None = None,
     dtype: str | None = None,
     lazy_capture: bool = False,
+    quantize: str = "none",
+    dequantize: bool = False,
     max_tokens: int = 1024,
     engine_factory: Callable[..., object] | None = None,
     launched_at: float | None = None,
@@ -86,7 +88,7 @@ def build_app(
         launched_at = launch_time()
     config = EngineConfig(
         model=model, device=device, dtype=dtype, max_context=max_context, mode=mode,
-        attention=attention or "auto", lazy_capture=lazy_capture,
+        attention=attention or "auto", lazy_capture=lazy_capture, quantize=quantize, dequantize=dequantize,
     )
     engine = engine_factory(config) if engine_factory is not None else EngineProcess(
         config, log_path=_engine_log_path())
@@ -116,7 +118,7 @@ def build_app(
 def run_tui(*, engine_factory: Callable[..., object] | None = None, **options: Any) -> int:
     """Run the chat + latency console until the user quits; returns the exit status. `options`
     are build_app's (model, mode, attention, max_context, log_csv, device, dtype, lazy_capture,
-    max_tokens); engine_factory as there.
+    quantize, dequantize, max_tokens); engine_factory as there.
 
     SIGTERM / SIGHUP end the app like ctrl+q (partial replies stored as "interrupted", --log-csv
     flushed, engine stopped); the exit status is then 128 + the signal number (143 / 129).

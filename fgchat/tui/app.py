@@ -376,9 +376,12 @@ class FgchatApp(App[int]):
             chats.update_label(chat.conversation)
 
     def _update_subtitle(self) -> None:
-        """"model · mode · batch B · K k · sampling · its source"."""
+        """"model · mode · weights · batch B · K k · sampling · its source" (the weights' format,
+        e.g. Q4_1, once the engine has said it; a remote endpoint's are not known)."""
         link = self.link
         mode = link.mode_label()
+        if link.info is not None and link.info.weights and not link.info.endpoint:
+            mode = f"{mode} · {link.info.weights}"
         if link.state == "failed":
             model = "engine stopped"
         else:

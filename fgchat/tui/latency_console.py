@@ -112,4 +112,12 @@ class LatencyConsole:
             recent_itl=self.log.recent_itl(RECENT_ITL),
             windowed=self.stats.window_tokens if count > STATS_WINDOW_TOKENS else 0,
             total_tokens=count,
+            recent_gpu_ms=self.recent_gpu_ms(),
         )
+
+    def recent_gpu_ms(self) -> float | None:
+        """Mean GPU time of the decode steps of the latest RECENT_ITL tokens (None without any)."""
+        start = max(0, self.log.token_count - RECENT_ITL)
+        values = [t.gpu_step_ms for t in self.log.tokens_since(start)
+                  if not t.is_first_token and t.gpu_step_ms is not None]
+        return sum(values) / len(values) if values else None

@@ -24,11 +24,11 @@ from textual.content import Content
 from textual.widgets import Static
 
 from fgchat.protocol.events import MODES, CaptureReport, EngineInfo, Mode
-from fgchat.metrics import host_bound, sparkline
+from fgchat.metrics import bandwidth_share, host_bound, sparkline
 from fgchat.tui.histogram import MODE_STYLES, ModeHistograms, fmt_ms
 
 MODE_KEYS = {Mode.EAGER: "F1", Mode.PIECEWISE: "F2", Mode.FULL: "F3", Mode.MEGA: "F7"}
-HIDEABLE = frozenset({"timing-note", "mode-note", "gpu-host", "export-line"})  # lines hidden when empty
+HIDEABLE = frozenset({"timing-note", "mode-note", "gpu-host", "weights-line", "export-line"})  # hidden when empty
 
 
 @dataclass
@@ -57,6 +57,7 @@ class PanelView:
     starting_s: float = 0.0  # seconds since the engine was started
     ready_s: float | None = None  # seconds from launch (or restart) to the engine being ready
     last_export: str = ""  # path of the latest ctrl+s export (tokens CSV); "" before any
+    recent_gpu_ms: float | None = None  # mean GPU time of the latest decode steps; None without GPU timing
 
 
 def _indent(text: str, indent: int, width: int) -> str:
@@ -83,6 +84,7 @@ class LatencyPanel(VerticalScroll):
         yield Static(id="stats")
         yield Static(id="throughput")
         yield Static(id="gpu-host")
+        yield Static(id="weights-line")
         yield Static(id="spark")
         yield Static(id="captures")
         yield Static(id="engine-info")
@@ -117,6 +119,7 @@ class LatencyPanel(VerticalScroll):
         self._set("throughput", self._throughput(view), columns)
         self._set("gpu-host", Content("") if endpoint and self._no_server_timing(view.summary)
                   else self._gpu_host(view.summary, width), columns)
+        self._set("weights-line", self._weights_line(view, width), columns)
         self._set("spark", self._spark(view.recent_itl, width), columns)
         self._set("captures", self._captures(view.info), columns)
         self._set("engine-info", self._engine_info(view), columns)
@@ -253,6 +256,26 @@ class LatencyPanel(VerticalScroll):
             ("  host ", "$text-muted"), (f"{fmt_ms(host)} ms", "bold $warning"), (pct, "$text-muted"),
             *launch_part,
         )
+
+    @staticmethod
+    def _weights_line(view: PanelView, width: int = 60) -> Content:
+        """The bytes of weights a decode step reads (once per step at any batch size) and the
+        share of the GPU's peak memory bandwidth the latest steps reached: n/a without a known
+        peak (CPU, an unknown GPU) or before a step; nothing for a remote endpoint."""
+        info = view.info
+        if info is None or info.endpoint or not info.step_bytes:
+            return Content("")
+        mb = f"{info.step_bytes / 1e6:.1f} MB"
+        share = bandwidth_share(info.step_bytes, view.recent_gpu_ms, info.peak_bandwidth)
+        if info.peak_bandwidth is None:
+            rest = [("  bandwidth ", "$text-muted"), ("n/a", "$text-muted")]
+        elif share is None:
+            rest = [("  bandwidth ", "$text-muted"), ("–", "")]
+        else:
+            peak = f" of {info.peak_bandwidth / 1e12:.2f} TB/s" if width >= 50 else ""
+            rest = [("  ", ""), (f"{share * 100:.0f}%", "bold $success"), (f"{peak} peak BW", "$text-muted")]
+        label = "weights read/step " if width >= 44 else "weights/step "
+        return Content.assemble((label, "$text-muted"), (mb, "bold"), *rest)
 
     def _spark(self, recent: list[float], panel_width: int = 40) -> Content:
         width = max(8, panel_width - 11)
