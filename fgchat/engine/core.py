@@ -125,7 +125,9 @@ class Engine(EngineBuild, PrefillRoute, DecodeLoop):
         from fgchat.engine.quant.describe import step_read_bytes, weight_bytes, weight_format
 
         w = self.model.weights
-        self.weights_format = weight_format(w)
+        held, loaded = weight_format(w), self.model.weight_format
+        # CPU: a quantized file or --quantize runs as dequantized copies ("Q4_1+Q8_0 as bf16")
+        self.weights_format = f"{loaded} as {held}" if loaded and loaded != held else held
         self.weight_bytes = weight_bytes(w)
         self.step_bytes = step_read_bytes(w)
         self.peak_bandwidth = peak_bandwidth(self.device)

@@ -28,7 +28,7 @@ class LoadedModel:
     notes: list[str] = field(default_factory=list)
     # where generation_config came from, shown as EngineInfo.sampling_source ("" when it is empty)
     sampling_source: str = ""
-    # the projections' weight format as loaded (model.quant_weights.weight_format: "Q4_1", "int4",
+    # the projections' weight format as loaded (quant.describe.weight_format: "Q4_1", "int4",
     # "bfloat16", ...); on CPU, the format the dequantized copies were made from
     weight_format: str = ""
 
@@ -69,7 +69,8 @@ def _settle_quantized(weights: DecoderWeights, device: torch.device, dtype: torc
                       quantize: str) -> tuple[str, list[str]]:
     """--quantize the projections, then, on CPU, replace every quantized weight by its
     dequantized copy in `dtype`. Returns the weight format and the note saying so (CPU)."""
-    from fgchat.engine.model.quant_weights import dequantize_all, quantize_projections, weight_format
+    from fgchat.engine.model.quant_weights import dequantize_all, quantize_projections
+    from fgchat.engine.quant.describe import weight_format
 
     if quantize != "none":
         quantize_projections(weights, quantize)

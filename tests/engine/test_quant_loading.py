@@ -15,7 +15,8 @@ from fgchat.engine.loader import load_model, load_random
 from fgchat.engine.model import resolve as resolve_mod
 from fgchat.engine.model.config import parse_config
 from fgchat.engine.model.decoder import Decoder, weights_from_state_dict
-from fgchat.engine.model.quant_weights import dequantize_all, weight_bytes, weight_format
+from fgchat.engine.model.quant_weights import dequantize_all
+from fgchat.engine.quant.describe import weight_bytes, weight_format
 from fgchat.engine.model.reference import reference_logits
 from fgchat.engine.model.weights import load_safetensors, read_config
 from fgchat.engine.quant.dequant import dequantize
@@ -82,7 +83,7 @@ def test_gguf_blocks_in_decoder_weights_and_reference(tiny_gguf, tiny_llama):
     assert isinstance(lw.w_gate_up, QuantStack) and lw.w_gate_up.fmt == "Q4_1+Q8_0"
     assert lw.w_gate_up.shape == (2 * cfg.intermediate_size, cfg.hidden_size)
     assert isinstance(w.embed, QuantWeight) and w.embed.fmt == "Q8_0"
-    assert weight_format(w) == "Q8_0+Q4_0+Q4_1"
+    assert weight_format(w) == "fp32+Q8_0+Q4_0+Q4_1"  # by bytes: the qkv left plain, then the rest
     held = weight_bytes(w)
     ids = torch.tensor([3, 17, 5, 9, 30])
     dec = Decoder(cfg, _dense_copy(w), 64)
@@ -103,7 +104,7 @@ def _dense_copy(w):
 def test_gguf_on_cpu_runs_dequantized_values_with_notes(tiny_gguf, tiny_llama):
     path, tensors, cfg = tiny_gguf
     loaded = load_model(str(path), CPU, torch.float32)
-    assert loaded.weight_format == "Q8_0+Q4_0+Q4_1"
+    assert loaded.weight_format == "fp32+Q8_0+Q4_0+Q4_1"
     assert len(loaded.notes) == 2, loaded.notes
     assert "Q5_0 (2 tensors)" in loaded.notes[0] and "float32" in loaded.notes[0]
     assert "Q8_0+Q4_0+Q4_1 weights run on CPU as float32 copies" in loaded.notes[1]
@@ -122,7 +123,7 @@ def test_gguf_on_cpu_runs_dequantized_values_with_notes(tiny_gguf, tiny_llama):
     assert torch.equal(w.embed, _gguf_dequant(*tensors["token_embd.weight"]))
     # --dequantize: today's path, the conversion's weights as they are
     plain = load_model(str(path), CPU, torch.float32, dequantize=True)
-    assert plain.notes == [] and plain.weight_format == "float32"
+    assert plain.notes == [] and plain.weight_format == "fp32"
     assert torch.equal(plain.weights.layers[0].wo, conv["model.layers.0.self_attn.o_proj.weight"])
     with pytest.raises(ModelLoadError, match="--quantize fp8 is for bf16/fp16 weights"):
         load_model(str(path), CPU, torch.float32, quantize="fp8")
@@ -136,7 +137,8 @@ def test_quantize_random_weights_generate_on_cpu(fmt):
     dtype = torch.bfloat16
     plain = load_random("tiny", CPU, dtype, seed=3)
     loaded = load_random("tiny", CPU, dtype, seed=3, quantize=fmt)
-    assert loaded.weight_format == fmt and len(loaded.notes) == 1 and f"{fmt} weights run on CPU" in loaded.notes[0]
+    assert loaded.weight_format == f"{fmt}+bf16"  # the projections, then the LM head left in bf16
+    assert len(loaded.notes) == 1 and f"{fmt}+bf16 weights run on CPU" in loaded.notes[0]
     for a, b in zip(plain.weights.layers, loaded.weights.layers):
         for name in ("wqkv", "wo", "w_gate_up", "w_down"):
             want = dequantize(quantize(getattr(a, name), fmt), dtype)
@@ -144,7 +146,7 @@ def test_quantize_random_weights_generate_on_cpu(fmt):
     assert torch.equal(loaded.weights.embed, plain.weights.embed)  # embedding and head stay as they are
     eng = Engine(EngineConfig(preset="tiny", device="cpu", dtype="bfloat16", seed=3, quantize=fmt,
                               max_context=128), loaded)
-    assert any(f"{fmt} weights run on CPU" in n for n in eng.notes)
+    assert any(f"{fmt}+bf16 weights run on CPU" in n for n in eng.notes)
     rid = eng.submit([5, 9, 11, 2], SamplingParams(max_tokens=8, ignore_eos=True))
     done = {e.summary.request_id: e.summary for e in eng.run_until_done() if isinstance(e, RequestFinished)}
     assert len(done[rid].token_ids) == 8
@@ -192,6 +194,6 @@ def test_embedded_q4_1_planes_equal_conversion_and_greedy_tokens():
         return out, eng
 
     ours, eng = greedy()
-    assert eng.model.weight_format == "Q4_1" and any("Q4_1 weights run on CPU" in n for n in eng.notes)
+    assert eng.model.weight_format == "Q4_1+Q8_0" and any("Q4_1+Q8_0 weights run on CPU" in n for n in eng.notes)
     theirs, _ = greedy(dequantize=True)
     assert ours == theirs and all(len(t) == 16 for t in ours)

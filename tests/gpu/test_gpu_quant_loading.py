@@ -15,7 +15,7 @@ CUDA = torch.device("cuda")
 
 def test_embedded_gguf_blocks_on_gpu():
     from fgchat.engine.loader import load_model
-    from fgchat.engine.model.quant_weights import weight_bytes
+    from fgchat.engine.quant.describe import weight_bytes
     from fgchat.engine.model.reference import reference_logits
     from fgchat.engine.quant.gguf_index import read_index
     from fgchat.engine.quant.qweight import QuantWeight
@@ -25,7 +25,7 @@ def test_embedded_gguf_blocks_on_gpu():
         pytest.skip("the embedded GGUF is not installed")
     gpu = load_model(path, CUDA, torch.bfloat16)
     w = gpu.weights
-    assert gpu.weight_format == "Q4_1" and gpu.notes == []
+    assert gpu.weight_format == "Q4_1+Q8_0" and gpu.notes == []
     assert all(isinstance(getattr(lw, n), QuantWeight) and getattr(lw, n).device.type == "cuda"
                for lw in w.layers for n in ("wqkv", "wo", "w_gate_up", "w_down"))
     assert isinstance(w.embed, QuantWeight) and w.embed.fmt == "Q8_0" and w.lm_head is w.embed
@@ -48,7 +48,7 @@ def test_embedded_gguf_blocks_on_gpu():
 @pytest.mark.parametrize("fmt", ["fp8", "int4"])
 def test_quantize_preset_on_gpu(fmt):
     from fgchat.engine.loader import load_random
-    from fgchat.engine.model.quant_weights import weight_bytes
+    from fgchat.engine.quant.describe import weight_bytes
     from fgchat.engine.quant.qweight import QuantWeight
 
     plain = load_random("llama-3.2-1b", CUDA, torch.bfloat16)
@@ -56,7 +56,7 @@ def test_quantize_preset_on_gpu(fmt):
     del plain
     q = load_random("llama-3.2-1b", CUDA, torch.bfloat16, quantize=fmt)
     lw = q.weights.layers[0]
-    assert q.weight_format == fmt and q.notes == []
+    assert q.weight_format == f"{fmt}+bf16" and q.notes == []
     assert isinstance(lw.wqkv, QuantWeight) and lw.wqkv.device.type == "cuda"
     assert isinstance(q.weights.embed, torch.Tensor) and q.weights.embed.dtype == torch.bfloat16
     print(f"\nllama-3.2-1b {fmt}: weights {weight_bytes(q.weights) / 2**30:.3f} GiB (bf16 {before / 2**30:.3f} GiB)")

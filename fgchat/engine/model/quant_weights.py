@@ -1,5 +1,5 @@
 """Quantized weights in DecoderWeights: fusing quantized rows, --quantize at load, the CPU's
-dequantized copies, and the names and bytes of what a model holds.
+dequantized copies (quant.describe names them and counts their bytes).
 
 Invariants:
 - Only the four projections of a layer (wqkv, wo, w_gate_up, w_down), the embedding and the LM
@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Union
 import torch
 
 from fgchat.engine.quant.dequant import dense
-from fgchat.engine.quant.qweight import GGUF_FORMATS, QUANTIZE_FORMATS, QuantStack, QuantWeight, stack_rows
+from fgchat.engine.quant.qweight import QUANTIZE_FORMATS, QuantStack, QuantWeight, stack_rows
 from fgchat.engine.quant.quantize import quantize
 
 if TYPE_CHECKING:
@@ -80,36 +80,3 @@ def dequantize_all(weights: DecoderWeights, dtype: torch.dtype) -> bool:
     weights.embed = plain(weights.embed)
     weights.lm_head = weights.embed if tied else plain(weights.lm_head)
     return found
-
-
-def _formats(w: Weight) -> list[str]:
-    if isinstance(w, QuantWeight):
-        return [w.fmt]
-    if isinstance(w, QuantStack):
-        return [p.fmt for p in w.parts]
-    return []
-
-
-def weight_format(weights: DecoderWeights) -> str:
-    """The projections' weight format: "Q4_1", "Q4_K+Q6_K", "int4", ..., or the dtype's name
-    ("bfloat16") when none is quantized."""
-    seen = {f for lw in weights.layers for name in PROJECTIONS for f in _formats(getattr(lw, name))}
-    if not seen:
-        return str(weights.final_norm.dtype).removeprefix("torch.")
-    order = GGUF_FORMATS + QUANTIZE_FORMATS
-    return "+".join(sorted(seen, key=order.index))
-
-
-def weight_bytes(weights: DecoderWeights) -> int:
-    """Bytes of every weight the model holds (a tied head counted once)."""
-
-    def size(w: Weight | None) -> int:
-        if w is None:
-            return 0
-        return w.numel() * w.element_size() if isinstance(w, torch.Tensor) else w.nbytes
-
-    total = size(weights.embed) + size(weights.final_norm)
-    total += 0 if weights.lm_head is weights.embed else size(weights.lm_head)
-    for lw in weights.layers:
-        total += sum(size(getattr(lw, n)) for n in PROJECTIONS + ("attn_norm", "mlp_norm", "bqkv"))
-    return total
