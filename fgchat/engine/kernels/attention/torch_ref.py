@@ -26,6 +26,7 @@ class TorchDecodeAttention(DecodeAttention):
         out: Tensor,
         scale: float,
         max_len_hint: int | None = None,
+        window: int = 0,
     ) -> None:
         batch, num_q_heads, num_kv_heads, head_dim, max_context = check_decode_shapes(
             q, k_cache, v_cache, slot_ids, seq_lens, out
@@ -42,6 +43,8 @@ class TorchDecodeAttention(DecodeAttention):
 
         positions = torch.arange(window, device=q.device)
         valid = positions[None, :] < seq_lens.long()[:, None]  # [B, W]
+        if window > 0:  # a sliding-window layer: the last `window` positions only
+            valid = valid & (positions[None, :] >= seq_lens.long()[:, None] - window)
 
         scores = torch.einsum("bhgd,bwhd->bhgw", qg, k) * scale
         # masked_fill also replaces NaN scores from garbage K beyond seq_len.
