@@ -52,6 +52,11 @@ def build_tokenizer(out: Path, vocab_size: int = 384) -> int:
 
 
 FAMILIES = ("llama", "qwen2", "mistral")
+# the families of model.families: built by the tests that need them (not by the session fixture)
+NEW_FAMILIES = ("qwen3", "gemma3", "phi3")
+# the tiny Gemma 3's window (its layers 0 and 2 are windowed) and Phi-3's original context (LongRoPE)
+GEMMA_WINDOW = 8
+PHI3_ORIGINAL_CONTEXT = 32
 
 
 def build_model(
@@ -109,6 +114,28 @@ def build_model(
     elif family == "mistral":
         cfg = transformers.MistralConfig(**common, rope_theta=10000.0, sliding_window=None)
         cls = transformers.MistralForCausalLM
+    elif family == "qwen3":
+        common.setdefault("head_dim", 2 * hidden // heads)  # q / o wider than hidden, as Qwen3-0.6B
+        cfg = transformers.Qwen3Config(**common, rope_theta=1000000.0)
+        cls = transformers.Qwen3ForCausalLM
+    elif family == "gemma3":
+        common.setdefault("head_dim", hidden // heads)
+        types = ["full_attention" if i % 3 == 1 else "sliding_attention" for i in range(layers)]
+        cfg = transformers.Gemma3TextConfig(
+            **common, sliding_window=GEMMA_WINDOW, layer_types=types, query_pre_attn_scalar=24,
+            final_logit_softcapping=30.0, pad_token_id=ids["<|endoftext|>"],
+            rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
+                             "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}})
+        cls = transformers.Gemma3ForCausalLM
+    elif family == "phi3":
+        rot = (head_dim or hidden // heads) // 2
+        scaling = {"rope_type": "longrope", "short_factor": [1.0 + 0.1 * i for i in range(rot // 2)],
+                   "long_factor": [2.0 + 0.5 * i for i in range(rot // 2)], "rope_theta": 10000.0,
+                   "partial_rotary_factor": 0.5, "original_max_position_embeddings": PHI3_ORIGINAL_CONTEXT}
+        cfg = transformers.Phi3Config(**common, rope_parameters=scaling, partial_rotary_factor=0.5,
+                                      original_max_position_embeddings=PHI3_ORIGINAL_CONTEXT,
+                                      pad_token_id=ids["<|endoftext|>"], sliding_window=None)
+        cls = transformers.Phi3ForCausalLM
     else:
         raise ValueError(family)
     torch.manual_seed(seed)
@@ -117,8 +144,8 @@ def build_model(
         for p in model.parameters():  # larger than HF's init so logits are not all ties
             p.normal_(0.0, 0.08)
         for name, p in model.named_parameters():
-            if "norm" in name:
-                p.uniform_(0.8, 1.2)
+            if "norm" in name:  # Gemma's norms scale by 1 + w
+                p.uniform_(-0.2, 0.2) if family == "gemma3" else p.uniform_(0.8, 1.2)
     model = model.to(getattr(torch, dtype))
     model.save_pretrained(out, safe_serialization=True)
     return out

@@ -111,6 +111,12 @@ class EngineBuild:
             return False
         import importlib.util
 
+        from fgchat.engine.model.families import fused_note
+
+        note = fused_note(self.cfg)  # an architecture whose ops the fused kernels lack
+        if note is not None:
+            self.notes.append(note)
+            return False
         return self.tuning.fused and importlib.util.find_spec("triton") is not None
 
     def _pick_attention(self, name: str):

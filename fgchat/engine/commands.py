@@ -28,6 +28,9 @@ class SubmitChats:
     # a chat longer than the context loses its oldest turns (engine.chat_fit) and a RequestNotice
     # says so, instead of the request failing (the TUI's chats; the server keeps OpenAI's error)
     fit_context: bool = False
+    # the chat template's `enable_thinking` (Qwen3: whether the reply opens with its reasoning);
+    # None: the template's own default. A template without the variable ignores it
+    enable_thinking: bool | None = None
 
 
 @dataclass(frozen=True)

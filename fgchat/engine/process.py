@@ -64,6 +64,7 @@ class _EngineHandle(EngineHandle):
     """Parent side: send commands, collect event batches, notice a dead engine."""
 
     fit_context = False  # SubmitChats.fit_context of this handle's chats (the TUI sets it)
+    enable_thinking: bool | None = None  # SubmitChats.enable_thinking of this handle's chats (a setting)
 
     def __init__(self) -> None:
         self.started_at: float | None = None  # time.monotonic() when start() was called
@@ -82,7 +83,8 @@ class _EngineHandle(EngineHandle):
         prefilled in one round, so their first decode step runs at batch K (not 1, 2, ... as K
         separate submits would)."""
         prompt = messages if isinstance(messages, str) else [dict(m) for m in messages]
-        self._send(SubmitChats(prompt, tuple((int(r), p) for r, p in requests), self.fit_context))
+        self._send(SubmitChats(prompt, tuple((int(r), p) for r, p in requests), self.fit_context,
+                               self.enable_thinking))
 
     def cancel(self, request_id: int) -> None:
         self._send(Cancel(request_id))

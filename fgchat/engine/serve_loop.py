@@ -179,12 +179,13 @@ def serve(
             last_send = now
 
 
-def _chat_ids(engine: Any, messages: list[dict[str, str]] | str) -> list[int]:
+def _chat_ids(engine: Any, messages: list[dict[str, str]] | str, enable_thinking: bool | None = None) -> list[int]:
     if engine.tokenizer is None:
         raise FgchatError("this model has no tokenizer (random weights): chat is unavailable")
     if isinstance(messages, str):
         return engine.tokenizer.encode(messages, add_special_tokens=True)
-    return engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    extra = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
+    return engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True, **extra)
 
 
 def _error_event(exc: Exception, request_id: int | None, refused: bool = False) -> EngineError:
@@ -202,14 +203,14 @@ def _apply_chats(engine: Any, cmd: SubmitChats) -> list:
             from fgchat.engine.chat_fit import fit_chat
 
             reserve = min(max(p.max_tokens for _, p in cmd.requests), engine.max_context // 4)
-            ids, dropped = fit_chat(lambda m: _chat_ids(engine, m), cmd.messages, engine.max_context, reserve,
+            ids, dropped = fit_chat(lambda m: _chat_ids(engine, m, cmd.enable_thinking), cmd.messages, engine.max_context, reserve,
                                     quantum=engine.max_context // 4)
             if dropped:
                 out.append(RequestNotice(cmd.requests[0][0], (
                     f"the chat is longer than the model's context ({engine.max_context} tokens): its oldest "
                     f"{dropped} message{'s' if dropped > 1 else ''} left out of this prompt")))
         else:
-            ids = _chat_ids(engine, cmd.messages)
+            ids = _chat_ids(engine, cmd.messages, cmd.enable_thinking)
     except Exception as exc:  # the messages do not make a prompt (the chat template refused them)
         return [_error_event(exc, rid, refused=True) for rid, _ in cmd.requests]
     for rid, params in cmd.requests:

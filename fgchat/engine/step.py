@@ -190,6 +190,14 @@ class StepProgram:
 
                 return run_rope
 
+            window = dec.layer_windows[i] if dec.layer_windows else 0
+            if window:  # a windowed layer (model.families): the backend starts at len - window
+                def run_window(st: StepState) -> None:
+                    hint = self.max_len_hint if bufs.device.type == "cpu" else None
+                    self.attention(*self._attention_args(i, st, seq_lens, slots32, attn_out), hint, window=window)
+
+                return run_window
+
             def run(st: StepState) -> None:
                 hint = self.max_len_hint if bufs.device.type == "cpu" else None
                 self.attention(*self._attention_args(i, st, seq_lens, slots32, attn_out), hint)

@@ -62,7 +62,7 @@ SCRIPT = textwrap.dedent(
         lse = torch.empty(B, HQ, splits)
         out = torch.zeros(B, HQ, D)
         cnt = torch.zeros(B * HKV, dtype=torch.int32)
-        mid = (scale * td.LOG2_E, T, group, splits, *q.stride()[:2], *k.stride()[:3], *v.stride()[:3],
+        mid = (scale * td.LOG2_E, T, group, splits, 0, *q.stride()[:2], *k.stride()[:3], *v.stride()[:3],
                *part.stride()[:3], *lse.stride()[:2])
         td._split_kernel[(B, HKV, splits)](
             q, k, v, slots, lens, part, lse, *mid, cnt, out, *out.stride()[:2], lse, lse,

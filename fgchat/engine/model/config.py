@@ -8,7 +8,9 @@ from typing import Any
 
 from fgchat.protocol.errors import ModelLoadError
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
+from fgchat.engine.model.arch_config import FAMILY_ARCHITECTURES, check_longrope, family_fields, normalize_raw
+
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM", *FAMILY_ARCHITECTURES)
 
 
 @dataclass(frozen=True)
@@ -27,8 +29,17 @@ class ModelConfig:
     max_position: int
     tie_embeddings: bool
     qkv_bias: bool
-    sliding_window: int | None = None
+    sliding_window: int | None = None  # every layer's window (Mistral): the context is capped to it
     eos_ids: tuple[int, ...] = field(default_factory=tuple)
+    # the families of model.families (arch_config.family_fields); the defaults are Llama's
+    qk_norm: bool = False  # per-head RMSNorm of q and k before RoPE
+    gemma_norms: bool = False  # RMSNorm by (1 + w) in float32, norms after attention and MLP, embed x sqrt(H)
+    activation: str = "silu"  # of the gate: silu or gelu_tanh
+    attn_scale: float | None = None  # softmax scale; None: head_dim ** -0.5
+    rotary_dim: int | None = None  # RoPE on the first rotary_dim of each head; None: all of it
+    layer_windows: tuple[int, ...] = ()  # per layer: attend to the last n positions (0: all)
+    local_rope_theta: float | None = None  # RoPE base of the windowed layers (their own, unscaled)
+    final_softcap: float | None = None  # logits -> cap * tanh(logits / cap)
 
     @property
     def q_size(self) -> int:
@@ -105,6 +116,7 @@ def parse_config(raw: dict[str, Any]) -> ModelConfig:
         raise ModelLoadError(
             f"unsupported architecture {got}; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
         )
+    raw = normalize_raw(arch, raw)
     try:
         hidden = _int_field(raw, "hidden_size")
         heads = _int_field(raw, "num_attention_heads")
@@ -136,15 +148,23 @@ def parse_config(raw: dict[str, Any]) -> ModelConfig:
             kind = scaling.get("rope_type", scaling.get("type", "default"))
             if kind == "default":
                 scaling = None
+            elif kind == "longrope" and arch == "Phi3ForCausalLM":
+                factor = raw.get("partial_rotary_factor", 1.0)
+                rot = int(head_dim * factor) if isinstance(factor, (int, float)) else head_dim
+                scaling = check_longrope(scaling, rot, _int_field(raw, "max_position_embeddings", 4096))
             elif kind not in ("llama3", "linear"):
-                raise ModelLoadError(f"unsupported RoPE scaling '{kind}' (supported: llama3, linear)")
+                raise ModelLoadError(f"unsupported RoPE scaling '{kind}' (supported: llama3, linear"
+                                     f"{', longrope (Phi-3)' if arch == 'Phi3ForCausalLM' else ''})")
             else:
                 _check_scaling(scaling, kind, where)
         if raw.get("rope_theta") is not None:
             theta = _float_field(raw, "rope_theta", 10000.0)
         else:
             theta = _float_field(rope, "rope_theta", 10000.0, name="rope_parameters.rope_theta")
+        extra = family_fields(arch, raw, head_dim, _int_field(raw, "num_hidden_layers"))
         sliding = raw.get("sliding_window") if raw.get("use_sliding_window", True) else None
+        if extra.get("layer_windows"):  # windows of some layers only: the context is not capped
+            sliding = None
         if sliding is not None and sliding is not False:
             sliding = _int_field(raw, "sliding_window", minimum=0) or None
         return ModelConfig(
@@ -164,6 +184,7 @@ def parse_config(raw: dict[str, Any]) -> ModelConfig:
             qkv_bias=arch == "Qwen2ForCausalLM" or bool(raw.get("attention_bias", False)),
             sliding_window=sliding or None,
             eos_ids=_as_ids(raw.get("eos_token_id")),
+            **extra,
         )
     except _Invalid as exc:
         raise ModelLoadError(f"invalid config.json: {exc}") from None

@@ -19,6 +19,9 @@ from fgchat.protocol.errors import ModelLoadError
 from fgchat.engine.model.config import ModelConfig, rope_inv_freq
 from fgchat.engine.model.cpu_head_pick import CpuHeadPick
 from fgchat.engine.model.cpu_linear import PackedProjections, role_weight
+from fgchat.engine.model.families import (
+    FamilyLayerWeights, normalize_state_dict, random_family_weights, take_family_weights, uses_family_stages,
+)
 from fgchat.engine.model.ops import CpuHead, apply_rope_rolled, head_logits, rms_norm, signed_sin
 from fgchat.engine.quant.qweight import QuantStack, QuantWeight
 from fgchat.protocol.tuning import Tuning
@@ -48,6 +51,7 @@ class DecoderWeights:
     layers: list[LayerWeights]
     final_norm: torch.Tensor  # [H]; its dtype is the model's
     lm_head: torch.Tensor | QuantWeight  # [V, H]; the same object as embed when tied
+    family: list[FamilyLayerWeights] | None = None  # Qwen3 / Gemma 3 / Phi-3's extra weights (model.families)
 
 
 def weights_from_state_dict(
@@ -66,6 +70,7 @@ def weights_from_state_dict(
     def put(*ts: torch.Tensor | QuantWeight):
         return fuse(list(ts), device, dtype)
 
+    normalize_state_dict(cfg, sd)
     layers = []
     for i in range(cfg.num_layers):
         p = f"model.layers.{i}."
@@ -91,7 +96,8 @@ def weights_from_state_dict(
         raise ModelLoadError("embedding size does not match vocab_size in config.json")
     head = sd.pop("lm_head.weight", None)
     lm_head = embed if (cfg.tie_embeddings or head is None) else put(head)
-    return DecoderWeights(embed, layers, put(take("model.norm.weight")), lm_head)
+    family = take_family_weights(cfg, sd, put)
+    return DecoderWeights(embed, layers, put(take("model.norm.weight")), lm_head, family)
 
 
 OUTLIER_CHANNELS = 4
@@ -144,7 +150,7 @@ def random_weights(
             lw.attn_norm[chans] = 0.01
             lw.mlp_norm[chans] = 0.01
         final_norm[chans] = 0.01
-    return DecoderWeights(embed, layers, final_norm, lm_head)
+    return DecoderWeights(embed, layers, final_norm, lm_head, random_family_weights(cfg, device, dtype))
 
 
 def outlier_channels(hidden: int) -> list[int]:
@@ -217,6 +223,13 @@ class Decoder:
         self._cpu_pick = CpuHeadPick.prepare(weights.lm_head) if cpu and not fused and t.head_pick is not False else None
         # the plain path's projections on CPU through oneDNN's packed weights (None: F.linear)
         self._packed = PackedProjections.prepare(weights) if cpu and not fused else None
+        # Qwen3 / Gemma 3 / Phi-3: model.family_stages replaces the stages below (and sets these)
+        self.family = None
+        self.layer_windows: list[int] | None = None  # per layer: attend to the last n positions (0: all)
+        if uses_family_stages(cfg):
+            from fgchat.engine.model.family_stages import FamilyStages
+
+            FamilyStages(self).install()
 
     # ---- decode stages (batch of B sequences, one token each) ----
     @property
@@ -341,6 +354,10 @@ class Decoder:
                 yield
         finally:
             self._cpu_pick = saved
+
+    def norm_logits(self, h: torch.Tensor) -> torch.Tensor:
+        """Float32 logits of residual rows h: the final norm, then head_logits."""
+        return self.head_logits(rms_norm(h, self.w.final_norm, self.cfg.rms_eps))
 
     def head_logits(self, x: torch.Tensor) -> torch.Tensor:
         """Float32 logits of normed rows x (ops.head_logits; on CPU, the decoder's prepared

@@ -57,8 +57,7 @@ def prefill(
     if dec.fused:
         return _prefill_fused(dec, ids, slot, k_caches, v_caches, all_logits, greedy)
     h, _ = _unfused_rows(dec, [(ids, slot)], k_caches, v_caches, last_only=not all_logits)
-    x = rms_norm(h, dec.w.final_norm, dec.cfg.rms_eps)
-    logits = dec.head_logits(x)
+    logits = dec.norm_logits(h)
     return logits if all_logits else logits[0]
 
 
@@ -77,8 +76,7 @@ def prefill_many(
     if dec.fused:
         raise ValueError("prefill_many serves the unfused path")
     h, _ = _unfused_rows(dec, prompts, k_caches, v_caches, last_only=True)
-    x = rms_norm(h, dec.w.final_norm, dec.cfg.rms_eps)
-    return list(dec.head_logits(x).unbind(0))
+    return list(dec.norm_logits(h).unbind(0))
 
 
 def _unfused_rows(
@@ -94,6 +92,8 @@ def _unfused_rows(
     already in the slot and are attended to from there): final hidden states [sum T_i, H] and
     the row index of each prompt's last token. last_only: the hidden states of each prompt's last
     row only ([P, H], indices 0..P-1), the last layer's o projection and MLP run on those rows."""
+    if dec.family is not None:
+        return dec.family.prefill_rows(prompts, k_caches, v_caches, first, last_only)
     c, w = dec.cfg, dec.w
     lens = [int(ids.shape[0]) for ids, _ in prompts]
     first = first or [0] * len(prompts)
@@ -191,7 +191,7 @@ def prefill_after(
         h, delta = _fused_layers(dec, ids, pos, slots, None, k_caches, v_caches, after=(slot, first), keep=last)
         return final_logits(dec, h, delta, greedy)[0]
     h, _ = _unfused_rows(dec, [(ids, slot)], k_caches, v_caches, first=[first], last_only=True)
-    return dec.head_logits(rms_norm(h, dec.w.final_norm, dec.cfg.rms_eps))[0]
+    return dec.norm_logits(h)[0]
 
 
 def cpu_prefill_rows(n: int) -> int:

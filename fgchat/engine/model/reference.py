@@ -15,7 +15,9 @@ import torch
 import torch.nn.functional as F
 
 from fgchat.engine.model.config import ModelConfig
+from fgchat.engine.model import family_reference
 from fgchat.engine.model.decoder import DecoderWeights, LayerWeights
+from fgchat.engine.model.families import uses_family_stages
 from fgchat.engine.model.ops import apply_rope, rms_norm
 from fgchat.engine.quant.dequant import dense, dense_rows
 
@@ -55,7 +57,10 @@ def _logits(cfg: ModelConfig, w: DecoderWeights, h: torch.Tensor) -> torch.Tenso
 def reference_logits(cfg: ModelConfig, w: DecoderWeights, ids: torch.Tensor, cos: torch.Tensor,
                      sin: torch.Tensor, scale: float) -> torch.Tensor:
     """Float32 logits [T, V] of the token ids [T] at positions 0..T-1 (causal attention).
-    cos/sin: the decoder's RoPE tables [>= T, D] (any dtype; taken as float32)."""
+    cos/sin: the decoder's RoPE tables [>= T, D] (any dtype; taken as float32). Qwen3 / Gemma 3 /
+    Phi-3: model.family_reference, with its own float32 tables and scale."""
+    if uses_family_stages(cfg):
+        return family_reference.reference_logits(cfg, w, ids)
     t = ids.shape[0]
     f = torch.float32
     cos, sin = cos[:t].to(f), sin[:t].to(f)
@@ -79,6 +84,8 @@ def reference_decode_step(cfg: ModelConfig, w: DecoderWeights, ids: list[int], p
     """Float32 logits [B, V] of one decode step: row r is token ids[r] at position positions[r] of
     slot slots[r]; it attends over that slot's cached rows [0, position) (k_cache[layer] [slots,
     T, Hkv, D], upcast) and its own k/v, computed here in float32. The cache is only read."""
+    if uses_family_stages(cfg):
+        return family_reference.reference_decode_step(cfg, w, ids, positions, slots, k_cache, v_cache)
     f = torch.float32
     dev = w.final_norm.device
     pos = torch.tensor(positions, dtype=torch.int64, device=dev)

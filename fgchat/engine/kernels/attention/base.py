@@ -6,7 +6,10 @@ KV cache. Invariants every backend keeps:
   so a call can be captured in a CUDA graph and replayed after slot_ids / seq_lens change in place;
 - a lane reads cache positions [0, min(seq_len, T)) of slot slot_ids[lane] and nothing else, so
   garbage (even NaN) beyond seq_len or in other slots never reaches the output;
-- a lane with seq_len == 0 (an idle lane) gets zeros, never NaN (torch and triton backends).
+- a lane with seq_len == 0 (an idle lane) gets zeros, never NaN (torch and triton backends);
+- with window > 0 (a sliding-window layer) a lane reads positions [max(0, seq_len - window),
+  seq_len) only, the start derived from seq_len where the length is read (on the device for
+  graph-captured backends), so a graph stays right as lengths pass the window.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ class DecodeAttention(ABC):
         out: Tensor,  # [B, Hq, D], written in place
         scale: float,  # softmax scale, usually 1/sqrt(D)
         max_len_hint: int | None = None,  # host-side bound on seq_lens; eager only, may be ignored
+        window: int = 0,  # > 0: attend to the last `window` positions only (see the module docstring)
     ) -> None: ...
 
     def label(self, dtype: torch.dtype, num_q_heads: int, num_kv_heads: int, head_dim: int) -> str:
@@ -75,11 +79,12 @@ def cache_window(max_context: int, max_len_hint: int | None) -> int:
     return max_context if max_len_hint is None else max(1, min(int(max_len_hint), max_context))
 
 
-def cache_heads_first(cache: Tensor, slot: int, t: int) -> Tensor:
-    """Rows [0, t) of one slot of a [S, T, Hkv, D] cache as a [1, Hkv, t, D] view, in one op."""
+def cache_heads_first(cache: Tensor, slot: int, t: int, start: int = 0) -> Tensor:
+    """Rows [start, t) of one slot of a [S, T, Hkv, D] cache as a [1, Hkv, t - start, D] view, in
+    one op."""
     s0, s1, s2, s3 = cache.stride()
-    return cache.as_strided((1, cache.shape[2], t, cache.shape[3]), (s0, s2, s1, s3),
-                            cache.storage_offset() + slot * s0)
+    return cache.as_strided((1, cache.shape[2], t - start, cache.shape[3]), (s0, s2, s1, s3),
+                            cache.storage_offset() + slot * s0 + start * s1)
 
 
 def check_decode_shapes(

@@ -85,13 +85,14 @@ def half_kernel_pays(dtype: torch.dtype, num_q_heads: int, num_kv_heads: int, he
 
 
 def _attend_lane(q: Tensor, k_cache: Tensor, v_cache: Tensor, slot: int, n: int, out: Tensor, half: bool,
-                 gqa: bool, scale: float) -> None:
-    """One lane ([1, Hq, D] q and out) over positions [0, n) of its slot, in the fewest calls (views
-    of the cache; float32 copies of a half-precision one unless `half`); n <= 0 gives zeros."""
-    if n <= 0:
+                 gqa: bool, scale: float, start: int = 0) -> None:
+    """One lane ([1, Hq, D] q and out) over positions [start, n) of its slot, in the fewest calls
+    (views of the cache; float32 copies of a half-precision one unless `half`); n <= start gives
+    zeros."""
+    if n <= start:
         out.zero_()
         return
-    k, v = cache_heads_first(k_cache, slot, n), cache_heads_first(v_cache, slot, n)  # [1, Hkv, n, D]
+    k, v = cache_heads_first(k_cache, slot, n, start), cache_heads_first(v_cache, slot, n, start)
     q4 = q.unsqueeze(2)
     if not half and k.dtype != torch.float32:
         q4, k, v = q4.float(), k.float(), v.float()
@@ -130,6 +131,7 @@ class SdpaDecodeAttention(DecodeAttention):
         out: Tensor,
         scale: float,
         max_len_hint: int | None = None,
+        window: int = 0,
     ) -> None:
         batch, num_q_heads, num_kv_heads, head_dim, max_context = check_decode_shapes(
             q, k_cache, v_cache, slot_ids, seq_lens, out
@@ -138,12 +140,13 @@ class SdpaDecodeAttention(DecodeAttention):
             raise ValueError("the sdpa decode backend serves CPU steps only")
         gqa = num_q_heads != num_kv_heads
         half = self.uses_half_kernel(k_cache.dtype, num_q_heads, num_kv_heads, head_dim)
-        window = cache_window(max_context, max_len_hint)
-        if batch == 1 or (half and window >= HALF_PER_LANE_WINDOW):
+        sliding, window = window, cache_window(max_context, max_len_hint)
+        if batch == 1 or (half and window >= HALF_PER_LANE_WINDOW) or sliding > 0:
             # each lane's own positions, as views of its slot: nothing to mask
             for lane, (slot, n) in enumerate(zip(slot_ids.tolist(), seq_lens.tolist())):
-                _attend_lane(q[lane:lane + 1], k_cache, v_cache, slot, min(n, max_context), out[lane:lane + 1],
-                             half, gqa, scale)
+                n = min(n, max_context)
+                _attend_lane(q[lane:lane + 1], k_cache, v_cache, slot, n, out[lane:lane + 1],
+                             half, gqa, scale, max(0, n - sliding) if sliding > 0 else 0)
             return
         # the kernel's dtype: .to() copies a half-precision tensor into float32, returns others as they are
         kdt = k_cache.dtype if half else torch.float32

@@ -57,6 +57,7 @@ class FlashAttnDecode(DecodeAttention):
         out: Tensor,
         scale: float,
         max_len_hint: int | None = None,  # unused: flash-attn bounds each lane by cache_seqlens
+        window: int = 0,
     ) -> None:
         batch, num_q_heads, _, head_dim, _ = check_decode_shapes(q, k_cache, v_cache, slot_ids, seq_lens, out)
         if q.dtype not in (torch.float16, torch.bfloat16):
@@ -70,6 +71,8 @@ class FlashAttnDecode(DecodeAttention):
             cache_batch_idx=slot_ids,
             softmax_scale=scale,
             causal=True,
+            # a sliding-window layer: the query at len - 1 sees keys [len - window, len - 1]
+            **({"window_size": (window - 1, 0)} if window > 0 else {}),
         )
         if isinstance(result, tuple):  # some FA3 builds return (out, lse, ...)
             result = result[0]

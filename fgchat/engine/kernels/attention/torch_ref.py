@@ -26,6 +26,7 @@ class TorchDecodeAttention(DecodeAttention):
         out: Tensor,
         scale: float,
         max_len_hint: int | None = None,
+        window: int = 0,
     ) -> None:
         batch, num_q_heads, num_kv_heads, head_dim, max_context = check_decode_shapes(
             q, k_cache, v_cache, slot_ids, seq_lens, out
@@ -33,7 +34,7 @@ class TorchDecodeAttention(DecodeAttention):
         group = num_q_heads // num_kv_heads
         # The hint only shortens the window we look at (eager CPU decode with a large T stays
         # cheap); positions beyond it are masked anyway, so a correct hint never changes the result.
-        window = cache_window(max_context, max_len_hint)
+        sliding, window = window, cache_window(max_context, max_len_hint)
 
         idx = slot_ids.long()
         k = k_cache[:, :window].index_select(0, idx).float()  # [B, W, Hkv, D]
@@ -42,6 +43,8 @@ class TorchDecodeAttention(DecodeAttention):
 
         positions = torch.arange(window, device=q.device)
         valid = positions[None, :] < seq_lens.long()[:, None]  # [B, W]
+        if sliding > 0:  # a sliding-window layer: the last `sliding` positions only
+            valid = valid & (positions[None, :] >= seq_lens.long()[:, None] - sliding)
 
         scores = torch.einsum("bhgd,bwhd->bhgw", qg, k) * scale
         # masked_fill also replaces NaN scores from garbage K beyond seq_len.

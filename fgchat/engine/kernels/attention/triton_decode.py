@@ -57,6 +57,7 @@ def _split_kernel(
     q_ptr, k_ptr, v_ptr, slot_ptr, len_ptr, part_ptr, lse_ptr,
     qk_scale,  # softmax scale * log2(e): the kernel works in base 2
     max_context, group, num_splits,
+    window,  # > 0: the lane attends to its last `window` positions only
     stride_qb, stride_qh,
     stride_ks, stride_kt, stride_kh,
     stride_vs, stride_vt, stride_vh,
@@ -86,9 +87,11 @@ def _split_kernel(
     slot = tl.load(slot_ptr + lane).to(tl.int64)
     seq_len = tl.minimum(tl.load(len_ptr + lane), max_context)
     # Every split derives its range from the device-side length: short sequences still spread
-    # over all splits (in BLOCK_N steps); splits past the end get start >= end and do nothing.
-    chunk = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
-    start = split * chunk
+    # over all splits (in BLOCK_N steps); splits past the end get start >= end and do nothing. A
+    # window moves the range's start to seq_len - window, also on the device.
+    lo = tl.where(window > 0, tl.maximum(seq_len - window, 0), 0)
+    chunk = tl.cdiv(tl.cdiv(seq_len - lo, num_splits), BLOCK_N) * BLOCK_N
+    start = lo + split * chunk
     end = tl.minimum(start + chunk, seq_len)
 
     offs_g = tl.arange(0, BLOCK_G)
@@ -210,7 +213,7 @@ def _split_kernel(
                 # Splits own consecutive chunks from position 0, so the live ones are a prefix
                 # [0, n_live): MERGE_CH of them per step, each step one [G, MERGE_CH, D] load
                 # (one L2 round trip) summed over the splits; steps added in order (fixed sums).
-                n_live = tl.where(seq_len > 0, tl.cdiv(seq_len, tl.maximum(chunk, 1)), 0)
+                n_live = tl.where(seq_len > lo, tl.cdiv(seq_len - lo, tl.maximum(chunk, 1)), 0)
                 offs_c = tl.arange(0, MERGE_CH)
                 for c0 in range(0, tl.minimum(n_live, num_splits), MERGE_CH):
                     sp = c0 + offs_c
@@ -288,7 +291,8 @@ class KernelConfig:
 
 # Defaults per head dim, from the H200 sweep in docs/design.md: BLOCK_N=64,
 # 4 warps, 3 stages, 2 programs per SM was best or within noise of best for both head dims.
-DEFAULT_CONFIGS: dict[int, KernelConfig] = {64: KernelConfig(), 128: KernelConfig()}
+# Head dim 256 (Gemma 3) halves the tile so a stage's K and V tiles stay at 32 KB (untuned).
+DEFAULT_CONFIGS: dict[int, KernelConfig] = {64: KernelConfig(), 128: KernelConfig(), 256: KernelConfig(block_n=32)}
 
 
 class TritonDecodeAttention(DecodeAttention):
@@ -341,7 +345,7 @@ class TritonDecodeAttention(DecodeAttention):
         if self._config is not None:
             return self._config
         if head_dim not in DEFAULT_CONFIGS:
-            raise ValueError(f"triton decode attention supports head dim 64 or 128, got {head_dim}")
+            raise ValueError(f"triton decode attention supports head dim {sorted(DEFAULT_CONFIGS)}, got {head_dim}")
         return DEFAULT_CONFIGS[head_dim]
 
     def num_splits(self, batch: int, num_kv_heads: int, max_context: int, head_dim: int) -> int:
@@ -361,19 +365,20 @@ class TritonDecodeAttention(DecodeAttention):
         out: Tensor,
         scale: float,
         max_len_hint: int | None = None,  # ignored on purpose: the launch must not depend on lengths
+        window: int = 0,
     ) -> None:
-        plan = self._plain_plan(q, k_cache, v_cache, slot_ids, seq_lens, out, scale)
+        plan = self._plain_plan(q, k_cache, v_cache, slot_ids, seq_lens, out, scale, window)
         self._run(plan, q, None, None, k_cache, v_cache, slot_ids, seq_lens, out)
 
     def _plain_plan(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, slot_ids: Tensor, seq_lens: Tensor,
-                    out: Tensor, scale: float) -> _Plan:
-        key = self._key(q, q.stride(), None, k_cache, v_cache, slot_ids, seq_lens, out, scale)
+                    out: Tensor, scale: float, window: int = 0) -> _Plan:
+        key = self._key(q, q.stride(), None, k_cache, v_cache, slot_ids, seq_lens, out, scale, window)
         plan = self._plans.get(key)
         if plan is None:
             check_decode_shapes(q, k_cache, v_cache, slot_ids, seq_lens, out)
             if q.stride(-1) != 1:
                 raise ValueError("q must be contiguous in its last dimension")
-            plan = self._plan(key, q, q.stride(0), q.stride(1), None, k_cache, v_cache, out, scale)
+            plan = self._plan(key, q, q.stride(0), q.stride(1), None, k_cache, v_cache, out, scale, window)
         return plan
 
     def decode_with_rope(
@@ -411,21 +416,21 @@ class TritonDecodeAttention(DecodeAttention):
         return plan
 
     def _key(self, q: Tensor, q_strides: tuple, cos: Tensor | None, k_cache: Tensor, v_cache: Tensor,
-             slot_ids: Tensor, seq_lens: Tensor, out: Tensor, scale: float) -> tuple:
+             slot_ids: Tensor, seq_lens: Tensor, out: Tensor, scale: float, window: int = 0) -> tuple:
         """Everything a launch's arguments derive from apart from the tensors' addresses: calls
         with equal keys launch the same grid with the same scalars (all layers share one key)."""
         return (q.shape, q.dtype, q_strides, cos is None or (cos.shape, cos.dtype), k_cache.shape,
                 k_cache.stride(), k_cache.dtype, v_cache.stride(), v_cache.dtype, out.shape, out.stride(),
                 out.dtype, slot_ids.shape, slot_ids.dtype, seq_lens.shape, seq_lens.dtype, scale,
-                self.pdl, self.pdl_entry, self.fuse_combine, self.merge_unrolled)
+                self.pdl, self.pdl_entry, self.fuse_combine, self.merge_unrolled, window)
 
     def _plan(self, key: tuple, q: Tensor, stride_qb: int, stride_qh: int, cos: Tensor | None, k_cache: Tensor,
-              v_cache: Tensor, out: Tensor, scale: float) -> _Plan:
+              v_cache: Tensor, out: Tensor, scale: float, window: int = 0) -> _Plan:
         """Validate once per key and precompute the launches' grids, scalars and options."""
         batch, num_q_heads, head_dim = out.shape
         _, max_context, num_kv_heads, _ = k_cache.shape
-        if head_dim not in (64, 128):
-            raise ValueError(f"triton decode attention supports head dim 64 or 128, got {head_dim}")
+        if head_dim not in DEFAULT_CONFIGS:
+            raise ValueError(f"triton decode attention supports head dim {sorted(DEFAULT_CONFIGS)}, got {head_dim}")
         if not (q.dtype == k_cache.dtype == v_cache.dtype == out.dtype):
             raise ValueError(f"dtype mismatch: q {q.dtype}, k {k_cache.dtype}, v {v_cache.dtype}, out {out.dtype}")
         for name, t in (("k_cache", k_cache), ("v_cache", v_cache), ("out", out)):
@@ -439,7 +444,7 @@ class TritonDecodeAttention(DecodeAttention):
         # strides of the contiguous scratch allocated per call
         part_strides = (num_q_heads * splits * head_dim, splits * head_dim, head_dim)
         lse_strides = (num_q_heads * splits, splits)
-        split_mid = (scale * LOG2_E, max_context, group, splits, stride_qb, stride_qh,
+        split_mid = (scale * LOG2_E, max_context, group, splits, window, stride_qb, stride_qh,
                      *k_cache.stride()[:3], *v_cache.stride()[:3], *part_strides, *lse_strides)
         split_kw = dict(
             HEAD_DIM=head_dim, BLOCK_G=max(16, next_pow2(group)), FUSE_COMBINE=self.fuse_combine,
