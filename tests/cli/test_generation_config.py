@@ -194,7 +194,7 @@ def test_embedded_model_defaults_to_its_model_card_sampling():
 
     loaded = load_model(None, torch.device("cpu"), torch.float32)
     # the one note: its Q4_1 weights run as dequantized copies on CPU (no generation_config note)
-    assert len(loaded.notes) == 1 and "Q4_1 weights run on CPU" in loaded.notes[0]
+    assert len(loaded.notes) == 1 and "Q4_1+Q8_0 weights run on CPU" in loaded.notes[0]
     info = Engine(EngineConfig(device="cpu", max_context=64), loaded).info()
     assert info.sampling_defaults == SamplingParams(temperature=0.2, top_p=0.9)
     assert info.sampling_source == "SmolLM2 model card"

@@ -22,7 +22,8 @@ from fgchat.engine.model.cpu_linear import PackedProjections, role_weight
 from fgchat.engine.model.families import (
     FamilyLayerWeights, normalize_state_dict, random_family_weights, take_family_weights, uses_family_stages,
 )
-from fgchat.engine.model.ops import CpuHead, apply_rope_rolled, head_logits, rms_norm, signed_sin
+from fgchat.engine.model import quant_ops
+from fgchat.engine.model.ops import CpuHead, apply_rope_rolled, rms_norm, signed_sin
 from fgchat.engine.quant.qweight import QuantStack, QuantWeight
 from fgchat.protocol.tuning import Tuning
 
@@ -265,7 +266,7 @@ class Decoder:
         return self._fused.side_work(rows) if self._fused is not None else None
 
     def embed(self, st: StepState, input_ids: torch.Tensor) -> None:
-        st.h = F.embedding(input_ids, self.w.embed)
+        st.h = quant_ops.embedding(input_ids, self.w.embed)
         st.delta = None
 
     def before_attention(
@@ -319,7 +320,7 @@ class Decoder:
         bias = lw.bqkv if role == "qkv" else None
         if self._packed is not None:
             return self._packed.linear(x, i, role, bias)
-        return F.linear(x, role_weight(lw, role), bias)
+        return quant_ops.linear(x, role_weight(lw, role), bias)
 
     def head(self, st: StepState, greedy: bool = False,
              sample: SampleArgs | None = None) -> None:
@@ -366,7 +367,7 @@ class Decoder:
             return self._cpu_head(x)
         if self._fused is not None and not isinstance(self.w.lm_head, torch.Tensor):
             return self._fused.logits(x)
-        return head_logits(x, self.w.lm_head)
+        return quant_ops.logits(x, self.w.lm_head)
 
     # ---- prefill (one sequence, eager) ----
     @torch.inference_mode()

@@ -13,7 +13,8 @@ import torch
 import torch.nn.functional as F
 
 from fgchat.engine.model import families as fam
-from fgchat.engine.model.ops import head_logits, signed_sin
+from fgchat.engine.model import quant_ops
+from fgchat.engine.model.ops import signed_sin
 
 if TYPE_CHECKING:
     from fgchat.engine.kernels.gemv import SampleArgs
@@ -69,7 +70,7 @@ class FamilyStages:
         st.delta = None
 
     def embed_rows(self, ids: torch.Tensor) -> torch.Tensor:
-        h = F.embedding(ids, self.dec.w.embed)
+        h = quant_ops.embedding(ids, self.dec.w.embed)
         return h if self.embed_scale is None else h * self.embed_scale
 
     def qkv(self, i: int, h: torch.Tensor, cos: torch.Tensor, ssin: torch.Tensor
@@ -121,7 +122,7 @@ class FamilyStages:
 
     def head_logits(self, x: torch.Tensor) -> torch.Tensor:
         dec = self.dec
-        raw = dec._cpu_head(x) if dec._cpu_head is not None else head_logits(x, dec.w.lm_head)
+        raw = dec._cpu_head(x) if dec._cpu_head is not None else quant_ops.logits(x, dec.w.lm_head)
         return fam.softcap(raw, self.cfg.final_softcap)
 
     def norm_logits(self, h: torch.Tensor) -> torch.Tensor:

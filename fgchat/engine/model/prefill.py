@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from fgchat.engine.intmath import cdiv
+from fgchat.engine.model import quant_ops
 from fgchat.engine.model.ops import apply_rope_rolled, rms_norm
 
 if TYPE_CHECKING:
@@ -105,7 +106,7 @@ def _unfused_rows(
     n = cpu_prefill_rows(real) if dec.pads_prefill_rows else real
     if n > real:  # padding rows: token 0 at angle 0; row-wise work only, never written or returned
         ids, cos, ssin = F.pad(ids, (0, n - real)), F.pad(cos, (0, 0, 0, n - real)), F.pad(ssin, (0, 0, 0, n - real))
-    h = F.embedding(ids, w.embed)
+    h = quant_ops.embedding(ids, w.embed)
     last = torch.tensor([s0 + t - 1 for s0, t in zip(starts, lens)], device=h.device)
     for i, lw in enumerate(w.layers):
         x = rms_norm(h, lw.attn_norm, c.rms_eps)
