@@ -15,6 +15,8 @@
 #   bench     fgchat bench: the embedded model (real weights), the 1B and SmolLM2 presets; with .old/fgchat
 #             present (`git archive <sha> fgchat assets | tar -x -C .old`) the old tree and this one
 #             alternate process by process (OLD_COMMIT=<sha> labels the old runs); BENCH_8B=1 adds 8B
+#   quant     quantized weights beside bf16 (full mode): the 1B preset none / fp8 / int4, 8B none / int4, and
+#             the embedded GGUF's own blocks against --dequantize (full, piecewise, eager)
 #   tui       ITL in the TUI against headless per mode, batch 1 and 8 (scripts/tui_vs_headless.py;
 #             real weights, or TUI_RANDOM=1); TUI_RUNS='mode:K ...', TUI_WAYS, TUI_TOKENS, TUI_ROUNDS
 #   llamacpp  llama.cpp built from .llamacpp/src.tgz and benched on random 1B / SmolLM2 GGUFs
@@ -41,7 +43,7 @@ case ${1:-} in
   put) shift; put; [[ $# -eq 0 ]] && exit 0 ;;
   "") echo "usage: $0 split | put [TARGET...] | TARGET..." >&2; exit 2 ;;
 esac
-TARGETS=" tests real bench tui llamacpp llamabuild llamawait peers "
+TARGETS=" tests real bench quant tui llamacpp llamabuild llamawait peers "
 for what in "$@"; do
   [[ $TARGETS == *" $what "* ]] || { echo "gpu_run: unknown target '$what' (targets:$TARGETS)" >&2; exit 2; }
 done
@@ -114,6 +116,14 @@ for what in "$@"; do
       done
       if [[ ${BENCH_8B:-0} == 1 ]]; then
         bench new 8b --preset llama-3.1-8b --random-weights --batch-sizes 1,8 --repeats 2 --modes full
+      fi ;;
+    quant)
+      q=(--random-weights --batch-sizes 1,8 --repeats 2 --modes full)
+      bench new q-1b --preset llama-3.2-1b "${q[@]}" --quantize none,fp8,int4
+      BENCH_TIMEOUT=300 bench new q-8b --preset llama-3.1-8b "${q[@]}" --quantize none,int4
+      if [[ -n $GGUF ]]; then
+        bench new q-embedded --model "$GGUF" "${q[@]:1}" --modes full,piecewise,eager
+        bench new q-embedded-dequantized --model "$GGUF" --dequantize "${q[@]:1}" --modes full,piecewise,eager
       fi ;;
     tui)  # random weights fail the startup check and measure the plain torch ops: not the user's path
       [[ -n $GGUF || ${TUI_RANDOM:-0} == 1 ]] || { echo "tui: needs the real weights (TUI_RANDOM=1: a random model)"; continue; }

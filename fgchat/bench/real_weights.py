@@ -133,16 +133,24 @@ def run_all(model: str, tokens: int = 16, dtypes: tuple[str, ...] = DTYPES) -> d
 
     commit = _git_commit()
     result: dict = {"commit": commit, "gpu": torch.cuda.get_device_name(), "prompts": PROMPTS,
-                    "tokens": tokens, "runs": {}, "logits": {}, "check": {}}
+                    "tokens": tokens, "runs": {}, "logits": {}, "check": {}, "reference": {}}
+    # a quantized file's own blocks: their reference is the float32 forward over the same values
+    quantized = str(model).lower().endswith(".gguf")
+    if quantized:
+        result["runs"]["transformers float32"] = hf_tokens(path, torch.float32, prompts, tokens)
     for dt_name in dtypes:
         dt = getattr(torch, dt_name)
         result["runs"][f"transformers {dt_name}"] = hf_tokens(path, dt, prompts, tokens)
-        for fused in (True, False):
+        variants = [(True, False), (False, False)] + ([(True, True)] if quantized else [])
+        for fused, dequantize in variants:
             t0 = time.perf_counter()
-            engine = Engine(EngineConfig(model=model, dtype=dt_name, tuning=Tuning(fused=fused, prefix_reuse=False)))
+            engine = Engine(EngineConfig(model=model, dtype=dt_name, dequantize=dequantize,
+                                         tuning=Tuning(fused=fused, prefix_reuse=False)))
             start_s = time.perf_counter() - t0
-            label = "" if fused else " plain"
+            label = " dequantized" if dequantize else "" if fused else " plain"
             info = engine.info()
+            if quantized and not dequantize:
+                result["weights"] = info.weights
             result["check"][f"{dt_name}{label}"] = {"start_s": start_s, "notes": info.notes,
                                                      "startup_check": info.startup_check}
             for mode in (MODES if fused else (Mode.FULL,)):
@@ -151,7 +159,7 @@ def run_all(model: str, tokens: int = 16, dtypes: tuple[str, ...] = DTYPES) -> d
                     result["check"][f"{dt_name}{label}"][f"{mode} not run"] = engine.modes.unavailable.get(mode, "")
                 else:
                     result["runs"][f"fgchat {mode}{label} {dt_name}"] = toks
-            if fused:
+            if fused and not dequantize:
                 result["runs"][f"fgchat full, 8 together {dt_name}"] = fgchat_tokens_together(
                     engine, prompts, tokens, Mode.FULL)
                 result["logits"][f"fgchat one pass of 8 {dt_name}"] = [
@@ -160,6 +168,9 @@ def run_all(model: str, tokens: int = 16, dtypes: tuple[str, ...] = DTYPES) -> d
                 compare_logits(prefill_logits(engine, ids), ref) for ids, ref in zip(prompts, ref_logits)]
             del engine
             torch.cuda.empty_cache()
+    if quantized:  # every run on the file's own blocks
+        result["reference"] = {run: "transformers float32" for run in result["runs"]
+                               if run.startswith("fgchat") and " dequantized" not in run}
     return result
 
 
@@ -197,27 +208,31 @@ def equal_to(r: dict, run: str, reference: str) -> int:
     return sum(first_divergence(a, b) is None for a, b in zip(r["runs"][run], r["runs"][reference]))
 
 
+def reference_of(r: dict, run: str) -> str:
+    """The run a fgchat run is compared with: transformers in the same dtype, or, for a quantized
+    file's own blocks, transformers float32 over the same (dequantized) values."""
+    return r.get("reference", {}).get(run, f"transformers {run.split()[-1]}")
+
+
 def equal_counts(r: dict) -> dict[str, int]:
-    """Per fgchat run: prompts whose tokens equal transformers' (same dtype)."""
-    out = {}
-    for c in r["runs"]:
-        if c.startswith("fgchat"):
-            out[c] = equal_to(r, c, f"transformers {c.split()[-1]}")
-    return out
+    """Per fgchat run: prompts whose tokens equal its reference's (reference_of)."""
+    return {c: equal_to(r, c, reference_of(r, c)) for c in r["runs"] if c.startswith("fgchat")}
 
 
 def print_table(r: dict) -> None:
     cols = [k for k in r["runs"] if not k.startswith("transformers")]
     print(f"\ncommit {r['commit']}, {r['gpu']}, first {r['tokens']} greedy tokens; '=' equals transformers"
           " (same dtype), else the first differing position")
+    if r.get("reference"):
+        print(f"weights {r.get('weights', '?')} (the file's blocks): columns without 'dequantized' are compared "
+              "with transformers float32 over the same values")
     print("| prompt | " + " | ".join(c.replace("fgchat ", "") for c in cols) + " |")
     print("|---" * (len(cols) + 1) + "|")
     totals = dict.fromkeys(cols, 0)
     for i, p in enumerate(r["prompts"]):
         cells = []
         for c in cols:
-            dt = c.split()[-1]
-            d = first_divergence(r["runs"][c][i], r["runs"][f"transformers {dt}"][i])
+            d = first_divergence(r["runs"][c][i], r["runs"][reference_of(r, c)][i])
             cells.append("=" if d is None else f"@{d}")
             totals[c] += d is None
         print(f"| {p} | " + " | ".join(cells) + " |")
