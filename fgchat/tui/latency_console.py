@@ -112,12 +112,6 @@ class LatencyConsole:
             recent_itl=self.log.recent_itl(RECENT_ITL),
             windowed=self.stats.window_tokens if count > STATS_WINDOW_TOKENS else 0,
             total_tokens=count,
-            recent_gpu_ms=self.recent_gpu_ms(),
+            # the stats window's mean GPU step time (read incrementally, as the table is)
+            recent_gpu_ms=summary.get("gpu_step_ms_mean") if summary else None,
         )
-
-    def recent_gpu_ms(self) -> float | None:
-        """Mean GPU time of the decode steps of the latest RECENT_ITL tokens (None without any)."""
-        start = max(0, self.log.token_count - RECENT_ITL)
-        values = [t.gpu_step_ms for t in self.log.tokens_since(start)
-                  if not t.is_first_token and t.gpu_step_ms is not None]
-        return sum(values) / len(values) if values else None

@@ -11,7 +11,7 @@ from test_tui import SIZE, data_dir, make_app, panel, type_prompt, wait_for, wai
 
 from fgchat.engine.devices import pick_dtype
 from fgchat.protocol.events import EngineInfo, TokenEvent
-from fgchat.tui.latency_console import RECENT_ITL, LatencyConsole, PanelStatus
+from fgchat.tui.latency_console import STATS_WINDOW_TOKENS, LatencyConsole, PanelStatus
 from fgchat.tui.latency_panel import LatencyPanel, PanelView
 
 
@@ -63,14 +63,15 @@ def _token(rid: int, index: int, gpu: float | None) -> TokenEvent:
                       is_first_token=index == 0, position=10 + index)
 
 
-def test_recent_gpu_time_is_the_latest_decode_steps():
+def test_recent_gpu_time_is_the_stats_windows_decode_steps():
+    """The bandwidth share's step time: the mean GPU time of the stats window's decode steps
+    (first tokens come from the prefill, not a step)."""
     console = LatencyConsole()
-    assert console.recent_gpu_ms() is None
-    old = [_token(1, i, 9.0 if i else 50.0) for i in range(RECENT_ITL)]  # prefill's 50 ms is not a step
-    new = [_token(2, i, None if i == 0 else 0.5 + 0.001 * i) for i in range(RECENT_ITL // 2)]
+    assert console.build(PanelStatus()).recent_gpu_ms is None
+    n = STATS_WINDOW_TOKENS
+    old = [_token(1, i, 9.0 if i else 50.0) for i in range(n)]
+    new = [_token(2, i, None if i == 0 else 0.5 + 0.001 * i) for i in range(n // 2)]
     console.record_tokens(old + new, lambda rid: "c")
-    window = (old + new)[-RECENT_ITL:]
+    window = (old + new)[-n:]
     expect = [t.gpu_step_ms for t in window if not t.is_first_token and t.gpu_step_ms is not None]
-    assert abs(console.recent_gpu_ms() - sum(expect) / len(expect)) < 1e-12
-    assert console.build(PanelStatus()).recent_gpu_ms == console.recent_gpu_ms()
-
+    assert abs(console.build(PanelStatus()).recent_gpu_ms - sum(expect) / len(expect)) < 1e-9
