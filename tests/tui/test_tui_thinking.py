@@ -129,6 +129,12 @@ async def test_a_think_block_is_folded_expands_on_f8_and_its_tokens_are_logged(s
         await wait_for(pilot, lambda: not bubble.expanded, "folded again")
         assert not think_md.display
 
+        # the stored reply, shown again (a reopened chat): folded, with the stored count
+        again = await app.chats.current.add_message(reply)
+        await pilot.pause(0.05)
+        assert str(again.query_one(".thinking-summary").render()) == "▸ thinking · 3 tokens · F8 expands"
+        assert [md.source for md in again.query("Markdown")] == ["hello world"]
+
         # the latency log and its CSV hold a row for each token of the reply, thinking included
         rid = reply.meta["rid"]
         rows = [t for t in app.latency.log.tokens() if t.request_id == rid]
