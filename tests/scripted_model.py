@@ -17,6 +17,8 @@ So with add_generation_prompt the last prompt token is "assistant" and a chat's 
 "hello world" then <|im_end|> (or "arr matey" then <|im_end|>); a prompt without it ends on
 <|im_end|>, whose next token is "wrong" (which repeats forever). Where <|im_end|> is declared as
 EOS is chosen per build (`eos_in`): a model that stops there only if that declaration is read.
+With enable_thinking true the template ends the generation prompt on "ponder", and the reply
+opens with a think block: "<think> hmm </think> hello world" (THINK_REPLY).
 """
 
 from __future__ import annotations
@@ -34,8 +36,10 @@ ENDOFTEXT, IM_START, IM_END = range(3)
 WORDS = [
     "[UNK]", "system", "user", "assistant", "developer", "you", "are", "a", "pirate", "hi", "tell", "me",
     "hello", "world", "arr", "matey", "wrong", "count", "one", "two", "three", "four", "five", "six",
-    "seven", "eight", "echo", "done", "mute", ".", "!", "?",
+    "seven", "eight", "echo", "done", "mute", ".", "!", "?", "ponder", "hmm",
 ]
+THINK_TAGS = ["<think>", "</think>"]  # added tokens (kept whole, not special: decoded as text)
+WORDS += THINK_TAGS
 VOCAB = SPECIAL + WORDS
 ID = {w: i for i, w in enumerate(VOCAB)}
 HIDDEN = 64
@@ -52,6 +56,7 @@ CHAINS = [
     ["count", "one", "two", "three", "four", "five", "six", "seven", "eight", "<|im_end|>"],
     ["done", "<|im_end|>"],
     ["mute", "<|im_end|>"],
+    ["ponder", "<think>", "hmm", "</think>", "hello"],
 ]
 NEXT = {a: b for chain in CHAINS for a, b in zip(chain, chain[1:])}
 # "echo" prefers itself (10) to "done" (9): a repetition, presence or frequency penalty of this
@@ -60,6 +65,7 @@ ECHO_SELF, ECHO_DONE = 10.0, 9.0
 
 REPLY = ["hello", "world", "<|im_end|>"]
 PIRATE_REPLY = ["arr", "matey", "<|im_end|>"]
+THINK_REPLY = ["<think>", "hmm", "</think>", "hello", "world", "<|im_end|>"]
 COUNT = ["one", "two", "three", "four", "five", "six", "seven", "eight", "<|im_end|>"]
 
 # ChatML, but strict as Mistral's or Gemma's templates are: an optional system message first, then
@@ -76,7 +82,8 @@ CHAT_TEMPLATE = (
     "{%- endif -%}"
     "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
     "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}{{ '<|im_start|>assistant\n' }}{%- endif -%}"
+    "{%- if add_generation_prompt -%}{{ '<|im_start|>assistant\n' }}"
+    "{%- if enable_thinking is defined and enable_thinking -%}{{ 'ponder\n' }}{%- endif -%}{%- endif -%}"
 )
 
 EOS_PLACES = ("config", "generation_config", "tokenizer")
@@ -95,6 +102,7 @@ def backend() -> Tokenizer:
     tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(VOCAB)}, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in SPECIAL])
+    tok.add_tokens([AddedToken(s, special=False, normalized=False) for s in THINK_TAGS])
     return tok
 
 

@@ -80,6 +80,7 @@ from fgchat.tui.sampling import MAX_SAMPLES, SamplingChoice
 from fgchat.tui.store import ChatStore, Settings, usable_data_dir
 from fgchat.tui.store_guard import StoreGuard, log_problem
 from fgchat.tui.themes import BUILTIN_THEME_DIR, DEFAULT_THEME, load_themes
+from fgchat.tui.thinking import THINKING_LABELS
 
 EngineFactory = Callable[..., EngineHandle]
 EXIT_SIGNALS = exit_signals.EXIT_SIGNALS
@@ -386,8 +387,10 @@ class FgchatApp(App[int]):
             model = "engine stopped"
         else:
             model = link.info.model_name if link.info else "loading…"
+        thinking = self.sampling.thinking
+        think = "" if thinking is None else f"thinking {THINKING_LABELS[thinking]} · "
         self.sub_title = (f"{model} · {mode} · batch {self.latency.batch_size_now} · "
-                          f"K {self.sampling.samples} · {self.sampling.label()}")
+                          f"K {self.sampling.samples} · {think}{self.sampling.label()}")
 
     # ------------------------------------------------------------------ sending and actions
     @on(TabbedContent.TabActivated)
@@ -457,6 +460,12 @@ class FgchatApp(App[int]):
         text = f"{n} repl{'y' if n == 1 else 'ies'} per prompt"
         _params, note = self.sampling.replies()
         self.notify(f"{text} · {note}" if note else text, timeout=3 if note else 2)
+
+    def set_thinking(self, value: bool | None) -> None:
+        """enable_thinking for the chats sent from now on (None: the template's default); saved."""
+        self.sampling.set_thinking(value)
+        self._update_subtitle()
+        self.notify(f"thinking: {THINKING_LABELS[value]}", timeout=3)
 
     def set_sampling_params(self, params: SamplingParams) -> None:
         """Use `params` for the next replies; what differs from the model's defaults is saved."""

@@ -11,6 +11,10 @@ def _chat(action: str) -> str:
     return f"chat('{action}')"
 
 
+THINK_KEY = "f8"  # expands / folds a reply's thinking; its folded line names the key
+THINK_KEY_LABEL = "F8"
+
+
 APP_BINDINGS: list[Binding] = [
     Binding("escape", _chat("stop"), "Stop", tooltip="Stop the replies of the current chat (partial text is kept)"),
     Binding("f1", "mode('eager')", "Eager", group=Binding.Group("Mode", compact=True),
@@ -25,6 +29,8 @@ APP_BINDINGS: list[Binding] = [
             tooltip="Ask for one more reply per prompt (K = 1..8 replies generated as one batch)"),
     Binding("f5", "samples(-1)", "K-1", group=Binding.Group("Replies", compact=True),
             tooltip="Ask for one reply fewer per prompt"),
+    Binding(THINK_KEY, _chat("toggle_thinking"), "Think",
+            tooltip="Expand or fold the thinking (<think> block) of the focused reply, else of this chat's last one"),
     Binding("f6", "sampling", "Sampling",
             tooltip="Sampling: temperature, top-p, top-k, seed, penalties (the model's defaults unless you change them)"),
     Binding("ctrl+n", _chat("new_chat"), "New", tooltip="New chat tab (chats can generate at the same time)"),

@@ -188,6 +188,20 @@ class ChatTabs(TabbedContent):
         self.app.copy_to_clipboard(text)
         self.app.notify(f"copied the reply ({len(text)} characters)", timeout=3)
 
+    async def action_toggle_thinking(self) -> None:
+        """Expand or fold the thinking of the reply holding the focus, else of the chat's last
+        reply that has a think block."""
+        chat = self.current
+        if chat is None:
+            return
+        replies = [b for b in chat.bubbles() if b.has_thinking]
+        focused = self.app.focused
+        held = [b for b in replies if focused is not None and b in focused.ancestors_with_self]
+        if not replies:
+            self.app.notify("no reply with thinking in this chat", timeout=3)
+            return
+        await (held or replies)[-1].toggle_thinking()
+
     def action_stop(self) -> None:
         chat = self.current
         if chat is not None:

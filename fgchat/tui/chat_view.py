@@ -4,6 +4,10 @@ Invariants:
 - A bubble's `text` is everything received for it; `buffer` adds to it without drawing,
   `show_pending` appends what the Markdown widget has not got yet, so the caller decides how
   often a streamed reply is redrawn (each redraw lays the screen out again).
+- A reply's think block (thinking.py) is drawn folded: one summary line (its token count, live
+  while it streams) above the answer, the thinking's own Markdown only once it is expanded. A
+  reply without one has the header and the answer's Markdown only, as before; its stored and
+  copied text is always the whole reply as the engine produced it.
 - Every bubble's Markdown uses one shared parser (Textual's default builds a new one for every
   append, which costs more than parsing a streamed fragment).
 - Finished bubbles wholly above the view when a round of replies starts are shelved: hidden
@@ -27,7 +31,9 @@ from textual.selection import Selection
 from textual.widget import Widget
 from textual.widgets import Markdown, Static
 
+from fgchat.tui.bindings import THINK_KEY_LABEL
 from fgchat.tui.store import Conversation, StoredMessage
+from fgchat.tui.thinking import ThinkCounter, ThinkSplit, split_thinking, thinking_summary
 
 # C0 controls (except tab and newline) and DEL would move the terminal cursor: show them as U+FFFD
 _CONTROL = {c: "\ufffd" for c in (*range(0, 9), *range(11, 32), 127)}
@@ -44,6 +50,15 @@ def _shared_parser() -> MarkdownIt:
     return _PARSER
 
 
+class _ThinkingSummary(Static):
+    """The folded think block's line; a click expands or folds it."""
+
+    async def on_click(self) -> None:
+        bubble = self.parent
+        if isinstance(bubble, MessageBubble):
+            await bubble.toggle_thinking()
+
+
 class MessageBubble(Vertical):
     """A user turn (plain text) or an assistant reply (Markdown, streamed while it is generated)."""
 
@@ -56,16 +71,26 @@ class MessageBubble(Vertical):
         self.status = "generating…" if streaming else ""
         self._writing = asyncio.Lock()  # one Markdown append (or update) at a time, in order
         self._body_md: Markdown | None = None
-        self._shown = 0  # characters of self.text already handed to the Markdown widget
+        self._shown = 0  # characters of the answer (all the text but a think block) handed to the Markdown
         self.appends = 0  # streamed fragments received (each engine batch with text adds one)
+        self.think = ThinkCounter()  # the streamed reply's thinking tokens (Replies feeds it)
+        self.thinking_tokens: int | None = None  # a stored reply's (its meta), when known
+        self.expanded = False  # the think block is shown whole, not folded
+        self._summary: _ThinkingSummary | None = None
+        self._think_md: Markdown | None = None
+        self._think_shown = 0  # characters of the thinking handed to self._think_md
 
     def compose(self) -> ComposeResult:
         yield Static(self._header(), classes="bubble-header")
         if self.role == "user":
             yield Static(Content(sanitize(self.text)), classes="bubble-body")
         else:
-            self._body_md = Markdown(sanitize(self.text), classes="bubble-body", parser_factory=_shared_parser)
-            self._shown = len(self.text)
+            split = self._split()
+            if split.thinking is not None:
+                self._summary = _ThinkingSummary(self._summary_text(), classes="thinking-summary")
+                yield self._summary
+            self._body_md = Markdown(sanitize(split.answer), classes="bubble-body", parser_factory=_shared_parser)
+            self._shown = len(split.answer)
             yield self._body_md
 
     def on_mount(self) -> None:
@@ -96,11 +121,64 @@ class MessageBubble(Vertical):
         kept and written once it is."""
         async with self._writing:
             markdown = self._body_md
-            if markdown is None or not markdown.is_mounted or self._shown >= len(self.text):
+            if markdown is None or not markdown.is_mounted:
                 return
-            fragment = self.text[self._shown:]
-            self._shown = len(self.text)
+            split = self._split()
+            if split.thinking is not None:
+                await self._draw_thinking(split)
+            if self._shown >= len(split.answer):
+                return
+            fragment = split.answer[self._shown:]
+            self._shown = len(split.answer)
             await markdown.append(sanitize(fragment))
+
+    # ---- the think block -----------------------------------------------------------------
+    def _split(self) -> ThinkSplit:
+        return split_thinking(self.text, final=not self.streaming)
+
+    @property
+    def has_thinking(self) -> bool:
+        return self.role == "assistant" and self._split().thinking is not None
+
+    def _summary_text(self) -> Content:
+        tokens = self.think.tokens if self.think.found else self.thinking_tokens
+        line = thinking_summary(tokens, streaming=self.streaming and self.think.state != "closed",
+                                expanded=self.expanded, key=THINK_KEY_LABEL)
+        return Content.styled(line, "italic $text-muted")
+
+    async def _draw_thinking(self, split: ThinkSplit) -> None:
+        """The summary line (mounted above the answer when the block appears) and, expanded,
+        the thinking not drawn yet. Runs under `_writing`."""
+        if self._summary is None:
+            self._summary = _ThinkingSummary(self._summary_text(), classes="thinking-summary")
+            await self.mount(self._summary, before=self._body_md)
+        else:
+            self._summary.update(self._summary_text())
+        thinking = split.thinking or ""
+        if self.expanded and self._think_md is not None and self._think_shown < len(thinking):
+            fragment = thinking[self._think_shown:]
+            self._think_shown = len(thinking)
+            await self._think_md.append(sanitize(fragment))
+
+    async def toggle_thinking(self) -> bool:
+        """Expand or fold the think block; False when the reply has none."""
+        split = self._split()
+        if self.role != "assistant" or split.thinking is None:
+            return False
+        async with self._writing:
+            self.expanded = not self.expanded
+            if self.expanded:
+                if self._think_md is None:
+                    self._think_md = Markdown("", classes="thinking-body", parser_factory=_shared_parser)
+                    await self.mount(self._think_md, before=self._body_md)
+                self._think_md.display = True
+                await self._think_md.update(sanitize(split.thinking))
+                self._think_shown = len(split.thinking)
+            elif self._think_md is not None:
+                self._think_md.display = False
+            if self._summary is not None:
+                self._summary.update(self._summary_text())
+        return True
 
     async def finish(self, status: str, final_text: str | None = None) -> None:
         """Stop streaming; make sure the shown text equals `final_text` (the engine's summary)."""
@@ -111,10 +189,14 @@ class MessageBubble(Vertical):
                 self.buffer(final_text[len(self.text):])
             else:
                 self.text = final_text
+                split = self._split()
                 async with self._writing:
                     if self._body_md is not None and self._body_md.is_mounted:
-                        await self._body_md.update(sanitize(final_text))
-                        self._shown = len(final_text)
+                        await self._body_md.update(sanitize(split.answer))
+                        self._shown = len(split.answer)
+                    if self._think_md is not None and split.thinking is not None:
+                        await self._think_md.update(sanitize(split.thinking))
+                        self._think_shown = len(split.thinking)
         await self.show_pending()
 
 
@@ -243,6 +325,8 @@ class ChatView(VerticalScroll):
             label = f"assistant {msg.meta.get('sample', 1)}/{msg.meta['of']}"
         bubble = MessageBubble(msg.role, msg.content, label=label)
         bubble.status = reply_status(msg.meta) if msg.role == "assistant" else ""
+        tokens = msg.meta.get("thinking_tokens")
+        bubble.thinking_tokens = tokens if isinstance(tokens, int) and not isinstance(tokens, bool) else None
         bubble.stored = msg  # type: ignore[attr-defined]
         return bubble
 

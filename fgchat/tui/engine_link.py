@@ -175,8 +175,10 @@ class EngineLink:
         self.mode_note = ""
         self.handle.set_mode(mode)
 
-    def submit(self, messages: list[dict[str, str]], requests: list[tuple[int, SamplingParams]]) -> None:
-        """The K requests of one prompt as one command."""
+    def submit(self, messages: list[dict[str, str]], requests: list[tuple[int, SamplingParams]],
+               thinking: bool | None = None) -> None:
+        """The K requests of one prompt as one command; `thinking`: its enable_thinking."""
+        self.handle.enable_thinking = thinking
         self.handle.submit_chats(messages, requests)
 
     def cancel(self, request_id: int) -> None:

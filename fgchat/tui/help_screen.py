@@ -45,6 +45,14 @@ change from the model's values are remembered, and "Model defaults" forgets them
 is greedy. Reply j of K uses seed + j; with K > 1 and temperature 0 the K replies are sampled at
 temperature 0.7 instead (greedy would give K identical copies); K = 1 keeps your settings.
 
+## Thinking
+Models whose chat template takes `enable_thinking` (Qwen3) may open a reply with its reasoning
+in a `<think>` block. It is shown folded to one line (its token count, live while it streams);
+F8 (or a click on that line) expands or folds it. The setting `thinking` (settings.json, or the
+command palette's "Thinking: on / off / template default") is passed to the chat template for
+every chat sent; the default leaves it to the template. Thinking tokens are tokens of the reply:
+they count in its stats, the latency panel and the CSVs.
+
 ## Remote endpoint
 When the engine is an OpenAI-compatible server, every timing is measured at the client (the
 panel says so) and the server's GPU and launch times are not known; mode keys the server cannot

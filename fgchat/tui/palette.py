@@ -11,6 +11,7 @@ from textual.app import SystemCommand
 
 from fgchat.protocol.events import MODES
 from fgchat.tui.sampling import K_TEMPERATURE, MAX_SAMPLES
+from fgchat.tui.thinking import THINKING_LABELS
 
 if TYPE_CHECKING:
     from fgchat.tui.app import FgchatApp
@@ -53,6 +54,10 @@ def fgchat_commands(app: FgchatApp) -> Iterator[SystemCommand]:
                         lambda: app.set_sampling_params(replace(app.sampling.params, temperature=0.0)))
     yield SystemCommand("Sampling: model defaults", f"Forget your sampling settings: {app.sampling.source or 'greedy'}",
                         app.reset_sampling)
+    now = THINKING_LABELS[app.sampling.thinking]
+    for value, label in THINKING_LABELS.items():
+        yield SystemCommand(f"Thinking: {label}", f"The chat template's enable_thinking for the chats sent (now {now}; "
+                            "remembered)", lambda v=value: app.set_thinking(v))
     yield SystemCommand("Toggle latency panel", "Show or hide the console (ctrl+l)", app.action_toggle_panel)
     yield SystemCommand("Restart engine", "Start a fresh engine process", app.action_restart_engine)
     yield SystemCommand("Help", "Keys and modes (F10)", app.action_help)

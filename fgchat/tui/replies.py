@@ -116,7 +116,7 @@ class Replies(Mapping[int, Reply]):
             self._active[rid] = Reply(rid, conv, bubble, j, k)
             self._rid_chat[rid] = conv.id
             requests.append((rid, params[j - 1]))
-        self.link.submit(messages, requests)
+        self.link.submit(messages, requests, self.sampling.thinking)
         self.on_change(conv)
 
     def count(self, tokens: list[TokenEvent]) -> dict[int, str]:
@@ -126,6 +126,7 @@ class Replies(Mapping[int, Reply]):
             reply = self._active.get(ev.request_id)
             if reply is not None:
                 reply.tokens += 1
+                reply.bubble.think.feed(ev.text)
                 if ev.text:
                     texts.setdefault(ev.request_id, []).append(ev.text)
         return {rid: "".join(parts) for rid, parts in texts.items()}
@@ -219,6 +220,8 @@ class Replies(Mapping[int, Reply]):
 
     def _persist(self, reply: Reply, text: str, meta: dict) -> None:
         meta = {**meta, "rid": reply.rid}
+        if reply.bubble.think.found:
+            meta["thinking_tokens"] = reply.bubble.think.tokens
         if reply.of > 1:
             meta.update(sample=reply.sample, of=reply.of)
         if not reply.primary:

@@ -1,5 +1,6 @@
 """What the app asks the engine for: the model's sampling defaults overridden by the user's
-choices, and K replies per prompt.
+choices, K replies per prompt, and thinking (the chat template's `enable_thinking`: the setting
+"thinking", true, false or null for the template's default).
 
 Effective sampling = the model's defaults (`EngineInfo.sampling_defaults`, from its
 generation_config.json; built-in greedy until the engine reports, and for models without one)
@@ -24,6 +25,7 @@ from dataclasses import fields, replace
 from typing import Any
 
 from fgchat.protocol.events import SEED_SPACE, SamplingParams
+from fgchat.tui.thinking import SETTING_KEY as THINKING_KEY
 
 MAX_SAMPLES = 8  # the engine batches at most 8 sequences
 K_TEMPERATURE = 0.7  # temperature of K > 1 replies when the effective one is 0 (greedy)
@@ -129,6 +131,15 @@ class SamplingChoice:
         """Back to the model's defaults: no overrides."""
         self.overrides = {}
         self._settings.set(SETTINGS_KEY, {})
+
+    @property
+    def thinking(self) -> bool | None:
+        """enable_thinking for the chats sent (None: the template's default); a saved value of
+        another type is ignored by Settings."""
+        return self._settings.get(THINKING_KEY)
+
+    def set_thinking(self, value: bool | None) -> None:
+        self._settings.set(THINKING_KEY, value)
 
     def set_samples(self, k: int) -> None:
         self.samples = min(max(int(k), 1), MAX_SAMPLES)

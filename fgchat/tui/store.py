@@ -370,14 +370,15 @@ SETTING_TYPES: dict[str, tuple[type, ...]] = {
     "export_folder": (str, type(None)),
     "sampling_overrides": (dict,),
     "sampling": (dict, type(None)),
+    "thinking": (bool, type(None)),
 }
-_TYPE_NAMES = {int: "a whole number", str: "text", dict: "a table", type(None): "null"}
+_TYPE_NAMES = {int: "a whole number", str: "text", dict: "a table", type(None): "null", bool: "true or false"}
 
 
 def _wrong_type(key: str, value: Any) -> str:
     """Why `value` cannot be setting `key` ("" when it can)."""
     allowed = SETTING_TYPES.get(key)
-    if allowed is None or (isinstance(value, allowed) and not isinstance(value, bool)):
+    if allowed is None or (isinstance(value, allowed) and (bool in allowed or not isinstance(value, bool))):
         return ""
     wanted = " or ".join(_TYPE_NAMES[t] for t in allowed)
     shown = json.dumps(value)
