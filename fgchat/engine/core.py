@@ -317,6 +317,8 @@ class Engine(EngineBuild, PrefillRoute, DecodeLoop, SpecLoop):
             self._trim_due = self._trim_due or (started and self._keeps_blocks)
         if started and not self.pipelined:
             pass  # a host-run step would hold the first tokens back by a whole decode step: next call
+        elif self.scheduler.running and self._spec_wanted(list(self.scheduler.running)) and self._spec_step():
+            pass  # a speculative step ran (speculate.loop)
         elif self.scheduler.running:
             seqs = list(self.scheduler.running)
             prev = self._inflight
