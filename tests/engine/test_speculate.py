@@ -153,3 +153,31 @@ def test_speculation_switches_live_and_checks_its_arguments():
     eng.set_speculation("off")
     got, evs = run(eng, [REPEATING], GREEDY)
     assert got[0].spec is None and all(e.spec_method == "" and not e.drafted for e in evs)
+
+
+def test_set_speculation_through_a_handle_answers_with_engine_info():
+    import time
+
+    from fgchat.engine.process import EngineThread
+    from fgchat.protocol.events import EngineError, EngineInfo
+
+    h = EngineThread(EngineConfig(preset="tiny", device="cpu"))
+    h.start()
+    try:
+        def next_info(deadline: float = 30.0):
+            end = time.monotonic() + deadline
+            while time.monotonic() < end:
+                for ev in h.get_events(0.1):
+                    if isinstance(ev, (EngineInfo, EngineError)):
+                        return ev
+            raise AssertionError("no EngineInfo")
+
+        assert next_info().speculate == "off"
+        h.set_speculation("ngram", 5)
+        info = next_info()
+        assert (info.speculate, info.draft_len, info.draft_model) == ("ngram", 5, "")
+        h.set_speculation("draft")  # no draft model configured: one line, the engine goes on
+        err = next_info()
+        assert isinstance(err, EngineError) and not err.fatal and "needs --draft" in err.message
+    finally:
+        h.shutdown()
