@@ -18,6 +18,8 @@ from fgchat.cli_args import (
     DTYPES,
     MIN_CONTEXT,
     QUANTIZE,
+    add_spec_args,
+    check_spec_args,
     check_weight_args,
     check_writable,
     context_arg,
@@ -114,6 +116,7 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
                    "own format")
     p.add_argument("--dequantize", action="store_true",
                    help="a GGUF file's weights dequantized to bf16 at load (the unquantized path, to compare)")
+    add_spec_args(p)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -177,12 +180,19 @@ def _engine_config(args: argparse.Namespace):
         model=args.model, device=args.device, dtype=args.dtype, max_context=args.max_context,
         mode=args.mode, attention=args.attention, lazy_capture=args.lazy_capture,
         quantize=args.quantize, dequantize=args.dequantize,
+        speculate=args.speculate, draft=args.draft, draft_len=args.draft_len,
     )
 
 
 def _run(args: argparse.Namespace) -> int:
     if args.command in ("generate", "serve") or (args.command is None and args.endpoint is None):
         check_weight_args(args.model, [args.quantize], args.dequantize)
+    if args.command != "bench":
+        check_spec_args(args.speculate, args.draft, oracle_allowed=args.command == "generate")
+    if args.endpoint is not None and args.command is None and args.speculate != "off":
+        from fgchat.protocol.errors import FgchatError
+
+        raise FgchatError("speculation runs in the local engine: leave out --endpoint")
     if args.command == "generate":
         from fgchat.generate import run_generate
 
@@ -214,6 +224,7 @@ def _run(args: argparse.Namespace) -> int:
         model=args.model, mode=args.mode, attention=args.attention, max_context=args.max_context,
         log_csv=args.log_csv, device=args.device, dtype=args.dtype, lazy_capture=args.lazy_capture,
         quantize=args.quantize, dequantize=args.dequantize,
+        speculate=args.speculate, draft=args.draft, draft_len=args.draft_len,
     )
 
 

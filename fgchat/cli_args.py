@@ -145,3 +145,39 @@ def write_stdout(text: str) -> None:
     except OSError as e:
         silence_stdout()
         raise FgchatError(f"cannot write to stdout: {e.strerror or e}") from None
+
+
+SPECULATE_METHODS = ("off", "ngram", "draft", "oracle")  # engine.speculate.METHODS (torch-free here)
+
+
+def draft_len_arg(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid draft length: {text!r}") from None
+    if not 1 <= value <= 8:
+        raise argparse.ArgumentTypeError(f"draft length must be in 1..8, got {value}")
+    return value
+
+
+def add_spec_args(p: argparse.ArgumentParser) -> None:
+    """--speculate, --draft, --draft-len (checked together by check_spec_args)."""
+    p.add_argument("--speculate", default="off", choices=SPECULATE_METHODS,
+                   help="speculative decoding: ngram (prompt lookup), draft (a smaller model, --draft), "
+                   "oracle (benchmarks: an earlier greedy run's tokens; bench and generate only)")
+    p.add_argument("--draft", default=None, metavar="MODEL",
+                   help="with --speculate draft: the draft model (same tokenizer; preset:NAME for random weights)")
+    p.add_argument("--draft-len", type=draft_len_arg, default=4, metavar="K",
+                   help="drafted tokens per step at most, 1..8 (adaptive below it; default: 4)")
+
+
+def check_spec_args(speculate: str, draft: str | None, oracle_allowed: bool) -> None:
+    """The speculation options together; each failure is one line."""
+    from fgchat.protocol.errors import FgchatError
+
+    if draft is not None and speculate != "draft":
+        raise FgchatError("--draft needs --speculate draft")
+    if speculate == "draft" and not draft:
+        raise FgchatError("--speculate draft needs --draft MODEL")
+    if speculate == "oracle" and not oracle_allowed:
+        raise FgchatError("--speculate oracle is for `fgchat bench` and `fgchat generate`")

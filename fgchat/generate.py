@@ -202,6 +202,8 @@ def _generate(args: argparse.Namespace, config) -> int:
                                         getattr(info, "sampling_source", ""))
     sampling = f"sampling {describe_sampling(params[0])} ({source})"
     prompt = build_prompt(engine, args)
+    if config.speculate == "oracle":
+        _record_oracle(engine, prompt, params)
     stream = args.n == 1 and not args.json
     out = _Stdout()
     done: dict[int, RequestSummary] = {}
@@ -237,6 +239,16 @@ def _generate(args: argparse.Namespace, config) -> int:
     if out.broken:
         return EXIT_BROKEN_PIPE
     return 0 if all(s.finish_reason != "error" for s in done.values()) else 1
+
+
+def _record_oracle(engine, prompt: list[int], params: list[SamplingParams]) -> None:
+    """--speculate oracle: the prompt's greedy continuation from a plain run first, the drafts of
+    the measured run (engine.speculate.loop records it as the request ends)."""
+    engine.set_speculation("off")
+    engine.submit(prompt, SamplingParams(max_tokens=max(p.max_tokens for p in params),
+                                         ignore_eos=params[0].ignore_eos))
+    engine.run_until_done()
+    engine.set_speculation("oracle")
 
 
 def _print_start_lines(engine, info) -> None:
@@ -275,7 +287,7 @@ def _report(args, engine, rids: list[int], done: dict[int, RequestSummary], batc
             {"text": s.text, "token_ids": s.token_ids, "ttft_ms": s.ttft_ms, "tpot_ms": s.tpot_ms,
              "itl_ms": s.itl_ms, "e2e_ms": s.e2e_ms, "prompt_tokens": s.prompt_tokens,
              "output_tokens": s.output_tokens, "finish_reason": s.finish_reason,
-             "seed": seeds.get(s.request_id)}
+             "seed": seeds.get(s.request_id), "spec": s.spec}
             for s in sums
         ]
         head = dict(objs[0]) if objs else {}

@@ -74,6 +74,7 @@ def add_bench_parser(sub) -> None:
         ATTENTION_BACKENDS,
         DTYPES,
         QUANTIZE,
+        add_spec_args,
         context_arg,
         device_arg,
         endpoint_arg,
@@ -139,6 +140,7 @@ def add_bench_parser(sub) -> None:
                    help="with --chart: draw the chart from these `--json` results instead of running "
                    "(one panel per model; the other options are not used; default: run)")
     b.add_argument("--attention", default="auto", choices=ATTENTION_BACKENDS, help="decode-attention backend")
+    add_spec_args(b)
     b.add_argument("--device", type=device_arg, default=None,
                    help="auto | cpu | cuda | cuda:N (default: auto, CUDA when available)")
     b.add_argument("--dtype", default="auto", choices=DTYPES,
@@ -192,6 +194,11 @@ def check_bench_args(args: argparse.Namespace) -> None:
         check_weight_args(args.model, args.quantize, args.dequantize, args.preset)
     if args.temperature > 0 and (args.peers or getattr(args, "endpoint", None)):
         raise FgchatError("--temperature measures fgchat's own sampled steps: leave out --peers and --endpoint")
+    from fgchat.cli_args import check_spec_args
+
+    check_spec_args(args.speculate, args.draft, oracle_allowed=True)
+    if args.speculate != "off" and getattr(args, "endpoint", None):
+        raise FgchatError("speculation runs in the local engine: leave out --endpoint")
     if args.top_k and not args.temperature > 0:
         raise FgchatError("--top-k needs --temperature above 0")
     need = args.prompt_len + args.output_len + 8

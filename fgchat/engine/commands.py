@@ -44,6 +44,15 @@ class SetMode:
 
 
 @dataclass(frozen=True)
+class SetSpeculation:
+    """Switch speculative decoding live ("off" | "ngram" | "draft" | "oracle"); draft_len None
+    keeps the current one. The engine answers with a fresh EngineInfo."""
+
+    method: str
+    draft_len: int | None = None
+
+
+@dataclass(frozen=True)
 class GetInfo:
     pass
 
@@ -53,4 +62,4 @@ class Shutdown:
     pass
 
 
-Command = SubmitChat | SubmitChats | Cancel | SetMode | GetInfo | Shutdown
+Command = SubmitChat | SubmitChats | Cancel | SetMode | SetSpeculation | GetInfo | Shutdown

@@ -22,6 +22,7 @@ from fgchat.engine.prefill_route import PrefillRoute
 from fgchat.engine.prefix_reuse import SlotHistory
 from fgchat.engine.requests import Sequence
 from fgchat.engine.scheduler import Scheduler
+from fgchat.engine.speculate.loop import SpecLoop
 from fgchat.engine.startup_trace import startup_mark
 from fgchat.protocol.config import EngineConfig
 from fgchat.protocol.errors import FgchatError, RequestError
@@ -31,7 +32,7 @@ from fgchat.protocol.tuning import Tuning
 STEP_GRAPHS_KEPT = 4096
 
 
-class Engine(EngineBuild, PrefillRoute, DecodeLoop):
+class Engine(EngineBuild, PrefillRoute, DecodeLoop, SpecLoop):
     """Single-GPU (or CPU) engine. Not thread-safe: one caller drives step().
 
     The engine holds its decode modes (`self.modes`, engine.modes) and its current `mode`, which
@@ -65,6 +66,7 @@ class Engine(EngineBuild, PrefillRoute, DecodeLoop):
         self._settled = False  # the work after the deferred captures is done (capture_idle)
         self._build(self._use_fused())
         self._init_decode_loop(STEP_GRAPHS_KEPT)
+        self._init_speculation()
         self.mode = Mode.EAGER
         self._pending: list[EngineEvent] = []
         self._info_due = False  # a ModeChanged is pending: EngineInfo follows it from step()
@@ -164,6 +166,9 @@ class Engine(EngineBuild, PrefillRoute, DecodeLoop):
             weight_bytes=self.weight_bytes,
             step_bytes=self.step_bytes,
             peak_bandwidth=self.peak_bandwidth,
+            speculate=self.spec_method,
+            draft_len=self.spec_draft_len if self.spec_method != "off" else 0,
+            draft_model=self.spec_draft_name,
         )
 
     @property
@@ -312,6 +317,8 @@ class Engine(EngineBuild, PrefillRoute, DecodeLoop):
             self._trim_due = self._trim_due or (started and self._keeps_blocks)
         if started and not self.pipelined:
             pass  # a host-run step would hold the first tokens back by a whole decode step: next call
+        elif self.scheduler.running and self._spec_wanted(list(self.scheduler.running)) and self._spec_step():
+            pass  # a speculative step ran (speculate.loop)
         elif self.scheduler.running:
             seqs = list(self.scheduler.running)
             prev = self._inflight

@@ -60,6 +60,7 @@ class DecodeLoop:
     _info_due: bool
     _advance_on_device: bool
     _advance: Any
+    _spec_finished: Any  # speculate.loop.SpecLoop
 
     def _init_decode_loop(self, graphs_kept: int) -> None:
         """The loop's state: nothing in flight; on CUDA two sets of (start, end, tokens copied)
@@ -176,10 +177,17 @@ class DecodeLoop:
 
     def _emit(
         self, seq: Sequence, token: int, mode: Mode, b: int, gpu_ms: float | None, graph: str | None,
-        launch_ms: float | None = None,
+        launch_ms: float | None = None, spec: dict | None = None,
     ) -> None:
+        """`spec`: a speculative step's TokenEvent fields (step_id, drafted, draft_len,
+        accepted_in_step, spec_method); that step counts itself in seq.decode_steps. Else a plain
+        step's token (or prefill's, step -1)."""
         now = _now()
         first = not seq.output_ids
+        if spec is None:
+            method = getattr(self, "spec_method", "off")
+            spec = dict(step_id=-1 if first else seq.decode_steps, spec_method="" if method == "off" else method)
+            seq.decode_steps += 0 if first else 1  # before _finish below reads it
         itl = None if first else (now - seq.token_times_ns[-1]) / 1e6
         seq.output_ids.append(token)
         seq.token_times_ns.append(now)
@@ -193,7 +201,7 @@ class DecodeLoop:
                 request_id=seq.request_id, token_index=len(seq.output_ids) - 1, token_id=token,
                 text=text, mode=mode, batch_size=b, t_ns=now, itl_ms=itl, gpu_step_ms=gpu_ms,
                 is_first_token=first, position=len(seq.prompt_ids) + len(seq.output_ids) - 1,
-                graph=graph, launch_ms=launch_ms,
+                graph=graph, launch_ms=launch_ms, **spec,
             )
         )
         if token in seq.stop_ids:
@@ -228,6 +236,7 @@ class DecodeLoop:
                     ttft_ms=ttft, tpot_ms=tpot, e2e_ms=e2e, finish_reason=reason,  # type: ignore[arg-type]
                     text="".join(seq.text_parts), token_ids=list(seq.output_ids),
                     itl_ms=list(seq.itls_ms), mode_counts=dict(seq.mode_counts),
+                    spec=self._spec_finished(seq, reason),
                 )
             )
         )

@@ -22,6 +22,8 @@ class Sequence:
     mode_counts: dict[str, int] = field(default_factory=dict)
     text_parts: list[str] = field(default_factory=list)
     detok: object | None = None
+    decode_steps: int = 0  # decode steps that emitted tokens for this request (TokenEvent.step_id)
+    spec: object | None = None  # speculate.adaptive.AdaptiveK while speculation serves it
 
     @property
     def length(self) -> int:

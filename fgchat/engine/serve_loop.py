@@ -24,7 +24,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from fgchat.engine.commands import Cancel, Command, GetInfo, SetMode, Shutdown, SubmitChat, SubmitChats
+from fgchat.engine.commands import (Cancel, Command, GetInfo, SetMode, SetSpeculation, Shutdown, SubmitChat,
+                                    SubmitChats)
 from fgchat.engine.startup_trace import startup_mark
 from fgchat.protocol.errors import FgchatError, error_line
 from fgchat.protocol.events import EngineError, EngineProgress, RequestFinished, RequestNotice, TokenEvent
@@ -232,6 +233,9 @@ def _apply(engine: Any, cmd: Command) -> list:
             engine.cancel(cmd.request_id)
         elif isinstance(cmd, SetMode):
             engine.set_mode(cmd.mode)  # its ModeChanged comes out of the next step()
+        elif isinstance(cmd, SetSpeculation):
+            engine.set_speculation(cmd.method, cmd.draft_len)
+            return [engine.info()]
         elif isinstance(cmd, GetInfo):
             return [engine.info()]
     except Exception as exc:

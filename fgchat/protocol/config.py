@@ -31,3 +31,8 @@ class EngineConfig:
     # kernel-path switches; None: Tuning.from_env() (the FGCHAT_* variables) when the engine starts
     tuning: Tuning | None = None
     notes: list[str] = field(default_factory=list)
+    # speculative decoding: "off" | "ngram" | "draft" | "oracle"; the draft model (method "draft")
+    # and the drafts proposed per step at most (1..8)
+    speculate: str = "off"
+    draft: str | None = None
+    draft_len: int = 4

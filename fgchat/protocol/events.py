@@ -106,6 +106,14 @@ class TokenEvent:
     # host time to enqueue the step (its kernels, or its graphs and eager attention calls);
     # a step is host-bound when this reaches gpu_step_ms. None for prefill's first token
     launch_ms: float | None = None
+    # speculative decoding: the request's decode step that produced the token (from 0; -1 for
+    # prefill's token), whether it was a draft the target accepted, the drafts proposed and
+    # accepted in that step (0 when speculation is off) and the method ("" when off)
+    step_id: int = -1
+    drafted: bool = False
+    draft_len: int = 0
+    accepted_in_step: int = 0
+    spec_method: str = ""
 
 
 @dataclass
@@ -122,6 +130,9 @@ class RequestSummary:
     itl_ms: list[float] = field(default_factory=list)
     mode_counts: dict[str, int] = field(default_factory=dict)
     cached_tokens: int = 0  # prompt tokens whose K/V rows a slot still held: not prefilled again
+    # speculative decoding: {"method", "draft_len", "proposed", "accepted", "acceptance_rate",
+    # "tokens_per_step"}; None when off
+    spec: dict | None = None
 
 
 @dataclass
@@ -198,6 +209,11 @@ class EngineInfo:
     # the GPU's peak memory bandwidth in bytes per second (engine.bandwidth); None on CPU, for
     # endpoints and for GPUs of unknown bandwidth
     peak_bandwidth: float | None = None
+    # speculative decoding: the method ("off" | "ngram" | "draft" | "oracle"), the drafts proposed
+    # per step at most, and the draft model's name (method "draft")
+    speculate: str = "off"
+    draft_len: int = 0
+    draft_model: str = ""
 
 
 @dataclass

@@ -67,6 +67,9 @@ def build_app(
     quantize: str = "none",
     dequantize: bool = False,
     max_tokens: int = 1024,
+    speculate: str = "off",
+    draft: str | None = None,
+    draft_len: int = 4,
     engine_factory: Callable[..., object] | None = None,
     launched_at: float | None = None,
 ) -> FgchatApp:
@@ -89,6 +92,7 @@ def build_app(
     config = EngineConfig(
         model=model, device=device, dtype=dtype, max_context=max_context, mode=mode,
         attention=attention or "auto", lazy_capture=lazy_capture, quantize=quantize, dequantize=dequantize,
+        speculate=speculate, draft=draft, draft_len=draft_len,
     )
     engine = engine_factory(config) if engine_factory is not None else EngineProcess(
         config, log_path=_engine_log_path())

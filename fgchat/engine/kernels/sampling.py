@@ -87,13 +87,7 @@ def sample(
         sampled = torch.argmax(scaled + -torch.log(-torch.log(u)), dim=-1)
         return torch.where(is_greedy, greedy(logits), sampled)
     sorted_logits, order = torch.sort(scaled, dim=-1, descending=True)
-    probs = torch.softmax(sorted_logits, dim=-1)
-    before = torch.cumsum(probs, dim=-1) - probs  # mass strictly above each rank
-    rank = torch.arange(v, device=logits.device)[None, :]
-    k = torch.where(top_k > 0, top_k, torch.full_like(top_k, v))
-    # top-p 1 drops nothing (a cumsum may round past 1.0 in the tail)
-    drop = ((before > top_p[:, None]) & (top_p[:, None] < 1.0)) | (rank >= k[:, None])
-    drop[:, 0] = False
+    _, drop = dropped_ranks(sorted_logits, top_p, top_k)
     filtered_logits = sorted_logits.masked_fill(drop, float("-inf"))
     score = filtered_logits - torch.log(-torch.log(u.gather(1, order)))
     # the smallest id among exact ties of the score, as the unfiltered argmax picks: the sort's
@@ -101,6 +95,21 @@ def sample(
     best = score.amax(dim=-1, keepdim=True)
     sampled = torch.where(score == best, order, v).amin(dim=-1)
     return torch.where(is_greedy, greedy(logits), sampled)
+
+
+def dropped_ranks(sorted_logits: torch.Tensor, top_p: torch.Tensor, top_k: torch.Tensor
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """For logits / T sorted descending [B, V]: their softmax, and which ranks top-k and top-p
+    drop (never rank 0)."""
+    v = sorted_logits.shape[-1]
+    probs = torch.softmax(sorted_logits, dim=-1)
+    before = torch.cumsum(probs, dim=-1) - probs  # mass strictly above each rank
+    rank = torch.arange(v, device=sorted_logits.device)[None, :]
+    k = torch.where(top_k > 0, top_k, torch.full_like(top_k, v))
+    # top-p 1 drops nothing (a cumsum may round past 1.0 in the tail)
+    drop = ((before > top_p[:, None]) & (top_p[:, None] < 1.0)) | (rank >= k[:, None])
+    drop[:, 0] = False
+    return probs, drop
 
 
 def needs_filter(top_p: float, top_k: int, vocab: int) -> bool:

@@ -1,0 +1,187 @@
+"""Speculative decoding in the engine: a mixin of `Engine` (engine.core) holding the method, the
+draft length and the proposers, and running a speculative step where one pays.
+
+A speculative step: each running request asks its adaptive controller for k drafts, the
+proposer offers up to k, the target verifies the last token and the drafts in one pass
+(speculate.verify), each request accepts its own prefix (speculate.accept) and emits the accepted
+drafts and the target's token after them. A step where nothing is proposed runs as a plain
+decode step instead; requests with penalties decode plainly (their counts change token by token).
+The verification runs eagerly: its TokenEvents say mode "eager" and no graph."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from fgchat.engine.speculate import check_draft_len, check_method
+from fgchat.engine.speculate.accept import (STREAM_ACCEPT, STREAM_RESIDUAL, accept, accept_greedy, row_uniforms,
+                                            target_probs)
+from fgchat.engine.speculate.adaptive import AdaptiveK
+from fgchat.engine.speculate.proposers import Oracle, ngram_propose
+from fgchat.engine.speculate.verify import verify_logits
+from fgchat.protocol.errors import FgchatError
+from fgchat.protocol.events import Mode
+
+if TYPE_CHECKING:
+    from fgchat.engine.requests import Sequence
+    from fgchat.engine.speculate.draft import DraftModel
+
+
+class SpecLoop:
+    """The engine's speculation state, its live switch and the speculative step."""
+
+    config: Any
+    device: torch.device
+    dtype: torch.dtype
+    max_context: int
+    scheduler: Any
+    decoder: Any
+    cache: Any
+    model: Any
+    tuning: Any
+    notes: list[str]
+
+    def _init_speculation(self) -> None:
+        self.spec_method = "off"
+        self.spec_draft_len = check_draft_len(self.config.draft_len)
+        self.spec_draft_name = ""
+        # recorded continuations for `oracle`: every request that ends by stop or length records
+        # its output, so a second run of the same prompt is drafted by the first
+        self.spec_oracle = Oracle()
+        self._draft: DraftModel | None = None
+        self.set_speculation(self.config.speculate)
+
+    def set_speculation(self, method: str, draft_len: int | None = None) -> None:
+        """Switch speculation for the next decode steps; `draft_len` None keeps the current one.
+        The draft model loads on the first switch to `draft`."""
+        check_method(method)
+        if draft_len is not None:
+            self.spec_draft_len = check_draft_len(draft_len)
+        if method == "draft" and self._draft is None:
+            self._draft = self._load_draft()
+            self.spec_draft_name = self._draft.name
+        self.spec_method = method
+        for seq in self.scheduler.every():
+            seq.spec = None  # a fresh controller at the new draft length
+
+    def _load_draft(self) -> DraftModel:
+        from fgchat.engine.speculate.draft import DraftModel, check_compatible, load_draft
+
+        if not self.config.draft:
+            raise FgchatError("speculation by a draft model needs --draft MODEL")
+        loaded = load_draft(self.config.draft, self.device, self.dtype, self.config.seed)
+        check_compatible(self.model, loaded)
+        return DraftModel(loaded, self.max_context, self.decoder.fused, self.tuning)
+
+    # ---- the step ----
+    def _spec_wanted(self, seqs: list[Sequence]) -> bool:
+        """Whether this step speculates: on, no lane penalized, and some lane not paused (paused
+        lanes count this step as one of their pause)."""
+        if self.spec_method == "off" or not seqs or any(s.params.penalized for s in seqs):
+            return False
+        states = [self._controller(s) for s in seqs]
+        if all(st.paused for st in states):
+            for st in states:
+                st.tick()
+            return False
+        return True
+
+    def _controller(self, seq: Sequence) -> AdaptiveK:
+        if seq.spec is None:
+            seq.spec = AdaptiveK(self.spec_draft_len)
+        return seq.spec  # type: ignore[return-value]
+
+    def _room(self, seq: Sequence) -> int:
+        """Drafts the request can take: its output budget after the target's own token, and the
+        cache rows the verification writes (positions length - 1 .. length - 1 + k)."""
+        return max(0, min(seq.params.max_tokens - len(seq.output_ids) - 1, self.max_context - seq.length - 1))
+
+    def _propose(self, seqs: list[Sequence], ks: list[int]) -> tuple[list[list[int]], list[torch.Tensor | None]]:
+        if self.spec_method == "draft" and self._draft is not None:
+            return self._draft.propose(seqs, ks)
+        if self.spec_method == "oracle":
+            return [self.spec_oracle.propose(s.prompt_ids, s.output_ids, k) for s, k in zip(seqs, ks)], [None] * len(seqs)
+        return [ngram_propose(s.prompt_ids + s.output_ids, k) for s, k in zip(seqs, ks)], [None] * len(seqs)
+
+    def _spec_step(self) -> bool:
+        """One speculative step over the running batch; False when nothing was proposed (the
+        caller runs a plain step then)."""
+        self._drain()  # type: ignore[attr-defined]  # the last tokens are the proposers' input
+        seqs = list(self.scheduler.running)
+        if not seqs:
+            return True
+        ks = [min(self._controller(s).want(), self._room(s)) for s in seqs]
+        cuda = self.device.type == "cuda"
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+        t0 = time.perf_counter()
+        drafts, qs = self._propose(seqs, ks)
+        drafts = [d[:k] for d, k in zip(drafts, ks)]
+        if not any(drafts):
+            for s, k in zip(seqs, ks):
+                self._controller(s).update(0, 0) if k else self._controller(s).tick()
+            return False
+        blocks = [([s.output_ids[-1]] + d, s.length - 1, s.slot) for s, d in zip(seqs, drafts)]
+        logits = verify_logits(self.decoder, blocks, self.cache.k, self.cache.v)
+        results = [self._accept(s, row, d, q) for s, row, d, q in zip(seqs, logits, drafts, qs)]
+        launch_ms = (time.perf_counter() - t0) * 1e3
+        gpu_ms = None
+        if cuda:
+            end.record()
+            end.synchronize()
+            gpu_ms = start.elapsed_time(end)
+        b = len(seqs)
+        running = self.scheduler.running
+        for seq, d, (m, tok), k in zip(seqs, drafts, results, ks):
+            n_before = seq.length
+            if k or d:
+                self._controller(seq).update(len(d), m)
+            else:
+                self._controller(seq).tick()
+            fields = dict(step_id=seq.decode_steps, draft_len=len(d), accepted_in_step=m,
+                          spec_method=self.spec_method)
+            seq.decode_steps += 1  # before the tokens: the last one may end the request
+            for j, t in enumerate(d[:m] + [tok]):
+                if not any(seq is r for r in running):
+                    break  # stopped on an earlier token of this step
+                self._emit(seq, t, Mode.EAGER, b, gpu_ms, None, launch_ms,  # type: ignore[attr-defined]
+                           spec=dict(fields, drafted=j < m))
+            if self._draft is not None and self.spec_method == "draft":
+                self._draft.settle(seq, n_before, len(d), m)
+        return True
+
+    def _accept(self, seq: Sequence, logits: torch.Tensor, drafts: list[int],
+                q: torch.Tensor | None) -> tuple[int, int]:
+        """(drafts accepted, the target's token after them) for one request."""
+        p = seq.params
+        if p.temperature <= 0:
+            return accept_greedy(logits, drafts)
+        dev, rows = logits.device, logits.shape[0]
+        probs = target_probs(logits, torch.full((rows,), p.temperature, device=dev),
+                             torch.full((rows,), p.top_p, device=dev),
+                             torch.full((rows,), p.top_k, dtype=torch.int64, device=dev))
+        n = seq.length  # row r chooses the token at position n + r
+        positions = list(range(n, n + rows))
+        u = row_uniforms(p.seed, positions[:-1], STREAM_ACCEPT, 1, dev)[:, 0]
+        residual_u = row_uniforms(p.seed, positions, STREAM_RESIDUAL, logits.shape[1], dev)
+        d = torch.tensor(drafts, dtype=torch.int64, device=dev)
+        m, tok = accept(probs[None], None if q is None else q[None].to(probs.dtype), d[None], u[None], residual_u[None])
+        return int(m[0]), int(tok[0])
+
+    # ---- the request's record ----
+    def _spec_finished(self, seq: Sequence, reason: str) -> dict | None:
+        """On a request's end: its output recorded for the oracle; its RequestSummary.spec."""
+        if reason in ("stop", "length") and seq.params.temperature <= 0:
+            self.spec_oracle.record(seq.prompt_ids, seq.output_ids)
+        st = seq.spec
+        if not isinstance(st, AdaptiveK):
+            return None
+        steps = max(seq.decode_steps, 1)
+        return {
+            "method": self.spec_method, "draft_len": st.k_max, "proposed": st.proposed, "accepted": st.accepted,
+            "acceptance_rate": st.accepted / st.proposed if st.proposed else 0.0,
+            "tokens_per_step": max(len(seq.output_ids) - 1, 0) / steps,
+        }
