@@ -169,6 +169,9 @@ class EndpointClient(EngineHandle):
     def set_mode(self, mode: str) -> None:
         self._control.put(lambda: self._set_mode(str(mode)))
 
+    def set_speculation(self, method: str, draft_len: int | None = None) -> None:
+        raise FgchatError("speculation runs in the local engine, not through an endpoint")
+
     def request_info(self) -> None:
         self._control.put(self._refresh_info)
 

@@ -44,6 +44,12 @@ class SetMode:
 
 
 @dataclass(frozen=True)
+class SetSpeculation:
+    method: str  # "off" | "ngram" | "draft" | "oracle"
+    draft_len: int | None = None  # None: keep the current k
+
+
+@dataclass(frozen=True)
 class GetInfo:
     pass
 
@@ -53,4 +59,4 @@ class Shutdown:
     pass
 
 
-Command = SubmitChat | SubmitChats | Cancel | SetMode | GetInfo | Shutdown
+Command = SubmitChat | SubmitChats | Cancel | SetMode | SetSpeculation | GetInfo | Shutdown

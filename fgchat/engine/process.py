@@ -31,7 +31,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from fgchat.engine import event_pipe
-from fgchat.engine.commands import Cancel, Command, GetInfo, SetMode, Shutdown, SubmitChat, SubmitChats
+from fgchat.engine.commands import (Cancel, Command, GetInfo, SetMode, SetSpeculation, Shutdown, SubmitChat,
+                                    SubmitChats)
 from fgchat.engine.serve_loop import IDLE_POLL_S, serve, startup_phase
 from fgchat.engine.startup_trace import startup_mark
 from fgchat.protocol.events import EngineError, SamplingParams
@@ -91,6 +92,9 @@ class _EngineHandle(EngineHandle):
 
     def set_mode(self, mode: str) -> None:
         self._send(SetMode(mode))
+
+    def set_speculation(self, method: str, draft_len: int | None = None) -> None:
+        self._send(SetSpeculation(method, draft_len))
 
     def request_info(self) -> None:
         self._send(GetInfo())

@@ -31,3 +31,6 @@ class EngineConfig:
     # kernel-path switches; None: Tuning.from_env() (the FGCHAT_* variables) when the engine starts
     tuning: Tuning | None = None
     notes: list[str] = field(default_factory=list)
+    speculate: str = "off"  # "off" | "ngram" | "draft" | "oracle"
+    draft: str | None = None  # the draft model (speculate="draft")
+    draft_len: int = 4

@@ -40,6 +40,9 @@ class SamplingParams:
     # OpenAI's rules over output tokens: logit -= presence * [count > 0] + frequency * count
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    # speculate="oracle" only: the drafts this request's steps propose (the target's own greedy
+    # continuation from an earlier run); None elsewhere
+    oracle_tokens: list[int] | None = None
 
     def __post_init__(self) -> None:
         # a top-k past any vocabulary keeps every token: the same as off, and it must fit int64
@@ -106,6 +109,11 @@ class TokenEvent:
     # host time to enqueue the step (its kernels, or its graphs and eager attention calls);
     # a step is host-bound when this reaches gpu_step_ms. None for prefill's first token
     launch_ms: float | None = None
+    step_id: int = -1  # decode step of this request that produced it; -1 for prefill's token
+    drafted: bool = False  # a drafted token the target accepted
+    draft_len: int = 0  # tokens proposed in that step (k); 0 when speculation is off
+    accepted_in_step: int = 0  # drafted tokens the target accepted in that step
+    spec_method: str = ""  # "ngram" | "draft" | "oracle" | "" (off)
 
 
 @dataclass
@@ -122,6 +130,9 @@ class RequestSummary:
     itl_ms: list[float] = field(default_factory=list)
     mode_counts: dict[str, int] = field(default_factory=dict)
     cached_tokens: int = 0  # prompt tokens whose K/V rows a slot still held: not prefilled again
+    # {"method", "draft_len", "proposed", "accepted", "acceptance_rate", "tokens_per_step"};
+    # None when speculation is off
+    spec: dict | None = None
 
 
 @dataclass
@@ -198,6 +209,9 @@ class EngineInfo:
     # the GPU's peak memory bandwidth in bytes per second (engine.bandwidth); None on CPU, for
     # endpoints and for GPUs of unknown bandwidth
     peak_bandwidth: float | None = None
+    speculate: str = "off"  # "off" | "ngram" | "draft" | "oracle"
+    draft_len: int = 0
+    draft_model: str = ""  # the draft model's name; "" without one
 
 
 @dataclass

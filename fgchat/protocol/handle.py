@@ -46,6 +46,9 @@ class EngineHandle(Protocol):
 
     def set_mode(self, mode: str) -> None: ...
 
+    def set_speculation(self, method: str, draft_len: int | None = None) -> None:
+        """Switch speculative decoding ("off" | "ngram" | "draft" | "oracle") for later steps."""
+
     def request_info(self) -> None: ...
 
     def get_events(self, timeout: float = 0.1) -> list:
