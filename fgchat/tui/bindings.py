@@ -25,6 +25,8 @@ APP_BINDINGS: list[Binding] = [
             tooltip="Ask for one more reply per prompt (K = 1..8 replies generated as one batch)"),
     Binding("f5", "samples(-1)", "K-1", group=Binding.Group("Replies", compact=True),
             tooltip="Ask for one reply fewer per prompt"),
+    Binding("f8", "speculate", "Spec",
+            tooltip="Speculative decoding: off → ngram (prompt lookup) → draft (a draft model, --draft) → off"),
     Binding("f6", "sampling", "Sampling",
             tooltip="Sampling: temperature, top-p, top-k, seed, penalties (the model's defaults unless you change them)"),
     Binding("ctrl+n", _chat("new_chat"), "New", tooltip="New chat tab (chats can generate at the same time)"),
