@@ -273,6 +273,17 @@ def write_outputs(result: dict, args: argparse.Namespace) -> tuple[list[str], li
     return written, failed
 
 
+def speculation_args(args: argparse.Namespace) -> dict:
+    """BenchSpec's speculate / draft / draft_len from the parsed flags (a LIST or a list of names)."""
+    methods = getattr(args, "speculate", None) or ["off"]
+    if isinstance(methods, str):
+        methods = [m.strip() for m in methods.split(",") if m.strip()]
+    out: dict = {"speculate": list(dict.fromkeys(methods)), "draft": getattr(args, "draft", None)}
+    if getattr(args, "draft_len", None) is not None:
+        out["draft_len"] = int(args.draft_len)
+    return out
+
+
 def run_bench(args: argparse.Namespace) -> int:
     if args.from_json is not None:
         return run_chart(args)
@@ -291,6 +302,7 @@ def run_bench(args: argparse.Namespace) -> int:
         peer_timeout=args.peer_timeout, outliers=args.outliers, penalties=args.penalties,
         temperature=args.temperature, top_k=max(args.top_k, 0),
         quantize=list(dict.fromkeys(args.quantize)), dequantize=args.dequantize,
+        **speculation_args(args),
     )
     if args.endpoint:
         from fgchat.bench.endpoint import run_endpoint_bench

@@ -29,6 +29,11 @@ def _block(run: dict[str, Any], captures: list[dict[str, Any]]) -> str:
         lines.append(f"{'Mean ' + label + ' (ms):':<36}{_f(s['mean'], 3):>14}")
         lines.append(f"{'Median ' + label + ' (ms):':<36}{_f(s['median'], 3):>14}")
         lines.append(f"{'P99 ' + label + ' (ms):':<36}{_f(s['p99'], 3):>14}")
+    if run.get("speculate", "off") != "off":
+        lines.append(f" Speculation ({run['speculate']}) ".center(w, "-"))
+        rate = run.get("acceptance_rate")
+        lines.append(f"{'Acceptance rate (%):':<36}{_f(None if rate is None else 100 * rate, 1):>14}")
+        lines.append(f"{'Tokens per step:':<36}{_f(run.get('tokens_per_step'), 2):>14}")
     lines.append(" Step ".center(w, "-"))
     lines.append(f"{'GPU time per step (ms):':<36}{_f(run['gpu_step_ms']['mean'], 3):>14}")
     lines.append(f"{'Host overhead per step (ms):':<36}{_f(run.get('host_overhead_ms'), 3):>14}")
@@ -58,13 +63,19 @@ def summary_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
                "tpot_ms_mean": tpot, "itl_ms_p99": r["itl_ms"]["p99"],
                "output_tokens_per_s": r["output_tokens_per_s"], "gpu_step_ms_mean": r["gpu_step_ms"]["mean"],
                "launch_ms_mean": (r.get("launch_ms") or {}).get("mean"),
-               "weights": r.get("weights"), "bandwidth_share": r.get("bandwidth_share")}
+               "weights": r.get("weights"), "bandwidth_share": r.get("bandwidth_share"),
+               "acceptance_rate": r.get("acceptance_rate"), "tokens_per_step": r.get("tokens_per_step")}
         for ref in ("fgchat-eager", "fgchat-piecewise", "hf-eager", "hf-compile"):
             # our modes against the same weight set's; the peers run the model's own weights
             name = f"{ref}-{label}" if label and ref.startswith("fgchat-") else ref
             other = by.get((name, r["batch_size"]))
             ot = other["tpot_ms"]["mean"] if other else None
             row[f"speedup_vs_{ref}"] = (ot / tpot) if (ot and tpot) else None
+        method = r.get("speculate", "off")
+        plain = by.get((r["runner"].replace(f"+{method}", "", 1), r["batch_size"])) if method != "off" else None
+        # a speculated row's tokens/s over its plain row's (same mode, weights and batch)
+        row["speedup_vs_plain"] = (r["output_tokens_per_s"] / plain["output_tokens_per_s"]
+                                   if plain and plain["output_tokens_per_s"] else None)
         rows.append(row)
     return rows
 
@@ -132,9 +143,9 @@ SUMMARY_COLUMNS: list[tuple[str, str, int | None]] = [  # (header, summary key, 
     ("TTFT p50 ms", "ttft_ms_median", 2),
     ("TPOT ms", "tpot_ms_mean", 3), ("ITL p99 ms", "itl_ms_p99", 3), ("tok/s", "output_tokens_per_s", 0),
     ("GPU ms/step", "gpu_step_ms_mean", 3), ("launch ms/step", "launch_ms_mean", 3),
-    ("BW %", "bandwidth_share", -2),
+    ("BW %", "bandwidth_share", -2), ("accept %", "acceptance_rate", -2), ("tok/step", "tokens_per_step", 2),
     ("× eager", "speedup_vs_fgchat-eager", None), ("× piecewise", "speedup_vs_fgchat-piecewise", None),
-    ("× hf-eager", "speedup_vs_hf-eager", None), ("× hf-compile", "speedup_vs_hf-compile", None),
+    ("× plain", "speedup_vs_plain", None), ("× hf-eager", "speedup_vs_hf-eager", None), ("× hf-compile", "speedup_vs_hf-compile", None),
 ]
 
 

@@ -47,13 +47,19 @@ def _git_commit() -> str:
         return "unknown"
 
 
-def measure_engine(engine: Engine, mode: str, batch: int, spec: BenchSpec) -> dict[str, Any]:
+def measure_engine(engine: Engine, mode: str, batch: int, spec: BenchSpec, method: str = "off") -> dict[str, Any]:
+    """One row: `mode` at `batch`, speculating with `method` ("off": plain decoding)."""
     engine.set_mode(mode)
     engine.capture_sizes(mode, [batch])  # graphs captured on first use (mega) are taken before timing
     prompts = prompts_for(batch, spec.prompt_len, engine.cfg.vocab_size)
     pen = dict(zip(("repetition_penalty", "presence_penalty", "frequency_penalty"), PENALTIES)) if spec.penalties else {}
     params = [SamplingParams(max_tokens=spec.output_len, ignore_eos=True, temperature=spec.temperature,
                              top_k=spec.top_k, seed=i, **pen) for i in range(len(prompts))]
+    if method == "oracle":  # the drafts: each prompt's own greedy continuation, from a plain run
+        params = [dataclasses.replace(p, oracle_tokens=t) for p, t in zip(params, _greedy(engine, prompts, params))]
+    if method != "off":  # the plain rows never touch speculation (the engine runs with it off)
+        engine.set_speculation(method, spec.draft_len)
+    all_tokens: list[TokenEvent] = []
     ttft, tpot, itl, gpu, launch, steps_wall = [], [], [], [], [], []
     decode_modes: set[str] = set()
     tok_s, round_tpot = [], []
@@ -81,10 +87,14 @@ def measure_engine(engine: Engine, mode: str, batch: int, spec: BenchSpec) -> di
         gpu += [e.gpu_step_ms for e in lead_steps if e.gpu_step_ms is not None]
         launch += [e.launch_ms for e in lead_steps if e.launch_ms is not None]
         decode_modes |= {e.mode for e in toks if not e.is_first_token}
+        all_tokens += toks
         tok_s.append(sum(s.output_tokens for s in done) / wall)
         steps_wall.append(wall)
+    if method != "off":
+        engine.set_speculation("off")
     out = {
-        "runner": f"fgchat-{mode}", "mode": mode, "batch_size": batch,
+        "runner": f"fgchat-{mode}" + (f"+{method}" if method != "off" else ""), "mode": mode,
+        "batch_size": batch, "speculate": method, **spec_figures(all_tokens),
         "ttft_ms": stats(ttft), "tpot_ms": stats(tpot), "itl_ms": stats(itl),
         "gpu_step_ms": stats(gpu), "launch_ms": stats(launch), "output_tokens_per_s": float(np.mean(tok_s)),
         "decode_modes": sorted(decode_modes), "requests": len(ttft),
@@ -95,11 +105,33 @@ def measure_engine(engine: Engine, mode: str, batch: int, spec: BenchSpec) -> di
     return out
 
 
+def _greedy(engine: Engine, prompts: list[list[int]], params: list[SamplingParams]) -> list[list[int]]:
+    """Each prompt's greedy continuation (its request's tokens) under `params` at temperature 0."""
+    rids = [engine.submit(p, dataclasses.replace(sp, temperature=0.0)) for p, sp in zip(prompts, params)]
+    done = {e.summary.request_id: e.summary.token_ids for e in engine.run_until_done()
+            if isinstance(e, RequestFinished)}
+    return [list(done[r]) for r in rids]
+
+
+def spec_figures(tokens: list[TokenEvent]) -> dict[str, Any]:
+    """acceptance_rate and tokens_per_step of the speculated steps among `tokens` (None when none)."""
+    from fgchat.metrics.records import LatencyLog
+    from fgchat.metrics.spec_window import SpecWindow
+
+    log = LatencyLog(start_ns=0)
+    for ev in tokens:
+        log.add_token(ev, "")
+    f = SpecWindow(log, max(1, len(tokens))).figures()
+    return {"acceptance_rate": f.acceptance_rate if f else None, "tokens_per_step": f.tokens_per_step if f else None,
+            "spec_steps": f.steps if f else 0}
+
+
 def _engine(spec: BenchSpec, quantize: str, need: int, tuning: Tuning) -> Engine:
     return Engine(EngineConfig(
         model=spec.model, preset=spec.preset, device=spec.device, dtype=spec.dtype,
         max_context=spec.max_context or need, mode=Mode.EAGER, attention=spec.attention,
         outliers=spec.outliers, tuning=tuning, quantize=quantize, dequantize=spec.dequantize,
+        draft=spec.draft, draft_len=spec.draft_len,
     ))
 
 
@@ -177,11 +209,12 @@ def run_all(spec: BenchSpec) -> dict[str, Any]:
             "sampling": {"temperature": spec.temperature, "top_k": spec.top_k} if spec.temperature > 0 else None,
             "warmup": spec.warmup, "repeats": spec.repeats, "time": time.strftime("%Y-%m-%d %H:%M:%S"),
             "interrupted": False,
+            "speculate": list(spec.speculate), "draft": spec.draft, "draft_len": spec.draft_len,
         },
         "captures": [], "skipped": [], "runs": [],
     }
     available = [m for m in spec.modes if not info.available_modes.get(m, "")]
-    total = len(quantize) * len(available) * len(spec.batch_sizes) + len(spec.peers) * 2 * len(spec.batch_sizes)
+    total = len(quantize) * len(available) * len(spec.batch_sizes) * len(spec.speculate) + len(spec.peers) * 2 * len(spec.batch_sizes)
     with keeping_finished_runs(result), progress_bar(total, spec.progress) as advance:
         for i, q in enumerate(quantize):
             if i:
@@ -216,6 +249,9 @@ def _measure_set(engine: Engine, info: EngineInfo, ws: dict[str, Any], spec: Ben
         if reason:
             result["skipped"].append({"runner": f"fgchat-{mode}{suffix}", "reason": reason})
             continue
-        for b in spec.batch_sizes:
-            advance(f"fgchat {mode}{' ' + ws['label'] if ws['label'] else ''} batch {b}")
-            result["runs"].append(label_run(measure_engine(engine, mode, b, spec), ws, info.peak_bandwidth))
+        for method in spec.speculate:
+            for b in spec.batch_sizes:
+                row = f"{mode}{'+' + method if method != 'off' else ''}"
+                advance(f"fgchat {row}{' ' + ws['label'] if ws['label'] else ''} batch {b}")
+                run = measure_engine(engine, mode, b, spec, method)
+                result["runs"].append(label_run(run, ws, info.peak_bandwidth))

@@ -39,6 +39,11 @@ class BenchSpec:
     # model's own weights); dequantize: a GGUF file's weights dequantized at load
     quantize: list[str] = field(default_factory=lambda: ["none"])
     dequantize: bool = False
+    # speculation methods measured in every mode ("off": the plain rows; others: rows "full+ngram"
+    # ...); oracle drafts are each prompt's own greedy continuation from a plain run first
+    speculate: list[str] = field(default_factory=lambda: ["off"])
+    draft: str | None = None  # the draft model of "draft"
+    draft_len: int = 4
 
 
 def stats(values: list[float]) -> dict[str, float | None]:

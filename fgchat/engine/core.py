@@ -276,6 +276,8 @@ class Engine(EngineBuild, PrefillRoute, DecodeLoop, SpecLoop):
         rid = request_id if request_id is not None else self._next_id
         self._next_id = max(self._next_id, rid) + 1
         stops = frozenset() if params.ignore_eos else self.stop_ids
+        if params.oracle_tokens:  # the oracle's drafts for this prompt, given with the request
+            self.spec_oracle.record(list(prompt_ids), list(params.oracle_tokens))
         seq = Sequence(rid, list(prompt_ids), params, stops, time.monotonic_ns())
         if self.tokenizer is not None:
             from fgchat.engine.model.tokenizer import IncrementalDetokenizer

@@ -1,6 +1,6 @@
 """CSV export of latency records (csv module, UTF-8, "\\n" line ends).
 
-Cells: floats with 3 decimals (all float columns are milliseconds), None as an empty cell,
+Cells: floats with 3 decimals (milliseconds, and the speculation's rates), None as an empty cell,
 booleans as 1 / 0, request modes as "eager:1;full:31". Header = TOKEN_COLUMNS / REQUEST_COLUMNS,
 preceded by `session_id` when the writer is given one (the TUI always is: its --log-csv and
 exports carry the session id on every row, so rows of several sessions in one file stay unique).
@@ -160,7 +160,9 @@ def _opt_int(s: str) -> int | None:
 
 # columns added after the first release: files written without any of them still read (as
 # empty cells), and --log-csv keeps appending to such a file in its own columns
-ADDED_COLUMNS = frozenset({"launch_ms", "endpoint", "cached_tokens"})
+ADDED_COLUMNS = frozenset({"launch_ms", "endpoint", "cached_tokens", "step_id", "drafted", "draft_len",
+                           "accepted_in_step", "spec_method", "spec_draft_len", "spec_proposed",
+                           "spec_accepted", "spec_acceptance_rate", "spec_tokens_per_step"})
 
 
 def _known_header(names: Sequence[str], columns: Sequence[str]) -> bool:
@@ -213,6 +215,11 @@ def read_tokens_csv(path: PathLike) -> list[TokenRecord]:
                 position=int(r["position"]),
                 launch_ms=_opt_float(r.get("launch_ms") or ""),
                 endpoint=r.get("endpoint") or "",
+                step_id=int(r.get("step_id") or -1),
+                drafted=(r.get("drafted") or "").strip().lower() in ("1", "true"),
+                draft_len=int(r.get("draft_len") or 0),
+                accepted_in_step=int(r.get("accepted_in_step") or 0),
+                spec_method=r.get("spec_method") or "",
             )
             for r in rows
         ]
@@ -238,6 +245,12 @@ def read_requests_csv(path: PathLike) -> list[RequestRecord]:
                 finish_reason=r["finish_reason"],
                 endpoint=r.get("endpoint") or "",
                 cached_tokens=int(r.get("cached_tokens") or 0),
+                spec_method=r.get("spec_method") or "",
+                spec_draft_len=_opt_int(r.get("spec_draft_len") or ""),
+                spec_proposed=_opt_int(r.get("spec_proposed") or ""),
+                spec_accepted=_opt_int(r.get("spec_accepted") or ""),
+                spec_acceptance_rate=_opt_float(r.get("spec_acceptance_rate") or ""),
+                spec_tokens_per_step=_opt_float(r.get("spec_tokens_per_step") or ""),
             )
             for r in rows
         ]

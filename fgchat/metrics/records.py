@@ -38,6 +38,11 @@ TOKEN_COLUMNS: tuple[str, ...] = (
     "position",
     "launch_ms",
     "endpoint",
+    "step_id",
+    "drafted",
+    "draft_len",
+    "accepted_in_step",
+    "spec_method",
 )
 
 # Files written for a session (the TUI's --log-csv and exports) put this column first: request
@@ -65,6 +70,12 @@ REQUEST_COLUMNS: tuple[str, ...] = (
     "finish_reason",
     "endpoint",
     "cached_tokens",
+    "spec_method",
+    "spec_draft_len",
+    "spec_proposed",
+    "spec_accepted",
+    "spec_acceptance_rate",
+    "spec_tokens_per_step",
 )
 
 
@@ -85,6 +96,11 @@ class TokenRecord:
     position: int  # prompt_tokens + token_index
     launch_ms: float | None = None  # host time to enqueue the step; None for the first token
     endpoint: str = ""  # URL of the remote server that produced it; "" for the local engine
+    step_id: int = -1  # decode step of its request that produced it; -1 for prefill's token
+    drafted: bool = False  # a drafted token the target accepted
+    draft_len: int = 0  # tokens proposed in that step; 0 without speculation
+    accepted_in_step: int = 0  # drafted tokens accepted in that step
+    spec_method: str = ""  # "ngram" | "draft" | "oracle"; "" without speculation
 
 
 @dataclass(frozen=True)
@@ -104,6 +120,13 @@ class RequestRecord:
     finish_reason: str
     endpoint: str = ""  # URL of the remote server that served it; "" for the local engine
     cached_tokens: int = 0  # prompt tokens not prefilled again: their K/V rows were in the slot
+    # RequestSummary.spec flattened; "" / None when the request ran without speculation
+    spec_method: str = ""
+    spec_draft_len: int | None = None
+    spec_proposed: int | None = None
+    spec_accepted: int | None = None
+    spec_acceptance_rate: float | None = None
+    spec_tokens_per_step: float | None = None
 
 
 def format_modes(modes: dict[str, int]) -> str:
@@ -125,6 +148,21 @@ def _ordered_modes(modes: dict[str, int]) -> dict[str, int]:
     known = {m: modes[m] for m in MODES if modes.get(m)}
     rest = {m: n for m, n in sorted(modes.items()) if m not in MODES and n}
     return known | rest
+
+
+def spec_fields(spec: dict | None) -> dict[str, object]:
+    """RequestRecord's spec_* fields from RequestSummary.spec (None: the defaults)."""
+    if not spec:
+        return {}
+
+    def num(key: str, kind: type) -> object:
+        value = spec.get(key)
+        return None if value is None else kind(value)
+
+    return {"spec_method": str(spec.get("method") or ""), "spec_draft_len": num("draft_len", int),
+            "spec_proposed": num("proposed", int), "spec_accepted": num("accepted", int),
+            "spec_acceptance_rate": num("acceptance_rate", float),
+            "spec_tokens_per_step": num("tokens_per_step", float)}
 
 
 class LatencyLog:
@@ -175,6 +213,11 @@ class LatencyLog:
             position=event.position,
             launch_ms=None if event.launch_ms is None else float(event.launch_ms),
             endpoint=endpoint,
+            step_id=int(event.step_id),
+            drafted=bool(event.drafted),
+            draft_len=int(event.draft_len),
+            accepted_in_step=int(event.accepted_in_step),
+            spec_method=str(event.spec_method),
         )
         with self._lock:
             if not record.is_first_token and record.itl_ms is not None:
@@ -210,6 +253,7 @@ class LatencyLog:
                 finish_reason=str(summary.finish_reason),
                 endpoint=endpoint,
                 cached_tokens=int(summary.cached_tokens),
+                **spec_fields(summary.spec),
             )
             self._requests.append(record)
         return record

@@ -40,6 +40,9 @@ class SamplingParams:
     # OpenAI's rules over output tokens: logit -= presence * [count > 0] + frequency * count
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    # speculate="oracle" only: the drafts this request's steps propose (the target's own greedy
+    # continuation from an earlier run); None elsewhere
+    oracle_tokens: list[int] | None = None
 
     def __post_init__(self) -> None:
         # a top-k past any vocabulary keeps every token: the same as off, and it must fit int64

@@ -6,6 +6,11 @@ Invariants:
   decode mode that produced them; TTFT (observed when a request finishes) is labelled by
   the mode the engine is in.
 - Batch size is observed once per decode token (so it is weighted by tokens).
+- Speculation (vLLM's spec_decode names) is counted once per speculated step, at its first token
+  (a new step_id of its request), labelled by method: drafts (steps that proposed), draft tokens
+  (proposed), accepted tokens, and the step's tokens (accepted + the target's own) in the
+  tokens-per-step histogram. acceptance = accepted / draft tokens; tokens per step = its sum /
+  its count.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ STEP_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.003, 0.004, 0.005, 0.00
                 0.03, 0.05, 0.1, 0.25, 0.5, 1.0)
 E2E_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0)
 BATCH_BUCKETS = (1, 2, 3, 4, 5, 6, 7, 8)
+TOKENS_PER_STEP_BUCKETS = (1, 2, 3, 4, 5, 6, 7, 8, 9)
+SPEC_METHODS = ("ngram", "draft", "oracle")
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
@@ -50,6 +57,19 @@ class ServeMetrics:
         self.rejected = Counter("fgchat:request_rejected", "Requests refused with 429 (queue full)", registry=r)
         self.prompt_tokens = Counter("fgchat:prompt_tokens", "Prompt tokens of finished requests", registry=r)
         self.generation_tokens = Counter("fgchat:generation_tokens", "Generated tokens", registry=r)
+        self.spec_drafts = Counter("fgchat:spec_decode_num_drafts", "Speculated decode steps (per request)",
+                                   ["method"], registry=r)
+        self.spec_draft_tokens = Counter("fgchat:spec_decode_num_draft_tokens", "Drafted tokens proposed",
+                                         ["method"], registry=r)
+        self.spec_accepted = Counter("fgchat:spec_decode_num_accepted_tokens", "Drafted tokens accepted",
+                                     ["method"], registry=r)
+        self.spec_tokens_per_step = Histogram(
+            "fgchat:spec_decode_tokens_per_step", "Tokens a speculated step emitted (accepted + 1)",
+            ["method"], buckets=TOKENS_PER_STEP_BUCKETS, registry=r)
+        self._step_of: dict[int, int] = {}  # request id -> its latest speculated step seen
+        for method in SPEC_METHODS:
+            for c in (self.spec_drafts, self.spec_draft_tokens, self.spec_accepted, self.spec_tokens_per_step):
+                c.labels(method)
         for m in MODES:  # every label exists from the start: a scrape sees zeros, not gaps
             for h in (self.ttft, self.itl, self.gpu_step, self.launch):
                 h.labels(m)
@@ -66,11 +86,19 @@ class ServeMetrics:
             self.gpu_step.labels(ev.mode).observe(ev.gpu_step_ms / 1e3)
         if ev.launch_ms is not None:
             self.launch.labels(ev.mode).observe(ev.launch_ms / 1e3)
+        if ev.spec_method and ev.step_id >= 0 and self._step_of.get(ev.request_id) != ev.step_id:
+            self._step_of[ev.request_id] = ev.step_id
+            method = ev.spec_method
+            self.spec_drafts.labels(method).inc()
+            self.spec_draft_tokens.labels(method).inc(ev.draft_len)
+            self.spec_accepted.labels(method).inc(ev.accepted_in_step)
+            self.spec_tokens_per_step.labels(method).observe(ev.accepted_in_step + 1)
 
     def request(self, s: RequestSummary, engine_mode: str) -> None:
         """A finished request; its TTFT (engine-measured, submit to first token) is labelled by
         the mode the engine is in."""
         self.finished.labels(s.finish_reason).inc()
+        self._step_of.pop(s.request_id, None)
         if s.output_tokens:
             self.ttft.labels(engine_mode).observe(s.ttft_ms / 1e3)
         self.prompt_tokens.inc(s.prompt_tokens)

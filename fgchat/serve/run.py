@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import ipaddress
 import os
 import signal
@@ -153,6 +154,14 @@ def _end_loading(handle: EngineHandle, timeout_s: float = 5.0) -> None:
     handle.shutdown()
 
 
+def speculation_config(args: argparse.Namespace, config: Any) -> Any:
+    """`config` with the --speculate / --draft / --draft-len of `args` (those given)."""
+    given = {field: getattr(args, name) for name, field in
+             (("speculate", "speculate"), ("draft", "draft"), ("draft_len", "draft_len"))
+             if getattr(args, name, None) is not None}
+    return dataclasses.replace(config, **given) if given else config
+
+
 def run_serve(args: argparse.Namespace, config: Any) -> int:
     key = api_key_for(args)
     if not is_loopback(args.host) and key is None:
@@ -177,7 +186,7 @@ def _serve(sock: socket.socket, args: argparse.Namespace, config: Any, key: str 
     from fgchat.serve.hub import EngineHub, Stopped, Unavailable, wait_for_info
 
     _Server = _server_class()
-    handle = EngineProcess(config)
+    handle = EngineProcess(speculation_config(args, config))
     hub = None
     try:
         handle.start()

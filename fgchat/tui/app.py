@@ -77,6 +77,7 @@ from fgchat.tui.palette import fgchat_commands
 from fgchat.tui.prompt_input import PromptInput
 from fgchat.tui.replies import CPU_DRAW_SHARE, Replies
 from fgchat.tui.sampling import MAX_SAMPLES, SamplingChoice
+from fgchat.tui.speculation import SpecToggle
 from fgchat.tui.store import ChatStore, Settings, usable_data_dir
 from fgchat.tui.store_guard import StoreGuard, log_problem
 from fgchat.tui.themes import BUILTIN_THEME_DIR, DEFAULT_THEME, load_themes
@@ -156,6 +157,7 @@ class FgchatApp(App[int]):
             lambda cfg: EngineProcess(cfg, log_path=self.data_path / "engine.log")),
             handle=engine, started_at=launched_at)
         self.replies = Replies(self.link, self.sampling, self.guard)
+        self.spec = SpecToggle(getattr(config, "speculate", "off"), getattr(config, "draft", None))
         self.log_files = LogFiles(self.latency.log, self.settings, self.data_path, log_csv, self.notify)
         self._flushed = False
         self.kept_log_note = ""  # at exit: where the unwritten latency log went, or why it could not
@@ -223,6 +225,10 @@ class FgchatApp(App[int]):
         self.notices.append((severity, f"{title}: {message}" if title else message))
         super().notify(message, title=title, severity=severity, timeout=timeout, markup=markup)
 
+    def get_theme_variable_defaults(self) -> dict[str, str]:
+        """$spec-drafted (accepted drafted tokens) for themes that do not set it: their success text."""
+        return {"spec-drafted": self.current_theme.to_color_system().generate()["text-success"]}
+
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)
         yield from fgchat_commands(self)
@@ -239,6 +245,8 @@ class FgchatApp(App[int]):
         self.latency.record_tokens(update.tokens, self.replies.chat_of, endpoint)
         self.latency.record_requests(update.finished, self.replies.chat_of, endpoint)
         texts = self.replies.count(update.tokens)
+        if self.link.info is not None:
+            self.spec.confirmed(self.link.info)
         if update.ready is not None:
             self._engine_ready()
         check = update.checked
@@ -356,7 +364,7 @@ class FgchatApp(App[int]):
             active_replies=len(self.replies), info=link.info, engine_state=link.state,
             engine_error=link.error, engine_phase=link.phase,
             starting_s=time.monotonic() - link.started_at, ready_s=link.ready_s,
-            last_export=self.log_files.last_export,
+            last_export=self.log_files.last_export, speculate=self.spec.current(link.info),
         )
 
     def _redraw(self, early: float = 0.0) -> None:
@@ -380,7 +388,7 @@ class FgchatApp(App[int]):
         """"model · mode · weights · batch B · K k · sampling · its source" (the weights' format,
         e.g. Q4_1, once the engine has said it; a remote endpoint's are not known)."""
         link = self.link
-        mode = link.mode_label()
+        mode = self.spec.label(link.mode_label(), link.info, self.latency.view.spec)
         if link.info is not None and link.info.weights and not link.info.endpoint:
             mode = f"{mode} · {link.info.weights}"
         if link.state == "failed":
@@ -447,6 +455,12 @@ class FgchatApp(App[int]):
             self.notify(f"{mode} is unavailable on {self.link.endpoint}: {why}", severity="warning")
             return
         self.link.set_mode(mode)
+        self._update_subtitle()
+
+    def action_speculate(self) -> None:
+        """The next speculation method (off → ngram → draft → off) for the next steps."""
+        for text, severity in self.spec.switch(self.link):
+            self.notify(text, severity=severity, timeout=6)
         self._update_subtitle()
 
     def action_samples(self, delta: int) -> None:

@@ -31,6 +31,8 @@ APP_BINDINGS: list[Binding] = [
             tooltip="Ask for one reply fewer per prompt"),
     Binding(THINK_KEY, _chat("toggle_thinking"), "Think",
             tooltip="Expand or fold the thinking (<think> block) of the focused reply, else of this chat's last one"),
+    Binding("f9", "speculate", "Spec",
+            tooltip="Speculative decoding: off → ngram (prompt lookup) → draft (a draft model, --draft) → off"),
     Binding("f6", "sampling", "Sampling",
             tooltip="Sampling: temperature, top-p, top-k, seed, penalties (the model's defaults unless you change them)"),
     Binding("ctrl+n", _chat("new_chat"), "New", tooltip="New chat tab (chats can generate at the same time)"),

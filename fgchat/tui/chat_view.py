@@ -8,6 +8,9 @@ Invariants:
   while it streams) above the answer, the thinking's own Markdown only once it is expanded. A
   reply without one has the header and the answer's Markdown only, as before; its stored and
   copied text is always the whole reply as the engine produced it.
+- Drafted text (tokens a speculative step proposed and the target accepted) is kept as spans of
+  `text`; a reply with any is shown as plain text with those spans in the theme's
+  $spec-drafted colour (a Static mounted in place of its Markdown at its first drafted token).
 - Every bubble's Markdown uses one shared parser (Textual's default builds a new one for every
   append, which costs more than parsing a streamed fragment).
 - Finished bubbles wholly above the view when a round of replies starts are shelved: hidden
@@ -79,6 +82,8 @@ class MessageBubble(Vertical):
         self._summary: _ThinkingSummary | None = None
         self._think_md: Markdown | None = None
         self._think_shown = 0  # characters of the thinking handed to self._think_md
+        self.drafted: list[tuple[int, int]] = []  # [start, end) spans of `text` that were accepted drafts
+        self._marked: Static | None = None  # shows text with the drafted spans marked
 
     def compose(self) -> ComposeResult:
         yield Static(self._header(), classes="bubble-header")
@@ -108,11 +113,33 @@ class MessageBubble(Vertical):
         for header in self.query(".bubble-header").results(Static):
             header.update(self._header())
 
-    def buffer(self, text: str) -> None:
-        """Add streamed text without drawing it (`show_pending` does)."""
+    def buffer(self, text: str, drafted: bool = False) -> None:
+        """Add streamed text without drawing it (`show_pending` does); `drafted`: it came from
+        accepted drafts of a speculative step."""
         if text:
+            start = len(self.text)
             self.text += text
             self.appends += 1
+            if drafted:
+                if self.drafted and self.drafted[-1][1] == start:
+                    self.drafted[-1] = (self.drafted[-1][0], len(self.text))
+                else:
+                    self.drafted.append((start, len(self.text)))
+
+    def marked_content(self) -> Content:
+        """The text with its drafted spans in $spec-drafted."""
+        parts: list[tuple[str, str] | str] = []
+        at = 0
+        for start, end in self.drafted:
+            start, end = min(start, len(self.text)), min(end, len(self.text))
+            if start > at:
+                parts.append(sanitize(self.text[at:start]))
+            if end > start:
+                parts.append((sanitize(self.text[start:end]), "$spec-drafted"))
+            at = max(at, end)
+        if at < len(self.text):
+            parts.append(sanitize(self.text[at:]))
+        return Content.assemble(*parts)
 
     async def show_pending(self) -> None:
         """Append the text not shown yet to the Markdown widget and wait for it to be laid out
@@ -121,6 +148,9 @@ class MessageBubble(Vertical):
         kept and written once it is."""
         async with self._writing:
             markdown = self._body_md
+            if markdown is not None and markdown.is_mounted and self.drafted:
+                await self._show_marked(markdown)
+                return
             if markdown is None or not markdown.is_mounted:
                 return
             split = self._split()
@@ -179,6 +209,13 @@ class MessageBubble(Vertical):
             if self._summary is not None:
                 self._summary.update(self._summary_text())
         return True
+    async def _show_marked(self, markdown: Markdown) -> None:
+        if self._marked is None:
+            self._marked = Static(classes="bubble-body bubble-marked")
+            await self.mount(self._marked, after=markdown)
+            markdown.display = False
+        self._shown = len(self.text)
+        self._marked.update(self.marked_content())
 
     async def finish(self, status: str, final_text: str | None = None) -> None:
         """Stop streaming; make sure the shown text equals `final_text` (the engine's summary)."""
@@ -189,6 +226,7 @@ class MessageBubble(Vertical):
                 self.buffer(final_text[len(self.text):])
             else:
                 self.text = final_text
+                self.drafted = [(a, b) for a, b in self.drafted if b <= len(final_text)]
                 split = self._split()
                 async with self._writing:
                     if self._body_md is not None and self._body_md.is_mounted:

@@ -29,6 +29,15 @@ Each reply in flight is one sequence of the engine's batch (1..8). Generate in s
 tabs at once, or ask for K replies per prompt (F4 / F5), to drive batch sizes 1..8. The K replies
 of a prompt are submitted together: prefilled in one round, they decode at batch K from the start.
 
+## Speculative decoding
+F9 cycles it live: off → ngram (drafts looked up in the prompt and the reply so far) → draft
+(a smaller model with the same tokenizer proposes them; only when fgchat started with --draft)
+→ off. The target checks k drafted tokens in one step and keeps those it would have produced
+itself, so replies are the same tokens as without it. The title shows it ("full+ngram k4"); the
+panel shows the acceptance rate, the mean tokens per step and the per-step time on the axis of
+the per-token ITL: accepted drafts arrive together with the step's own token, so ITL turns
+bimodal. Accepted drafted text is shown in a subtle colour in the reply.
+
 ## Latency log
 ctrl+s exports it (tokens CSV + requests CSV). At exit, rows that neither an export nor
 --log-csv wrote are kept in <data dir>/latency/<session id>-tokens.csv, and fgchat prints where.

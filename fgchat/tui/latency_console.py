@@ -20,12 +20,14 @@ from collections import Counter
 from dataclasses import dataclass, fields
 
 from fgchat.metrics import LatencyLog, RecentItl, WindowSummary
+from fgchat.metrics.spec_window import SpecWindow
 from fgchat.protocol.events import MODES, REMOTE_MODE, EngineInfo, RequestSummary, TokenEvent
 from fgchat.tui.latency_panel import PanelView
 
 STATS_WINDOW_TOKENS = 5_000  # the stats table covers at most the latest tokens (stays fast)
 STATS_WINDOW_REQUESTS = 1_000
 HIST_WINDOW = 5_000  # each mode's histogram shows that mode's latest inter-token latencies
+SPEC_WINDOW_STEPS = 1_000  # the speculation line covers the latest speculated steps
 RECENT_ITL = 240  # the sparkline's latest inter-token latencies (any mode)
 REFRESH_S = 0.1
 CPU_REFRESH_S = 0.5  # while the engine computes on this machine's CPU (it needs the cores)
@@ -51,6 +53,7 @@ class PanelStatus:
     starting_s: float = 0.0
     ready_s: float | None = None
     last_export: str = ""
+    speculate: str = "off"  # the method the engine reports ("off" | "ngram" | "draft" | "oracle")
 
 
 class LatencyConsole:
@@ -60,6 +63,7 @@ class LatencyConsole:
         self.log = LatencyLog(session_id=session_id)
         self.stats = WindowSummary(self.log, STATS_WINDOW_TOKENS, STATS_WINDOW_REQUESTS)
         self.itl_windows = RecentItl(self.log, HIST_WINDOW)
+        self.spec_window = SpecWindow(self.log, SPEC_WINDOW_STEPS)
         self.batch_size_now = 0  # batch of the latest decode step; 0 once no reply is in flight
         self.last_batch_size = 0
         self.batch_sizes_seen: Counter[int] = Counter()  # decode batch sizes of tokens received
@@ -114,4 +118,5 @@ class LatencyConsole:
             total_tokens=count,
             # the stats window's mean GPU step time (read incrementally, as the table is)
             recent_gpu_ms=summary.get("gpu_step_ms_mean") if summary else None,
+            spec=self.spec_window.figures(),
         )

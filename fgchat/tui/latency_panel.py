@@ -23,12 +23,14 @@ from textual.containers import VerticalScroll
 from textual.content import Content
 from textual.widgets import Static
 
+from fgchat.metrics.spec_window import SpecFigures
 from fgchat.protocol.events import MODES, CaptureReport, EngineInfo, Mode
 from fgchat.metrics import bandwidth_share, host_bound, sparkline
 from fgchat.tui.histogram import MODE_STYLES, ModeHistograms, fmt_ms
+from fgchat.tui.speculation import spec_line
 
 MODE_KEYS = {Mode.EAGER: "F1", Mode.PIECEWISE: "F2", Mode.FULL: "F3", Mode.MEGA: "F7"}
-HIDEABLE = frozenset({"timing-note", "mode-note", "gpu-host", "weights-line", "export-line"})  # hidden when empty
+HIDEABLE = frozenset({"timing-note", "mode-note", "spec-line", "gpu-host", "weights-line", "export-line"})  # hidden when empty
 
 
 @dataclass
@@ -58,6 +60,8 @@ class PanelView:
     ready_s: float | None = None  # seconds from launch (or restart) to the engine being ready
     last_export: str = ""  # path of the latest ctrl+s export (tokens CSV); "" before any
     recent_gpu_ms: float | None = None  # mean GPU time of the latest decode steps; None without GPU timing
+    speculate: str = "off"  # the speculation method the engine reports
+    spec: SpecFigures | None = None  # the latest speculated steps (None before any)
 
 
 def _indent(text: str, indent: int, width: int) -> str:
@@ -81,6 +85,7 @@ class LatencyPanel(VerticalScroll):
         yield Static(id="mode-note")
         yield Static("ITL per mode, one axis", id="hist-title", classes="section")
         yield ModeHistograms(id="histograms")
+        yield Static(id="spec-line")
         yield Static(id="stats")
         yield Static(id="throughput")
         yield Static(id="gpu-host")
@@ -115,6 +120,7 @@ class LatencyPanel(VerticalScroll):
         height = self.app.size.height
         hist.rows_per_mode = 1 if height < 34 else (2 if height < 50 else 3)
         hist.set_data(view.itl_by_mode, available, view.ran_mode or view.mode, chosen_mode=view.mode)
+        self._set("spec-line", spec_line(view.spec, view.speculate, width), columns)
         self._set("stats", self._stats(view.summary, width), columns)
         self._set("throughput", self._throughput(view), columns)
         self._set("gpu-host", Content("") if endpoint and self._no_server_timing(view.summary)

@@ -119,27 +119,33 @@ class Replies(Mapping[int, Reply]):
         self.link.submit(messages, requests, self.sampling.thinking)
         self.on_change(conv)
 
-    def count(self, tokens: list[TokenEvent]) -> dict[int, str]:
-        """Count the tokens of the replies in flight; their new text per request id."""
-        texts: dict[int, list[str]] = {}
+    def count(self, tokens: list[TokenEvent]) -> dict[int, list[tuple[str, bool]]]:
+        """Count the tokens of the replies in flight; their new text per request id, as runs of
+        (text, whether it came from accepted drafts)."""
+        texts: dict[int, list[tuple[str, bool]]] = {}
         for ev in tokens:
             reply = self._active.get(ev.request_id)
             if reply is not None:
                 reply.tokens += 1
                 reply.bubble.think.feed(ev.text)
                 if ev.text:
-                    texts.setdefault(ev.request_id, []).append(ev.text)
-        return {rid: "".join(parts) for rid, parts in texts.items()}
+                    runs = texts.setdefault(ev.request_id, [])
+                    if runs and runs[-1][1] == ev.drafted:
+                        runs[-1] = (runs[-1][0] + ev.text, ev.drafted)
+                    else:
+                        runs.append((ev.text, ev.drafted))
+        return texts
 
-    def buffer(self, texts: dict[int, str]) -> bool:
+    def buffer(self, texts: dict[int, list[tuple[str, bool]]]) -> bool:
         """Add new text to the replies' bubbles without drawing it. True when it is due now:
         a reply's first text, or the gap since the last `show` passed; else `show_in()` says when."""
         first = False
-        for rid, text in texts.items():
+        for rid, runs in texts.items():
             reply = self._active.get(rid)
-            if reply is not None and text:
+            if reply is not None and runs:
                 first = first or not reply.bubble.text
-                reply.bubble.buffer(text)
+                for text, drafted in runs:
+                    reply.bubble.buffer(text, drafted)
                 self._unshown.add(rid)
         return bool(self._unshown) and (first or self.show_in() == 0.0)
 

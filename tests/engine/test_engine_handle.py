@@ -76,3 +76,11 @@ def test_an_endpoint_refuses_a_raw_prompt_in_one_line():
 
     with pytest.raises(FgchatError, match="raw prompt"):
         EndpointClient("http://127.0.0.1:9").submit_chats("text", [])
+
+
+def test_an_endpoint_refuses_speculation_in_one_line():
+    from fgchat.protocol.errors import FgchatError
+
+    with pytest.raises(FgchatError, match="speculation runs in the local engine") as exc:
+        EndpointClient("http://127.0.0.1:9").set_speculation("ngram", 4)
+    assert "\n" not in str(exc.value)

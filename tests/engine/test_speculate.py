@@ -181,3 +181,24 @@ def test_set_speculation_through_a_handle_answers_with_engine_info():
         assert isinstance(err, EngineError) and not err.fatal and "needs --draft" in err.message
     finally:
         h.shutdown()
+
+
+def test_oracle_drafts_given_with_the_request_are_used():
+    """SamplingParams.oracle_tokens: the drafts come from the request itself (no earlier run),
+    every one accepted when they are the target's own greedy continuation."""
+    from fgchat.engine.core import Engine
+    from fgchat.engine.loader import load_random
+    from fgchat.protocol.config import EngineConfig
+    from fgchat.protocol.events import RequestFinished, SamplingParams
+
+    def run(method: str, oracle: list[int] | None = None) -> list[int]:
+        cfg = EngineConfig(preset="tiny", device="cpu", dtype="float32", seed=1, max_context=96, speculate=method)
+        eng = Engine(cfg, load_random("tiny", torch.device("cpu"), torch.float32, seed=1))
+        rid = eng.submit([3, 7, 11, 5], SamplingParams(max_tokens=12, ignore_eos=True, oracle_tokens=oracle))
+        done = [e.summary for e in eng.run_until_done() if isinstance(e, RequestFinished) and e.summary.request_id == rid]
+        return done[0]
+
+    plain = run("off")
+    spec = run("oracle", plain.token_ids)
+    assert spec.token_ids == plain.token_ids
+    assert spec.spec is not None and spec.spec["accepted"] > 0 and spec.spec["accepted"] == spec.spec["proposed"]

@@ -56,7 +56,7 @@ def test_quantize_preset_on_gpu(fmt):
     del plain
     q = load_random("llama-3.2-1b", CUDA, torch.bfloat16, quantize=fmt)
     lw = q.weights.layers[0]
-    assert q.weight_format == f"{fmt}+bf16" and q.notes == []
+    assert set(q.weight_format.split("+")) == {fmt, "bf16"} and q.notes == []  # by bytes: the bf16 head may lead
     assert isinstance(lw.wqkv, QuantWeight) and lw.wqkv.device.type == "cuda"
     assert isinstance(q.weights.embed, torch.Tensor) and q.weights.embed.dtype == torch.bfloat16
     print(f"\nllama-3.2-1b {fmt}: weights {weight_bytes(q.weights) / 2**30:.3f} GiB (bf16 {before / 2**30:.3f} GiB)")

@@ -317,13 +317,15 @@ def test_tokens_csv_round_trip(tmp_path: Path):
     assert reader.fieldnames == [
         "request_id", "chat_id", "token_index", "mode", "batch_size", "t_ms", "itl_ms",
         "gpu_step_ms", "is_first_token", "prompt_tokens", "position", "launch_ms", "endpoint",
+        "step_id", "drafted", "draft_len", "accepted_in_step", "spec_method",
     ]
     assert len(rows) == len(log)
     assert rows[0] == {
         "request_id": "1", "chat_id": "c1", "token_index": "0", "mode": "eager",
         "batch_size": "2", "t_ms": "12.500", "itl_ms": "", "gpu_step_ms": "1.750",
         "is_first_token": "1", "prompt_tokens": "16", "position": "16", "launch_ms": "",
-        "endpoint": "",
+        "endpoint": "", "step_id": "-1", "drafted": "0", "draft_len": "0", "accepted_in_step": "0",
+        "spec_method": "",
     }
     assert rows[2]["t_ms"] == "17.250" and rows[2]["itl_ms"] == "2.500"
     assert rows[2]["is_first_token"] == "0"
@@ -343,8 +345,8 @@ def test_tokens_csv_keeps_launch_times_and_reads_files_written_before_that_colum
     assert [r.launch_ms for r in back] == [None, 0.375] and back == log.tokens()
     old = tmp_path / "old.csv"
     lines = path.read_text().splitlines()
-    assert lines[0].endswith(",launch_ms,endpoint")
-    old.write_text("\n".join(line.rsplit(",", 2)[0] for line in lines) + "\n")  # drop both
+    assert lines[0].endswith(",launch_ms,endpoint,step_id,drafted,draft_len,accepted_in_step,spec_method")
+    old.write_text("\n".join(line.rsplit(",", 7)[0] for line in lines) + "\n")  # drop the added ones
     assert [r.launch_ms for r in read_tokens_csv(old)] == [None, None]
     assert [r.gpu_step_ms for r in read_tokens_csv(old)] == [None, 1.25]
     assert [r.endpoint for r in read_tokens_csv(old)] == ["", ""]
@@ -365,7 +367,8 @@ def test_endpoint_column_round_trips_and_old_log_csv_keeps_its_columns(tmp_path:
     assert [r.endpoint for r in read_requests_csv(requests_csv)] == [url]
     with open(tokens_csv, newline="", encoding="utf-8") as f:
         rows = list(csv.reader(f))
-    assert rows[0][-1] == "endpoint" and rows[1][-1] == url and rows[3][-1] == ""
+    at = rows[0].index("endpoint")
+    assert rows[1][at] == url and rows[3][at] == ""
     # a --log-csv file written before the column: appended to in its own columns, one format
     old = tmp_path / "old.csv"
     old.write_text(",".join(["session_id", *TOKEN_COLUMNS[:-1]]) + "\n")

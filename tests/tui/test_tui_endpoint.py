@@ -106,7 +106,7 @@ async def test_endpoint_timings_are_labelled_client_side_and_exported_with_the_u
     assert all(r.gpu_step_ms is None and r.launch_ms is None for r in rows)
     assert [r.endpoint for r in read_requests_csv(out.with_name("remote-requests.csv"))] == [URL]
     with open(out, newline="", encoding="utf-8") as f:
-        assert next(csv.reader(f))[-1] == "endpoint"
+        assert "endpoint" in next(csv.reader(f))
 
 
 async def test_local_engine_rows_have_an_empty_endpoint_and_no_client_label(data_dir, tiny_llama, tmp_path):
