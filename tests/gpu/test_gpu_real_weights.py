@@ -47,12 +47,19 @@ def table(model_path):
 
 
 def test_every_mode_matches_transformers_on_real_weights(table):
-    from fgchat.bench.real_weights import equal_counts
+    from fgchat.bench.real_weights import equal_counts, equal_to
 
     counts = equal_counts(table)
     assert set(counts) >= {f"fgchat {m} {d}" for m in ("eager", "piecewise", "full", "full, 8 together")
                            for d in ("bfloat16", "float16")}
-    assert all(n >= 7 for n in counts.values()), counts
+    # a GGUF's own blocks are compared with transformers float32 over the same values; in bf16 the
+    # activations' rounding alone moves tokens (transformers' own bf16 leaves float32 on 2 of the 8
+    # embedded-model prompts), so there a column must do as well as transformers' bf16 does
+    quantized_bf16 = [c for c in counts if table.get("reference", {}).get(c) and c.endswith(" bfloat16")]
+    if quantized_bf16:
+        theirs = equal_to(table, "transformers bfloat16", "transformers float32")
+        assert all(counts[c] >= min(7, theirs) for c in quantized_bf16), (theirs, counts)
+    assert all(n >= 7 for c, n in counts.items() if c not in quantized_bf16), counts
 
 
 def test_prefill_logits_close_to_cpu_float32(table):
