@@ -134,7 +134,7 @@ class FamilyStages:
                      v_caches: list[torch.Tensor], first: list[int] | None = None,
                      last_only: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """prefill._unfused_rows for these families (the same contract)."""
-        from fgchat.engine.model.prefill import cpu_prefill_rows
+        from fgchat.engine.model.prefill import cpu_prefill_rows, write_and_attend
 
         c, dec = self.cfg, self.dec
         lens = [int(ids.shape[0]) for ids, _ in prompts]
@@ -156,14 +156,9 @@ class FamilyStages:
         last = torch.tensor([s0 + t - 1 for s0, t in zip(starts, lens)], device=h.device)
         for i in range(c.num_layers):
             q, k, v = self.qkv(i, h, *rope[self.layer_table[i]])
-            a = torch.zeros(n, c.num_heads, c.head_dim, dtype=q.dtype, device=q.device)
-            for (_, slot), s0, t, p0 in zip(prompts, starts, lens, first):
-                rows = slice(s0, s0 + t)
-                k_caches[i][slot, p0:p0 + t] = k[rows]
-                v_caches[i][slot, p0:p0 + t] = v[rows]
-                a[rows] = attend_rows(q[rows], k[rows] if p0 == 0 else k_caches[i][slot, :p0 + t],
-                                      v[rows] if p0 == 0 else v_caches[i][slot, :p0 + t],
-                                      dec.scale, self.windows[i])
+            window = self.windows[i]
+            a = write_and_attend(q, k, v, prompts, starts, lens, first, k_caches[i], v_caches[i],
+                                 lambda qr, kr, vr: attend_rows(qr, kr, vr, dec.scale, window))
             a = a.reshape(n, c.q_size)
             if last_only and i == c.num_layers - 1:
                 h, a = h[last], a[last]

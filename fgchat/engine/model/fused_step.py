@@ -35,8 +35,8 @@ from fgchat.engine.kernels import gemv
 from fgchat.engine.kernels import head_pick
 from fgchat.engine.kernels import l2_prefetch
 from fgchat.engine.kernels import qgemv
-from fgchat.engine.kernels.qtiles import dequantize, is_quantized
-from fgchat.engine.model.ops import head_logits
+from fgchat.engine.kernels.qtiles import is_quantized
+from fgchat.engine.model import quant_ops
 from fgchat.protocol.errors import FgchatError
 from fgchat.protocol.tuning import Tuning
 
@@ -302,9 +302,7 @@ class FusedStages:
         """float32 logits [N, V] of normed rows x: our kernel for up to MAX_ROWS rows, else cuBLAS."""
         w = self.dec.w.lm_head
         if is_quantized(w):
-            if x.shape[0] <= gemv.MAX_ROWS:
-                return qgemv.project_logits(x, w, pdl=self.after(True))
-            return head_logits(x, dequantize(w, x.dtype))
+            return quant_ops.logits(x, w, pdl=self.after(True))
         if x.shape[0] <= gemv.MAX_ROWS:
             return gemv.project_logits(x, w, self.head_config, pdl=self.after(True))
         return self.dec.head_logits(x)

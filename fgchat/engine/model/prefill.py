@@ -28,6 +28,7 @@ and the last row from device tensors, so the same computation runs eagerly or as
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -116,16 +117,9 @@ def _unfused_rows(
                                cos, ssin)
         q, k = qk[:, : c.num_heads], qk[:, c.num_heads:]
         v = qkv[:, c.q_size + c.kv_size :].view(n, c.num_kv_heads, c.head_dim)
-        a = torch.empty(n, c.num_heads, c.head_dim, dtype=q.dtype, device=q.device)
-        a[real:] = 0
-        for (_, slot), s0, t, p0 in zip(prompts, starts, lens, first):
-            rows = slice(s0, s0 + t)
-            k_caches[i][slot, p0:p0 + t] = k[rows]
-            v_caches[i][slot, p0:p0 + t] = v[rows]
-            # a fresh prompt attends to its own new rows, a prompt after cached rows to the slot's
-            a[rows] = _attend_after(q[rows], k[rows] if p0 == 0 else k_caches[i][slot, :p0 + t],
-                                    v[rows] if p0 == 0 else v_caches[i][slot, :p0 + t],
-                                    dec.scale, c.num_heads != c.num_kv_heads)
+        gqa = c.num_heads != c.num_kv_heads
+        a = write_and_attend(q, k, v, prompts, starts, lens, first, k_caches[i], v_caches[i],
+                             lambda qr, kr, vr: _attend_after(qr, kr, vr, dec.scale, gqa))
         a = a.reshape(n, c.q_size)
         if last_only and i == len(w.layers) - 1:  # nothing reads the other rows' outputs of this layer
             h, a = h[last], a[last]
@@ -136,6 +130,24 @@ def _unfused_rows(
     if last_only:  # the last layer kept those rows alone (a model without layers: taken here)
         return (h if w.layers else h[last]), torch.arange(len(lens), device=h.device)
     return h[:real], last
+
+
+def write_and_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prompts: list, starts: list[int],
+                     lens: list[int], first: list[int], k_cache: torch.Tensor, v_cache: torch.Tensor,
+                     attend: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """One layer of a plain prefill of several prompts packed as rows: prompt j's K/V rows written
+    to its slot at positions first[j].., its queries attended by `attend(q, k, v)` over its own new
+    rows (a fresh prompt) or over the slot's rows up to them (after cached rows). Returns the
+    attention output [n, Hq, D]; rows past the prompts (padding) are 0."""
+    a = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    a[starts[-1] + lens[-1]:] = 0
+    for (_, slot), s0, t, p0 in zip(prompts, starts, lens, first):
+        rows = slice(s0, s0 + t)
+        k_cache[slot, p0:p0 + t] = k[rows]
+        v_cache[slot, p0:p0 + t] = v[rows]
+        a[rows] = attend(q[rows], k[rows] if p0 == 0 else k_cache[slot, :p0 + t],
+                         v[rows] if p0 == 0 else v_cache[slot, :p0 + t])
+    return a
 
 
 def _attend_after(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, gqa: bool) -> torch.Tensor:

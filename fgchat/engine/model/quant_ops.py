@@ -31,12 +31,13 @@ def linear(x: torch.Tensor, w: object, bias: torch.Tensor | None = None) -> torc
     return qgemv.linear(x, w, bias)
 
 
-def logits(x: torch.Tensor, w: object) -> torch.Tensor:
-    """Float32 logits of normed rows x over a dense or quantized LM head (ops.head_logits)."""
+def logits(x: torch.Tensor, w: object, pdl: bool = False) -> torch.Tensor:
+    """Float32 logits of normed rows x over a dense or quantized LM head (ops.head_logits); a
+    quantized head's skinny kernel launches with PDL where `pdl` (the fused stages' chain)."""
     if isinstance(w, torch.Tensor):
         return head_logits(x, w)
     from fgchat.engine.kernels import qgemv, qtiles
 
     if x.shape[0] <= qgemv.MAX_ROWS:
-        return qgemv.project_logits(x.contiguous(), w)
+        return qgemv.project_logits(x.contiguous(), w, pdl=pdl)
     return head_logits(x, qtiles.dequantize(w, x.dtype))
