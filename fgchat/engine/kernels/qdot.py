@@ -4,7 +4,7 @@ A tile is BLOCK_K consecutive weight columns k0 .. k0 + BLOCK_K of BLOCK_N rows.
 integers q enter a tensor-core dot as they are (|q| <= 128 is exact in bf16 and fp16): one dot
 per scale group gives that group's float32 sum of x * q per (activation row, weight row), which
 is then scaled by the group's float32 scale and, where the format has mins, added to the min times
-the group's float32 sum of x. So the weights are carried exactly and only float32 sums round
+the group's float32 sum of x (a dot with ones: the sum lands in the accumulator's layout). So the weights are carried exactly and only float32 sums round
 (sum_k x w = sum_groups (s * sum x q + m * sum x)); nothing is gathered per weight element:
 scales and mins are loaded once per (row, group), x as contiguous runs.
 
@@ -88,8 +88,8 @@ def _dot(x, q, PREC: tl.constexpr, acc=None):
 def _nibble_unit(FMT: tl.constexpr, acc, x_lo, x_hi, xs_lo, xs_hi, b, qh, p1, p2, p3, p4,
                  rows, row_mask, c, SUB: tl.constexpr, K: tl.constexpr, PREC: tl.constexpr):
     """acc + this unit's sums for one row set: b uint8 [P, BLOCK_N] the unit's bytes, x_lo / x_hi
-    x at its low / high columns (starting at c / c + P), xs_* their float32 row sums (formats with
-    mins), qh (Q5_K) the block's 32 high-bit bytes, SUB (Q5_K) the unit's place in its block (-1:
+    x at its low / high columns (starting at c / c + P), xs_* their float32 row sums broadcast
+    over the columns [BLOCK_M, BLOCK_N] (formats with mins), qh (Q5_K) the block's 32 high-bit bytes, SUB (Q5_K) the unit's place in its block (-1:
     known only at run time)."""
     lo = b & 15
     hi = b >> 4
@@ -104,7 +104,7 @@ def _nibble_unit(FMT: tl.constexpr, acc, x_lo, x_hi, xs_lo, xs_hi, b, qh, p1, p2
         m = _per_row(p2, rows, row_mask, K // 32, c // 32)
         part = _dot(x_lo, lo, PREC)
         part = _dot(x_hi, hi, PREC, part)
-        acc += part * d[None, :] + (xs_lo + xs_hi)[:, None] * m[None, :]
+        acc += part * d[None, :] + (xs_lo + xs_hi) * m[None, :]
     else:  # Q4_K / Q5_K: w = (d * sc) * q - (dmin * mn), sub-blocks c / 32 (low) and the next
         if FMT == 4:  # the fifth bits: sub-block j of a block at bit j of its qh bytes
             if SUB >= 0:
@@ -118,9 +118,9 @@ def _nibble_unit(FMT: tl.constexpr, acc, x_lo, x_hi, xs_lo, xs_hi, b, qh, p1, p2
         dmin = _per_row(p2, rows, row_mask, K // 256, c // 256)
         sub = c // 32
         acc += _dot(x_lo, lo, PREC) * (d * _per_row(p3, rows, row_mask, K // 32, sub))[None, :] \
-            - xs_lo[:, None] * (dmin * _per_row(p4, rows, row_mask, K // 32, sub))[None, :]
+            - xs_lo * (dmin * _per_row(p4, rows, row_mask, K // 32, sub))[None, :]
         acc += _dot(x_hi, hi, PREC) * (d * _per_row(p3, rows, row_mask, K // 32, sub + 1))[None, :] \
-            - xs_hi[:, None] * (dmin * _per_row(p4, rows, row_mask, K // 32, sub + 1))[None, :]
+            - xs_hi * (dmin * _per_row(p4, rows, row_mask, K // 32, sub + 1))[None, :]
     return acc
 
 
@@ -138,9 +138,10 @@ def _nibble_tile(FMT: tl.constexpr, acc, acc_u, x_ptr, offs_m, m_mask, p0, p1, p
         x_hi = _x_run(x_ptr, offs_m, m_mask, c + P, P, K)
         xs_lo = acc  # unused without mins
         xs_hi = acc
-        if MINS:
-            xs_lo = tl.sum(x_lo.to(tl.float32), axis=1)
-            xs_hi = tl.sum(x_hi.to(tl.float32), axis=1)
+        if MINS:  # x's group sums, broadcast over the columns in the dot's own layout
+            ones = tl.full((P, rows.shape[0]), 1.0, tl.float32).to(x_lo.dtype)
+            xs_lo = tl.dot(x_lo, ones, input_precision=PREC)
+            xs_hi = tl.dot(x_hi, ones, input_precision=PREC)
         if FMT == 4:
             if not WHOLE or (2 * P * u) % 256 == 0:
                 qh = _w_run(p5, rows, row_mask, K // 8, (c // 256) * 32, 32)
@@ -178,15 +179,15 @@ def _q6_tile(acc, acc_u, x_ptr, offs_m, m_mask, p0, p1, p2, p3, rows, rows_u, ro
             qh = _w_run(p3, rows, row_mask, K // 4, c // 4 + 16 * g2, 16)
             if GLU:
                 qh_u = _w_run(p3, rows_u, row_mask, K // 4, c // 4 + 16 * g2, 16)
-            for g4 in tl.static_range(2):
-                g: tl.constexpr = g2 + 2 * g4
-                x_lo = _x_run(x_ptr, offs_m, m_mask, c + 16 * g, 16, K)
-                x_hi = _x_run(x_ptr, offs_m, m_mask, c + 64 + 16 * g, 16, K)
-                ql = _w_run(p0, rows, row_mask, K // 2, c // 2 + 16 * g, 16)
-                acc = _q6_group(acc, x_lo, x_hi, ql, qh, p1, p2, rows, row_mask, c, g, K, PREC)
+            for g4 in tl.static_range(2):  # group g2 + 2 g4: its high bits from the same qh bytes
+                x_lo = _x_run(x_ptr, offs_m, m_mask, c + 16 * (g2 + 2 * g4), 16, K)
+                x_hi = _x_run(x_ptr, offs_m, m_mask, c + 64 + 16 * (g2 + 2 * g4), 16, K)
+                ql = _w_run(p0, rows, row_mask, K // 2, c // 2 + 16 * (g2 + 2 * g4), 16)
+                acc = _q6_group(acc, x_lo, x_hi, ql, qh, p1, p2, rows, row_mask, c, g2 + 2 * g4, K, PREC)
                 if GLU:
-                    ql_u = _w_run(p0, rows_u, row_mask, K // 2, c // 2 + 16 * g, 16)
-                    acc_u = _q6_group(acc_u, x_lo, x_hi, ql_u, qh_u, p1, p2, rows_u, row_mask, c, g, K, PREC)
+                    ql_u = _w_run(p0, rows_u, row_mask, K // 2, c // 2 + 16 * (g2 + 2 * g4), 16)
+                    acc_u = _q6_group(acc_u, x_lo, x_hi, ql_u, qh_u, p1, p2, rows_u, row_mask, c, g2 + 2 * g4,
+                                      K, PREC)
     return acc, acc_u
 
 
