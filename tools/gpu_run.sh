@@ -17,6 +17,8 @@
 #             alternate process by process (OLD_COMMIT=<sha> labels the old runs); BENCH_8B=1 adds 8B
 #   quant     quantized weights beside bf16 (full mode): the 1B preset none / fp8 / int4, 8B none / int4, and
 #             the embedded GGUF's own blocks against --dequantize (full, piecewise, eager)
+#   quantpeers  llama.cpp and fgchat on the same Q8_0 / Q4_K_M files of the random 1B (BENCH_8B=1: and
+#             8B) made by llama-quantize (after llamabuild)
 #   tui       ITL in the TUI against headless per mode, batch 1 and 8 (scripts/tui_vs_headless.py;
 #             real weights, or TUI_RANDOM=1); TUI_RUNS='mode:K ...', TUI_WAYS, TUI_TOKENS, TUI_ROUNDS
 #   llamacpp  llama.cpp built from .llamacpp/src.tgz and benched on random 1B / SmolLM2 GGUFs
@@ -43,7 +45,7 @@ case ${1:-} in
   put) shift; put; [[ $# -eq 0 ]] && exit 0 ;;
   "") echo "usage: $0 split | put [TARGET...] | TARGET..." >&2; exit 2 ;;
 esac
-TARGETS=" tests real bench quant tui llamacpp llamabuild llamawait peers "
+TARGETS=" tests real bench quant quantpeers tui llamacpp llamabuild llamawait peers "
 for what in "$@"; do
   [[ $TARGETS == *" $what "* ]] || { echo "gpu_run: unknown target '$what' (targets:$TARGETS)" >&2; exit 2; }
 done
@@ -125,6 +127,17 @@ for what in "$@"; do
         bench new q-embedded --model "$GGUF" "${q[@]:1}" --modes full,piecewise,eager
         bench new q-embedded-dequantized --model "$GGUF" --dequantize "${q[@]:1}" --modes full,piecewise,eager
       fi ;;
+    quantpeers)
+      llama_wait || continue
+      presets="llama-3.2-1b"; [[ ${BENCH_8B:-0} == 1 ]] && presets+=" llama-3.1-8b"
+      QUANTS="Q8_0 Q4_K_M" bash scripts/llama_cpp.sh quantize $presets
+      DTYPES="Q8_0 Q4_K_M" BATCHES=1,8 bash scripts/llama_cpp.sh bench $presets 2>&1 | grep -E "^\| llama|rror"
+      for p in $presets; do
+        for q in Q8_0 Q4_K_M; do
+          BENCH_TIMEOUT=400 bench new "file-$p-$q" --model "/tmp/llamacpp/gguf/$p-$q.gguf" --batch-sizes 1,8 \
+            --repeats 2 --modes full
+        done
+      done ;;
     tui)  # random weights fail the startup check and measure the plain torch ops: not the user's path
       [[ -n $GGUF || ${TUI_RANDOM:-0} == 1 ]] || { echo "tui: needs the real weights (TUI_RANDOM=1: a random model)"; continue; }
       { nproc; lscpu 2>/dev/null | grep -E "Model name|Thread|Core|Socket|NUMA|MHz"

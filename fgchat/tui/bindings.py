@@ -29,9 +29,9 @@ APP_BINDINGS: list[Binding] = [
             tooltip="Ask for one more reply per prompt (K = 1..8 replies generated as one batch)"),
     Binding("f5", "samples(-1)", "K-1", group=Binding.Group("Replies", compact=True),
             tooltip="Ask for one reply fewer per prompt"),
-    Binding(THINK_KEY, _chat("toggle_thinking"), "Think",
+    Binding(THINK_KEY, _chat("toggle_thinking"), "Think", show=False,  # its folded line names the key
             tooltip="Expand or fold the thinking (<think> block) of the focused reply, else of this chat's last one"),
-    Binding("f9", "speculate", "Spec",
+    Binding("f9", "speculate", "Spec", show=False,  # the footer fits 120 columns; help lists it
             tooltip="Speculative decoding: off → ngram (prompt lookup) → draft (a draft model, --draft) → off"),
     Binding("f6", "sampling", "Sampling",
             tooltip="Sampling: temperature, top-p, top-k, seed, penalties (the model's defaults unless you change them)"),

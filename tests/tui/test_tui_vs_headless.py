@@ -30,7 +30,8 @@ def test_every_way_measures_and_the_result_line_has_the_ratios(tiny_llama):
         assert float(values[f"{way}_ms"]) > 0, values
     for way in ("thread", "child", "tui"):
         ratio = float(values[f"{way}/headless"])
-        assert ratio == pytest.approx(float(values[f"{way}_ms"]) / float(values["headless_ms"]), rel=2e-3)
+        # the printed ratio has 3 decimals: its rounding is 5e-4 at most, whatever its size
+        assert ratio == pytest.approx(float(values[f"{way}_ms"]) / float(values["headless_ms"]), rel=2e-3, abs=6e-4)
         assert float(values[f"{way}/headless_paired"]) > 0, values
     assert "tui: UI process CPU" in out.stdout
 
