@@ -162,7 +162,8 @@ def test_int4_bytes_and_bound():
     assert scale.dtype == torch.bfloat16 and scale.shape == (5, 3) and qs.shape == (5, 192)
     x = w.double().view(5, 3, 128)
     assert torch.equal(scale, (x.abs().amax(dim=2).float() / 7).to(torch.bfloat16))
-    q = torch.stack((qs & 15, qs >> 4), dim=2).reshape(5, 3, 128).long()  # byte t: k = 2t, 2t + 1
+    b = qs.view(5, 3, 64)  # byte t of a group: its weights t (low nibble) and t + 64 (high)
+    q = torch.cat((b & 15, b >> 4), dim=2).long()
     s = scale.double()[:, :, None]
     # each code is the nearest of the 16 levels (brute force), ties aside
     levels = (torch.arange(16, dtype=torch.float64) - 8) * s[..., None]  # [5, 3, 1, 16]

@@ -1,15 +1,16 @@
 """kernels.qgemv on the GPU at the real model shapes (Llama-3.2-1B: K 2048, N 2048 / 512 / 8192;
 Llama-3.1-8B: K 4096, N 14336 and K 14336, N 4096), bf16 activations with massive channels,
 against the float64 composition of the same planes (tests/kernels/qweights.py); rows identical at
-every batch size; and a timing print per format (us per call at M = 1 and 8, exact hi + lo weights
-and the one-rounding variant) beside gemv.project on the bf16 weight of the same shape."""
+every batch size; a timing print per format (us per call at M = 1 and 8: this kernel beside the
+one before it, tests/gpu/qgemv_before.py, and gemv.project / cuBLAS on the bf16 weight of the same
+shape); and a tile-config sweep at the 8B shapes."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from qweights import FORMATS, bound, compose, outlier_rows, random_qweight
+from qweights import FORMATS, bound, compose, outlier_rows, random_qweight, terms
 
 pytestmark = pytest.mark.gpu
 DEV = "cuda"
@@ -31,12 +32,16 @@ def test_against_float64_at_real_sizes(fmt, n, k):
     w64 = compose(w)
     ref = x.double().cpu() @ w64.t()
     got = qgemv.project(x, w).double().cpu()
-    lim = bound(x.cpu(), w64, ref, BF16_ULP)
+    mag = terms(w)
+    lim = bound(x.cpu(), mag, ref, BF16_ULP)
     err = (got - ref).abs()
     print(f"\n{fmt} {n}x{k}: worst error / bound {(err / lim).max().item():.3f}")
     assert (err <= lim).all()
     parts = qgemv.project_partials(x, w, 2).double().cpu().sum(0)
-    assert ((parts - ref).abs() <= bound(x.cpu(), w64, ref, 0.0)).all()
+    assert ((parts - ref).abs() <= bound(x.cpu(), mag, ref, 0.0)).all()
+    logits = qgemv.project_logits(x, w).double().cpu()
+    print(f"{fmt} {n}x{k}: float32 sums' worst error / bound "
+          f"{((logits - ref).abs() / bound(x.cpu(), mag, ref, 0.0)).max().item():.3f}")
 
 
 @pytest.mark.parametrize("fmt", ["Q8_0", "Q4_K", "Q6_K", "int4"])
@@ -77,20 +82,53 @@ def _us(fn, reps: int = 50) -> float:
 
 
 def test_timing_print():
-    """Not a pass/fail check: us per call, each format beside bf16 gemv (and cuBLAS)."""
+    """Not a pass/fail check: us per call, each format's kernel now / before (qgemv_before.py)
+    beside bf16 gemv and cuBLAS, and the bytes per weight the format reads."""
+    import qgemv_before
+
     from fgchat.engine.kernels import gemv, qgemv
 
     lines = []
     for n, k in SHAPES:
         dense = (torch.randn(n, k, device=DEV) * 0.02).to(torch.bfloat16)
         xs = {m: _x(m, k, 4) for m in (1, 8)}
-        rows = {m: [f"{n:>6}x{k:<6} M={m}: bf16 gemv {_us(lambda: gemv.project(xs[m], dense)):7.1f}"
-                    f" cuBLAS {_us(lambda: torch.nn.functional.linear(xs[m], dense)):7.1f}"] for m in xs}
+        rows = {m: [f"{n:>6}x{k:<6} M={m}: bf16 gemv {_us(lambda: gemv.project(xs[m], dense)):6.1f}"
+                    f" cuBLAS {_us(lambda: torch.nn.functional.linear(xs[m], dense)):6.1f}"] for m in xs}
         for fmt in FORMATS:
             w = random_qweight(fmt, n, k, seed=1, device=DEV)
             for m, x in xs.items():
-                exact = _us(lambda: qgemv.project(x, w))
-                rounded = _us(lambda: qgemv.project(x, w, exact=False))
-                rows[m].append(f"{fmt} {exact:6.1f}/{rounded:6.1f}")
+                now = _us(lambda: qgemv.project(x, w))
+                before = _us(lambda: qgemv_before.project(x, w))
+                rows[m].append(f"{fmt} {now:6.1f}/{before:6.1f}")
         lines += [" | ".join(r) for r in rows.values()]
-    print("\nus per call (format: exact hi+lo / one rounding)\n" + "\n".join(lines))
+    sizes = {f: random_qweight(f, 256, 4096, seed=1, device=DEV).nbytes / (256 * 4096) for f in FORMATS}
+    print("\nus per call (format: now / before); bytes per weight: "
+          + ", ".join(f"{f} {b:.4f}" for f, b in sizes.items()) + "\n" + "\n".join(lines))
+
+
+SWEEP = [(16, 256, 4, 2), (32, 256, 4, 2), (32, 512, 4, 2), (64, 256, 4, 2), (64, 512, 4, 2),
+         (32, 256, 4, 3), (64, 256, 8, 3), (128, 256, 8, 2)]
+
+
+def test_config_sweep_print():
+    """Not a pass/fail check: us per call at M = 1 / 8 for tile configs (block_n, block_k, warps,
+    stages) at the 8B shapes, the picked config first; where a faster one shows, pick_config
+    should take it."""
+    from fgchat.engine.kernels import qgemv
+
+    lines = []
+    for n, k in [(14336, 4096), (4096, 14336), (3072, 2048)]:
+        xs = {m: _x(m, k, 4) for m in (1, 8)}
+        for fmt in ("int4", "Q4_K", "Q8_0", "Q6_K", "fp8"):
+            w = random_qweight(fmt, n, k, seed=1, device=DEV)
+            picked = qgemv.pick_config(fmt, n, k)
+            cells = [f"picked {picked.block_n},{picked.block_k} "
+                     + "/".join(f"{_us(lambda: qgemv.project(x, w)):.1f}" for x in xs.values())]
+            for bn, bk, warps, stages in SWEEP:
+                if k % bk or bk % qgemv.UNIT[fmt] or bk > qgemv.WIDEST[fmt] * 2:
+                    continue
+                cfg = qgemv.QConfig(bn, bk, warps, stages)
+                cells.append(f"{bn},{bk},{warps},{stages} "
+                             + "/".join(f"{_us(lambda: qgemv.project(x, w, config=cfg)):.1f}" for x in xs.values()))
+            lines.append(f"{n}x{k} {fmt}: " + " | ".join(cells))
+    print("\nus per call at M = 1 / 8 (bn,bk,warps,stages)\n" + "\n".join(lines))

@@ -66,18 +66,33 @@ def _nibbles(qs: torch.Tensor, pair: int) -> torch.Tensor:
 
 def compose(w: QuantWeight) -> torch.Tensor:
     """The weight's values [N, K] in float64 (exact)."""
+    scaled, mins = _terms(w)
+    return scaled + mins
+
+
+def terms(w: QuantWeight) -> torch.Tensor:
+    """Each weight's term magnitude [N, K] in float64: |s q| + |m| for a format with mins (w = s q
+    + m: Q4_1, Q4_K, Q5_K), |w| for the others: what a product that carries s q and m separately
+    rounds against."""
+    scaled, mins = _terms(w)
+    return scaled.abs() + mins.abs()
+
+
+def _terms(w: QuantWeight) -> tuple[torch.Tensor, torch.Tensor]:
+    """(s q, m) [N, K] in float64 with w = s q + m (m zero for formats without mins)."""
     n, k = w.shape
     p = {name: t.cpu() for name, t in w.planes.items()}
+    zero = torch.zeros(n, k, dtype=torch.float64)
 
     def per(name: str, block: int) -> torch.Tensor:  # a per-block plane spread over its columns
         return p[name].double().repeat_interleave(block, dim=1)
 
     if w.fmt == "Q8_0":
-        return per("d", 32) * p["qs"].double()
+        return per("d", 32) * p["qs"].double(), zero
     if w.fmt == "Q4_0":
-        return per("d", 32) * (_nibbles(p["qs"], 16) - 8)
+        return per("d", 32) * (_nibbles(p["qs"], 16) - 8), zero
     if w.fmt == "Q4_1":
-        return per("d", 32) * _nibbles(p["qs"], 16) + per("m", 32)
+        return per("d", 32) * _nibbles(p["qs"], 16), per("m", 32)
     if w.fmt in ("Q4_K", "Q5_K"):
         q = _nibbles(p["qs"], 32)
         if w.fmt == "Q5_K":
@@ -85,7 +100,7 @@ def compose(w: QuantWeight) -> torch.Tensor:
             c, r = kk % 256 // 64, kk % 64
             byte = p["qh"].to(torch.int64)[:, 32 * (kk // 256) + r % 32]
             q = q + 16 * ((byte >> (2 * c + r // 32)) & 1).double()
-        return per("d", 256) * per("sc", 32) * q - per("dmin", 256) * per("mn", 32)
+        return per("d", 256) * per("sc", 32) * q, -per("dmin", 256) * per("mn", 32)
     if w.fmt == "Q6_K":
         # llama.cpp: per 128 of a block (half h), l < 32: y[l + 32g] from ql[l + 32*(g%2)] (low
         # nibble for g < 2, high for g >= 2) and bits 2g..2g+1 of qh[l]
@@ -96,11 +111,11 @@ def compose(w: QuantWeight) -> torch.Tensor:
         nib = torch.where(gq < 2, ql & 15, ql >> 4)
         qh = p["qh"].to(torch.int64)[:, 64 * b + 32 * h + l]
         q6 = nib | (((qh >> (2 * gq)) & 3) << 4)
-        return per("d", 256) * per("sc", 16) * (q6 - 32).double()
+        return per("d", 256) * per("sc", 16) * (q6 - 32).double(), zero
     if w.fmt == "fp8":
-        return p["w"].double() * p["scale"].double()[:, None]
+        return p["w"].double() * p["scale"].double()[:, None], zero
     if w.fmt == "int4":
-        return per("scale", 128) * (_nibbles(p["qs"], 1) - 8)
+        return per("scale", 128) * (_nibbles(p["qs"], 64) - 8), zero
     raise ValueError(w.fmt)
 
 
@@ -113,11 +128,10 @@ def outlier_rows(rows: int, k: int, seed: int, top: float = 3e4) -> torch.Tensor
     return x
 
 
-def bound(x: torch.Tensor, w64: torch.Tensor, ref: torch.Tensor, out_eps: float) -> torch.Tensor:
+def bound(x: torch.Tensor, mag: torch.Tensor, ref: torch.Tensor, out_eps: float) -> torch.Tensor:
     """Error bound of a float32-summed product over exactly carried weights, per output:
     out_eps |ref| (rounding the result; out_eps = one ulp of the output, twice the half ulp)
-    + (2^-16 + K 2^-24) sum |x||w| (the weights' hi + lo parts carry 2^-17 of each weight;
-    float32 sums over K terms, γ_K)."""
+    + K 2^-24 sum |x| mag (float32 sums over K terms, γ_K; mag = terms(w), each weight's terms'
+    magnitude: the weights enter as their integers and scales, so nothing else rounds)."""
     k = x.shape[1]
-    mag = x.double().abs() @ w64.abs().t()
-    return out_eps * ref.abs() + (2.0**-16 + k * 2.0**-24) * mag
+    return out_eps * ref.abs() + k * 2.0**-24 * (x.double().abs() @ mag.t())

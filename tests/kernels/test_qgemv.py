@@ -14,7 +14,7 @@ if not torch.cuda.is_available():
 pytest.importorskip("triton")
 
 import interpreter_rounding  # noqa: E402
-from qweights import FORMATS, bound, compose, outlier_rows, random_qweight  # noqa: E402
+from qweights import FORMATS, bound, compose, outlier_rows, random_qweight, terms  # noqa: E402
 
 from fgchat.engine.kernels import qgemv, qtiles  # noqa: E402
 from fgchat.engine.quant.qweight import QuantStack, stack_rows  # noqa: E402
@@ -33,18 +33,21 @@ def _x(m: int, k: int, seed: int, dtype: torch.dtype = torch.bfloat16) -> torch.
 def test_project_matches_float64_composition(fmt):
     n, k = 40, 512  # N not a multiple of the tile; two K-quant blocks
     w = random_qweight(fmt, n, k, seed=len(fmt) * 7, device=DEV)
-    w64 = compose(w)
+    w64, mag = compose(w), terms(w)
     plain = torch.randn(3, k, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16).to(DEV)
     for x in (_x(3, k, 1), plain):
         ref = x.double().cpu() @ w64.t()
         err = (qgemv.project(x, w).double().cpu() - ref).abs()
-        assert (err <= bound(x.cpu(), w64, ref, BF16_ULP)).all(), f"{fmt}: worst {err.max().item():.3g}"
+        assert (err <= bound(x.cpu(), mag, ref, BF16_ULP)).all(), f"{fmt}: worst {err.max().item():.3g}"
+        # the float32 sums alone: the unrounded logits within K 2^-24 of the terms
+        err32 = (qgemv.project_logits(x, w).double().cpu() - ref).abs()
+        assert (err32 <= bound(x.cpu(), mag, ref, 0.0)).all(), f"{fmt}: worst {err32.max().item():.3g}"
     # the bound sees a weight in the wrong place: two columns' fields swapped
     for x, cols in ((_x(3, k, 1), [7, 8]), (plain, [8, 9])):  # column 7: a massive channel
         wrong = w64.clone()
         wrong[:, cols] = wrong[:, cols[::-1]]
         ref = x.double().cpu() @ w64.t()
-        assert not (((x.double().cpu() @ wrong.t()) - ref).abs() <= bound(x.cpu(), w64, ref, BF16_ULP)).all()
+        assert not (((x.double().cpu() @ wrong.t()) - ref).abs() <= bound(x.cpu(), mag, ref, BF16_ULP)).all()
 
 
 @pytest.mark.parametrize("fmt", ["Q4_1", "Q6_K"])
@@ -55,18 +58,20 @@ def test_project_fp16_activations(fmt):
     w64 = compose(w)
     ref = x.double().cpu() @ w64.t()
     got = qgemv.project(x, w).double().cpu()
-    assert ((got - ref).abs() <= bound(x.cpu(), w64, ref, 2.0**-10)).all()
+    assert ((got - ref).abs() <= bound(x.cpu(), terms(w), ref, 2.0**-10)).all()
 
 
-def test_rounded_weights_variant_is_x_dot_the_rounded_weights():
-    """exact=False: each weight rounded once to x's dtype (one product per tile)."""
+@pytest.mark.parametrize("fmt,tiles", [("Q4_1", (64, 512)), ("Q5_K", (64, 256, 512)), ("int4", (128, 512))])
+def test_every_tile_width_gives_the_product(fmt, tiles):
+    """Tiles of one unit up to the widest (Q5_K: its high bits reloaded per block inside a tile)."""
     k = 512
-    w = random_qweight("Q4_K", 24, k, seed=5, device=DEV)
+    w = random_qweight(fmt, 24, k, seed=5, device=DEV)
     x = _x(2, k, 3)
-    w_rounded = torch.from_numpy(compose(w).float().numpy()).to(torch.bfloat16).double()
-    ref = x.double().cpu() @ w_rounded.t()
-    got = qgemv.project(x, w, exact=False).double().cpu()
-    assert ((got - ref).abs() <= bound(x.cpu(), w_rounded, ref, BF16_ULP)).all()
+    w64 = compose(w)
+    ref = x.double().cpu() @ w64.t()
+    for bk in tiles:
+        got = qgemv.project_logits(x, w, config=qgemv.QConfig(block_n=16, block_k=bk)).double().cpu()
+        assert ((got - ref).abs() <= bound(x.cpu(), terms(w), ref, 0.0)).all(), f"{fmt} tile {bk}"
 
 
 @pytest.mark.parametrize("fmt", ["Q8_0", "Q4_K", "fp8"])
@@ -87,10 +92,10 @@ def test_partials_sum_to_the_projection():
     parts = qgemv.project_partials(x, w, 2).double().cpu()
     w64 = compose(w)
     ref = x.double().cpu() @ w64.t()
-    assert ((parts.sum(0) - ref).abs() <= bound(x.cpu(), w64, ref, 0.0)).all()
+    assert ((parts.sum(0) - ref).abs() <= bound(x.cpu(), terms(w), ref, 0.0)).all()
 
 
-@pytest.mark.parametrize("fmt", ["Q4_0", "int4"])
+@pytest.mark.parametrize("fmt", ["Q4_0", "int4", "Q5_K", "Q6_K", "fp8"])
 def test_glu_is_silu_of_gate_times_up_with_gemv_roundings(fmt):
     i, k = 32, 256
     w = random_qweight(fmt, 2 * i, k, seed=13, device=DEV)
@@ -118,7 +123,7 @@ def test_logits_and_argmax():
     assert torch.equal(tokens.cpu(), logits.cpu().argmax(dim=1))
     w64 = compose(w)
     ref = x.double().cpu() @ w64.t()
-    assert ((logits.double().cpu() - ref).abs() <= bound(x.cpu(), w64, ref, 0.0)).all()
+    assert ((logits.double().cpu() - ref).abs() <= bound(x.cpu(), terms(w), ref, 0.0)).all()
     for m in (1, 2):
         sub_logits, sub_tokens = qgemv.project_argmax(x[:m].contiguous(), w)
         assert torch.equal(sub_logits, logits[:m]) and torch.equal(sub_tokens, tokens[:m])

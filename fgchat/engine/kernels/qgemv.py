@@ -1,14 +1,10 @@
-"""Skinny projection y = x @ W^T for decode (M <= 16 rows of bf16 / fp16 x) over a quantized
-weight W (engine.quant.qweight: Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K, fp8, int4), as one Triton
-kernel that dequantizes each weight tile in registers (kernels.qtiles) and sums in float32.
-
-One program owns BLOCK_N output columns and streams their weight rows over all of K (or its K
-slice). Each tile's float32 weights meet x as x's dtype: with `exact` (the default) as the sum of
-two x-dtype parts hi = round(w), lo = round(w - hi) (two tensor-core products), which carries 16
-significant bits of each weight, so the weights' representation adds at most about 2^-16 of
-sum |x w| and the float32 sums dominate the error; without it as round(w) alone (one product,
-the weights rounded to x's dtype). fp8 weights are exact in bf16 / fp16, and their per-channel
-scale multiplies each column's sum.
+"""The skinny projection y = x @ w^T (decode, M <= 16 rows) on quantized weights (qweight's
+planes), as one Triton kernel per call: one program owns BLOCK_N output columns and streams their
+weight rows over all of K (or its K slice), a tile of BLOCK_K columns at a time. Each tile's
+product is kernels.qdot's: the stored integers enter tensor-core dots as they are, one per scale
+group, and each group's float32 sum is scaled (and its min term added) in float32, so the weights
+are carried exactly and only float32 sums round. fp8's per-channel scale multiplies each column's
+sum.
 
 Variants as engine.gemv's: plain (rounded to x's dtype), split-K float32 partials (the norm adds
 them), GLU (w rows gate | up: silu(x.gate) * (x.up) with gemv's roundings), float32 logits and a
@@ -30,27 +26,15 @@ import triton
 import triton.language as tl
 
 from fgchat.engine.intmath import cdiv, next_pow2
-from fgchat.engine.kernels.gemv import MAX_ROWS, SampleArgs, argmax_finish_kernel, finish_tile, tile_product
+from fgchat.engine.kernels.gemv import MAX_ROWS, SampleArgs, argmax_finish_kernel, finish_tile
 from fgchat.engine.kernels.launch import fast
 from fgchat.engine.kernels.pdl import pdl_enter
-from fgchat.engine.kernels.qtiles import (
-    CODES, NIBBLE_PAIR, dequantize, is_quantized, pick_block_k, plane_args, weight_tile,
-)
+from fgchat.engine.kernels.qdot import PAIR, UNIT, prefetch_rows, tile_dot, tile_width
+from fgchat.engine.kernels.qtiles import CODES, PLANES, dequantize, is_quantized, plane_args
 from fgchat.engine.kernels.sampling_triton import LIBDEVICE
 from fgchat.engine.quant.qweight import QuantStack, QuantWeight
 
 QWeight = QuantWeight | QuantStack
-
-
-@triton.jit
-def _mac(acc, x_rows, m_mask, c, w, SWAP: tl.constexpr, SPLIT: tl.constexpr, PREC: tl.constexpr):
-    """acc + x[:, c] . w^T for a float32 weight half w [BLOCK_N, H] (SPLIT: as hi + lo parts)."""
-    x = tl.load(x_rows + c[None, :], mask=m_mask[:, None], other=0.0)
-    hi = w.to(x_rows.dtype.element_ty)
-    acc += tile_product(x, hi, SWAP, PREC)
-    if SPLIT:
-        acc += tile_product(x, (w - hi.to(tl.float32)).to(x_rows.dtype.element_ty), SWAP, PREC)
-    return acc
 
 
 @triton.jit
@@ -62,45 +46,37 @@ def _qproj_kernel(
     FMT: tl.constexpr, N: tl.constexpr, K: tl.constexpr, PAIR: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     PREC: tl.constexpr, USE_PDL: tl.constexpr = False, SPLIT_K: tl.constexpr = 1,
-    ARGMAX: tl.constexpr = False, GLU: tl.constexpr = False, SWAP: tl.constexpr = False,
+    ARGMAX: tl.constexpr = False, GLU: tl.constexpr = False,
     ROUND: tl.constexpr = True, SAMPLE: tl.constexpr = False, LIBDEVICE: tl.constexpr = True,
-    SPLIT_W: tl.constexpr = True,
+    PREFETCH: tl.constexpr = False,
 ):
     """Program (pid, ks) owns columns [pid*BLOCK_N, +BLOCK_N) over K slice ks of SPLIT_K; the
     outputs as gemv._proj_kernel's (SPLIT_K > 1: float32 partials in slab ks; GLU: w rows gate |
-    up, N the gate's; ARGMAX / SAMPLE: per-program maxima). The first tile is dequantized before
-    the PDL wait (weights are never written by a kernel); the sum runs tile 0, 1, ... either way."""
+    up, N the gate's; ARGMAX / SAMPLE: per-program maxima). PREFETCH (with PDL, sm_90+): before
+    the PDL wait the program asks L2 for its first tile's bytes of the first plane (weights are
+    never written by a kernel); the sum runs tile 0, 1, ... either way."""
     pid = tl.program_id(0)
     K_PART: tl.constexpr = K // SPLIT_K
-    H: tl.constexpr = BLOCK_K // 2
     k_base = tl.program_id(1) * K_PART
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     m_mask = offs_m < M
     n_mask = offs_n < N
-    rows = offs_n.to(tl.int64)[:, None]
-    row_mask = n_mask[:, None]
-    x_rows = x_ptr + offs_m[:, None] * K
+    rows = offs_n.to(tl.int64)
+    rows_u = rows + N  # GLU: the up row of each gate row
+    if PREFETCH:
+        ROW_BYTES: tl.constexpr = K if FMT == 0 or FMT == 6 else K // 2
+        TILE_BYTES: tl.constexpr = BLOCK_K if FMT == 0 or FMT == 6 else BLOCK_K // 2
+        byte0 = k_base * TILE_BYTES // BLOCK_K
+        prefetch_rows(p0, rows, n_mask, ROW_BYTES, byte0, TILE_BYTES)
+        if GLU:
+            prefetch_rows(p0, rows_u, n_mask, ROW_BYTES, byte0, TILE_BYTES)
+    pdl_enter(USE_PDL)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    w_lo, w_hi, c_lo, c_hi = weight_tile(FMT, p0, p1, p2, p3, p4, p5, rows, row_mask, k_base, K, H, PAIR)
-    if GLU:
-        u_lo, u_hi, _, _ = weight_tile(FMT, p0, p1, p2, p3, p4, p5, rows + N, row_mask, k_base, K, H, PAIR)
-    pdl_enter(USE_PDL)
-    acc = _mac(acc, x_rows, m_mask, c_lo, w_lo, SWAP, SPLIT_W, PREC)
-    acc = _mac(acc, x_rows, m_mask, c_hi, w_hi, SWAP, SPLIT_W, PREC)
-    if GLU:
-        acc_u = _mac(acc_u, x_rows, m_mask, c_lo, u_lo, SWAP, SPLIT_W, PREC)
-        acc_u = _mac(acc_u, x_rows, m_mask, c_hi, u_hi, SWAP, SPLIT_W, PREC)
-    for kk in range(BLOCK_K, K_PART, BLOCK_K):
-        k0 = k_base + kk
-        w_lo, w_hi, c_lo, c_hi = weight_tile(FMT, p0, p1, p2, p3, p4, p5, rows, row_mask, k0, K, H, PAIR)
-        acc = _mac(acc, x_rows, m_mask, c_lo, w_lo, SWAP, SPLIT_W, PREC)
-        acc = _mac(acc, x_rows, m_mask, c_hi, w_hi, SWAP, SPLIT_W, PREC)
-        if GLU:
-            u_lo, u_hi, _, _ = weight_tile(FMT, p0, p1, p2, p3, p4, p5, rows + N, row_mask, k0, K, H, PAIR)
-            acc_u = _mac(acc_u, x_rows, m_mask, c_lo, u_lo, SWAP, SPLIT_W, PREC)
-            acc_u = _mac(acc_u, x_rows, m_mask, c_hi, u_hi, SWAP, SPLIT_W, PREC)
+    for kk in range(0, K_PART, BLOCK_K):
+        acc, acc_u = tile_dot(FMT, acc, acc_u, x_ptr, offs_m, m_mask, p0, p1, p2, p3, p4, p5,
+                              rows, rows_u, n_mask, k_base + kk, K, BLOCK_K, PAIR, GLU, PREC)
     if FMT == 6:  # fp8: the per-channel scale of each column's sum
         acc = acc * tl.load(p1 + offs_n, mask=n_mask, other=0.0)[None, :]
         if GLU:
@@ -118,19 +94,22 @@ def _qproj_kernel(
 @dataclass(frozen=True)
 class QConfig:
     block_n: int = 16
-    block_k: int = 128
+    block_k: int = 256
     num_warps: int = 4
     num_stages: int = 2
-    swap: bool = False  # weight rows as the MMA's M dimension (gemv.tile_product)
+
+
+# the widest tile per format: about 256 bytes of each weight row per tile (4-bit: 512 columns)
+WIDEST = {"Q8_0": 256, "Q4_0": 512, "Q4_1": 512, "Q4_K": 512, "Q5_K": 512, "Q6_K": 256, "fp8": 256, "int4": 512}
 
 
 def pick_config(fmt: str, n: int, k: int, split: int = 1) -> QConfig:
     """Shape and format only (eager and captured launches match): vocabulary-sized N takes
-    64-row tiles with the weight rows as the MMA's M; weights past 4M elements 32-row tiles; the
-    rest 16. K tiles of up to 256 columns that divide the K slice."""
-    bk = pick_block_k(fmt, k // split)
+    64-row tiles, weights past 4M elements 32-row tiles, the rest 16; the widest tile of whole
+    units (qdot.UNIT) up to WIDEST that divides the K slice."""
+    bk = tile_width(fmt, k // split, WIDEST[fmt])
     if n >= 32768:
-        return QConfig(block_n=64, block_k=bk, swap=True)
+        return QConfig(block_n=64, block_k=bk)
     if n * k > 2048 * 2048:
         return QConfig(block_n=32, block_k=bk)
     return QConfig(block_n=16, block_k=bk)
@@ -155,7 +134,7 @@ def pick_split(w: QWeight, sm_count: int) -> int:
 
 def _no_tile(fmt: str, k: int) -> bool:
     try:
-        pick_block_k(fmt, k)
+        tile_width(fmt, k, WIDEST[fmt])
     except ValueError:
         return True
     return False
@@ -163,34 +142,40 @@ def _no_tile(fmt: str, k: int) -> bool:
 
 @functools.lru_cache(maxsize=1024)
 def _kwargs(fmt: str, n: int, k: int, x_dtype: torch.dtype, split: int, glu: bool, argmax: bool,
-            sample: bool, rounded: bool, pdl: bool, exact: bool, config: QConfig | None) -> tuple[tuple, dict]:
+            sample: bool, rounded: bool, pdl: bool, prefetch: bool, config: QConfig | None) -> tuple[tuple, dict]:
     """(grid, launch options) of one call signature (validated once)."""
     if fmt not in CODES:
         raise ValueError(f"no projection kernel for weight format {fmt!r}")
     cfg = config or pick_config(fmt, n, k, split)
-    if k % split or (k // split) % cfg.block_k or cfg.block_k % (2 * NIBBLE_PAIR.get(fmt, 8)):
+    if k % split or (k // split) % cfg.block_k or cfg.block_k % UNIT[fmt]:
         raise ValueError(f"{fmt}: split {split} and tile {cfg.block_k} do not cut K={k} into whole tiles")
     kw = dict(
-        FMT=CODES[fmt], N=n, K=k, PAIR=NIBBLE_PAIR.get(fmt, 1),
+        FMT=CODES[fmt], N=n, K=k, PAIR=PAIR.get(fmt, 1),
         BLOCK_M=MAX_ROWS, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         PREC="ieee" if x_dtype == torch.float32 else "tf32", USE_PDL=pdl,
-        SPLIT_K=split, ARGMAX=argmax, GLU=glu, SWAP=cfg.swap, ROUND=rounded, SAMPLE=sample,
-        LIBDEVICE=LIBDEVICE, SPLIT_W=exact and fmt != "fp8" and x_dtype != torch.float32,
+        SPLIT_K=split, ARGMAX=argmax, GLU=glu, ROUND=rounded, SAMPLE=sample,
+        LIBDEVICE=LIBDEVICE, PREFETCH=prefetch,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=pdl,
     )
     return (cdiv(n, cfg.block_n), split), kw
 
 
+def _prefetchable(w: QuantWeight) -> bool:
+    """The first plane's rows can take the L2 bulk prefetch: 16-byte aligned base and row stride."""
+    p0 = w.planes[PLANES[w.fmt][0]]
+    return p0.data_ptr() % 16 == 0 and (p0.stride(0) * p0.element_size()) % 16 == 0
+
+
 def _launch(x: torch.Tensor, w: QuantWeight, y: torch.Tensor, split: int = 1, glu: bool = False,
             argmax: tuple[torch.Tensor, torch.Tensor] | None = None, sample: SampleArgs | None = None,
-            rounded: bool = True, pdl: bool = False, exact: bool = True, config: QConfig | None = None) -> None:
+            rounded: bool = True, pdl: bool = False, config: QConfig | None = None) -> None:
     """Write x @ w^T into y ([M, N] with row stride y.stride(0), or [split, M, N] partials)."""
     m, k = x.shape
     n = w.shape[0] // 2 if glu else w.shape[0]
     if m > MAX_ROWS or w.shape[1] != k or not x.is_contiguous():
         raise ValueError(f"qgemv needs contiguous x [M <= {MAX_ROWS}, {w.shape[1]}], got {tuple(x.shape)}")
     grid, kw = _kwargs(w.fmt, n, k, x.dtype, split, glu, argmax is not None, sample is not None, rounded, pdl,
-                       exact, config)
+                       pdl and _prefetchable(w), config)
     pmax, pidx = argmax if argmax is not None else (None, None)
     temp, seeds, positions = sample if sample is not None else (None, None, None)
     stride_split = y.stride(0) if split > 1 else 0
@@ -210,17 +195,17 @@ def _parts(w: QWeight) -> list[tuple[int, QuantWeight]]:
     return out
 
 
-def project(x: torch.Tensor, w: QWeight, pdl: bool = False, exact: bool = True,
+def project(x: torch.Tensor, w: QWeight, pdl: bool = False,
             config: QConfig | None = None, out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """x [M <= 16, K] @ w^T -> [M, N], float32 sums rounded to x's dtype (stored as out_dtype,
     default x's). A stack: one launch per part into its columns of one output."""
     y = torch.empty((x.shape[0], w.shape[0]), dtype=out_dtype or x.dtype, device=x.device)
     for at, p in _parts(w):
-        _launch(x, p, y[:, at:at + p.shape[0]], pdl=pdl, exact=exact, config=config)
+        _launch(x, p, y[:, at:at + p.shape[0]], pdl=pdl, config=config)
     return y
 
 
-def project_partials(x: torch.Tensor, w: QWeight, split: int, pdl: bool = False, exact: bool = True,
+def project_partials(x: torch.Tensor, w: QWeight, split: int, pdl: bool = False,
                      config: QConfig | None = None) -> torch.Tensor:
     """Split-K x @ w^T: float32 partial sums [split, M, N], slab s over K slice s (their sum in
     slab order, rounded to x's dtype, is the projection; fused.add_rms_norm takes them)."""
@@ -228,11 +213,11 @@ def project_partials(x: torch.Tensor, w: QWeight, split: int, pdl: bool = False,
         raise ValueError("project_partials needs split >= 2 (use project)")
     y = torch.empty((split, x.shape[0], w.shape[0]), dtype=torch.float32, device=x.device)
     for at, p in _parts(w):
-        _launch(x, p, y[:, :, at:at + p.shape[0]], split=split, pdl=pdl, exact=exact, config=config)
+        _launch(x, p, y[:, :, at:at + p.shape[0]], split=split, pdl=pdl, config=config)
     return y
 
 
-def project_glu(x: torch.Tensor, w_gate_up: QWeight, pdl: bool = False, exact: bool = True,
+def project_glu(x: torch.Tensor, w_gate_up: QWeight, pdl: bool = False,
                 config: QConfig | None = None) -> torch.Tensor:
     """x [M, K], w_gate_up [2I, K] (rows gate | up) -> silu(x @ gate^T) * (x @ up^T), [M, I], each
     product rounded to x's dtype before the activation (gemv.project_glu's roundings). One launch
@@ -242,22 +227,22 @@ def project_glu(x: torch.Tensor, w_gate_up: QWeight, pdl: bool = False, exact: b
     if isinstance(w_gate_up, QuantStack):
         from fgchat.engine.kernels.fused import silu_mul
 
-        return silu_mul(project(x, w_gate_up, pdl=pdl, exact=exact), pdl)
+        return silu_mul(project(x, w_gate_up, pdl=pdl), pdl)
     y = torch.empty((x.shape[0], w_gate_up.shape[0] // 2), dtype=x.dtype, device=x.device)
-    _launch(x, w_gate_up, y, glu=True, pdl=pdl, exact=exact, config=config)
+    _launch(x, w_gate_up, y, glu=True, pdl=pdl, config=config)
     return y
 
 
-def project_logits(x: torch.Tensor, w: QWeight, pdl: bool = False, exact: bool = True) -> torch.Tensor:
+def project_logits(x: torch.Tensor, w: QWeight, pdl: bool = False, config: QConfig | None = None) -> torch.Tensor:
     """LM head: float32 logits [M, N], the float32 sums never rounded to x's dtype."""
     y = torch.empty((x.shape[0], w.shape[0]), dtype=torch.float32, device=x.device)
     for at, p in _parts(w):
-        _launch(x, p, y[:, at:at + p.shape[0]], rounded=False, pdl=pdl, exact=exact)
+        _launch(x, p, y[:, at:at + p.shape[0]], rounded=False, pdl=pdl, config=config)
     return y
 
 
 def project_argmax(x: torch.Tensor, w: QuantWeight, pdl: bool = False, sample: SampleArgs | None = None,
-                   exact: bool = True, config: QConfig | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                   config: QConfig | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """LM head + pick: float32 logits [M, N] as `project_logits` and per row the first index of
     its maximum as int64 [M] (sample: gemv.project_argmax's sampled pick). Two launches."""
     if not isinstance(w, QuantWeight):
@@ -268,7 +253,7 @@ def project_argmax(x: torch.Tensor, w: QuantWeight, pdl: bool = False, sample: S
     pmax = torch.empty((m, programs), dtype=torch.float32, device=x.device)
     pidx = torch.empty((m, programs), dtype=torch.int32, device=x.device)
     logits = torch.empty((m, n), dtype=torch.float32, device=x.device)
-    _launch(x, w, logits, argmax=(pmax, pidx), sample=sample, rounded=False, pdl=pdl, exact=exact, config=cfg)
+    _launch(x, w, logits, argmax=(pmax, pidx), sample=sample, rounded=False, pdl=pdl, config=cfg)
     tokens = torch.empty(m, dtype=torch.int64, device=x.device)
     fast(argmax_finish_kernel)[(m,)](pmax, pidx, tokens, programs, programs,
                                       BLOCK_P=max(16, next_pow2(programs)), USE_PDL=pdl,

@@ -34,7 +34,7 @@ PLANES = {
 }
 # nibble pair distance of the first plane (Q6_K: its ql plane, as llama.cpp's dequantize_row_q6_K
 # reads it); byte formats have none
-NIBBLE_PAIR = {"Q4_0": 16, "Q4_1": 16, "Q4_K": 32, "Q5_K": 32, "Q6_K": 64, "int4": 1}
+NIBBLE_PAIR = {"Q4_0": 16, "Q4_1": 16, "Q4_K": 32, "Q5_K": 32, "Q6_K": 64, "int4": 64}
 TILE_WIDTHS = (512, 256, 128, 64, 32)
 
 

@@ -36,8 +36,9 @@ def quantize_int4(w: torch.Tensor) -> QuantWeight:
     x = w.to(torch.float32).view(n, k // group, group)
     scale = (x.abs().amax(dim=2) / INT4_MAX).to(torch.bfloat16)
     s = scale.to(torch.float32)[:, :, None]
-    q = (torch.round(x / _nonzero(s)) + 8).clamp(0, 15).to(torch.uint8).view(n, k // 2, 2)
-    qs = q[:, :, 0] | (q[:, :, 1] << 4)  # pair distance 1: byte t holds k = 2t (low), 2t + 1 (high)
+    q = (torch.round(x / _nonzero(s)) + 8).clamp(0, 15).to(torch.uint8)
+    # pair distance 64 (qweight.PAIR): a group's byte t holds its weights t (low) and t + 64 (high)
+    qs = (q[:, :, :64] | (q[:, :, 64:] << 4)).reshape(n, k // 2)
     return QuantWeight("int4", (n, k), {"scale": scale.contiguous(), "qs": qs.contiguous()}, w.dtype)
 
 

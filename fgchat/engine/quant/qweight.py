@@ -22,7 +22,8 @@ Formats and their planes (w: the weight's value at [n, k]; q: the stored integer
         (the block's ql / qh bytes in order; llama.cpp's dequantize_row_q6_K says which 4 + 2
         bits make weight k)                           w = d * sc[k/16] * (q6 - 32)
 - fp8   w float8_e4m3fn [N, K], scale float32 [N]     w = w * scale[n]  (per output channel)
-- int4  group 128: scale bf16 [N, K/128], qs uint8 [N, K/2] (P 1)  w = scale * (q - 8)
+- int4  group 128: scale bf16 [N, K/128], qs uint8 [N, K/2] (P 64: byte t of a group holds
+        its weights t and t + 64)                           w = scale * (q - 8)
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import torch
 
 # elements per block (int4: its group) and the nibble pair distance of the `qs` plane
 BLOCK = {"Q8_0": 32, "Q4_0": 32, "Q4_1": 32, "Q4_K": 256, "Q5_K": 256, "Q6_K": 256, "fp8": 1, "int4": 128}
-PAIR = {"Q4_0": 16, "Q4_1": 16, "Q4_K": 32, "Q5_K": 32, "int4": 1}
+PAIR = {"Q4_0": 16, "Q4_1": 16, "Q4_K": 32, "Q5_K": 32, "int4": 64}
 # the formats GGUF files bring as they are; fp8 and int4 come from --quantize
 GGUF_FORMATS = ("Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K")
 QUANTIZE_FORMATS = ("fp8", "int4")
