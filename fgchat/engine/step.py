@@ -169,6 +169,7 @@ class StepProgram:
         attn_out = bufs.attn_out[:rows]
         n_layers = dec.cfg.num_layers
         rope_in_attention = dec.rope_in_attention and block == 1
+        attention = self.attention if block == 1 else self.attention.for_blocks()
 
         def before(i: int, st: StepState) -> None:
             if block == 1:
@@ -209,7 +210,7 @@ class StepProgram:
         def attend(i: int) -> Callable[[StepState], None]:
             if rope_in_attention:
                 def run_rope(st: StepState) -> None:
-                    self.attention.decode_with_rope(*self._attention_args(i, st, seq_lens, slots32, attn_out, True))
+                    attention.decode_with_rope(*self._attention_args(i, st, seq_lens, slots32, attn_out, True))
 
                 return run_rope
 
@@ -217,13 +218,13 @@ class StepProgram:
             if window:  # a windowed layer (model.families): the backend starts at len - window
                 def run_window(st: StepState) -> None:
                     hint = self.max_len_hint if bufs.device.type == "cpu" else None
-                    self.attention(*self._attention_args(i, st, seq_lens, slots32, attn_out), hint, window=window)
+                    attention(*self._attention_args(i, st, seq_lens, slots32, attn_out), hint, window=window)
 
                 return run_window
 
             def run(st: StepState) -> None:
                 hint = self.max_len_hint if bufs.device.type == "cpu" else None
-                self.attention(*self._attention_args(i, st, seq_lens, slots32, attn_out), hint)
+                attention(*self._attention_args(i, st, seq_lens, slots32, attn_out), hint)
 
             return run
 
