@@ -119,15 +119,7 @@ class DecodeLoop:
         sampled = [s.params for s in seqs if s.params.temperature > 0]
         variant = Variant.of(any(s.params.penalized for s in seqs), bool(sampled),
                              any(sampling.needs_filter(p.top_p, p.top_k, v) for p in sampled))
-        mode = self.mode
-        # the graph this step needs is captured before the step (and before its timing starts);
-        # where it cannot be, the step runs eager and the switch is announced, never silent
-        why = self.modes.prepare(mode, b, variant)
-        if why:
-            self.mode = Mode.EAGER
-            self._pending.append(ModeChanged(Mode.EAGER, f"{mode} could not run batch size {b} ({why}): running eager"))
-            self._info_due = True
-            mode = Mode.EAGER
+        mode = self._prepared_mode(self.mode, b, variant)
         cuda = self.device.type == "cuda"
         events = None
         if cuda:
@@ -152,6 +144,19 @@ class DecodeLoop:
         logits = out.logits.clone() if self.keep_logits else out.logits
         self.step_graphs.append(graph)
         return _InFlight(seqs, out, mode, graph, events, host_tokens, logits, launch_ms)
+
+    def _prepared_mode(self, mode: Mode, b: int, variant: int, block: int = 1) -> Mode:
+        """The mode that runs a step of batch size b (b x block rows: a verification step):
+        `mode`, its graph captured before the step (and before its timing starts); where it cannot
+        be, eager, and the engine's switch to eager is announced, never silent."""
+        why = self.modes.prepare(mode, b, variant, block)
+        if not why:
+            return mode
+        self.mode = Mode.EAGER
+        shape = f"batch size {b}" if block == 1 else f"verification of batch size {b}, {block - 1} drafts"
+        self._pending.append(ModeChanged(Mode.EAGER, f"{mode} could not run {shape} ({why}): running eager"))
+        self._info_due = True
+        return Mode.EAGER
 
     def _collect(self, inf: _InFlight) -> None:
         """Wait for an enqueued step and emit its tokens to the lanes still running."""

@@ -7,6 +7,11 @@ Invariants:
 - `StepProgram.pieces(B)` is the only definition of a decode step. Eager runs the pieces and the
   attentions between them; piecewise captures each piece; full captures all of it. Same kernels,
   same order, so every mode yields the same bits.
+- A verification step (speculative decoding) is the same step over B x block rows, `pieces(B,
+  block=k + 1)`: row (b, j) is sequence b's token at position len_b - 1 + j of its slot. Every
+  row's K/V is written before attention reads (never inside the attention call, where rows of one
+  slot would race), and each row attends up to its own position (length = position + 1), so the
+  causal mask inside a block falls out of the per-row lengths.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from fgchat.engine.kernels import penalties, sampling
 from fgchat.engine.kernels.attention.base import DecodeAttention
 from fgchat.engine.kv_cache import NUM_SLOTS, KVCache
 from fgchat.engine.model.decoder import Decoder, StepState
+from fgchat.engine.speculate import MAX_DRAFT_LEN
 
 if TYPE_CHECKING:
     from fgchat.engine.kernels.megakernel import DecodeLayers
@@ -31,6 +37,8 @@ N_INT_ROWS = 5
 # rows of the packed float32 staging tensor
 ROW_TEMP, ROW_TOPP, ROW_REP, ROW_PRES, ROW_FREQ = range(5)
 N_FLOAT_ROWS = 5
+# lanes of the step buffers: a verification step's rows, B sequences x (k + 1) at most
+MAX_ROWS = NUM_SLOTS * (MAX_DRAFT_LEN + 1)
 
 
 class Variant(IntEnum):
@@ -65,17 +73,18 @@ class Variant(IntEnum):
 
 
 class StepBuffers:
-    """Host staging (pinned on CUDA) and device buffers for up to NUM_SLOTS lanes."""
+    """Host staging (pinned on CUDA) and device buffers for up to MAX_ROWS lanes (a decode step
+    uses one per sequence, a verification step k + 1)."""
 
     def __init__(self, device: torch.device, num_heads: int, head_dim: int, dtype: torch.dtype):
         pin = device.type == "cuda"
-        self.host_i = torch.zeros((N_INT_ROWS, NUM_SLOTS), dtype=torch.int64, pin_memory=pin)
-        self.host_f = torch.zeros((N_FLOAT_ROWS, NUM_SLOTS), dtype=torch.float32, pin_memory=pin)
-        self.dev_i = torch.zeros((N_INT_ROWS, NUM_SLOTS), dtype=torch.int64, device=device)
-        self.dev_f = torch.zeros((N_FLOAT_ROWS, NUM_SLOTS), dtype=torch.float32, device=device)
+        self.host_i = torch.zeros((N_INT_ROWS, MAX_ROWS), dtype=torch.int64, pin_memory=pin)
+        self.host_f = torch.zeros((N_FLOAT_ROWS, MAX_ROWS), dtype=torch.float32, pin_memory=pin)
+        self.dev_i = torch.zeros((N_INT_ROWS, MAX_ROWS), dtype=torch.int64, device=device)
+        self.dev_f = torch.zeros((N_FLOAT_ROWS, MAX_ROWS), dtype=torch.float32, device=device)
         # int32 views the attention kernels read: row 0 = seq_lens, row 1 = slot ids
-        self.dev_i32 = torch.zeros((2, NUM_SLOTS), dtype=torch.int32, device=device)
-        self.attn_out = torch.zeros((NUM_SLOTS, num_heads, head_dim), dtype=dtype, device=device)
+        self.dev_i32 = torch.zeros((2, MAX_ROWS), dtype=torch.int32, device=device)
+        self.attn_out = torch.zeros((MAX_ROWS, num_heads, head_dim), dtype=dtype, device=device)
         self.device = device
         self._np_i = self.host_i.numpy()
         self._np_f = self.host_f.numpy()
@@ -141,21 +150,33 @@ class StepProgram:
         # host-side bound of seq_lens for eager CPU steps (lets the torch backend slice the cache)
         self.max_len_hint: int | None = None
 
-    def pieces(self, b: int, variant: int, before_layer: Callable[[int], None] | None = None
+    def pieces(self, b: int, variant: int, before_layer: Callable[[int], None] | None = None, block: int = 1
                ) -> tuple[list[Piece], list[Callable[[StepState], None]]]:
         """Returns (pieces, attentions): run pieces[0], attentions[0], pieces[1], ..., pieces[L].
 
-        Each attention reads st.q as left by the preceding piece and writes bufs.attn_out[:b].
-        `before_layer(i)`, if given, runs in the piece that ends at attention i, right before layer
-        i's first stage (piecewise graphs fork their L2 prefetch there).
+        Each attention reads st.q as left by the preceding piece and writes bufs.attn_out[:rows]
+        (rows = b * block). `before_layer(i)`, if given, runs in the piece that ends at attention
+        i, right before layer i's first stage (piecewise graphs fork their L2 prefetch there).
+        block > 1: a verification step (module docstring); its last piece leaves logits at every
+        row and each row's pick (`_finish_block`).
         """
         variant = Variant(variant)
         dec, bufs, cache = self.dec, self.bufs, self.cache
+        rows = b * block
         di, i32 = bufs.dev_i, bufs.dev_i32
-        ids, pos, slots = di[ROW_IDS, :b], di[ROW_POS, :b], di[ROW_SLOT, :b]
-        seq_lens, slots32 = i32[0, :b], i32[1, :b]
-        attn_out = bufs.attn_out[:b]
+        ids, pos, slots = di[ROW_IDS, :rows], di[ROW_POS, :rows], di[ROW_SLOT, :rows]
+        seq_lens, slots32 = i32[0, :rows], i32[1, :rows]
+        attn_out = bufs.attn_out[:rows]
         n_layers = dec.cfg.num_layers
+        rope_in_attention = dec.rope_in_attention and block == 1
+        attention = self.attention if block == 1 else self.attention.for_blocks()
+
+        def before(i: int, st: StepState) -> None:
+            if block == 1:
+                dec.before_attention(i, st, pos, slots, cache.k[i], cache.v[i])
+                return
+            with dec.kv_written_in_stages():  # rows of one slot read each other's K/V
+                dec.before_attention(i, st, pos, slots, cache.k[i], cache.v[i])
 
         def first(st: StepState) -> None:
             if dec.fused and is_quantized(dec.w.embed):
@@ -168,25 +189,28 @@ class StepProgram:
                 dec.embed(st, ids)
             if before_layer is not None:
                 before_layer(0)
-            dec.before_attention(0, st, pos, slots, cache.k[0], cache.v[0])
+            before(0, st)
 
         def middle(i: int) -> Piece:
             def run(st: StepState) -> None:
                 dec.after_attention(i - 1, st, attn_out)
                 if before_layer is not None:
                     before_layer(i)
-                dec.before_attention(i, st, pos, slots, cache.k[i], cache.v[i])
+                before(i, st)
 
             return run
 
         def last(st: StepState) -> None:
             dec.after_attention(n_layers - 1, st, attn_out)
-            self._finish(st, b, variant)
+            if block == 1:
+                self._finish(st, b, variant)
+            else:
+                self._finish_block(st, variant)
 
         def attend(i: int) -> Callable[[StepState], None]:
-            if dec.rope_in_attention:
+            if rope_in_attention:
                 def run_rope(st: StepState) -> None:
-                    self.attention.decode_with_rope(*self._attention_args(i, st, seq_lens, slots32, attn_out))
+                    attention.decode_with_rope(*self._attention_args(i, st, seq_lens, slots32, attn_out, True))
 
                 return run_rope
 
@@ -194,13 +218,13 @@ class StepProgram:
             if window:  # a windowed layer (model.families): the backend starts at len - window
                 def run_window(st: StepState) -> None:
                     hint = self.max_len_hint if bufs.device.type == "cpu" else None
-                    self.attention(*self._attention_args(i, st, seq_lens, slots32, attn_out), hint, window=window)
+                    attention(*self._attention_args(i, st, seq_lens, slots32, attn_out), hint, window=window)
 
                 return run_window
 
             def run(st: StepState) -> None:
                 hint = self.max_len_hint if bufs.device.type == "cpu" else None
-                self.attention(*self._attention_args(i, st, seq_lens, slots32, attn_out), hint)
+                attention(*self._attention_args(i, st, seq_lens, slots32, attn_out), hint)
 
             return run
 
@@ -249,18 +273,28 @@ class StepProgram:
         if penalized:
             penalties.record_tokens(self.counts, slots, st.tokens)
 
+    def _finish_block(self, st: StepState, variant: Variant) -> None:
+        """A verification step's last stage: float32 logits at every row and each row's argmax in
+        st.tokens. Greedy: the LM head's own pick, as a greedy decode step makes it (its logits
+        may be exact only where rescored); sampled: exact logits (acceptance turns them into the
+        target's distributions)."""
+        self.dec.head(st, greedy=not variant.sampled)
+        if st.tokens is None:
+            st.tokens = sampling.greedy(st.logits)
+
     def _attention_args(self, i: int, st: StepState, seq_lens: torch.Tensor, slots32: torch.Tensor,
-                        attn_out: torch.Tensor) -> tuple:
+                        attn_out: torch.Tensor, rope: bool = False) -> tuple:
         """Layer i's attention arguments after the piece that left `st`: those of
-        `decode_with_rope` with RoPE inside attention, else those of `__call__` (no length hint)."""
+        `decode_with_rope` with `rope` (RoPE inside attention), else those of `__call__` (no
+        length hint)."""
         dec, cache = self.dec, self.cache
-        if dec.rope_in_attention:
+        if rope:
             return (st.qkv, dec.cos, dec.sin, cache.k[i], cache.v[i], slots32, seq_lens, attn_out, dec.scale)
         return (st.q, cache.k[i], cache.v[i], slots32, seq_lens, attn_out, dec.scale)
 
-    def run_eager(self, b: int, variant: int) -> StepOutputs:
+    def run_eager(self, b: int, variant: int, block: int = 1) -> StepOutputs:
         st = StepState()
-        run_pieces(st, *self.pieces(b, variant))
+        run_pieces(st, *self.pieces(b, variant, block=block))
         return StepOutputs(st.tokens, st.logits)
 
 

@@ -8,7 +8,8 @@ from fgchat.engine.modes.base import StepMode
 from fgchat.protocol.events import Mode
 
 from fgchat.engine.core import Engine, EngineConfig
-from fgchat.engine.step import ROW_IDS, ROW_POS, ROW_SEED, ROW_SLOT, ROW_TEMP, ROW_TOPK, ROW_TOPP, StepBuffers, Variant
+from fgchat.engine.step import (MAX_ROWS, ROW_IDS, ROW_POS, ROW_SEED, ROW_SLOT, ROW_TEMP, ROW_TOPK, ROW_TOPP, StepBuffers,
+                               Variant)
 
 
 def test_stage_writes_lanes_and_zeroes_the_rest():
@@ -16,7 +17,7 @@ def test_stage_writes_lanes_and_zeroes_the_rest():
     addr_i, addr_f = bufs.dev_i.data_ptr(), bufs.dev_f.data_ptr()
     bufs.stage([9] * 8, [5] * 8, list(range(8)), [1.0] * 8, [0.5] * 8, [3] * 8, [7] * 8)
     bufs.stage([11, 12], [40, 41], [6, 2], [0.0, 0.7], [1.0, 0.9], [0, 5], [1, 2])
-    assert bufs.dev_i[ROW_IDS].tolist() == [11, 12, 0, 0, 0, 0, 0, 0]  # stale lanes cleared
+    assert bufs.dev_i[ROW_IDS].tolist() == [11, 12] + [0] * (MAX_ROWS - 2)  # stale lanes cleared
     assert bufs.dev_i[ROW_POS, :2].tolist() == [40, 41]
     assert bufs.dev_i[ROW_SLOT, :2].tolist() == [6, 2]
     assert bufs.dev_i[ROW_TOPK, :2].tolist() == [0, 5]

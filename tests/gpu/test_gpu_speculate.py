@@ -1,6 +1,10 @@
 """Speculative decoding on the GPU: greedy output token for token the plain engine's in eager,
-piecewise and full (the verification pass runs eagerly between the mode's plain steps), a ragged
-batch, and the oracle's tokens/s at k = 4 against plain decoding in the same mode, printed.
+piecewise and full (float32, a ragged batch), the verification step running in that mode (its
+TokenEvents name the mode and the graph "full/b4k3"; mega's verification runs in full); the
+verification step's rows against one-token decode steps, eager and graph-replayed, over a cache
+poisoned past each length (a row read before its write shows as NaN: the Triton kernel's
+preloaded tile); and the oracle's tokens/s at k = 4 against plain decoding in the same mode,
+printed.
 
 Run on the GPU: pytest -m gpu -s tests/gpu/test_gpu_speculate.py
 """
@@ -13,7 +17,9 @@ import pytest
 import torch
 
 from fgchat.engine.core import Engine, EngineConfig
-from fgchat.protocol.events import RequestFinished, SamplingParams
+from fgchat.engine.speculate.verify import block_rows
+from fgchat.engine.step import Variant
+from fgchat.protocol.events import Mode, RequestFinished, SamplingParams, TokenEvent
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -25,11 +31,19 @@ def random_ids(n: int, seed: int, vocab: int) -> list[int]:
     return torch.randint(3, vocab, (n,), generator=g).tolist()
 
 
-def run(eng: Engine, prompts: list[list[int]], n: int) -> tuple[list, float]:
+def run(eng: Engine, prompts: list[list[int]], n: int, events: list | None = None) -> tuple[list, float]:
     rids = [eng.submit(p, SamplingParams(max_tokens=n, ignore_eos=True)) for p in prompts]
     t0 = time.perf_counter()
-    done = {ev.summary.request_id: ev.summary for ev in eng.run_until_done() if isinstance(ev, RequestFinished)}
-    return [done[r] for r in rids], time.perf_counter() - t0
+    evs = eng.run_until_done()
+    dt = time.perf_counter() - t0
+    if events is not None:
+        events.extend(evs)
+    done = {ev.summary.request_id: ev.summary for ev in evs if isinstance(ev, RequestFinished)}
+    return [done[r] for r in rids], dt
+
+
+def spec_tokens(events: list) -> list[TokenEvent]:
+    return [e for e in events if isinstance(e, TokenEvent) and e.draft_len > 0]
 
 
 @pytest.fixture(scope="module")
@@ -50,10 +64,67 @@ def test_greedy_speculation_is_plain_decoding_in_every_mode(model, mode, method)
     eng = Engine(EngineConfig(speculate=method, **extra, **kw))
     if method == "oracle":
         run(eng, prompts, 48)  # records the continuations
-    got, _ = run(eng, prompts, 48)
+    evs: list = []
+    got, _ = run(eng, prompts, 48, evs)
+    graphs = sorted({e.graph for e in spec_tokens(evs)}, key=str)
     print(f"{mode} {method}: acceptance {[round(s.spec['acceptance_rate'], 2) for s in got]} "
-          f"tokens/step {[round(s.spec['tokens_per_step'], 2) for s in got]}")
+          f"tokens/step {[round(s.spec['tokens_per_step'], 2) for s in got]} graphs {graphs}")
     assert [s.token_ids for s in got] == [s.token_ids for s in want]
+    spec = spec_tokens(evs)
+    assert spec and all(e.mode == mode for e in spec)
+    assert all((e.graph is None) if mode == "eager" else e.graph.startswith(f"{mode}/b") for e in spec)
+
+
+def test_mega_verifies_in_full_graphs():
+    kw = dict(preset="smollm2-135m", device="cuda", max_context=1024, mode="mega")
+    eng = Engine(EngineConfig(speculate="oracle", **kw))
+    if eng.mode != Mode.MEGA:
+        pytest.skip(f"mega unavailable: {eng.modes.unavailable.get(Mode.MEGA)}")
+    run(eng, [REPEATING], 40)  # the oracle's record
+    evs: list = []
+    run(eng, [REPEATING], 40, evs)
+    spec = spec_tokens(evs)
+    print(f"mega + oracle: verification graphs {sorted({e.graph for e in spec}, key=str)}")
+    assert spec and all(e.mode == "full" and e.graph.startswith("full/b1k") for e in spec)
+
+
+@pytest.mark.parametrize("mode", ["eager", "piecewise", "full"])
+def test_verification_rows_are_one_token_steps_on_the_gpu(model, mode):
+    """Four sequences, drafts 4 / 0 / 2 / 4 (block 5, 20 rows: the projections on cuBLAS past 16
+    rows), in float32 on the fused path (Triton attention where it imports): every real row's
+    logits those of one-token steps; the cache past each length is NaN before each replay."""
+    eng = Engine(EngineConfig(model=str(model), device="cuda", dtype="float32", max_context=1024, mode=mode))
+    prog, dec, cache, vocab = eng.program, eng.decoder, eng.cache, eng.cfg.vocab_size
+    prompts = [random_ids(n, 20 + n, vocab) for n in (70, 5, 200, 33)]
+    drafts = [random_ids(4, 1, vocab), [], random_ids(2, 2, vocab), random_ids(4, 3, vocab)]
+    lasts, slots = [7, 8, 9, 10], [2, 0, 6, 5]
+    with torch.inference_mode():
+        for p, s in zip(prompts, slots):
+            dec.prefill(torch.tensor(p, device="cuda"), s, cache.k, cache.v)
+        saved = cache.all.clone()
+        want = []
+        for p, s, last, d in zip(prompts, slots, lasts, drafts):
+            for j, tok in enumerate([last] + d):
+                prog.bufs.stage([tok], [len(p) + j], [s], [0.0], [1.0], [0], [0])
+                with dec.exact_head():  # every logit exact, as the verification's sampled variant
+                    want.append(prog.run_eager(1, Variant.SAMPLED).logits[0].clone())
+        ids, pos, rows_slots, block = block_rows(lasts, drafts, [len(p) + 1 for p in prompts], slots, 1024)
+        n = len(ids)
+        real = [i * block + j for i, d in enumerate(drafts) for j in range(len(d) + 1)]
+        runner = eng.modes.modes[Mode(mode)]
+        for rep in range(3):  # the first run of a graph mode captures
+            cache.all.copy_(saved)
+            for p, s in zip(prompts, slots):
+                cache.all[:, s, len(p):] = float("nan")
+            prog.bufs.stage(ids, pos, rows_slots, [0.0] * n, [1.0] * n, [0] * n, [0] * n)
+            eng.modes.prepare(Mode(mode), 4, Variant.SAMPLED, block)
+            got = runner.run(4, Variant.SAMPLED, block).logits[:n].float()
+            torch.cuda.synchronize()
+            err = max(float((got[r] - w).abs().max()) for r, w in zip(real, want))
+            print(f"{mode} verification b4k{block - 1}, run {rep}: max |logit - one-token step| {err:.2e}")
+            assert all(torch.isfinite(got[r]).all() for r in real)
+            assert err < 1e-3
+            assert [int(got[r].argmax()) for r in real] == [int(w.argmax()) for w in want]
 
 
 @pytest.mark.parametrize("batch", [1, 8])
@@ -68,10 +139,15 @@ def test_oracle_tokens_per_second_at_k4(batch):
     run(eng, prompts, n)  # warm-up and the oracle's record
     plain, t_plain = run(eng, prompts, n)
     eng.set_speculation("oracle")
-    spec, t_spec = run(eng, prompts, n)
+    run(eng, prompts, n)  # captures the verification graphs (b, k + 1) on first use
+    evs: list = []
+    spec, t_spec = run(eng, prompts, n, evs)
     tok = sum(s.output_tokens for s in plain)
     same = sum(a.token_ids == b.token_ids for a, b in zip(plain, spec))
     print(f"batch {batch}: plain full {tok / t_plain:.0f} tok/s, oracle k=4 {tok / t_spec:.0f} tok/s "
           f"({t_plain / t_spec:.2f}x), acceptance {[round(s.spec['acceptance_rate'], 3) for s in spec]}, "
           f"tokens/step {[round(s.spec['tokens_per_step'], 2) for s in spec]}, identical {same}/{batch}")
+    graphs = sorted({e.graph for e in spec_tokens(evs)}, key=str)
+    print(f"batch {batch}: verification graphs {graphs}")
     assert all(s.spec["proposed"] > 0 for s in spec)
+    assert f"full/b{batch}k4" in graphs and all(e.mode == "full" for e in spec_tokens(evs))

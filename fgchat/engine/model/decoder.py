@@ -243,6 +243,21 @@ class Decoder:
         """True when the attention call applies RoPE and writes K/V (see bind_attention)."""
         return self._fused is not None and self._fused.rope_in_attention
 
+    @contextlib.contextmanager
+    def kv_written_in_stages(self) -> Iterator[None]:
+        """Stages run inside write every row's K/V in before_attention, also where the attention
+        call would apply RoPE and write them itself (rows of one slot that attend to each other's
+        K/V need them written before the call)."""
+        fused = self._fused
+        if fused is None or not fused.rope_in_attention:
+            yield
+            return
+        fused.rope_in_attention = False
+        try:
+            yield
+        finally:
+            fused.rope_in_attention = True
+
     def bind_attention(self, rope_in_attention: bool, attention_is_triton: bool) -> bool:
         """Fused path: record how the attention call runs. Returns whether the attention's first
         kernel may use programmatic dependent launch."""

@@ -188,7 +188,7 @@ class ModeSet:
             return
         for v in variants:
             del runner.graphs[(b, v)]  # its pool memory is free for the new capture
-        runner.reports[:] = [r for r in runner.reports if r.batch_size != b]
+        runner.reports[:] = [r for r in runner.reports if r.batch_size != b or r.kind != "decode"]
         try:
             for v in variants:
                 runner.capture(b, v)
@@ -266,15 +266,25 @@ class ModeSet:
         return torch.equal(out.tokens, ref_tokens) and bool(torch.isfinite(out.logits).all()) and (
             torch.allclose(out.logits, ref_logits, rtol=2e-2, atol=2e-2))
 
-    def prepare(self, mode: Mode, b: int, variant: int) -> str:
-        """At a step boundary, before the step: `mode`'s graph of (b, variant) captured where it has
-        none (its report joins `reports`). "" when `mode` can run the step; otherwise why not,
-        and `mode` is disabled (a capture that failed once is not retried at every step)."""
+    def verify_mode(self, mode: Mode) -> Mode:
+        """The mode a verification step runs in when the engine runs `mode`: `mode` itself, but
+        for mega (its kernel decodes one row per sequence), whose verification runs full's graphs
+        where full is available, else eagerly."""
+        if mode != Mode.MEGA:
+            return mode
+        return Mode.FULL if not self.unavailable.get(Mode.FULL) and Mode.FULL in self.modes else Mode.EAGER
+
+    def prepare(self, mode: Mode, b: int, variant: int, block: int = 1) -> str:
+        """At a step boundary, before the step: `mode`'s graph of (b, variant) (of b x block rows,
+        a verification step, where block > 1) captured where it has none (its report joins
+        `reports`). "" when `mode` can run the step; otherwise why not, and `mode` is disabled (a
+        capture that failed once is not retried at every step)."""
         runner = self.modes[mode]
-        if runner.has(b, variant):
+        shape = (b, variant) if block == 1 else (b, variant, block)  # installed runners may take no block
+        if runner.has(*shape):
             return ""
         try:
-            runner.capture(b, variant)
+            runner.capture(*shape)
             return ""
         except torch.OutOfMemoryError:
             reason = "out of GPU memory while capturing graphs"
@@ -284,11 +294,12 @@ class ModeSet:
         self.program.max_len_hint = None
         return reason
 
-    def run(self, mode: Mode, b: int, variant: int) -> tuple[StepOutputs, Mode]:
+    def run(self, mode: Mode, b: int, variant: int, block: int = 1) -> tuple[StepOutputs, Mode]:
         """One decode step in `mode` (prepared first); returns its outputs and the mode that ran
         it: eager where `mode` could not be prepared (see `prepare`)."""
-        ran = Mode.EAGER if self.prepare(mode, b, variant) else mode
-        return self.modes[ran].run(b, variant), ran
+        ran = Mode.EAGER if self.prepare(mode, b, variant, block) else mode
+        shape = (b, variant) if block == 1 else (b, variant, block)
+        return self.modes[ran].run(*shape), ran
 
     def prefill_logits(self, mode: Mode, ids: torch.Tensor, slot: int, greedy: bool = False) -> torch.Tensor:
         """Full mode replays a prefill graph (captured on first use of a bucket when capture is

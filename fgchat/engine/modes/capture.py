@@ -51,11 +51,11 @@ class GraphCapture:
             self.warmup(b, False)
         return time.perf_counter() - t0
 
-    def warmup(self, b: int, variant: int) -> None:
+    def warmup(self, b: int, variant: int, block: int = 1) -> None:
         """The step eagerly on the capture stream: compiles kernels, creates cuBLAS handles."""
-        work = self.program.dec.side_work(b)
+        work = self.program.dec.side_work(b * block)
         with torch.cuda.stream(self.stream):
-            self.program.run_eager(b, variant)
+            self.program.run_eager(b, variant, block)
             if work is not None:  # loads the side work's kernels before any capture
                 work(0)
         self.stream.synchronize()
@@ -79,44 +79,54 @@ class Replayable(Protocol):
 
 
 class GraphMode(StepMode):
-    """A mode that captures graphs per (batch size, sampled) on first use or ahead of time."""
+    """A mode that captures graphs per (batch size, variant) on first use or ahead of time, and
+    verification steps per (batch size, block, variant) on first use (their reports' kind is
+    "verify")."""
 
     def __init__(self, cap: GraphCapture) -> None:
         super().__init__()
         self.cap = cap
         self.graphs: dict[tuple[int, bool], Replayable] = {}
+        self.block_graphs: dict[tuple[int, int, int], Replayable] = {}
 
-    def has(self, b: int, variant: int) -> bool:
-        return (b, variant) in self.graphs
+    def _held(self, b: int, variant: int, block: int) -> Replayable | None:
+        return self.graphs.get((b, variant)) if block == 1 else self.block_graphs.get((b, block, int(variant)))
 
-    def run(self, b: int, variant: int) -> StepOutputs:
-        g = self.graphs.get((b, variant))
+    def has(self, b: int, variant: int, block: int = 1) -> bool:
+        return self._held(b, variant, block) is not None
+
+    def run(self, b: int, variant: int, block: int = 1) -> StepOutputs:
+        g = self._held(b, variant, block)
         if g is None:
-            g = self._capture_measured(b, variant)
+            g = self._capture_measured(b, variant, block)
         return g.replay()
 
-    def capture(self, b: int, variant: int) -> None:
-        self._capture_measured(b, variant)
+    def capture(self, b: int, variant: int, block: int = 1) -> None:
+        self._capture_measured(b, variant, block)
 
     @torch.inference_mode()
-    def _capture_measured(self, b: int, variant: int) -> Replayable:
+    def _capture_measured(self, b: int, variant: int, block: int = 1) -> Replayable:
         counts = self.cap.program.counts
         saved = counts.clone()  # the warm-up (and piecewise's recording step) count tokens too
-        with self.cap.measured(self.mode, b, self.reports):
-            self._warm(b, variant)
-            g = self._capture(b, variant)
-            self.graphs[(b, variant)] = g
+        with self.cap.measured(self.mode, b, self.reports, kind="decode" if block == 1 else "verify"):
+            self._warm(b, variant, block)
+            g = self._capture(b, variant, block)
+            if block == 1:
+                self.graphs[(b, variant)] = g
+            else:
+                self.block_graphs[(b, block, int(variant))] = g
             torch.cuda.synchronize()  # the recording runs on the capture stream
             counts.copy_(saved)
         return g
 
-    def _warm(self, b: int, variant: int) -> None:
-        """What runs once eagerly before capturing (b, variant): the step's stages by default."""
-        self.cap.warmup(b, variant)
+    def _warm(self, b: int, variant: int, block: int = 1) -> None:
+        """What runs once eagerly before capturing (b, variant, block): the step's stages by default."""
+        self.cap.warmup(b, variant, block)
 
     @abstractmethod
-    def _capture(self, b: int, variant: int) -> Replayable:
-        """Capture the step of batch size b (the warm-up has run)."""
+    def _capture(self, b: int, variant: int, block: int = 1) -> Replayable:
+        """Capture the step of batch size b (b x block rows; the warm-up has run)."""
 
     def drop(self) -> None:
         self.graphs.clear()
+        self.block_graphs.clear()

@@ -24,20 +24,23 @@ class EagerMode(StepMode):
         self.program = program
         self.launch_lists_on = launch_lists
         self.note = note
-        # (batch size, variant) -> its list, None where the step cannot be recorded
-        self.launch_lists: dict[tuple[int, int], LaunchList[StepOutputs] | None] = {}
+        # (batch size, variant) -> its list, None where the step cannot be recorded; a
+        # verification step's key is (batch size, variant, block)
+        self.launch_lists: dict[tuple[int, ...], LaunchList[StepOutputs] | None] = {}
 
-    def run(self, b: int, variant: int) -> StepOutputs:
+    def run(self, b: int, variant: int, block: int = 1) -> StepOutputs:
+        shape = (b, variant) if block == 1 else (b, variant, block)
         if not self.launch_lists_on:
-            return self.program.run_eager(b, variant)
-        key = (b, int(variant))
+            return self.program.run_eager(*shape)
+        key = (b, int(variant)) if block == 1 else (b, int(variant), block)
         if key in self.launch_lists:
             lst = self.launch_lists[key]
-            return lst.replay() if lst is not None else self.program.run_eager(b, variant)
-        out, lst, why = record(lambda: self.program.run_eager(b, variant))
+            return lst.replay() if lst is not None else self.program.run_eager(*shape)
+        out, lst, why = record(lambda: self.program.run_eager(*shape))
         self.launch_lists[key] = lst
         if lst is None:
-            self.note(f"eager batch {b} ({Variant(variant).name.lower()}) runs through the stages: {why}")
+            shape = f"batch {b}" if block == 1 else f"verification b{b}k{block - 1}"
+            self.note(f"eager {shape} ({Variant(variant).name.lower()}) runs through the stages: {why}")
         return out
 
     def drop(self) -> None:

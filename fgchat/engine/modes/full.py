@@ -35,20 +35,20 @@ class FullGraph:
 class FullMode(GraphMode):
     mode = Mode.FULL
 
-    def _capture(self, b: int, variant: int) -> FullGraph:
+    def _capture(self, b: int, variant: int, block: int = 1) -> FullGraph:
         cap = self.cap
-        pieces, attends = cap.program.pieces(b, variant)
+        pieces, attends = cap.program.pieces(b, variant, block=block)
         g = torch.cuda.CUDAGraph()
         st = StepState()
         with torch.cuda.graph(g, pool=cap.pool, stream=cap.stream):
-            forked = self._beside(attends, b)
+            forked = self._beside(attends, b * block)
             run_pieces(st, pieces, forked)
             if forked is not attends:
                 cap.stream.wait_stream(cap.side)
         return FullGraph(g, StepOutputs(st.tokens, st.logits))
 
     def _beside(self, attends: list[Callable[[StepState], None]], b: int) -> list[Callable[[StepState], None]]:
-        """attends with the decoder's side work for b rows forked off just before each call."""
+        """attends with the decoder's side work for `b` rows forked off just before each call."""
         work = self.cap.program.dec.side_work(b)
         if work is None:
             return attends

@@ -31,14 +31,19 @@ class MegaMode(GraphMode):
         prog = cap.program
         self.layers = DecodeLayers(prog.dec, prog.cache)
 
-    def _warm(self, b: int, variant: int) -> None:
+    def has(self, b: int, variant: int, block: int = 1) -> bool:
+        return block == 1 and super().has(b, variant)
+
+    def _warm(self, b: int, variant: int, block: int = 1) -> None:
         """The mega step itself, not the stages the other modes capture."""
+        _one_row_each(block)
         cap = self.cap
         with torch.cuda.stream(cap.stream):
             run_pieces(StepState(), cap.program.mega_pieces(b, variant, self.layers), [])
         cap.stream.synchronize()
 
-    def _capture(self, b: int, variant: int) -> FullGraph:
+    def _capture(self, b: int, variant: int, block: int = 1) -> FullGraph:
+        _one_row_each(block)
         cap = self.cap
         pieces = cap.program.mega_pieces(b, variant, self.layers)
         g = torch.cuda.CUDAGraph()
@@ -46,3 +51,10 @@ class MegaMode(GraphMode):
         with torch.cuda.graph(g, pool=cap.pool, stream=cap.stream):
             run_pieces(st, pieces, [])
         return FullGraph(g, StepOutputs(st.tokens, st.logits))
+
+
+def _one_row_each(block: int) -> None:
+    """The mega kernel decodes one row per sequence: a verification step (block > 1) runs in
+    another mode (ModeSet.verify_mode)."""
+    if block != 1:
+        raise ValueError("the mega kernel runs no verification step")

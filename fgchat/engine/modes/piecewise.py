@@ -52,16 +52,16 @@ class PiecewiseGraph:
 class PiecewiseMode(GraphMode):
     mode = Mode.PIECEWISE
 
-    def _capture(self, b: int, variant: int) -> PiecewiseGraph:
+    def _capture(self, b: int, variant: int, block: int = 1) -> PiecewiseGraph:
         cap = self.cap
-        work = cap.program.dec.side_work(b) if cap.program.dec.piecewise_prefetch else None
+        work = cap.program.dec.side_work(b * block) if cap.program.dec.piecewise_prefetch else None
         forked: list[int] = []
 
         def fork(i: int) -> None:
             cap.fork(work, i)
             forked.append(i)
 
-        pieces, attends = cap.program.pieces(b, variant, fork if work is not None else None)
+        pieces, attends = cap.program.pieces(b, variant, fork if work is not None else None, block)
         graphs, states = [], []
         st = StepState()
         for piece in pieces:

@@ -91,7 +91,12 @@ def accept_greedy(logits: torch.Tensor, drafts: list[int]) -> tuple[int, int]:
     them."""
     from fgchat.engine.kernels.sampling import greedy
 
-    best = greedy(logits.float()).tolist()
+    return greedy_prefix(greedy(logits.float()).tolist(), drafts)
+
+
+def greedy_prefix(best: list[int], drafts: list[int]) -> tuple[int, int]:
+    """Greedy acceptance from the target's picks `best` at the k + 1 verified positions: the
+    drafts accepted (the prefix equal to the picks) and the pick after them."""
     m = 0
     while m < len(drafts) and drafts[m] == best[m]:
         m += 1

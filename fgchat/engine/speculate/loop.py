@@ -2,11 +2,14 @@
 draft length and the proposers, and running a speculative step where one pays.
 
 A speculative step: each running request asks its adaptive controller for k drafts, the
-proposer offers up to k, the target verifies the last token and the drafts in one pass
-(speculate.verify), each request accepts its own prefix (speculate.accept) and emits the accepted
-drafts and the target's token after them. A step where nothing is proposed runs as a plain
+proposer offers up to k, the target verifies the last token and the drafts in one step over
+B x (k + 1) rows (speculate.verify.block_rows, step.StepProgram.pieces) in the engine's mode (a
+graph per (B, k + 1) in full and piecewise, captured on first use; mega's verification runs in
+full), each request accepts its own prefix (speculate.accept) and emits the accepted drafts and
+the target's token after them. Its TokenEvents carry the mode that ran and the graph
+("full/b1k4": batch 1, 4 drafts a row block). A step where nothing is proposed runs as a plain
 decode step instead; requests with penalties decode plainly (their counts change token by token).
-The verification runs eagerly: its TokenEvents say mode "eager" and no graph."""
+The draft model proposes eagerly (speculate.draft)."""
 
 from __future__ import annotations
 
@@ -16,11 +19,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from fgchat.engine.speculate import check_draft_len, check_method
-from fgchat.engine.speculate.accept import (STREAM_ACCEPT, STREAM_RESIDUAL, accept, accept_greedy, row_uniforms,
+from fgchat.engine.speculate.accept import (STREAM_ACCEPT, STREAM_RESIDUAL, accept, greedy_prefix, row_uniforms,
                                             target_probs)
 from fgchat.engine.speculate.adaptive import AdaptiveK
 from fgchat.engine.speculate.proposers import Oracle, ngram_propose
-from fgchat.engine.speculate.verify import verify_logits
+from fgchat.engine.speculate.verify import block_rows
+from fgchat.engine.step import Variant
 from fgchat.protocol.errors import FgchatError
 from fgchat.protocol.events import Mode
 
@@ -39,6 +43,10 @@ class SpecLoop:
     scheduler: Any
     decoder: Any
     cache: Any
+    bufs: Any
+    program: Any
+    modes: Any
+    mode: Mode
     model: Any
     tuning: Any
     notes: list[str]
@@ -124,10 +132,11 @@ class SpecLoop:
             for s, k in zip(seqs, ks):
                 self._controller(s).update(0, 0) if k else self._controller(s).tick()
             return False
-        blocks = [([s.output_ids[-1]] + d, s.length - 1, s.slot) for s, d in zip(seqs, drafts)]
-        logits = verify_logits(self.decoder, blocks, self.cache.k, self.cache.v)
-        results = [self._accept(s, row, d, q) for s, row, d, q in zip(seqs, logits, drafts, qs)]
+        best, logits, ran, block = self._verify(seqs, drafts)
+        results = [self._accept(s, best[i * block: i * block + len(d) + 1], logits, i * block, d, q)
+                   for i, (s, d, q) in enumerate(zip(seqs, drafts, qs))]
         launch_ms = (time.perf_counter() - t0) * 1e3
+        graph = None if ran == Mode.EAGER else f"{ran}/b{len(seqs)}k{block - 1}"
         gpu_ms = None
         if cuda:
             end.record()
@@ -147,19 +156,35 @@ class SpecLoop:
             for j, t in enumerate(d[:m] + [tok]):
                 if not any(seq is r for r in running):
                     break  # stopped on an earlier token of this step
-                self._emit(seq, t, Mode.EAGER, b, gpu_ms, None, launch_ms,  # type: ignore[attr-defined]
+                self._emit(seq, t, ran, b, gpu_ms, graph, launch_ms,  # type: ignore[attr-defined]
                            spec=dict(fields, drafted=j < m))
             if self._draft is not None and self.spec_method == "draft":
                 self._draft.settle(seq, n_before, len(d), m)
         return True
 
-    def _accept(self, seq: Sequence, logits: torch.Tensor, drafts: list[int],
+    def _verify(self, seqs: list[Sequence], drafts: list[list[int]]) -> tuple[list[int], torch.Tensor, Mode, int]:
+        """The verification step in the engine's mode: (each row's pick, the logits of every row
+        [rows, V], the mode that ran, block)."""
+        ids, pos, slots, block = block_rows([s.output_ids[-1] for s in seqs], drafts, [s.length for s in seqs],
+                                            [s.slot for s in seqs], self.max_context)
+        n, b = len(ids), len(seqs)
+        variant = Variant.SAMPLED if any(s.params.temperature > 0 for s in seqs) else Variant.GREEDY
+        self.bufs.stage(ids, pos, slots, [0.0] * n, [1.0] * n, [0] * n, [0] * n)
+        self.program.max_len_hint = max(pos) + 1
+        mode = self._prepared_mode(self.modes.verify_mode(self.mode), b, variant, block)  # type: ignore[attr-defined]
+        out, ran = self.modes.run(mode, b, variant, block)
+        return out.tokens[:n].tolist(), out.logits, ran, block
+
+    def _accept(self, seq: Sequence, best: list[int], logits: torch.Tensor, first: int, drafts: list[int],
                 q: torch.Tensor | None) -> tuple[int, int]:
-        """(drafts accepted, the target's token after them) for one request."""
+        """(drafts accepted, the target's token after them) for one request whose rows start at
+        `first` of the verification step's picks and logits (`best` holds its own rows' picks)."""
         p = seq.params
         if p.temperature <= 0:
-            return accept_greedy(logits, drafts)
-        dev, rows = logits.device, logits.shape[0]
+            return greedy_prefix(best, drafts)
+        rows = len(drafts) + 1
+        logits = logits[first: first + rows].float()
+        dev = logits.device
         probs = target_probs(logits, torch.full((rows,), p.temperature, device=dev),
                              torch.full((rows,), p.top_p, device=dev),
                              torch.full((rows,), p.top_k, dtype=torch.int64, device=dev))

@@ -1,10 +1,15 @@
-"""The verification forward: each sequence's last accepted token and its drafts, at their
-positions after the rows its slot holds, through the target in one pass; logits at every row.
+"""The verification step's rows, and the verification forward the draft model runs.
 
-Each row attends to the slot's cached rows and causally to the rows before it in its own block
-(the prefill-after-cached-rows path of model.prefill). The K/V rows it writes for drafts that are
-rejected stay in the cache past the sequence's length: nothing reads a position >= a sequence's
-length, and the next step writes them again before any row attends to them."""
+The target verifies as a decode step over B x block rows (step.StepProgram.pieces with block =
+k + 1, in the engine's mode): row (b, j) holds sequence b's last accepted token (j = 0) or its
+draft j at position len_b - 1 + j of its slot, and attends causally within its block through its
+own length. `verify_logits` runs the same rows through the prefill-after-cached-rows path of
+model.prefill, eagerly (the draft model's catch-up and decode-ahead).
+
+The K/V rows written for drafts that are rejected stay in the cache past the sequence's length:
+nothing reads a position >= a sequence's length, and the next step writes them again before any
+row attends to them. Lengths roll back with no device work: every step's per-row lengths are its
+positions + 1, staged from the host's accepted lengths."""
 
 from __future__ import annotations
 
@@ -16,6 +21,26 @@ from fgchat.engine.model.prefill import _fused_layers, _unfused_rows, final_logi
 
 if TYPE_CHECKING:
     from fgchat.engine.model.decoder import Decoder
+
+
+def block_rows(lasts: list[int], drafts: list[list[int]], lengths: list[int], slots: list[int],
+               max_context: int) -> tuple[list[int], list[int], list[int], int]:
+    """(ids, positions, slots, block) of a verification step's rows: block = 1 + the most drafts
+    any sequence has; sequence b's rows are b * block + j. A sequence with fewer drafts fills its
+    block with its last real row's token at the positions after it (clamped to the cache's last
+    row): their outputs are ignored, and their K/V land past every row the sequence reads before
+    it writes them again."""
+    block = 1 + max((len(d) for d in drafts), default=0)
+    ids: list[int] = []
+    pos: list[int] = []
+    out_slots: list[int] = []
+    for last, d, n, slot in zip(lasts, drafts, lengths, slots):
+        toks = [last] + d
+        toks += [toks[-1]] * (block - len(toks))
+        ids += toks
+        pos += [min(n - 1 + j, max_context - 1) for j in range(block)]
+        out_slots += [slot] * block
+    return ids, pos, out_slots, block
 
 
 def verify_logits(dec: Decoder, blocks: list[tuple[list[int], int, int]], k_caches: list[torch.Tensor],

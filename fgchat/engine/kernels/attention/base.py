@@ -52,6 +52,12 @@ class DecodeAttention(ABC):
         window: int = 0,  # > 0: attend to the last `window` positions only (see the module docstring)
     ) -> None: ...
 
+    def for_blocks(self) -> DecodeAttention:
+        """The backend for a verification step, where several lanes read rows of one slot that
+        the kernel launched just before wrote (the other lanes' current rows, not only their
+        own): this one where every read of the cache follows that kernel's end."""
+        return self
+
     def label(self, dtype: torch.dtype, num_q_heads: int, num_kv_heads: int, head_dim: int) -> str:
         """The backend as EngineInfo names it for a cache of `dtype` and these heads (a backend
         that picks among routes per machine names the one it takes)."""

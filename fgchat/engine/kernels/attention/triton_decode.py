@@ -20,6 +20,7 @@ Graph-safety invariants:
 
 from __future__ import annotations
 
+import copy
 import functools
 from dataclasses import dataclass
 
@@ -330,6 +331,19 @@ class TritonDecodeAttention(DecodeAttention):
         self._cnt: Tensor | None = None
         self._plans: dict[tuple, _Plan] = {}
         self._scratch: dict[int, tuple[Tensor, Tensor]] = {}  # id of a plan in _plans -> part, lse
+        self._blocks: TritonDecodeAttention | None = None  # for_blocks' twin
+
+    def for_blocks(self) -> TritonDecodeAttention:
+        """This backend without `preload`: a preloaded first tile is read before the PDL wait,
+        when only a lane's own current row is replaced after it, so another lane's row written
+        by the preceding kernel could be read stale. Same kernels otherwise (plans of its own)."""
+        if not self.preload:
+            return self
+        if self._blocks is None:
+            twin = copy.copy(self)
+            twin.preload, twin._plans, twin._scratch, twin._blocks = False, {}, {}, None
+            self._blocks = twin
+        return self._blocks
 
     def _counters(self, batch: int, num_kv_heads: int, device: torch.device) -> Tensor:
         """Arrival counters, zero between launches (each merge resets its own). Allocated once,
