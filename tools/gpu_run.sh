@@ -15,8 +15,9 @@
 #   bench     fgchat bench: the embedded model (real weights), the 1B and SmolLM2 presets; with .old/fgchat
 #             present (`git archive <sha> fgchat assets | tar -x -C .old`) the old tree and this one
 #             alternate process by process (OLD_COMMIT=<sha> labels the old runs); BENCH_8B=1 adds 8B
-#   quant     quantized weights beside bf16 (full mode): the 1B preset none / fp8 / int4, 8B none / int4, and
+#   quant     quantized weights beside bf16 (full mode; with .old/fgchat the 1B rows of the old tree first): the 1B preset none / fp8 / int4, 8B none / int4, and
 #             the embedded GGUF's own blocks against --dequantize (full, piecewise, eager)
+#   spec      speculation (oracle, ngram, draft) beside plain decoding, full mode
 #   quantpeers  llama.cpp and fgchat on the same Q8_0 / Q4_K_M files of the random 1B (BENCH_8B=1: and
 #             8B) made by llama-quantize (after llamabuild)
 #   tui       ITL in the TUI against headless per mode, batch 1 and 8 (scripts/tui_vs_headless.py;
@@ -45,7 +46,7 @@ case ${1:-} in
   put) shift; put; [[ $# -eq 0 ]] && exit 0 ;;
   "") echo "usage: $0 split | put [TARGET...] | TARGET..." >&2; exit 2 ;;
 esac
-TARGETS=" tests real bench quant quantpeers tui llamacpp llamabuild llamawait peers "
+TARGETS=" tests real bench quant spec quantpeers tui llamacpp llamabuild llamawait peers "
 for what in "$@"; do
   [[ $TARGETS == *" $what "* ]] || { echo "gpu_run: unknown target '$what' (targets:$TARGETS)" >&2; exit 2; }
 done
@@ -102,7 +103,7 @@ for what in "$@"; do
         echo "tests part $TESTS_PART: $files"
       fi
       timeout "${TEST_TIMEOUT:-540}" python3 -m pytest -p no:cacheprovider -m gpu -q --timeout 300 -W ignore \
-        "${ignore[@]}" $files 2>&1 | tee "$OUT/tests${TESTS_PART:-}.log" | tail -25 ;;
+        ${PYTEST_ARGS:-} "${ignore[@]}" $files 2>&1 | tee "$OUT/tests${TESTS_PART:-}.log" | tail -25 ;;
     real)
       [[ -n $GGUF ]] || { echo "real: needs the real weights"; continue; }
       timeout 400 python3 scripts/check_real_weights.py --model "$GGUF" --json "$JSON/correctness.json" 2>&1 \
@@ -119,14 +120,32 @@ for what in "$@"; do
       if [[ ${BENCH_8B:-0} == 1 ]]; then
         bench new 8b --preset llama-3.1-8b --random-weights --batch-sizes 1,8 --repeats 2 --modes full
       fi ;;
-    quant)
+    quant)  # QUANT_SETS: which of 1b 8b embedded (default all three)
       q=(--random-weights --batch-sizes 1,8 --repeats 2 --modes full)
-      bench new q-1b --preset llama-3.2-1b "${q[@]}" --quantize none,fp8,int4
-      BENCH_TIMEOUT=300 bench new q-8b --preset llama-3.1-8b "${q[@]}" --quantize none,int4
-      if [[ -n $GGUF ]]; then
+      sets=" ${QUANT_SETS:-1b 8b embedded} "
+      trees=(new); [[ -d .old/fgchat ]] && trees=(old new)
+      if [[ $sets == *" 1b "* ]]; then
+        for tree in "${trees[@]}"; do
+          bench $tree "q-1b" --preset llama-3.2-1b "${q[@]}" --quantize none,fp8,int4
+        done
+      fi
+      [[ $sets == *" 8b "* ]] && BENCH_TIMEOUT=300 bench new q-8b --preset llama-3.1-8b "${q[@]}" --quantize none,int4
+      if [[ -n $GGUF && $sets == *" embedded "* ]]; then
         bench new q-embedded --model "$GGUF" "${q[@]:1}" --modes full,piecewise,eager
         bench new q-embedded-dequantized --model "$GGUF" --dequantize "${q[@]:1}" --modes full,piecewise,eager
       fi ;;
+    spec)  # speculation beside plain decoding (full): the oracle at k = 4 on the 1B preset, ngram on
+      # the real weights, the 1B preset drafting the 8B preset and the 1B drafting itself
+      q=(--random-weights --batch-sizes 1,8 --repeats 2 --modes full)
+      for m in off oracle; do bench new "spec-1b-$m" --preset llama-3.2-1b "${q[@]}" --speculate $m --draft-len 4; done
+      if [[ -n $GGUF ]]; then
+        for m in off ngram; do bench new "spec-embedded-$m" --model "$GGUF" "${q[@]:1}" --speculate $m; done
+      fi
+      for m in eager piecewise full; do
+        BENCH_TIMEOUT=300 bench new "spec-8b-draft-$m" --preset llama-3.1-8b --random-weights --batch-sizes 1 \
+          --repeats 1 --modes $m --speculate draft --draft preset:llama-3.2-1b
+      done
+      bench new spec-1b-self --preset llama-3.2-1b "${q[@]}" --speculate draft --draft preset:llama-3.2-1b ;;
     quantpeers)
       llama_wait || continue
       presets="llama-3.2-1b"; [[ ${BENCH_8B:-0} == 1 ]] && presets+=" llama-3.1-8b"
