@@ -27,10 +27,13 @@
 #                     llama-quantize only
 #   quantize PRESET...  the preset's random bf16 GGUF quantized by llama-quantize to each of QUANTS:
 #                     $LLAMACPP_WORK/gguf/PRESET-TYPE.gguf (kept: a second call reuses them)
-#   bench PRESET...   random GGUF per preset (tools/random_gguf.py), llama-batched-bench, JSON;
+#   bench PRESET...   random GGUF per preset (tools/random_gguf.py: llama, Qwen3 and Gemma 3
+#                     presets, in llama.cpp's llama / qwen3 / gemma3 architecture), llama-batched-bench, JSON;
 #                     a DTYPES entry that is a quantization type benches PRESET-TYPE.gguf (made
 #                     as `quantize` makes it, if missing); an argument ending in .gguf is benched
 #                     as that file (dtype "file")
+#   A PRESET is a name in fgchat/presets or a path to a config.json (named in files and rows by
+#   its stem, or its folder's name for config.json).
 # Environment:
 #   LLAMACPP_WORK  where sources, builds and GGUFs go (default /tmp/llamacpp)
 #   OUT            results (default /tmp/llamacpp-out)
@@ -45,6 +48,7 @@
 #   JOBS           build parallelism (default nproc)
 #   LIBCUDA        the driver library to link (default: libcuda.so.1 as ldconfig finds it)
 set -euo pipefail
+CALLER_DIR=$PWD  # where relative config.json paths are
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 LCP_VERSION=${LCP_VERSION:-0.3.36}
@@ -282,10 +286,26 @@ need_gguf_py() {  # gguf for tools/random_gguf.py: the venv's, else the wheel in
   "$PY" -c "import gguf, numpy" || { echo "tools/random_gguf.py needs gguf and numpy: pip install gguf, or put its wheel in .whl" >&2; exit 1; }
 }
 
-# $WORK/gguf/PRESET-DTYPE.gguf of random weights (bf16, f16, f32), made once
+# a PRESET argument: a preset name as it is, a config.json path (one with a / or ending in .json)
+# made absolute, since the script runs from the repository root
+preset_arg() {
+  if [[ ($1 == */* || $1 == *.json) && $1 != /* ]]; then echo "$CALLER_DIR/$1"; else echo "$1"; fi
+}
+
+# a preset's name in file names and rows: the name itself; for a config.json path its file's stem,
+# or its folder's name where the file is config.json (tools/random_gguf.py names it the same way)
+preset_label() {
+  local base; base=$(basename "$1" .json)
+  [[ $base == config && $1 == */* ]] && base=$(basename "$(dirname "$1")")
+  echo "$base"
+}
+
+# $WORK/gguf/LABEL-DTYPE.gguf of random weights (bf16, f16, f32), made once (again where the preset
+# is a config.json newer than the file)
 random_gguf() {
-  local preset=$1 dtype=$2 gguf=$WORK/gguf/$1-$2.gguf
-  if [[ ! -f $gguf ]]; then
+  local preset=$1 dtype=$2 gguf
+  gguf=$WORK/gguf/$(preset_label "$1")-$2.gguf
+  if [[ ! -f $gguf || ( -f $preset && $preset -nt $gguf ) ]]; then
     need_gguf_py
     local t0=$SECONDS
     "$PY" tools/random_gguf.py "$preset" --dtype "$dtype" -o "$gguf.part" >&2 || exit 1
@@ -295,12 +315,14 @@ random_gguf() {
   echo "$gguf"
 }
 
-# $WORK/gguf/PRESET-TYPE.gguf: the preset's random bf16 GGUF quantized by llama-quantize, made once
+# $WORK/gguf/LABEL-TYPE.gguf: the preset's random bf16 GGUF quantized by llama-quantize, made once
+# (again where the preset is a config.json newer than the file)
 quantized_gguf() {
-  local preset=$1 type=$2 out=$WORK/gguf/$1-$2.gguf
-  if [[ ! -f $out ]]; then
+  local preset=$1 type=$2 out label
+  label=$(preset_label "$1"); out=$WORK/gguf/$label-$2.gguf
+  if [[ ! -f $out || ( -f $preset && $preset -nt $out ) ]]; then
     local bin src; bin=$(tool_path llama-quantize); src=$(random_gguf "$preset" bf16)
-    local t0=$SECONDS log=$WORK/logs/quantize-$preset-$type.log
+    local t0=$SECONDS log=$WORK/logs/quantize-$label-$type.log
     "$bin" "$src" "$out.part" "$type" > "$log" 2>&1 || { tail -30 "$log" >&2; rm -f "$out.part"; exit 1; }
     mv "$out.part" "$out"
     echo "$out: $(stat -c %s "$out") bytes ($type of $(basename "$src")) in $((SECONDS - t0)) s" >&2
@@ -320,6 +342,7 @@ quantize() {
   mkdir -p "$WORK/gguf" "$WORK/logs"
   tool_path llama-quantize > /dev/null
   for preset in "$@"; do
+    preset=$(preset_arg "$preset")
     for type in $types; do quantized_gguf "$preset" "$type"; done
   done
 }
@@ -352,10 +375,12 @@ bench() {
   local threads=()
   [[ -n ${THREADS:-} ]] && threads=(-t "$THREADS" -tb "$THREADS")
   for preset in "$@"; do
-    local dtypes=${DTYPES:-bf16 f16}
+    local dtypes=${DTYPES:-bf16 f16} label
     [[ $preset == *.gguf ]] && dtypes=file  # a GGUF file as it is (e.g. a quantized model)
+    [[ $preset == *.gguf ]] || preset=$(preset_arg "$preset")
+    label=$(preset_label "$preset")
     for dtype in $dtypes; do
-      local gguf log=$WORK/logs/$preset-$dtype.log
+      local gguf log=$WORK/logs/$label-$dtype.log
       if [[ $dtype == file ]]; then
         gguf=$preset; log=$WORK/logs/$(basename "$preset").log
       elif is_quant_type "$dtype"; then
@@ -369,8 +394,8 @@ bench() {
       local t0=$SECONDS
       "${cmd[@]}" >> "$log" 2>&1 || { tail -30 "$log"; cat "$log" >> "$out/llamacpp.log"; exit 1; }
       cat "$log" >> "$out/llamacpp.log"
-      echo "llama-batched-bench $preset $dtype: $((SECONDS - t0)) s (log $log, appended to $out/llamacpp.log)"
-      "$PY" - "$log" "$out/llamacpp.json" "$preset" "$dtype" "$commit" "$kind" \
+      echo "llama-batched-bench $label $dtype: $((SECONDS - t0)) s (log $log, appended to $out/llamacpp.log)"
+      "$PY" - "$log" "$out/llamacpp.json" "$label" "$dtype" "$commit" "$kind" \
              "$batches" "$repeats" <<'EOF'
 import json, statistics, sys
 log, dest, preset, dtype, commit, kind, batches, repeats = sys.argv[1:]

@@ -1,9 +1,15 @@
-"""A GGUF file of random weights (llama architecture, f16, bf16 or f32) of one of our presets' shapes,
-for peers that read GGUF (llama.cpp: scripts/llama_cpp.sh bench). Weights are normal with std 0.02,
-norm weights 1; tied embeddings write no output.weight; llama3/linear RoPE scaling is written as
-llama.cpp's rope_freqs factors (from fgchat's own rope_inv_freq). The tokenizer is synthetic: an SPM
-("llama") vocabulary of the preset's vocab size (byte tokens, <s>/</s>/<unk> at the preset's ids,
-then made-up pieces), enough for llama.cpp to load the model and draw random token ids.
+"""A GGUF file of random weights (f16, bf16 or f32) of one of our presets' shapes, in llama.cpp's
+llama, qwen3 or gemma3 architecture, for peers that read GGUF (llama.cpp: scripts/llama_cpp.sh bench).
+Weights are normal with std 0.02, norm weights 1 (Gemma's too: its RMSNorm scales by 1 + w and
+llama.cpp's converter stores 1 + w, so 1 is w = 0); tied embeddings write no output.weight.
+llama: llama3/linear RoPE scaling is written as llama.cpp's rope_freqs factors (from fgchat's own
+rope_inv_freq). qwen3: q/k norms per layer. gemma3: q/k norms, post-attention and post-FFN norms,
+the sliding window with its per-layer pattern and the local layers' RoPE base, linear RoPE scaling of
+the global layers, the final logit softcap; llama.cpp scales the embeddings by sqrt(hidden) itself
+and takes the query scale from head_dim (a warning says where query_pre_attn_scalar differs).
+The tokenizer is synthetic: an SPM ("llama") vocabulary of the preset's vocab size (byte tokens,
+<s>/</s>/<unk> at the preset's ids, then made-up pieces), enough for llama.cpp to load the model
+(any of the three architectures) and draw random token ids.
 
 The file is written tensor by tensor: only the largest tensor is ever held in memory (1 GiB for the
 8B preset's embeddings in bf16), never the whole model.
@@ -22,6 +28,7 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -41,8 +48,20 @@ DTYPES = {"bf16": (gguf.GGMLQuantizationType.BF16, gguf.LlamaFileType.MOSTLY_BF1
 NP_DTYPES = {"bf16": np.uint16, "f16": np.float16, "f32": np.float32}
 CHUNK = 1 << 22  # elements drawn per generator call
 STD = 0.02
+# the Hugging Face architectures written, with llama.cpp's name for each (general.architecture, the
+# prefix of its keys)
+ARCHS = {"LlamaForCausalLM": "llama", "Qwen3ForCausalLM": "qwen3", "Gemma3ForCausalLM": "gemma3"}
 # tokenizer.ggml.token_type values (llama.cpp's llama_token_type)
 NORMAL, UNKNOWN, CONTROL, BYTE = 1, 2, 3, 6
+
+
+def preset_label(preset: str) -> str:
+    """A preset's name in file names: the name itself; for a config.json path its stem, or its
+    folder's name where the file is config.json (scripts/llama_cpp.sh names it the same way)."""
+    path = Path(preset)
+    if not path.is_file():
+        return preset
+    return path.parent.name if path.stem == "config" and path.parent.name else path.stem
 
 
 def load_config(preset: str) -> tuple[ModelConfig, dict]:
@@ -54,16 +73,29 @@ def load_config(preset: str) -> tuple[ModelConfig, dict]:
         raise SystemExit(f"unknown preset {preset!r}; known presets: {', '.join(preset_names())}")
     raw = json.loads(path.read_text())
     cfg = parse_config(raw)
-    if cfg.architecture != "LlamaForCausalLM" or cfg.qkv_bias:
-        raise SystemExit(f"{preset}: {cfg.architecture} is not written as a llama GGUF (llama presets only)")
+    why = ("" if cfg.architecture not in ARCHS else " with qkv bias" if cfg.qkv_bias
+           else " with a sliding window on every layer" if cfg.sliding_window else None)
+    if why is not None:
+        raise SystemExit(f"{preset}: {cfg.architecture}{why} is not written as a GGUF "
+                         f"(supported: {', '.join(ARCHS)}, no qkv bias)")
+    if cfg.rope_scaling and ARCHS[cfg.architecture] != "llama" and _scaling_kind(cfg) != "linear":
+        raise SystemExit(f"{preset}: {_scaling_kind(cfg)} RoPE scaling is written for llama presets only")
     return cfg, raw
+
+
+def _scaling_kind(cfg: ModelConfig) -> str | None:
+    sc = cfg.rope_scaling
+    return sc.get("rope_type", sc.get("type")) if sc else None
 
 
 def tensor_plan(cfg: ModelConfig) -> list[tuple[str, tuple[int, ...], str]]:
     """(name, numpy shape, kind) for every tensor, in file order; kind: 'weight' (random, f16 or
     bf16), 'norm' (ones, f32) or 'rope_freqs' (f32). A numpy shape (rows, cols) is ggml's
-    {cols, rows}: token_embd.weight is (vocab, hidden), i.e. {n_embd, n_vocab} in llama.cpp."""
-    h, f, q, kv = cfg.hidden_size, cfg.intermediate_size, cfg.q_size, cfg.kv_size
+    {cols, rows}: token_embd.weight is (vocab, hidden), i.e. {n_embd, n_vocab} in llama.cpp.
+    Per layer: llama's nine tensors; qwen3 and gemma3 add attn_q_norm / attn_k_norm {head_dim},
+    gemma3 post_attention_norm and post_ffw_norm {n_embd} after the attention and the FFN."""
+    h, f, q, kv, d = cfg.hidden_size, cfg.intermediate_size, cfg.q_size, cfg.kv_size, cfg.head_dim
+    gemma = ARCHS[cfg.architecture] == "gemma3"
     plan = [("token_embd.weight", (cfg.vocab_size, h), "weight")]
     for i in range(cfg.num_layers):
         b = f"blk.{i}."
@@ -71,30 +103,63 @@ def tensor_plan(cfg: ModelConfig) -> list[tuple[str, tuple[int, ...], str]]:
                  (b + "attn_q.weight", (q, h), "weight"),
                  (b + "attn_k.weight", (kv, h), "weight"),
                  (b + "attn_v.weight", (kv, h), "weight"),
-                 (b + "attn_output.weight", (h, q), "weight"),
-                 (b + "ffn_norm.weight", (h,), "norm"),
+                 (b + "attn_output.weight", (h, q), "weight")]
+        if cfg.qk_norm:
+            plan += [(b + "attn_q_norm.weight", (d,), "norm"), (b + "attn_k_norm.weight", (d,), "norm")]
+        if gemma:
+            plan.append((b + "post_attention_norm.weight", (h,), "norm"))
+        plan += [(b + "ffn_norm.weight", (h,), "norm"),
                  (b + "ffn_gate.weight", (f, h), "weight"),
                  (b + "ffn_up.weight", (f, h), "weight"),
                  (b + "ffn_down.weight", (h, f), "weight")]
+        if gemma:
+            plan.append((b + "post_ffw_norm.weight", (h,), "norm"))
     plan.append(("output_norm.weight", (h,), "norm"))
     if not cfg.tie_embeddings:
         plan.append(("output.weight", (cfg.vocab_size, h), "weight"))
-    if cfg.rope_scaling:
+    if cfg.rope_scaling and ARCHS[cfg.architecture] == "llama":
         plan.append(("rope_freqs.weight", (cfg.head_dim // 2,), "rope_freqs"))
     return plan
 
 
-def hparams(cfg: ModelConfig) -> list[tuple[str, int | float]]:
-    """The llama.* keys llama.cpp's llama loader reads, as (GGUFWriter.add_<setter>, value):
-    llama.vocab_size, .context_length, .embedding_length, .block_count, .feed_forward_length,
+def hparams(cfg: ModelConfig) -> list[tuple[str, Any]]:
+    """The ARCH.* keys llama.cpp's loader reads, as (GGUFWriter.add_<setter>, value):
+    ARCH.vocab_size, .context_length, .embedding_length, .block_count, .feed_forward_length,
     .attention.head_count(_kv), .attention.key/value_length, .rope.dimension_count,
-    .rope.freq_base, .attention.layer_norm_rms_epsilon."""
-    return [("vocab_size", cfg.vocab_size), ("context_length", cfg.max_position),
-            ("embedding_length", cfg.hidden_size), ("block_count", cfg.num_layers),
-            ("feed_forward_length", cfg.intermediate_size), ("head_count", cfg.num_heads),
-            ("head_count_kv", cfg.num_kv_heads), ("key_length", cfg.head_dim),
-            ("value_length", cfg.head_dim), ("rope_dimension_count", cfg.head_dim),
-            ("rope_freq_base", cfg.rope_theta), ("layer_norm_rms_eps", cfg.rms_eps)]
+    .rope.freq_base, .attention.layer_norm_rms_epsilon; linear RoPE scaling outside llama as
+    .rope.scaling.type / .factor; gemma3's .attention.sliding_window, .sliding_window_pattern (per
+    layer, true: windowed), .rope.freq_base_swa and .final_logit_softcapping where set."""
+    keys: list[tuple[str, Any]] = [
+        ("vocab_size", cfg.vocab_size), ("context_length", cfg.max_position),
+        ("embedding_length", cfg.hidden_size), ("block_count", cfg.num_layers),
+        ("feed_forward_length", cfg.intermediate_size), ("head_count", cfg.num_heads),
+        ("head_count_kv", cfg.num_kv_heads), ("key_length", cfg.head_dim),
+        ("value_length", cfg.head_dim), ("rope_dimension_count", cfg.head_dim),
+        ("rope_freq_base", cfg.rope_theta), ("layer_norm_rms_eps", cfg.rms_eps)]
+    arch = ARCHS[cfg.architecture]
+    if cfg.rope_scaling and arch != "llama":  # linear (load_config): llama.cpp divides positions by it
+        keys += [("rope_scaling_type", gguf.RopeScalingType.LINEAR),
+                 ("rope_scaling_factor", float(cfg.rope_scaling["factor"]))]
+    if arch != "gemma3":
+        return keys
+    windows = sorted({w for w in cfg.layer_windows if w})
+    if len(windows) > 1:
+        raise SystemExit(f"sliding windows of several sizes ({windows}): llama.cpp has one per model")
+    if windows:
+        keys += [("sliding_window", windows[0]),
+                 ("sliding_window_pattern", [bool(w) for w in cfg.layer_windows]),
+                 ("rope_freq_base_swa", cfg.local_rope_theta or 10000.0)]
+    if cfg.final_softcap:
+        keys.append(("final_logit_softcapping", cfg.final_softcap))
+    return keys
+
+
+def llama_cpp_query_scale(cfg: ModelConfig) -> float:
+    """The query scale llama.cpp's gemma3 graph applies: 1/sqrt(head_dim), but 1/sqrt(hidden/heads)
+    for the 62-layer (27B) model; it reads no query_pre_attn_scalar."""
+    if cfg.num_layers == 62:
+        return (cfg.hidden_size / cfg.num_heads) ** -0.5
+    return cfg.head_dim ** -0.5
 
 
 def rope_factors(cfg: ModelConfig) -> np.ndarray:
@@ -166,8 +231,12 @@ def write(preset: str, path: str | Path, dtype: str = "bf16", seed: int = 0, std
         raise SystemExit(f"unknown dtype {dtype!r} (choose from {', '.join(DTYPES)})")
     cfg, raw = load_config(preset)
     qtype, ftype = DTYPES[dtype]
-    name = Path(preset).stem if Path(preset).is_file() else preset
-    w = gguf.GGUFWriter(str(path), "llama")
+    name = preset_label(preset)
+    arch = ARCHS[cfg.architecture]
+    if cfg.attn_scale is not None and abs(cfg.attn_scale / llama_cpp_query_scale(cfg) - 1) > 1e-6:
+        print(f"warning: {name}: llama.cpp scales queries by {llama_cpp_query_scale(cfg):.6g}, the preset by "
+              f"{cfg.attn_scale:.6g} (query_pre_attn_scalar): same cost, other values", file=sys.stderr)
+    w = gguf.GGUFWriter(str(path), arch)
     w.add_name(f"{name} (random weights, {dtype})")
     w.add_file_type(ftype)
     for setter, value in hparams(cfg):
@@ -207,7 +276,7 @@ def write(preset: str, path: str | Path, dtype: str = "bf16", seed: int = 0, std
     w.close()
     if not quiet:
         size = Path(path).stat().st_size
-        print(f"{path}: {name} {dtype}, {len(plan)} tensors, {size / 2**20:.1f} MiB "
+        print(f"{path}: {name} {arch} {dtype}, {len(plan)} tensors, {size / 2**20:.1f} MiB "
               f"in {time.perf_counter() - t0:.1f} s")
     return plan
 
@@ -219,7 +288,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
-    out = args.output or f"/tmp/{Path(args.preset).stem}-{args.dtype}.gguf"
+    out = args.output or f"/tmp/{preset_label(args.preset)}-{args.dtype}.gguf"
     write(args.preset, out, args.dtype, args.seed)
 
 

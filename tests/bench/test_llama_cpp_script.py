@@ -38,10 +38,11 @@ for pl in args[args.index("-npl") + 1].split(","):
 """
 
 
-def _run(work: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
+def _run(work: Path, *args: str, cwd: Path | None = None, **env: str) -> subprocess.CompletedProcess:
     full = {**os.environ, "LLAMACPP_WORK": str(work), "OUT": str(work / "out"), "PYTHON": sys.executable,
             "STUB_CALLS": str(work / "calls.jsonl"), **env}
-    return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, env=full, timeout=300)
+    return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, env=full, timeout=300,
+                          cwd=cwd)
 
 
 @pytest.fixture
@@ -101,3 +102,33 @@ def test_quantize_then_bench_the_quantized_file(work):
     rows = json.loads((work / "out" / "llamacpp.json").read_text())
     assert [(r["dtype"], r["batch_size"]) for r in rows] == [("Q4_K_M", 1), ("Q4_K_M", 8), ("Q6_K", 1), ("Q6_K", 8)]
     assert all(r["tpot_ms"] == 1000 * 0.25 / 128 and r["backend"] == "cpu" for r in rows)
+
+
+def test_bench_a_config_path(work):
+    """A PRESET given as a relative config.json path (from the caller's folder): its GGUF is named by
+    the folder, written in its own architecture, named so in the rows, and made again once the
+    config changes."""
+    gguf = pytest.importorskip("gguf")
+    from fgchat.presets import preset_path
+
+    cfg = json.loads(preset_path("qwen3-0.6b").read_text()) | {
+        "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 1, "num_attention_heads": 2,
+        "num_key_value_heads": 1, "head_dim": 32, "vocab_size": 512, "bos_token_id": 1, "eos_token_id": 2}
+    config = work / "models" / "qwen3-mini" / "config.json"
+    config.parent.mkdir(parents=True)
+    config.write_text(json.dumps(cfg))
+    p = _run(work, "bench", "models/qwen3-mini/config.json", cwd=work, DTYPES="bf16", BATCHES="1", REPEATS="1")
+    assert p.returncode == 0, p.stderr
+    made = work / "gguf" / "qwen3-mini-bf16.gguf"
+    r = gguf.GGUFReader(str(made))
+    assert r.fields["general.architecture"].contents() == "qwen3"
+    assert r.fields["qwen3.embedding_length"].contents() == 64
+    assert _calls(work) == [["llama-batched-bench", "qwen3-mini-bf16.gguf", "GGUF"]]
+    rows = json.loads((work / "out" / "llamacpp.json").read_text())
+    assert [(r["preset"], r["dtype"], r["batch_size"]) for r in rows] == [("qwen3-mini", "bf16", 1)]
+
+    config.write_text(json.dumps(cfg | {"hidden_size": 96}))
+    later = made.stat().st_mtime + 10
+    os.utime(config, (later, later))
+    assert _run(work, "bench", str(config), DTYPES="bf16", BATCHES="1", REPEATS="1").returncode == 0
+    assert gguf.GGUFReader(str(made)).fields["qwen3.embedding_length"].contents() == 96

@@ -110,3 +110,118 @@ def test_llama3_rope_factors_and_untied_output():
     # llama3 scaling (factor 8): high frequencies unscaled, low ones divided by the factor
     assert factors[0] == pytest.approx(1.0) and factors[-1] == pytest.approx(8.0)
     assert np.all(np.diff(factors) >= 0)
+
+
+def _tiny_of(preset: str, tmp_path: Path, **sizes) -> tuple[Path, dict]:
+    """The preset's own config.json with tiny sizes: tmp_path/<preset>-tiny/config.json."""
+    cfg = json.loads(preset_path(preset).read_text()) | sizes
+    folder = tmp_path / f"{preset}-tiny"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(cfg))
+    return folder / "config.json", cfg
+
+
+# the tensors llama.cpp's load_arch_tensors creates for each layer (src/models/qwen3.cpp, gemma3.cpp at
+# the commit in .llamacpp/src.tgz), by ggml shape with H hidden, D head_dim, Q heads x D, K kv heads x D
+LAYER = {
+    "qwen3": {"attn_norm": "H", "attn_q": "H,Q", "attn_k": "H,K", "attn_v": "H,K", "attn_output": "Q,H",
+              "attn_q_norm": "D", "attn_k_norm": "D", "ffn_norm": "H", "ffn_gate": "H,F", "ffn_up": "H,F",
+              "ffn_down": "F,H"},
+}
+LAYER["gemma3"] = LAYER["qwen3"] | {"post_attention_norm": "H", "post_ffw_norm": "H"}
+
+
+@pytest.mark.parametrize("preset,arch,sizes", [
+    ("qwen3-0.6b", "qwen3", {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2,
+                             "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
+                             "vocab_size": 1536, "bos_token_id": 1, "eos_token_id": 2}),
+    # hidden != heads x head_dim, as in gemma-3-1b; pattern 3 puts a global layer among 3
+    ("gemma-3-1b", "gemma3", {"hidden_size": 96, "intermediate_size": 256, "num_hidden_layers": 3,
+                              "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 64,
+                              "query_pre_attn_scalar": 64, "vocab_size": 1280, "sliding_window": 16,
+                              "sliding_window_pattern": 3, "rope_local_base_freq": 20000.0}),
+])
+def test_family_round_trip(tmp_path, preset, arch, sizes):
+    tool = _tool()
+    config, cfg = _tiny_of(preset, tmp_path, **sizes)
+    path = tmp_path / "model.gguf"
+    tool.write(str(config), path, "bf16", quiet=True)
+    r = gguf.GGUFReader(str(path))
+
+    assert _values(r, "general.architecture") == arch
+    assert _values(r, "general.name") == f"{preset}-tiny (random weights, bf16)"
+    layers, d = cfg["num_hidden_layers"], cfg["head_dim"]
+    expect = {
+        "context_length": cfg["max_position_embeddings"], "embedding_length": cfg["hidden_size"],
+        "block_count": layers, "feed_forward_length": cfg["intermediate_size"],
+        "attention.head_count": cfg["num_attention_heads"],
+        "attention.head_count_kv": cfg["num_key_value_heads"],
+        "attention.key_length": d, "attention.value_length": d, "rope.dimension_count": d,
+    }
+    if arch == "gemma3":  # layer i is global where (i + 1) % pattern == 0 (transformers' layer_types)
+        pattern = cfg["sliding_window_pattern"]
+        expect |= {"attention.sliding_window": cfg["sliding_window"],
+                   "attention.sliding_window_pattern": [(i + 1) % pattern != 0 for i in range(layers)]}
+        assert _values(r, "gemma3.rope.freq_base_swa") == pytest.approx(cfg["rope_local_base_freq"])
+        assert "gemma3.final_logit_softcapping" not in r.fields  # null in the preset
+    for key, value in expect.items():
+        assert _values(r, f"{arch}.{key}") == value, key
+    assert _values(r, f"{arch}.rope.freq_base") == pytest.approx(cfg["rope_theta"])
+    assert _values(r, f"{arch}.attention.layer_norm_rms_epsilon") == pytest.approx(cfg["rms_norm_eps"])
+    assert f"{arch}.rope.scaling.type" not in r.fields
+    eos = cfg["eos_token_id"] if isinstance(cfg["eos_token_id"], int) else cfg["eos_token_id"][0]
+    assert _values(r, "tokenizer.ggml.eos_token_id") == eos
+    assert _values(r, "tokenizer.ggml.bos_token_id") == cfg["bos_token_id"]
+    assert len(_values(r, "tokenizer.ggml.tokens")) == cfg["vocab_size"]
+
+    # every name is in gguf-py's tensor table of the architecture; the set and the shapes are
+    # what llama.cpp's loader asks for; tied embeddings: no output.weight
+    table = {gguf.TENSOR_NAMES[t].format(bid=i) + ".weight"
+             for t in gguf.MODEL_TENSORS[gguf.MODEL_ARCH[arch.upper()]] for i in range(layers)}
+    dims = {"H": cfg["hidden_size"], "D": d, "F": cfg["intermediate_size"],
+            "Q": cfg["num_attention_heads"] * d, "K": cfg["num_key_value_heads"] * d}
+    want = {"token_embd.weight": [cfg["hidden_size"], cfg["vocab_size"]], "output_norm.weight": [cfg["hidden_size"]]}
+    for i in range(layers):
+        want |= {f"blk.{i}.{n}.weight": [dims[c] for c in s.split(",")] for n, s in LAYER[arch].items()}
+    got = {t.name: [int(n) for n in t.shape] for t in r.tensors}
+    assert got == want
+    assert set(got) <= table, set(got) - table
+    for t in r.tensors:
+        x = _floats(t)
+        if t.name.endswith("norm.weight"):  # Gemma's too: the converter stores 1 + w, w = 0
+            assert t.tensor_type == gguf.GGMLQuantizationType.F32 and np.all(x == 1.0), t.name
+        else:
+            assert t.tensor_type == gguf.GGMLQuantizationType.BF16, t.name
+            assert x.std() == pytest.approx(0.02, rel=0.1), t.name
+
+
+def test_gemma_linear_scaling_softcap_and_query_scale(tmp_path, capsys):
+    tool = _tool()
+    config, cfg = _tiny_of("gemma-3-1b", tmp_path, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                           num_attention_heads=2, num_key_value_heads=1, head_dim=32, vocab_size=600,
+                           rope_scaling={"rope_type": "linear", "factor": 8.0}, final_logit_softcapping=30.0,
+                           query_pre_attn_scalar=64)
+    tool.write(str(config), tmp_path / "m.gguf", "f32", quiet=True)
+    r = gguf.GGUFReader(str(tmp_path / "m.gguf"))
+    # the global layers' scaling as llama.cpp's generic keys (its SWA layers keep scale 1), no rope_freqs
+    assert _values(r, "gemma3.rope.scaling.type") == "linear"
+    assert _values(r, "gemma3.rope.scaling.factor") == pytest.approx(8.0)
+    assert _values(r, "gemma3.final_logit_softcapping") == pytest.approx(30.0)
+    assert "rope_freqs.weight" not in {t.name for t in r.tensors}
+    # llama.cpp takes 1/sqrt(head_dim) = 1/sqrt(32), the preset 1/sqrt(64): said, not refused
+    assert "llama.cpp scales queries by 0.176777, the preset by 0.125" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("preset,edit,needle", [
+    ("qwen2.5-1.5b", {}, "Qwen2ForCausalLM is not written"),
+    ("llama-3.2-1b", {"attention_bias": True}, "LlamaForCausalLM with qkv bias is not written"),
+    ("qwen3-0.6b", {"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                     "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}},
+     "llama3 RoPE scaling is written for llama presets only"),
+    ("phi-4-mini", {}, "Phi3ForCausalLM is not written"),
+])
+def test_refused_configs(tmp_path, preset, edit, needle):
+    tool = _tool()
+    config, _ = _tiny_of(preset, tmp_path, **edit)
+    with pytest.raises(SystemExit, match=needle):
+        tool.load_config(str(config))
