@@ -136,16 +136,23 @@ for what in "$@"; do
       fi ;;
     spec)  # speculation beside plain decoding (full): the oracle at k = 4 on the 1B preset, ngram on
       # the real weights, the 1B preset drafting the 8B preset and the 1B drafting itself
+      # (SPEC_SETS: which of oracle ngram draft self; default all)
       q=(--random-weights --batch-sizes 1,8 --repeats 2 --modes full)
-      for m in off oracle; do bench new "spec-1b-$m" --preset llama-3.2-1b "${q[@]}" --speculate $m --draft-len 4; done
-      if [[ -n $GGUF ]]; then
+      sets=" ${SPEC_SETS:-oracle ngram draft self} "
+      if [[ $sets == *" oracle "* ]]; then
+        for m in off oracle; do bench new "spec-1b-$m" --preset llama-3.2-1b "${q[@]}" --speculate $m --draft-len 4; done
+      fi
+      if [[ -n $GGUF && $sets == *" ngram "* ]]; then
         for m in off ngram; do bench new "spec-embedded-$m" --model "$GGUF" "${q[@]:1}" --speculate $m; done
       fi
-      for m in eager piecewise full; do
-        BENCH_TIMEOUT=300 bench new "spec-8b-draft-$m" --preset llama-3.1-8b --random-weights --batch-sizes 1 \
-          --repeats 1 --modes $m --speculate draft --draft preset:llama-3.2-1b
-      done
-      bench new spec-1b-self --preset llama-3.2-1b "${q[@]}" --speculate draft --draft preset:llama-3.2-1b ;;
+      if [[ $sets == *" draft "* ]]; then
+        for m in eager piecewise full; do
+          BENCH_TIMEOUT=300 bench new "spec-8b-draft-$m" --preset llama-3.1-8b --random-weights --batch-sizes 1 \
+            --repeats 1 --modes $m --speculate draft --draft preset:llama-3.2-1b
+        done
+      fi
+      [[ $sets == *" self "* ]] && bench new spec-1b-self --preset llama-3.2-1b "${q[@]}" --speculate draft \
+        --draft preset:llama-3.2-1b ;;
     quantpeers)
       llama_wait || continue
       presets="llama-3.2-1b"; [[ ${BENCH_8B:-0} == 1 ]] && presets+=" llama-3.1-8b"
