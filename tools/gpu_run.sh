@@ -18,6 +18,7 @@
 #   quant     quantized weights beside bf16 (full mode; with .old/fgchat the 1B rows of the old tree first): the 1B preset none / fp8 / int4, 8B none / int4, and
 #             the embedded GGUF's own blocks against --dequantize (full, piecewise, eager)
 #   spec      speculation (oracle, ngram, draft) beside plain decoding, full mode
+#   families  qwen3-0.6b and gemma-3-1b beside llama.cpp on random GGUFs of their shapes (after llamabuild)
 #   quantpeers  llama.cpp and fgchat on the same Q8_0 / Q4_K_M files of the random 1B (BENCH_8B=1: and
 #             8B) made by llama-quantize (after llamabuild)
 #   tui       ITL in the TUI against headless per mode, batch 1 and 8 (scripts/tui_vs_headless.py;
@@ -46,7 +47,7 @@ case ${1:-} in
   put) shift; put; [[ $# -eq 0 ]] && exit 0 ;;
   "") echo "usage: $0 split | put [TARGET...] | TARGET..." >&2; exit 2 ;;
 esac
-TARGETS=" tests real bench quant spec quantpeers tui llamacpp llamabuild llamawait peers "
+TARGETS=" tests real bench quant spec families quantpeers tui llamacpp llamabuild llamawait peers "
 for what in "$@"; do
   [[ $TARGETS == *" $what "* ]] || { echo "gpu_run: unknown target '$what' (targets:$TARGETS)" >&2; exit 2; }
 done
@@ -153,6 +154,12 @@ for what in "$@"; do
       fi
       [[ $sets == *" self "* ]] && bench new spec-1b-self --preset llama-3.2-1b "${q[@]}" --speculate draft \
         --draft preset:llama-3.2-1b ;;
+    families)  # Qwen3 and Gemma 3 presets beside llama.cpp on random GGUFs of the same shapes (after llamabuild)
+      llama_wait || continue
+      DTYPES=bf16 BATCHES=1,8 bash scripts/llama_cpp.sh bench qwen3-0.6b gemma-3-1b 2>&1 | grep -E "^\| llama|rror"
+      for p in qwen3-0.6b gemma-3-1b; do
+        bench new "family-$p" --preset $p --random-weights --batch-sizes 1,8 --repeats 2 --modes full,piecewise,eager
+      done ;;
     quantpeers)
       llama_wait || continue
       presets="llama-3.2-1b"; [[ ${BENCH_8B:-0} == 1 ]] && presets+=" llama-3.1-8b"
