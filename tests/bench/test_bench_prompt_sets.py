@@ -80,6 +80,9 @@ def test_grounded_bench_plain_and_ngram_rows(capsys, tmp_path, tiny_llama):
     assert any((spec[b]["acceptance_rate"] or 0) > 0 and spec[b]["tokens_per_step"] > 1 for b in (1, 2))
     head = out.splitlines()[0]
     assert f"prompts grounded: 8, {min(want)}..{max(want)} tokens" in head and "prompt None" not in head
+    from fgchat.bench.chart import bar_chart_svg
+
+    assert "prompts grounded, output up to 24 tokens" in bar_chart_svg([data])
 
 
 def test_a_prompts_file_cycles_over_the_batch(capsys, tmp_path, tiny_llama):
@@ -156,3 +159,9 @@ def test_set_requests_stop_at_eos_and_random_ones_do_not():
         else:
             assert prompts == [[5, 6, 7], [8, 9], [5, 6, 7]]
         assert len(run["output_tokens"]) == batch
+
+
+def test_a_set_longer_than_max_context_is_one_line(capsys, tiny_llama):
+    rc, _, err = run_main(capsys, [*TINY_BENCH, "--model", str(tiny_llama), "--prompts", "grounded",
+                                   "--max-context", "64", "--batch-sizes", "1"])
+    assert_one_line_error(rc, err, "exceed the context (64)")
