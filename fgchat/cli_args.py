@@ -160,11 +160,16 @@ def draft_len_arg(text: str) -> int:
     return value
 
 
-def add_spec_args(p: argparse.ArgumentParser) -> None:
-    """--speculate, --draft, --draft-len (checked together by check_spec_args)."""
-    p.add_argument("--speculate", default="off", choices=SPECULATE_METHODS,
-                   help="speculative decoding: ngram (prompt lookup), draft (a smaller model, --draft), "
-                   "oracle (benchmarks: an earlier greedy run's tokens; bench and generate only)")
+def add_spec_args(p: argparse.ArgumentParser, methods: Callable[[str], list[str]] | None = None) -> None:
+    """--speculate, --draft, --draft-len (checked together by check_spec_args). methods: the type
+    that reads --speculate as a comma-separated LIST (bench: rows per method); else one choice."""
+    what = ("speculative decoding: ngram (prompt lookup), draft (a smaller model, --draft), "
+            "oracle (benchmarks: an earlier greedy run's tokens; bench and generate only)")
+    if methods is None:
+        p.add_argument("--speculate", default="off", choices=SPECULATE_METHODS, help=what)
+    else:
+        p.add_argument("--speculate", default="off", type=methods, metavar="LIST",
+                       help=f"comma-separated methods, one set of rows each (off: plain decoding); {what}")
     p.add_argument("--draft", default=None, metavar="MODEL",
                    help="with --speculate draft: the draft model (same tokenizer; preset:NAME for random weights)")
     p.add_argument("--draft-len", type=draft_len_arg, default=4, metavar="K",

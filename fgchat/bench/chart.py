@@ -220,8 +220,11 @@ def _caption_lines(panel: _Panel) -> list[str]:
     elif commits:
         first.append(f"results of {len(commits)} different commits: {', '.join(commits)}")
     prompt, output = distinct("prompt_len"), distinct("output_len")
+    sets = [s for s in distinct("prompts") if s != "random"]  # a --prompts set: no prompt_len
     if len(prompt) == 1 and len(output) == 1:
         first.append(f"prompt {prompt[0]}, output {output[0]} tokens")
+    elif not prompt and len(sets) == 1 and len(output) == 1:
+        first.append(f"prompts {sets[0]}, output up to {output[0]} tokens")
     second = []
     for r in panel.results:
         pen = (r.get("meta") or {}).get("penalties")

@@ -74,13 +74,16 @@ def add_bench_parser(sub) -> None:
         ATTENTION_BACKENDS,
         DTYPES,
         QUANTIZE,
+        SPECULATE_METHODS,
         add_spec_args,
         context_arg,
         device_arg,
         endpoint_arg,
         int_at_least,
         model_arg,
+        utf8_text,
     )
+    from fgchat.bench.prompt_sets import BUILTIN, RANDOM
 
     b = sub.add_parser("bench", help="benchmark modes and batch sizes (TTFT, TPOT, ITL, GPU time)",
                        description="Benchmark decode modes and batch sizes on one model: TTFT, TPOT, ITL, "
@@ -112,10 +115,15 @@ def add_bench_parser(sub) -> None:
                    metavar="LIST", help=f"comma-separated decode modes to run, from {', '.join(BENCH_MODES)}")
     b.add_argument("--batch-sizes", type=_int_list, default="1,2,4,8", metavar="LIST",
                    help="comma-separated batch sizes, each 1..8")
+    b.add_argument("--prompts", type=utf8_text, default=RANDOM, metavar="SET",
+                   help=f"{RANDOM}: random token prompts of --prompt-len; {' or '.join(BUILTIN)} (built-in chat "
+                   "prompts: input to repeat or edit, or nothing to look up) or a UTF-8 text file of prompts, "
+                   "one per blank-line-separated block: user messages in the model's chat template, batch B "
+                   "takes prompts 1..B, requests stop at end of sequence (default: random)")
     b.add_argument("--prompt-len", type=int_at_least(1), default=512, metavar="TOKENS",
-                   help="prompt tokens per request, >= 1")
+                   help="prompt tokens per request, >= 1 (with --prompts random)")
     b.add_argument("--output-len", type=int_at_least(2), default=128, metavar="TOKENS",
-                   help="generated tokens per request, >= 2")
+                   help="generated tokens per request, >= 2 (with a --prompts set: at most)")
     b.add_argument("--warmup", type=int_at_least(0), default=1, metavar="N",
                    help="untimed warm-up runs per batch size, >= 0")
     b.add_argument("--repeats", type=int_at_least(1), default=3, metavar="N",
@@ -140,7 +148,7 @@ def add_bench_parser(sub) -> None:
                    help="with --chart: draw the chart from these `--json` results instead of running "
                    "(one panel per model; the other options are not used; default: run)")
     b.add_argument("--attention", default="auto", choices=ATTENTION_BACKENDS, help="decode-attention backend")
-    add_spec_args(b)
+    add_spec_args(b, _choice_list(SPECULATE_METHODS, "method", False))
     b.add_argument("--device", type=device_arg, default=None,
                    help="auto | cpu | cuda | cuda:N (default: auto, CUDA when available)")
     b.add_argument("--dtype", default="auto", choices=DTYPES,
@@ -194,15 +202,12 @@ def check_bench_args(args: argparse.Namespace) -> None:
         check_weight_args(args.model, args.quantize, args.dequantize, args.preset)
     if args.temperature > 0 and (args.peers or getattr(args, "endpoint", None)):
         raise FgchatError("--temperature measures fgchat's own sampled steps: leave out --peers and --endpoint")
-    from fgchat.cli_args import check_spec_args
-
-    check_spec_args(args.speculate, args.draft, oracle_allowed=True)
-    if args.speculate != "off" and getattr(args, "endpoint", None):
-        raise FgchatError("speculation runs in the local engine: leave out --endpoint")
+    check_bench_spec_args(args)
     if args.top_k and not args.temperature > 0:
         raise FgchatError("--top-k needs --temperature above 0")
+    check_prompt_set_args(args)
     need = args.prompt_len + args.output_len + 8
-    if args.max_context is not None and args.max_context < need:
+    if getattr(args, "prompts", "random") == "random" and args.max_context is not None and args.max_context < need:
         raise FgchatError(f"--max-context {args.max_context} is too small for --prompt-len + --output-len "
                           f"(needs {need} tokens)")
     outputs = [("--json", args.json), ("--csv", args.csv), ("--chart", args.chart)]
@@ -214,6 +219,33 @@ def check_bench_args(args: argparse.Namespace) -> None:
         for other, other_path in named[i + 1:]:
             if path == other_path:
                 raise FgchatError(f"{option} and {other} name the same file")
+
+
+def check_bench_spec_args(args: argparse.Namespace) -> None:
+    """--speculate LIST with --draft: check_spec_args for each method."""
+    from fgchat.cli_args import check_spec_args
+
+    methods = speculation_args(args)["speculate"]
+    for method in methods:
+        check_spec_args(method, args.draft if method == "draft" else None, oracle_allowed=True)
+    if "draft" not in methods:
+        check_spec_args(methods[0], args.draft, oracle_allowed=True)  # a --draft no method uses
+    if any(m != "off" for m in methods) and getattr(args, "endpoint", None):
+        raise FgchatError("speculation runs in the local engine: leave out --endpoint")
+
+
+def check_prompt_set_args(args: argparse.Namespace) -> None:
+    """A --prompts set: readable and non-empty, on the local engine with a tokenizer, without peers."""
+    from fgchat.bench.prompt_sets import RANDOM, check_has_tokenizer, prompt_texts
+
+    name = getattr(args, "prompts", RANDOM)
+    if name == RANDOM:
+        return
+    prompt_texts(name)  # the file's own failures first
+    check_has_tokenizer(name, args.random_weights)
+    for option, given in (("--endpoint", getattr(args, "endpoint", None)), ("--peers", args.peers)):
+        if given:
+            raise FgchatError(f"--prompts {name} runs on fgchat's own engine: leave out {option}")
 
 
 def check_chart_args(args: argparse.Namespace) -> None:
@@ -296,7 +328,7 @@ def run_bench(args: argparse.Namespace) -> int:
 
     spec = BenchSpec(
         model=args.model, preset=args.preset, modes=list(args.modes), batch_sizes=args.batch_sizes,
-        prompt_len=args.prompt_len, output_len=args.output_len, warmup=args.warmup,
+        prompts=args.prompts, prompt_len=args.prompt_len, output_len=args.output_len, warmup=args.warmup,
         repeats=args.repeats, peers=list(args.peers), attention=args.attention, device=args.device,
         dtype=args.dtype, max_context=args.max_context, progress=not args.no_progress,
         peer_timeout=args.peer_timeout, outliers=args.outliers, penalties=args.penalties,

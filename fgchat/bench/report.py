@@ -83,7 +83,7 @@ def summary_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
 def print_report(result: dict[str, Any], out: TextIO) -> None:
     m = result["meta"]
     out.write(f"fgchat bench | {m['model']} | {m['device']} | {m['dtype']} | attention {m['attention']} | "
-              f"prompt {m['prompt_len']} | output {m['output_len']} | commit {m['commit']}\n")
+              f"{prompt_header(m)} | output {m['output_len']} | commit {m['commit']}\n")
     if m.get("host_cpu"):
         out.write(f"host CPU (eager and piecewise launch times follow it): {m['host_cpu']}\n")
     if m.get("cpu_step"):
@@ -122,6 +122,16 @@ def print_report(result: dict[str, Any], out: TextIO) -> None:
             out.write(f"host-bound: {r['runner']} batch {r['batch_size']} takes {r['launch_ms_mean']:.3f} ms "
                       f"to launch a step the GPU runs in {r['gpu_step_ms_mean']:.3f} ms; its TPOT follows "
                       f"the host CPU\n")
+
+
+def prompt_header(meta: dict[str, Any]) -> str:
+    """The header's prompt field: "prompt 512" (random prompts of that many tokens) or a set's name,
+    its prompts and their token counts ("prompts grounded: 8, 181..402 tokens"; replies stop at EOS)."""
+    counts = meta.get("prompt_tokens")
+    if not counts:
+        return f"prompt {meta['prompt_len']}"
+    return (f"prompts {meta.get('prompts')}: {len(counts)}, {min(counts)}..{max(counts)} tokens, "
+            f"stop at end of sequence")
 
 
 def weight_lines(meta: dict[str, Any]) -> list[str]:

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from fgchat.bench.interrupted import keeping_finished_runs
+from fgchat.bench.prompt_sets import RANDOM, batch_prompts, prompt_set_ids
 from fgchat.bench.spec import BenchSpec, prompts_for, stats
 
 PENALTIES = (1.1, 0.5, 0.25)  # repetition, presence, frequency of `bench --penalties`
@@ -47,13 +48,19 @@ def _git_commit() -> str:
         return "unknown"
 
 
-def measure_engine(engine: Engine, mode: str, batch: int, spec: BenchSpec, method: str = "off") -> dict[str, Any]:
-    """One row: `mode` at `batch`, speculating with `method` ("off": plain decoding)."""
+def measure_engine(engine: Engine, mode: str, batch: int, spec: BenchSpec, method: str = "off",
+                   prompt_set: list[list[int]] | None = None) -> dict[str, Any]:
+    """One row: `mode` at `batch`, speculating with `method` ("off": plain decoding). prompt_set: the
+    token ids of a --prompts set, whose requests stop at end of sequence; None: random prompts of
+    --prompt-len, each generating --output-len tokens."""
     engine.set_mode(mode)
     engine.capture_sizes(mode, [batch])  # graphs captured on first use (mega) are taken before timing
-    prompts = prompts_for(batch, spec.prompt_len, engine.cfg.vocab_size)
+    if prompt_set is None:
+        prompts = prompts_for(batch, spec.prompt_len, engine.cfg.vocab_size)
+    else:
+        prompts = batch_prompts(prompt_set, batch)
     pen = dict(zip(("repetition_penalty", "presence_penalty", "frequency_penalty"), PENALTIES)) if spec.penalties else {}
-    params = [SamplingParams(max_tokens=spec.output_len, ignore_eos=True, temperature=spec.temperature,
+    params = [SamplingParams(max_tokens=spec.output_len, ignore_eos=prompt_set is None, temperature=spec.temperature,
                              top_k=spec.top_k, seed=i, **pen) for i in range(len(prompts))]
     if method == "oracle":  # the drafts: each prompt's own greedy continuation, from a plain run
         params = [dataclasses.replace(p, oracle_tokens=t) for p, t in zip(params, _greedy(engine, prompts, params))]
@@ -63,6 +70,7 @@ def measure_engine(engine: Engine, mode: str, batch: int, spec: BenchSpec, metho
     ttft, tpot, itl, gpu, launch, steps_wall = [], [], [], [], [], []
     decode_modes: set[str] = set()
     tok_s, round_tpot = [], []
+    counts: list[int] = []
     for rep in range(spec.warmup + spec.repeats):
         for p, sp in zip(prompts, params):
             engine.submit(p, sp)
@@ -89,6 +97,7 @@ def measure_engine(engine: Engine, mode: str, batch: int, spec: BenchSpec, metho
         decode_modes |= {e.mode for e in toks if not e.is_first_token}
         all_tokens += toks
         tok_s.append(sum(s.output_tokens for s in done) / wall)
+        counts = [s.output_tokens for s in sorted(done, key=lambda s: s.request_id)]
         steps_wall.append(wall)
     if method != "off":
         engine.set_speculation("off")
@@ -99,6 +108,9 @@ def measure_engine(engine: Engine, mode: str, batch: int, spec: BenchSpec, metho
         "gpu_step_ms": stats(gpu), "launch_ms": stats(launch), "output_tokens_per_s": float(np.mean(tok_s)),
         "decode_modes": sorted(decode_modes), "requests": len(ttft),
         "tpot_ms_by_round": round_tpot,
+        # each request's generated tokens in the last timed round, in prompt order (a set's
+        # requests stop at end of sequence; greedy plain and speculated rows generate the same)
+        "output_tokens": counts,
     }
     g, i = out["gpu_step_ms"]["mean"], out["itl_ms"]["mean"]
     out["host_overhead_ms"] = (i - g) if (g is not None and i is not None) else None
@@ -176,7 +188,9 @@ def run_all(spec: BenchSpec) -> dict[str, Any]:
     from fgchat.engine.heap import freeze_heap
     from fgchat.protocol.errors import FgchatError
 
-    need = spec.prompt_len + spec.output_len + 8
+    prompt_set = None if spec.prompts == RANDOM else prompt_set_ids(spec.model, spec.preset, spec.prompts)
+    longest = spec.prompt_len if prompt_set is None else max(map(len, prompt_set))
+    need = longest + spec.output_len + 8
     # every round prefills its prompts afresh: no slot's rows from an earlier round are reused
     tuning = dataclasses.replace(Tuning.from_env(), prefix_reuse=False)
     quantize = spec.quantize or ["none"]
@@ -204,7 +218,10 @@ def run_all(spec: BenchSpec) -> dict[str, Any]:
             "weight_sets": [first], "dequantize": spec.dequantize,
             "peak_bandwidth": info.peak_bandwidth,
             "torch": torch.__version__, "python": platform.python_version(), "host_cpu": _cpu_name(),
-            "prompt_len": spec.prompt_len, "output_len": spec.output_len,
+            # a --prompts set: its name (or file) and every prompt's token count; --prompt-len unused
+            "prompts": spec.prompts, "prompt_len": spec.prompt_len if prompt_set is None else None,
+            "prompt_tokens": None if prompt_set is None else [len(p) for p in prompt_set],
+            "output_len": spec.output_len,
             "penalties": dict(zip(("repetition", "presence", "frequency"), PENALTIES)) if spec.penalties else None,
             "sampling": {"temperature": spec.temperature, "top_k": spec.top_k} if spec.temperature > 0 else None,
             "warmup": spec.warmup, "repeats": spec.repeats, "time": time.strftime("%Y-%m-%d %H:%M:%S"),
@@ -229,7 +246,7 @@ def run_all(spec: BenchSpec) -> dict[str, Any]:
                 info = engine.info()
                 result["meta"]["weight_sets"].append(weight_set(q, weights_label(q, info.weights), info))
             ws = result["meta"]["weight_sets"][-1]
-            _measure_set(engine, info, ws, spec, result, advance)
+            _measure_set(engine, info, ws, spec, result, advance, prompt_set)
         if spec.peers:
             from fgchat.bench.peers import run_hf_peers
 
@@ -240,7 +257,7 @@ def run_all(spec: BenchSpec) -> dict[str, Any]:
 
 
 def _measure_set(engine: Engine, info: EngineInfo, ws: dict[str, Any], spec: BenchSpec,
-                 result: dict[str, Any], advance) -> None:
+                 result: dict[str, Any], advance, prompt_set: list[list[int]] | None = None) -> None:
     """Every available mode at every batch size on one weight set's engine."""
     suffix = f"-{ws['label']}" if ws["label"] else ""
     result["captures"] += [{**asdict(c), "weights_label": ws["label"]} for c in info.captures]
@@ -253,5 +270,5 @@ def _measure_set(engine: Engine, info: EngineInfo, ws: dict[str, Any], spec: Ben
             for b in spec.batch_sizes:
                 row = f"{mode}{'+' + method if method != 'off' else ''}"
                 advance(f"fgchat {row}{' ' + ws['label'] if ws['label'] else ''} batch {b}")
-                run = measure_engine(engine, mode, b, spec, method)
+                run = measure_engine(engine, mode, b, spec, method, prompt_set)
                 result["runs"].append(label_run(run, ws, info.peak_bandwidth))

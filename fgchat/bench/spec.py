@@ -18,6 +18,9 @@ class BenchSpec:
     modes: list[str] = field(default_factory=lambda: [str(m) for m in Mode])
     batch_sizes: list[int] = field(default_factory=lambda: [1, 2, 4, 8])
     prompt_len: int = 512
+    # "random": random token prompts of prompt_len, each generating output_len tokens; else a chat
+    # prompt set (bench.prompt_sets: a built-in name or a file) whose requests stop at end of sequence
+    prompts: str = "random"
     output_len: int = 128
     warmup: int = 1
     repeats: int = 3

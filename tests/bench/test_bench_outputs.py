@@ -101,10 +101,10 @@ def test_ctrl_c_keeps_the_finished_batch_sizes(tmp_path, capsys, monkeypatch):
 
     measured = runner.measure_engine
 
-    def interrupted_after_first(engine, mode, batch, spec, method="off"):
+    def interrupted_after_first(engine, mode, batch, spec, method="off", prompt_set=None):
         if batch > 1:
             raise KeyboardInterrupt
-        return measured(engine, mode, batch, spec, method)
+        return measured(engine, mode, batch, spec, method, prompt_set)
 
     monkeypatch.setattr(runner, "measure_engine", interrupted_after_first)
     args, paths = outputs(tmp_path)
