@@ -141,10 +141,13 @@ for what in "$@"; do
       q=(--random-weights --batch-sizes 1,8 --repeats 2 --modes full)
       sets=" ${SPEC_SETS:-oracle ngram draft self} "
       if [[ $sets == *" oracle "* ]]; then
-        for m in off oracle; do bench new "spec-1b-$m" --preset llama-3.2-1b "${q[@]}" --speculate $m --draft-len 4; done
+        bench new spec-1b-oracle --preset llama-3.2-1b "${q[@]}" --speculate off,oracle --draft-len 4
       fi
       if [[ -n $GGUF && $sets == *" ngram "* ]]; then
-        for m in off ngram; do bench new "spec-embedded-$m" --model "$GGUF" "${q[@]:1}" --speculate $m; done
+        for set in grounded open; do
+          bench new "spec-embedded-$set" --model "$GGUF" --batch-sizes 1,8 --repeats 2 --modes full --prompts $set \
+            --speculate off,ngram
+        done
       fi
       if [[ $sets == *" draft "* ]]; then
         for m in eager piecewise full; do
