@@ -3,7 +3,7 @@ Llama-3.1-8B: K 4096, N 14336 and K 14336, N 4096), bf16 activations with massiv
 against the float64 composition of the same planes (tests/kernels/qweights.py); rows identical at
 every batch size; a timing print per format (us per call at M = 1 and 8: this kernel beside the
 one before it, tests/gpu/qgemv_before.py, and gemv.project / cuBLAS on the bf16 weight of the same
-shape); and a tile-config sweep at the 8B shapes."""
+shape); and a tile-config and K-split sweep at the 1B shapes and one 8B shape."""
 
 from __future__ import annotations
 
@@ -106,29 +106,36 @@ def test_timing_print():
           + ", ".join(f"{f} {b:.4f}" for f, b in sizes.items()) + "\n" + "\n".join(lines))
 
 
-SWEEP = [(16, 256, 4, 2), (32, 256, 4, 2), (32, 512, 4, 2), (64, 256, 4, 2), (64, 512, 4, 2),
-         (32, 256, 4, 3), (64, 256, 8, 3), (128, 256, 8, 2)]
+SWEEP = [(16, 256, 4, 2), (32, 256, 4, 2), (32, 512, 4, 2), (64, 256, 4, 2), (64, 512, 4, 3),
+         (32, 256, 4, 4), (128, 256, 8, 2)]
+# 1B's qkv, o, gate (GLU's half) and down, and 8B's gate: (N, K, K splits to try)
+SWEEP_SHAPES = [(3072, 2048, (1,)), (2048, 2048, (1, 2, 4)), (8192, 2048, (1,)), (2048, 8192, (1, 2, 4)),
+                (14336, 4096, (1,))]
 
 
 def test_config_sweep_print():
     """Not a pass/fail check: us per call at M = 1 / 8 for tile configs (block_n, block_k, warps,
-    stages) at the 8B shapes, the picked config first; where a faster one shows, pick_config
+    stages) and K splits (float32 partials, as the norm-fed projections run) at the 1B shapes and
+    one 8B shape, the picked config first; where a faster one shows, pick_config / pick_split
     should take it."""
     from fgchat.engine.kernels import qgemv
 
+    sm = torch.cuda.get_device_properties(0).multi_processor_count
     lines = []
-    for n, k in [(14336, 4096), (4096, 14336), (3072, 2048)]:
+    for n, k, splits in SWEEP_SHAPES:
         xs = {m: _x(m, k, 4) for m in (1, 8)}
-        for fmt in ("int4", "Q4_K", "Q8_0", "Q6_K", "fp8"):
+        for fmt in ("int4", "fp8", "Q4_K", "Q8_0", "Q6_K"):
             w = random_qweight(fmt, n, k, seed=1, device=DEV)
-            picked = qgemv.pick_config(fmt, n, k)
-            cells = [f"picked {picked.block_n},{picked.block_k} "
+            picked, split = qgemv.pick_config(fmt, n, k), qgemv.pick_split(w, sm)
+            cells = [f"picked {picked.block_n},{picked.block_k} split {split} "
                      + "/".join(f"{_us(lambda: qgemv.project(x, w)):.1f}" for x in xs.values())]
-            for bn, bk, warps, stages in SWEEP:
-                if k % bk or bk % qgemv.UNIT[fmt] or bk > qgemv.WIDEST[fmt] * 2:
+            for (bn, bk, warps, stages), s in ((c, s) for c in SWEEP for s in splits):
+                if (k // s) % bk or bk % qgemv.UNIT[fmt] or bk > qgemv.WIDEST[fmt] * 2:
                     continue
                 cfg = qgemv.QConfig(bn, bk, warps, stages)
-                cells.append(f"{bn},{bk},{warps},{stages} "
-                             + "/".join(f"{_us(lambda: qgemv.project(x, w, config=cfg)):.1f}" for x in xs.values()))
+                run = ((lambda x: qgemv.project(x, w, config=cfg)) if s == 1
+                       else (lambda x: qgemv.project_partials(x, w, s, config=cfg)))
+                cells.append(f"{bn},{bk},{warps},{stages}/{s} "
+                             + "/".join(f"{_us(lambda: run(x)):.1f}" for x in xs.values()))
             lines.append(f"{n}x{k} {fmt}: " + " | ".join(cells))
-    print("\nus per call at M = 1 / 8 (bn,bk,warps,stages)\n" + "\n".join(lines))
+    print("\nus per call at M = 1 / 8 (bn,bk,warps,stages/split)\n" + "\n".join(lines))
