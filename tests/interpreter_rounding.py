@@ -32,6 +32,7 @@ def install() -> bool:
     convert._fgchat_rne = True  # type: ignore[attr-defined]
     interpreter._convert_float = convert
     _install_bf16_dot(interpreter, tl, np)
+    _install_bf16_arithmetic(interpreter, tl, np, torch)
     return True
 
 
@@ -54,3 +55,37 @@ def _install_bf16_dot(interpreter, tl, np) -> None:
 
     create_dot._fgchat_bf16 = True  # type: ignore[attr-defined]
     builder.create_dot = create_dot
+
+
+def _install_bf16_arithmetic(interpreter, tl, np, torch) -> None:
+    """bf16 constants and bf16 add / subtract / multiply: the interpreter has no bf16 constant and
+    applies the operators to the raw 16-bit patterns; compute on the float32 values they hold and
+    round to bf16 (nearest-even), as the GPU's bf16 instructions do."""
+    builder = interpreter.InterpreterBuilder
+    if getattr(builder, "_fgchat_bf16_arith", False):
+        return
+
+    def bits(values):
+        t = torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)).to(torch.bfloat16)
+        return t.view(torch.int16).numpy().view(np.uint16)
+
+    def value(h):
+        return (np.ascontiguousarray(h.data).astype(np.uint32) << 16).view(np.float32)
+
+    def get_bf16(self, v):
+        return interpreter.TensorHandle(bits(np.array([v], dtype=np.float32)), tl.bfloat16)
+
+    def wrap(name, op):
+        original = getattr(builder, name)
+
+        def run(self, lhs, rhs):
+            if lhs.dtype.scalar == tl.bfloat16 and rhs.dtype.scalar == tl.bfloat16:
+                return interpreter.TensorHandle(bits(op(value(lhs), value(rhs))), tl.bfloat16)
+            return original(self, lhs, rhs)
+
+        setattr(builder, name, run)
+
+    builder.get_bf16 = get_bf16
+    for name, op in (("create_fadd", np.add), ("create_fsub", np.subtract), ("create_fmul", np.multiply)):
+        wrap(name, op)
+    builder._fgchat_bf16_arith = True

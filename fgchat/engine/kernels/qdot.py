@@ -78,10 +78,18 @@ def _bits_to(v, SRC: tl.constexpr, DST: tl.constexpr, MASK: tl.constexpr):
 
 
 @triton.jit
-def _dot(x, q, PREC: tl.constexpr, acc=None):
-    """x . q (+ acc), float32: q's small integers as x's dtype (exact), through float32 (the
-    integer-to-bf16 conversion lowers through float32 on the GPU anyway)."""
-    return tl.dot(x, q.to(tl.float32).to(x.dtype), acc, input_precision=PREC)
+def _dot(x, q, PREC: tl.constexpr, acc=None, OFF: tl.constexpr = 0, SMALL: tl.constexpr = True):
+    """x . (q - OFF) (+ acc), float32, q's integers as x's dtype (exact). SMALL: q holds unsigned
+    values below 128, made bf16 (fp16) by setting them as the mantissa of 128 (1024) and taking
+    128 + OFF (1024 + OFF) away: two integer ops and one subtraction, no integer-to-float
+    conversion. Else (signed bytes, float32 x) q converts through float32."""
+    if SMALL and x.dtype == tl.bfloat16:
+        w = (q.to(tl.uint16) | 0x4300).to(tl.bfloat16, bitcast=True) - (128.0 + OFF)
+    elif SMALL and x.dtype == tl.float16:
+        w = (q.to(tl.uint16) | 0x6400).to(tl.float16, bitcast=True) - (1024.0 + OFF)
+    else:
+        w = (q.to(tl.float32) - OFF).to(x.dtype)
+    return tl.dot(x, w, acc, input_precision=PREC)
 
 
 @triton.jit
@@ -96,8 +104,8 @@ def _nibble_unit(FMT: tl.constexpr, acc, x_lo, x_hi, xs_lo, xs_hi, b, qh, p1, p2
     if FMT == 1 or FMT == 7:  # Q4_0 / int4: w = s * (q - 8), one scale for both halves
         G: tl.constexpr = 32 if FMT == 1 else 128
         s = _per_row(p1, rows, row_mask, K // G, c // G)
-        part = _dot(x_lo, lo.to(tl.int8) - 8, PREC)
-        part = _dot(x_hi, hi.to(tl.int8) - 8, PREC, part)
+        part = _dot(x_lo, lo, PREC, OFF=8)
+        part = _dot(x_hi, hi, PREC, part, OFF=8)
         acc += part * s[None, :]
     elif FMT == 2:  # Q4_1: w = d * q + m
         d = _per_row(p1, rows, row_mask, K // 32, c // 32)
@@ -162,11 +170,11 @@ def _q6_group(acc, x_lo, x_hi, ql, qh, p1, p2, rows, row_mask, c, g: tl.constexp
               PREC: tl.constexpr):
     """acc + group g of the 128 columns at c (Q6_K: w = (d * sc) * (q6 - 32)): ql [16, BLOCK_N]
     its low-bit bytes, qh [16, BLOCK_N] the high-bit bytes it shares with group g ^ 2."""
-    lo = ((ql & 15) | _bits_to(qh, 2 * (g // 2), 4, 48)).to(tl.int8) - 32
-    hi = ((ql >> 4) | _bits_to(qh, 4 + 2 * (g // 2), 4, 48)).to(tl.int8) - 32
+    lo = (ql & 15) | _bits_to(qh, 2 * (g // 2), 4, 48)
+    hi = (ql >> 4) | _bits_to(qh, 4 + 2 * (g // 2), 4, 48)
     d = _per_row(p1, rows, row_mask, K // 256, c // 256)
-    acc += _dot(x_lo, lo, PREC) * (d * _per_row(p2, rows, row_mask, K // 16, c // 16 + g))[None, :]
-    acc += _dot(x_hi, hi, PREC) * (d * _per_row(p2, rows, row_mask, K // 16, c // 16 + 4 + g))[None, :]
+    acc += _dot(x_lo, lo, PREC, OFF=32) * (d * _per_row(p2, rows, row_mask, K // 16, c // 16 + g))[None, :]
+    acc += _dot(x_hi, hi, PREC, OFF=32) * (d * _per_row(p2, rows, row_mask, K // 16, c // 16 + 4 + g))[None, :]
     return acc
 
 
@@ -199,10 +207,11 @@ def _byte_tile(FMT: tl.constexpr, acc, acc_u, x_ptr, offs_m, m_mask, p0, p1, row
             c = k0 + 32 * u
             x = _x_run(x_ptr, offs_m, m_mask, c, 32, K)
             q = _w_run(p0, rows, row_mask, K, c, 32)
-            acc += _dot(x, q, PREC) * _per_row(p1, rows, row_mask, K // 32, c // 32)[None, :]
+            acc += _dot(x, q, PREC, SMALL=False) * _per_row(p1, rows, row_mask, K // 32, c // 32)[None, :]
             if GLU:
                 q_u = _w_run(p0, rows_u, row_mask, K, c, 32)
-                acc_u += _dot(x, q_u, PREC) * _per_row(p1, rows_u, row_mask, K // 32, c // 32)[None, :]
+                acc_u += _dot(x, q_u, PREC, SMALL=False) * _per_row(p1, rows_u, row_mask, K // 32,
+                                                                    c // 32)[None, :]
     else:  # fp8 e4m3, read as its bytes (masked rows 0) and reinterpreted: exact in bf16 / fp16
         x = _x_run(x_ptr, offs_m, m_mask, k0, BLOCK_K, K)
         b = p0.to(tl.pointer_type(tl.uint8))
