@@ -41,10 +41,10 @@ def _hf_model(spec: BenchSpec, device: torch.device, dtype: torch.dtype):
         with torch.device(device):
             model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=dtype)
     else:
-        from fgchat.engine.model.resolve import resolve_model
+        from fgchat.engine.model.resolve import pretrained_source
 
-        path = resolve_model(spec.model).path
-        model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
+        path, kwargs = pretrained_source(spec.model)
+        model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kwargs).to(device)
     return model.eval()
 
 

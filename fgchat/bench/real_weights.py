@@ -41,11 +41,13 @@ def first_divergence(a: list[int], b: list[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-def hf_tokens(path: str, dtype: torch.dtype, prompts: list[list[int]], n: int,
+def hf_tokens(source: tuple[str, dict[str, str]], dtype: torch.dtype, prompts: list[list[int]], n: int,
               device: str = "cuda") -> list[list[int]]:
+    """transformers' greedy tokens; source: resolve.pretrained_source's (path, keyword arguments)."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
+    path, kwargs = source
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kwargs).to(device).eval()
     eos = model.generation_config.eos_token_id
     out = []
     with torch.inference_mode():
@@ -119,9 +121,9 @@ def run_all(model: str, tokens: int = 16, dtypes: tuple[str, ...] = DTYPES) -> d
     from fgchat.engine.kv_cache import KVCache
     from fgchat.engine.loader import load_model
     from fgchat.engine.model.decoder import Decoder
-    from fgchat.engine.model.resolve import resolve_model
+    from fgchat.engine.model.resolve import pretrained_source
 
-    path = str(resolve_model(model).path)
+    source = pretrained_source(model)
     cpu = load_model(model, torch.device("cpu"), torch.float32)
     prompts = [chat_ids(cpu.tokenizer, p) for p in PROMPTS]
     ref_dec = Decoder(cpu.cfg, cpu.weights, 256)
@@ -137,10 +139,10 @@ def run_all(model: str, tokens: int = 16, dtypes: tuple[str, ...] = DTYPES) -> d
     # a quantized file's own blocks: their reference is the float32 forward over the same values
     quantized = str(model).lower().endswith(".gguf")
     if quantized:
-        result["runs"]["transformers float32"] = hf_tokens(path, torch.float32, prompts, tokens)
+        result["runs"]["transformers float32"] = hf_tokens(source, torch.float32, prompts, tokens)
     for dt_name in dtypes:
         dt = getattr(torch, dt_name)
-        result["runs"][f"transformers {dt_name}"] = hf_tokens(path, dt, prompts, tokens)
+        result["runs"][f"transformers {dt_name}"] = hf_tokens(source, dt, prompts, tokens)
         variants = [(True, False), (False, False)] + ([(True, True)] if quantized else [])
         for fused, dequantize in variants:
             t0 = time.perf_counter()
@@ -180,11 +182,11 @@ def run_cpu(model: str, tokens: int = 32, dtypes: tuple[str, ...] = ("float32", 
     prompt."""
     from fgchat.protocol.config import EngineConfig
     from fgchat.engine.core import Engine
-    from fgchat.engine.model.resolve import resolve_model
+    from fgchat.engine.model.resolve import pretrained_source
     from fgchat.bench.runner import _git_commit
     from fgchat.protocol.tuning import Tuning
 
-    path = str(resolve_model(model).path)
+    source = pretrained_source(model)
     result: dict = {"commit": _git_commit(), "gpu": "CPU", "prompts": PROMPTS, "tokens": tokens,
                     "runs": {}, "logits": {}, "check": {}}
     prompts: list[list[int]] = []
@@ -198,7 +200,7 @@ def run_cpu(model: str, tokens: int = 32, dtypes: tuple[str, ...] = ("float32", 
         result["runs"][f"fgchat eager {dt_name}"] = fgchat_tokens(engine, prompts, tokens, Mode.EAGER)
         del engine
     for dt_name in dtypes:
-        result["runs"][f"transformers {dt_name}"] = hf_tokens(path, getattr(torch, dt_name), prompts,
+        result["runs"][f"transformers {dt_name}"] = hf_tokens(source, getattr(torch, dt_name), prompts,
                                                               tokens, device="cpu")
     return result
 

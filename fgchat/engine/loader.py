@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -13,6 +14,9 @@ from fgchat.presets import preset_names, preset_path
 from fgchat.protocol.errors import FgchatError, ModelLoadError, is_out_of_memory
 from fgchat.engine.model.config import ModelConfig, parse_config
 from fgchat.engine.model.decoder import DecoderWeights, random_weights, weights_from_state_dict
+
+if TYPE_CHECKING:
+    from fgchat.engine.quant.gguf_tensors import GgufWeights
 
 
 @dataclass
@@ -93,10 +97,8 @@ def _gguf_file(arg: str | None, source: str) -> Path | None:
     return None
 
 
-def _use_gguf_blocks(state: dict, path: Path, cfg: ModelConfig, dtype: torch.dtype) -> list[str]:
-    """Put the GGUF file's quantized projections, embedding and LM head (quant.gguf_tensors)
-    into `state` (the conversion's tensors, by name) in place of their dequantized copies.
-    Returns the note naming the tensor types that are not kept as they are (if any)."""
+def _read_gguf(path: Path, cfg: ModelConfig, dtype: torch.dtype) -> GgufWeights:
+    """The GGUF file's decoder tensors (quant.gguf_tensors), its quantized ones set to meet `dtype`."""
     from fgchat.engine.quant.gguf_tensors import read_gguf_weights
     from fgchat.engine.quant.qweight import QuantWeight
 
@@ -106,19 +108,61 @@ def _use_gguf_blocks(state: dict, path: Path, cfg: ModelConfig, dtype: torch.dty
         if is_out_of_memory(exc):
             raise
         raise ModelLoadError(f"cannot read the tensors of {path.name}: {type(exc).__name__}: {exc}") from None
+    for t in read.tensors.values():
+        if isinstance(t, QuantWeight):
+            t.dtype = dtype  # the activations it meets and what dequantizing it gives
+    return read
+
+
+def _other_types_note(other_types: dict[str, int], dtype: torch.dtype) -> list[str]:
+    if not other_types:
+        return []
+    types = ", ".join(f"{k} ({n} tensors)" for k, n in sorted(other_types.items()))
+    return [f"GGUF tensor types not kept in their format: {types}; those tensors (and the fused "
+            f"projections they belong to) run dequantized to {str(dtype).removeprefix('torch.')}"]
+
+
+def _use_gguf_blocks(state: dict, path: Path, cfg: ModelConfig, dtype: torch.dtype) -> list[str]:
+    """Put the GGUF file's quantized projections, embedding and LM head (quant.gguf_tensors)
+    into `state` (the conversion's tensors, by name) in place of their dequantized copies.
+    Returns the note naming the tensor types that are not kept as they are (if any)."""
+    from fgchat.engine.quant.qweight import QuantWeight
+
+    read = _read_gguf(path, cfg, dtype)
     for name, t in read.tensors.items():
         if not isinstance(t, QuantWeight) or name not in state:
             continue
         if tuple(state[name].shape) != t.shape:
             raise ModelLoadError(f"{path.name}: tensor {name} is {t.shape} in the file but "
                                  f"{tuple(state[name].shape)} in its conversion")
-        t.dtype = dtype  # the activations it meets and what dequantizing it gives
         state[name] = t
-    if not read.other_types:
-        return []
-    types = ", ".join(f"{k} ({n} tensors)" for k, n in sorted(read.other_types.items()))
-    return [f"GGUF tensor types not kept in their format: {types}; those tensors (and the fused "
-            f"projections they belong to) run dequantized to {str(dtype).removeprefix('torch.')}"]
+    return _other_types_note(read.other_types, dtype)
+
+
+def gguf_state(path: Path, cfg: ModelConfig, dtype: torch.dtype) -> tuple[dict, list[str]]:
+    """The whole state of a GGUF whose conversion holds no weights, from the file alone: blocks as
+    QuantWeight, float tensors as they are stored, each shape checked against `cfg` (a file whose
+    metadata and tensors disagree is one line). Returns it with _use_gguf_blocks' note."""
+    read = _read_gguf(path, cfg, dtype)
+    for name, t in read.tensors.items():
+        want = _expected_shape(name, cfg)
+        if want is not None and tuple(t.shape) != want:
+            raise ModelLoadError(f"{path.name}: tensor {name} is {tuple(t.shape)} but its config "
+                                 f"asks for {want}")
+    return read.tensors, _other_types_note(read.other_types, dtype)
+
+
+def _expected_shape(name: str, cfg: ModelConfig) -> tuple[int, ...] | None:
+    """The shape `cfg` gives the Hugging Face tensor `name` (None: a name not checked here)."""
+    h, q, kv, inter, vocab = cfg.hidden_size, cfg.q_size, cfg.kv_size, cfg.intermediate_size, cfg.vocab_size
+    shapes = {
+        "self_attn.q_proj.weight": (q, h), "self_attn.k_proj.weight": (kv, h), "self_attn.v_proj.weight": (kv, h),
+        "self_attn.q_proj.bias": (q,), "self_attn.k_proj.bias": (kv,), "self_attn.v_proj.bias": (kv,),
+        "self_attn.o_proj.weight": (h, q), "mlp.gate_proj.weight": (inter, h), "mlp.up_proj.weight": (inter, h),
+        "mlp.down_proj.weight": (h, inter), "input_layernorm.weight": (h,), "post_attention_layernorm.weight": (h,),
+        "model.embed_tokens.weight": (vocab, h), "lm_head.weight": (vocab, h), "model.norm.weight": (h,),
+    }
+    return shapes.get(name.split(".", 3)[-1] if name.startswith("model.layers.") else name)
 
 
 def _oom_message(device: torch.device, name: str, exc: BaseException) -> str:
@@ -133,7 +177,8 @@ def _oom_message(device: torch.device, name: str, exc: BaseException) -> str:
 def load_model(arg: str | None, device: torch.device, dtype: torch.dtype, quantize: str = "none",
                dequantize: bool = False) -> LoadedModel:
     """Resolve, read and place a model. Every failure is a ModelLoadError with one line.
-    A GGUF file keeps its quantized blocks (dequantize=True: today's dequantized weights);
+    A GGUF file keeps its quantized blocks (dequantize=True: their dequantized values in `dtype`);
+    its tensors come from the file alone when its conversion holds no weights (resolve.has_weights).
     quantize: fp8 / int4 projections made from float weights at load."""
     from fgchat.engine.model.generation_config import (
         EMBEDDED_SAMPLING,
@@ -141,7 +186,8 @@ def load_model(arg: str | None, device: torch.device, dtype: torch.dtype, quanti
         FILE_NAME,
         read_generation_config,
     )
-    from fgchat.engine.model.resolve import resolve_model
+    from fgchat.engine.model.quant_weights import dequantize_all
+    from fgchat.engine.model.resolve import has_weights, resolve_model
     from fgchat.engine.model.tokenizer import Tokenizer
     from fgchat.engine.model.weights import load_safetensors, read_config
 
@@ -149,17 +195,24 @@ def load_model(arg: str | None, device: torch.device, dtype: torch.dtype, quanti
     raw = read_config(resolved.path)
     cfg = parse_config(raw)
     _check_quantize(cfg, quantize)
-    gguf = None if dequantize else _gguf_file(arg, resolved.source)
-    if gguf is not None and quantize != "none":
+    gguf = _gguf_file(arg, resolved.source)
+    from_file = gguf is not None and not has_weights(resolved.path)
+    if gguf is not None and not dequantize and quantize != "none":
         raise ModelLoadError(f"--quantize {quantize} is for bf16/fp16 weights; {resolved.name} is a GGUF file "
                              "that runs in its own format (add --dequantize to quantize its dequantized weights)")
     tokenizer = Tokenizer.from_dir(resolved.path)
     notes = []
     try:
-        state = load_safetensors(resolved.path)
-        if gguf is not None:
-            notes += _use_gguf_blocks(state, gguf, cfg, dtype)
+        if from_file:
+            state, gguf_notes = gguf_state(gguf, cfg, dtype)
+        else:
+            state = load_safetensors(resolved.path)
+            gguf_notes = _use_gguf_blocks(state, gguf, cfg, dtype) if gguf is not None and not dequantize else []
         weights = weights_from_state_dict(cfg, state, device, dtype)
+        if dequantize:
+            dequantize_all(weights, dtype)
+        else:
+            notes += gguf_notes
         fmt, quant_notes = _settle_quantized(weights, device, dtype, quantize)
     except Exception as exc:  # MemoryError is an Exception too
         if is_out_of_memory(exc):

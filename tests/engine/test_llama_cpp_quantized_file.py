@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_planes_equal_gguf_py_and_the_conversion(tmp_path, monkeypatch):
-    from fgchat.engine.model.resolve import cached_conversion
+    from fgchat.engine.model.resolve import convert_gguf
     from fgchat.engine.model.weights import load_safetensors
     from fgchat.engine.quant.dequant import dense
     from fgchat.engine.quant.gguf_tensors import read_gguf_weights
@@ -36,7 +36,8 @@ def test_planes_equal_gguf_py_and_the_conversion(tmp_path, monkeypatch):
     assert isinstance(v1, QuantWeight) and v1.fmt == "Q6_K"
     want = gguf.quants.dequantize(np.asarray(raw["blk.1.attn_v.weight"].data), gguf.GGMLQuantizationType.Q6_K)
     assert torch.equal(dense(v1, torch.float32), torch.from_numpy(want.copy()))
-    conv = load_safetensors(cached_conversion(FILE, tmp_path))
+    convert_gguf(FILE, tmp_path / "full", with_weights=True)  # transformers' float32 values
+    conv = load_safetensors(tmp_path / "full")
     for name, t in read.tensors.items():
         assert torch.equal(dense(t, torch.float32), conv[name]), name
 

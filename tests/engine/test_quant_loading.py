@@ -165,7 +165,7 @@ def test_int4_refuses_widths_off_its_group():
 
 
 @pytest.mark.slow
-def test_embedded_q4_1_planes_equal_conversion_and_greedy_tokens():
+def test_embedded_q4_1_planes_equal_conversion_and_greedy_tokens(tmp_path):
     """The embedded GGUF (Q4_1, Q8_0 token_embd, tied head): every tensor's planes dequantize to
     the transformers conversion's float32 tensor bit for bit (q / k rows unpermuted), and the model
     loaded from its blocks (dequantized on CPU) answers with today's conversion path's greedy tokens."""
@@ -174,7 +174,8 @@ def test_embedded_q4_1_planes_equal_conversion_and_greedy_tokens():
     from fgchat.engine.quant.gguf_tensors import read_gguf_weights
     from fgchat.protocol.events import RequestFinished, SamplingParams
 
-    conv_dir = resolve_mod.resolve_model(None).path
+    conv_dir = tmp_path / "full"
+    resolve_mod.convert_gguf(resolve_mod.embedded_gguf_path(), conv_dir, with_weights=True)
     conv = load_safetensors(conv_dir)
     cfg = parse_config(read_config(conv_dir))
     read = read_gguf_weights(resolve_mod.embedded_gguf_path(), cfg.num_heads, cfg.num_kv_heads)
@@ -195,5 +196,6 @@ def test_embedded_q4_1_planes_equal_conversion_and_greedy_tokens():
 
     ours, eng = greedy()
     assert eng.model.weight_format == "Q4_1+Q8_0" and any("Q4_1+Q8_0 weights run on CPU" in n for n in eng.notes)
-    theirs, _ = greedy(dequantize=True)
+    theirs, _ = greedy(model=str(conv_dir))  # transformers' float32 conversion, as a model directory
     assert ours == theirs and all(len(t) == 16 for t in ours)
+    assert greedy(dequantize=True)[0] == ours

@@ -307,7 +307,7 @@ def fake_convert(monkeypatch: pytest.MonkeyPatch, tiny_dir: Path) -> list[Path]:
     """Replace the transformers conversion by a copy of the tiny model; records each call."""
     calls: list[Path] = []
 
-    def convert_into(gguf_path: Path, tmp: Path) -> None:
+    def convert_into(gguf_path: Path, tmp: Path, with_weights: bool = False) -> None:
         calls.append(gguf_path)
         for f in tiny_dir.iterdir():
             shutil.copy(f, tmp)
@@ -346,6 +346,20 @@ def test_gguf_converted_once_and_cached(
     assert r3.path != r1.path and len(fake_convert) == 2
 
 
+def test_earlier_versions_entry_is_replaced(tmp_path: Path, fake_convert: list[Path]) -> None:
+    """An entry of converter version 1 (a float32 copy of the weights) is neither reused nor kept."""
+    from fgchat.engine.model.resolve import CONVERSION_VERSION, cached_conversion, conversion_dir
+
+    gguf = _fake_gguf(tmp_path)
+    old = conversion_dir(gguf, tmp_path / "c", version=1)
+    old.mkdir(parents=True)
+    (old / resolve_mod.CONVERSION_MARKER).write_text("{}")
+    (old / "model.safetensors").write_bytes(b"x")
+    assert CONVERSION_VERSION > 1
+    out = cached_conversion(gguf, tmp_path / "c")
+    assert out != old and out.is_dir() and not old.exists() and len(fake_convert) == 1
+
+
 def test_explicit_cache_dir_argument(tmp_path: Path, fake_convert: list[Path]) -> None:
     from fgchat.engine.model.resolve import cached_conversion
 
@@ -361,7 +375,7 @@ def test_interrupted_conversion_leaves_no_cache(
 ) -> None:
     monkeypatch.setenv("FGCHAT_CACHE_DIR", str(tmp_path / "cache"))
 
-    def half_then_fail(gguf_path: Path, tmp: Path) -> None:
+    def half_then_fail(gguf_path: Path, tmp: Path, with_weights: bool = False) -> None:
         shutil.copy(tiny_dir / "config.json", tmp)
         raise ModelLoadError("cannot convert tiny.Q4_0.gguf: simulated crash")
 

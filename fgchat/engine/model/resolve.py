@@ -1,7 +1,8 @@
 """Turn a --model argument into a local Hugging Face-format model directory.
 
 Accepted: nothing (the embedded SmolLM2-135M-Instruct GGUF), a `.gguf` file (converted once and
-cached), a local model directory, or a Hugging Face repo id (snapshot_download, which honours
+cached: config, tokenizer and, only for architectures the loader cannot read from the file itself,
+float32 weights), a local model directory, or a Hugging Face repo id (snapshot_download, which honours
 HF_HOME / HF_HUB_CACHE / HF_TOKEN / HF_HUB_OFFLINE).
 
 Prints nothing but, before a hub download, its size (one stderr line on a terminal); everything
@@ -59,8 +60,9 @@ def hub_files_to_fetch(listing: list[str]) -> list[str]:
     elif SINGLE_FILE in top:
         out.append(SINGLE_FILE)
     return sorted(set(out))
-# Bump when the conversion output changes, so old cache entries are not reused.
-CONVERSION_VERSION = 1
+# Bump when the conversion output changes, so old cache entries are not reused (2: no float copy
+# of the weights for the architectures quant.gguf_tensors reads whole).
+CONVERSION_VERSION = 2
 # Converted directories contain this file; it is written before the directory is moved into place.
 CONVERSION_MARKER = "fgchat_conversion.json"
 # Leftover temp dirs of killed conversions older than this are removed on the next conversion.
@@ -180,23 +182,49 @@ def default_cache_root() -> Path:
     return Path(user_cache_dir("fgchat"))
 
 
-def conversion_dir(gguf_path: Path, cache_dir: Path | None = None) -> Path:
+def conversion_dir(gguf_path: Path, cache_dir: Path | None = None, version: int = CONVERSION_VERSION) -> Path:
     """Cache location of a converted GGUF: keyed by absolute path, size, mtime and converter version,
     so a replaced or edited file is converted again."""
     gguf_path = gguf_path.resolve()
     st = gguf_path.stat()
-    key = f"{gguf_path}\0{st.st_size}\0{st.st_mtime_ns}\0{CONVERSION_VERSION}"
+    key = f"{gguf_path}\0{st.st_size}\0{st.st_mtime_ns}\0{version}"
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     root = Path(cache_dir) if cache_dir is not None else default_cache_root()
     return root / "models" / f"{gguf_path.stem}-{digest}"
 
 
 def cached_conversion(gguf_path: Path, cache_dir: Path | None = None) -> Path:
-    """The converted directory of `gguf_path`, converting only when no complete one is cached."""
+    """The converted directory of `gguf_path`, converting only when no complete one is cached; a
+    new conversion removes the same file's entries of earlier converter versions (version 1 held a
+    float32 copy of every weight: 4x a Q8_0 file, 7x a Q4_K_M)."""
     out = conversion_dir(gguf_path, cache_dir)
     if not is_complete_conversion(out):
         convert_gguf(gguf_path, out)
+        for version in range(1, CONVERSION_VERSION):
+            old = conversion_dir(gguf_path, cache_dir, version)
+            if is_complete_conversion(old):
+                shutil.rmtree(old, ignore_errors=True)
     return out
+
+
+def has_weights(model_dir: Path) -> bool:
+    """Whether `model_dir` holds Hugging Face-layout weights (a GGUF's conversion may not: the
+    loader then reads the file's own tensors)."""
+    return (model_dir / SINGLE_FILE).is_file() or (model_dir / INDEX_FILE).is_file()
+
+
+def pretrained_source(arg: str | None) -> tuple[str, dict[str, str]]:
+    """Where transformers' from_pretrained finds the model `arg` names, as (path, keyword
+    arguments): a GGUF file (or the embedded one) read directly with gguf_file=, since its
+    conversion may hold no weights; otherwise the resolved directory."""
+    if arg is None:
+        gguf = embedded_gguf_path()
+    else:
+        path = check_model_arg(arg)
+        if path is None or not path.is_file():
+            return str(resolve_model(arg).path), {}
+        gguf = path.resolve()
+    return str(gguf.parent), {"gguf_file": gguf.name}
 
 
 def is_complete_conversion(out_dir: Path) -> bool:
@@ -205,10 +233,11 @@ def is_complete_conversion(out_dir: Path) -> bool:
     return (out_dir / CONVERSION_MARKER).is_file()
 
 
-def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
-    """Dequantize `gguf_path` with transformers + gguf and save it in Hugging Face format at
-    `out_dir` (config.json, model.safetensors, generation_config.json, tokenizer files with a chat
-    template). Written to a temp dir next to `out_dir` and moved into place only when complete."""
+def convert_gguf(gguf_path: Path, out_dir: Path, with_weights: bool = False) -> None:
+    """Save `gguf_path` in Hugging Face format at `out_dir` with transformers + gguf: config.json,
+    generation_config.json, tokenizer files with a chat template, and model.safetensors (float32,
+    dequantized) only for architectures outside gguf_tensors.OWN_WEIGHT_ARCHITECTURES or when
+    `with_weights`. Written to a temp dir next to `out_dir` and moved into place only when complete."""
     gguf_path = Path(gguf_path).resolve()
     if not gguf_path.is_file():
         raise ModelLoadError(f"model path not found: {gguf_path}")
@@ -220,27 +249,30 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
     _remove_stale_tmp_dirs(out_dir.parent)
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{out_dir.name}-", dir=out_dir.parent))
     try:
-        _convert_into(gguf_path, tmp)
+        _convert_into(gguf_path, tmp, with_weights)
         _write_marker(tmp, gguf_path)
         _move_into_place(tmp, out_dir)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)  # no-op after a successful move
 
 
-def _convert_into(gguf_path: Path, tmp: Path) -> None:
+def _convert_into(gguf_path: Path, tmp: Path, with_weights: bool = False) -> None:
     try:
         import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     except ImportError as e:
         raise ModelLoadError(f"converting GGUF needs transformers, gguf and accelerate: {e}") from None
     where, name = str(gguf_path.parent), gguf_path.name
     try:
-        with _quiet():
+        with _quiet(), _metadata_read_once():
             tokenizer = AutoTokenizer.from_pretrained(where, gguf_file=name, local_files_only=True)
-            model = AutoModelForCausalLM.from_pretrained(
-                where, gguf_file=name, dtype=torch.float32, local_files_only=True
-            )
-            _save_dequantized(model, tmp)
+            if with_weights or not _file_holds_weights(gguf_path):
+                model = AutoModelForCausalLM.from_pretrained(
+                    where, gguf_file=name, dtype=torch.float32, local_files_only=True
+                )
+                _save_dequantized(model, tmp)
+            else:
+                _save_config(AutoConfig.from_pretrained(where, gguf_file=name, local_files_only=True), tmp)
             tokenizer.save_pretrained(tmp)
     except KeyboardInterrupt:
         raise
@@ -253,6 +285,36 @@ def _convert_into(gguf_path: Path, tmp: Path) -> None:
     _ensure_chat_template(tmp, tokenizer)
 
 
+def _file_holds_weights(gguf_path: Path) -> bool:
+    """Whether the loader reads this GGUF's decoder tensors from the file alone (its architecture
+    is one quant.gguf_tensors names whole), so the conversion needs no float copy of them."""
+    from fgchat.engine.quant.gguf_index import read_index
+    from fgchat.engine.quant.gguf_tensors import OWN_WEIGHT_ARCHITECTURES
+
+    return read_index(gguf_path).architecture in OWN_WEIGHT_ARCHITECTURES
+
+
+def _plain_config(config: Any, architecture: str) -> None:
+    """A GGUF-read config as an ordinary checkpoint's: no quantization_config, no source path."""
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    config.architectures = [architecture]
+    config._name_or_path = ""
+
+
+def _save_config(config: Any, out: Path) -> None:
+    """config.json and generation_config.json of a GGUF's config, as _save_dequantized writes them
+    (the causal-LM class transformers would build, float32)."""
+    import torch
+    from transformers import GenerationConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    _plain_config(config, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[config.model_type])
+    config.dtype = torch.float32
+    config.save_pretrained(out)
+    GenerationConfig.from_model_config(config).save_pretrained(out)
+
+
 def _save_dequantized(model: Any, out: Path) -> None:
     """Save a GGUF-loaded model as plain float safetensors.
 
@@ -260,13 +322,10 @@ def _save_dequantized(model: Any, out: Path) -> None:
     weights were fully dequantized on load; dropping the quantizer makes them an ordinary model.
     """
     model.hf_quantizer = None
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
     if hasattr(model, "is_quantized"):
         with contextlib.suppress(AttributeError):
             model.is_quantized = False
-    model.config.architectures = [type(model).__name__]
-    model.config._name_or_path = ""
+    _plain_config(model.config, type(model).__name__)
     model.save_pretrained(out)
     if getattr(model, "generation_config", None) is not None and not (out / "generation_config.json").exists():
         model.generation_config.save_pretrained(out)
@@ -320,6 +379,32 @@ def _remove_stale_tmp_dirs(models_dir: Path) -> None:
         with contextlib.suppress(OSError):
             if entry.is_dir() and now - entry.stat().st_mtime > STALE_TMP_SECONDS:
                 shutil.rmtree(entry, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _metadata_read_once() -> Iterator[None]:
+    """Inside, transformers' GGUF metadata read (load_gguf_checkpoint without tensors: a Python
+    object per vocabulary entry, ~7 s for Llama 3's 128k) runs once per file: the tokenizer and
+    the config each asked for it; every caller gets its own deep copy of the one result."""
+    import copy
+
+    import transformers.modeling_gguf_pytorch_utils as gguf_utils
+
+    read = gguf_utils.load_gguf_checkpoint
+    done: dict[str, Any] = {}
+
+    def once(path: Any, return_tensors: bool = False, **kwargs: Any) -> Any:
+        if return_tensors or kwargs:
+            return read(path, return_tensors=return_tensors, **kwargs)
+        if str(path) not in done:
+            done[str(path)] = read(path, return_tensors=False)
+        return copy.deepcopy(done[str(path)])
+
+    gguf_utils.load_gguf_checkpoint = once
+    try:
+        yield
+    finally:
+        gguf_utils.load_gguf_checkpoint = read
 
 
 @contextlib.contextmanager

@@ -48,6 +48,10 @@ _LAYER_RE = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
 _TOP_RE = re.compile(r"^(\w+)\.(weight|bias)$")
 # architectures whose q / k rows llama.cpp's converter permuted (transformers' LlamaTensorProcessor)
 PERMUTED_ARCHITECTURES = ("llama",)
+# GGUF architectures whose every decoder tensor hf_name names, with the values transformers' GGUF
+# loader gives (nothing but the q / k permutation above): the loader builds them from the file alone
+# ("llama": Llama, Mistral, SmolLM2; "qwen2": with q / k / v biases)
+OWN_WEIGHT_ARCHITECTURES = ("llama", "qwen2")
 
 
 def hf_name(gguf_name: str) -> str | None:
@@ -66,24 +70,26 @@ def _unpack_k_scales(scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Q4_K / Q5_K: a block's 12 scale bytes [..., 12] -> its 8 sub-block scales and mins, each
     6 bits: sub-blocks 0-3 in the low 6 bits of bytes 0-3 (scales) and 4-7 (mins); sub-blocks 4-7
     take their low 4 bits from bytes 8-11 (scale low nibble, min high nibble) and their high 2
-    bits from the top bits of bytes 0-3 (scales) and 4-7 (mins)."""
-    s = scales.view(*scales.shape[:-1], 3, 4)
-    a, b, c = s[..., 0, :], s[..., 1, :], s[..., 2, :]
-    sc = torch.cat((a & 63, (c & 15) | ((a >> 2) & 48)), dim=-1)
-    mn = torch.cat((b & 63, (c >> 4) | ((b >> 2) & 48)), dim=-1)
-    return sc, mn
+    bits from the top bits of bytes 0-3 (scales) and 4-7 (mins). Computed on the 12 bytes as three
+    little-endian 32-bit words, four sub-blocks a word (every mask keeps bits inside their byte)."""
+    w = scales.contiguous().numpy().view("<u4")  # numpy: ~20x torch's CPU speed on these strided words
+    a, b, c = w[..., 0], w[..., 1], w[..., 2]
+    low6, top2, low4 = np.uint32(0x3F3F3F3F), np.uint32(0x30303030), np.uint32(0x0F0F0F0F)
+    sc = np.stack((a & low6, (c & low4) | ((a >> 2) & top2)), axis=-1)
+    mn = np.stack((b & low6, ((c >> 4) & low4) | ((b >> 2) & top2)), axis=-1)
+    return torch.from_numpy(sc.view(np.uint8)), torch.from_numpy(mn.view(np.uint8))
 
 
 def planes_from_blocks(fmt: str, raw: torch.Tensor, k: int) -> QuantWeight:
-    """The planes of a weight [N, K] in block format `fmt` from its bytes raw uint8 [N, bytes per row]."""
+    """The planes of a weight [N, K] in block format `fmt` from its bytes raw uint8 [N, bytes per row] (CPU)."""
     size, fields = BLOCK_FIELDS[fmt]
     n, nb = raw.shape[0], k // BLOCK[fmt]
     if k % BLOCK[fmt] or raw.shape[1] != nb * size:
         raise ValueError(f"{fmt}: {raw.shape[1]} bytes per row do not hold {k} weights")
-    blocks = raw.view(n, nb, size)
+    blocks = raw.numpy().reshape(n, nb, size)  # numpy gathers strided bytes far faster than torch on CPU
     planes: dict[str, torch.Tensor] = {}
     for name, a, b, dtype in fields:
-        planes[name] = blocks[:, :, a:b].contiguous().view(dtype).reshape(n, -1)
+        planes[name] = torch.from_numpy(np.ascontiguousarray(blocks[:, :, a:b])).view(dtype).reshape(n, -1)
     if "scales" in planes:
         sc, mn = _unpack_k_scales(planes.pop("scales").view(n, nb, 12))
         planes["sc"], planes["mn"] = sc.reshape(n, -1), mn.reshape(n, -1)
