@@ -27,9 +27,11 @@ from fgchat.protocol.events import CaptureReport, Mode
 
 
 class GraphCapture:
-    def __init__(self, program: StepProgram) -> None:
+    def __init__(self, program: StepProgram, pool: object | None = None) -> None:
+        """`pool`: another capture's pool to capture into (a draft model's graphs share the
+        target's: the two never replay at once), else a new one."""
         self.program = program
-        self.pool = torch.cuda.graph_pool_handle()
+        self.pool = torch.cuda.graph_pool_handle() if pool is None else pool
         self.stream = torch.cuda.Stream()
         self.side = torch.cuda.Stream()
 

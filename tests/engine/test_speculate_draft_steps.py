@@ -1,0 +1,72 @@
+"""The draft model decodes through its own step program (speculate.draft_steps; eager on CPU):
+over rounds of a ragged batch (prompts of different lengths, draft lengths 0..6, acceptance
+simulated per sequence, a sequence left out of a round so its catch-up grows past the block
+step's rows) it proposes exactly what the prefill-after-cached-rows path proposes from scratch
+(the earlier eager proposer: verify_logits' argmax, or its draw from q for a sampled sequence),
+each proposal running one step per draft in the mode asked for."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fgchat.engine.kv_cache import KVCache
+from fgchat.engine.loader import load_random
+from fgchat.engine.requests import Sequence
+from fgchat.engine.speculate.draft import DraftModel
+from fgchat.engine.speculate.verify import verify_logits
+from fgchat.protocol.events import Mode, SamplingParams
+
+MAX_CONTEXT = 128
+
+
+def prompt(n: int, seed: int) -> list[int]:
+    return torch.randint(3, 500, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def reference(draft: DraftModel, cache: KVCache, seq: Sequence, k: int) -> tuple[list[int], torch.Tensor | None]:
+    """k drafts decoded by the prefill path, each over the whole sequence so far in a cache of
+    its own (nothing reused), picked as the proposer picks (DraftModel._pick)."""
+    tokens = seq.prompt_ids + seq.output_ids
+    out, qs = [], []
+    for _ in range(k):
+        logits = verify_logits(draft.dec, [(tokens + out, 0, seq.slot)], cache.k, cache.v)[0][-1:]
+        tok, q = draft._pick([seq], logits, [len(tokens) + len(out)])[0]
+        out.append(tok)
+        if q is not None:
+            qs.append(q)
+    return out, torch.stack(qs) if qs else None
+
+
+@pytest.mark.parametrize("sampled", [False, True])
+def test_draft_steps_propose_what_the_prefill_path_proposes(sampled):
+    loaded = load_random("tiny", torch.device("cpu"), torch.float32, 11)
+    draft = DraftModel(loaded, MAX_CONTEXT, fused=False)
+    ref_cache = KVCache(loaded.cfg, MAX_CONTEXT, torch.device("cpu"), torch.float32)
+    params = [SamplingParams(max_tokens=64)] * 4
+    if sampled:  # one sampled lane: the batch's steps read logits on the host
+        params[2] = SamplingParams(temperature=0.8, top_k=20, seed=5, max_tokens=64)
+    seqs = [Sequence(i, prompt(n, i), p, frozenset(), 0, slot=s)
+            for i, (n, p, s) in enumerate(zip((5, 31, 12, 2), params, (3, 0, 6, 1)))]
+    g = torch.Generator().manual_seed(7)
+    rounds = [[4, 2, 3, 6], [1, 4, 4, 0], [3, 3, 5, 2], [2, 0, 1, 4], [6, 5, 2, 3]]
+    for r, ks in enumerate(rounds):
+        drafts, qs = draft.propose(seqs, ks, Mode.EAGER)
+        for seq, k, d, q in zip(seqs, ks, drafts, qs):
+            want, want_q = reference(draft, ref_cache, seq, k)
+            assert d == want, f"round {r}, sequence {seq.request_id}: {d} != {want}"
+            if want_q is None:
+                assert q is None
+            else:
+                torch.testing.assert_close(q, want_q, rtol=1e-4, atol=1e-6)
+        assert draft.modes_ran == [Mode.EAGER] * max(ks)  # one step per draft, in the mode asked for
+        for seq, k, d in zip(seqs, ks, drafts):  # the target accepts a prefix and adds its own token
+            n_before = seq.length
+            m = int(torch.randint(0, len(d) + 1, (1,), generator=g))
+            if r == 0 and seq.request_id == 0:
+                m = len(d)  # every draft accepted: a catch-up of two rows
+            seq.output_ids += d[:m] + [int(torch.randint(3, 500, (1,), generator=g))]
+            if k == 0:  # left out of the round: plain steps add more tokens the draft has not seen
+                seq.output_ids += prompt(3, 100 + r)
+            draft.settle(seq, n_before, len(d), m)
+    print(f"sampled={sampled}: lengths {[s.length for s in seqs]}, valid {[draft.valid[s.slot] for s in seqs]}")
