@@ -70,3 +70,36 @@ def test_draft_steps_propose_what_the_prefill_path_proposes(sampled):
                 seq.output_ids += prompt(3, 100 + r)
             draft.settle(seq, n_before, len(d), m)
     print(f"sampled={sampled}: lengths {[s.length for s in seqs]}, valid {[draft.valid[s.slot] for s in seqs]}")
+
+
+def test_the_engine_drafts_through_the_draft_step_program():
+    """Engine level, CPU: every draft step runs the draft's StepProgram (its eager mode: CPU has
+    no graphs) and greedy output is plain decoding's, drafts partly accepted (a ragged batch)."""
+    from fgchat.engine.core import Engine, EngineConfig
+    from fgchat.protocol.events import RequestFinished
+
+    repeating = [5, 6, 7, 8, 9, 10, 11] * 3
+    prompts = [repeating, prompt(30, 1), repeating[4:], prompt(9, 2)]
+    lengths = [24, 16, 20, 9]
+
+    def go(eng: Engine) -> list:
+        rids = [eng.submit(p, SamplingParams(max_tokens=n, ignore_eos=True)) for p, n in zip(prompts, lengths)]
+        done = {e.summary.request_id: e.summary for e in eng.run_until_done() if isinstance(e, RequestFinished)}
+        return [done[r] for r in rids]
+
+    kw = dict(preset="tiny", seed=3, device="cpu", dtype="float32", max_context=256)
+    want = go(Engine(EngineConfig(**kw)))
+    eng = Engine(EngineConfig(speculate="draft", draft="preset:tiny", draft_len=4, **kw))
+    prog = eng._draft.steps.program
+    calls = []
+    run_eager = prog.run_eager
+    prog.run_eager = lambda *a, **k: calls.append(a) or run_eager(*a, **k)  # type: ignore[method-assign]
+    got = go(eng)
+    assert [s.token_ids for s in got] == [s.token_ids for s in want]
+    proposed = [s.spec["proposed"] for s in got]
+    accepted = [s.spec["accepted"] for s in got]
+    print(f"proposed {proposed}, accepted {accepted}, draft steps {len(calls)} "
+          f"(blocks {sorted({a[2] if len(a) > 2 else 1 for a in calls})})")
+    assert sum(accepted) > 0 and sum(accepted) < sum(proposed)
+    assert len(calls) >= max(proposed) and eng._draft.modes_ran and set(eng._draft.modes_ran) == {Mode.EAGER}
+    assert not [r for r in eng.info().captures if r.kind.startswith("draft")]

@@ -33,10 +33,11 @@ GRAPH_MODES = (Mode.PIECEWISE, Mode.FULL, Mode.MEGA)
 
 
 class ModeSet:
-    def __init__(self, program: StepProgram, note: Callable[[str], None], pool: object | None = None,
+    def __init__(self, program: StepProgram, note: Callable[[str], None], share: ModeSet | None = None,
                  decode_only: bool = False) -> None:
-        """`pool`: the graph pool to capture into (GraphCapture). decode_only: the decode and
-        verification steps alone (a draft model's), no prefill graphs and no mega."""
+        """`share`: another ModeSet whose graph pool and capture streams this one's graphs use
+        (GraphCapture). decode_only: the decode and verification steps alone (a draft model's),
+        no prefill graphs and no mega."""
         self.program = program
         self.note = note
         dec = program.dec
@@ -62,7 +63,7 @@ class ModeSet:
         from fgchat.engine.modes.full import FullMode
         from fgchat.engine.modes.piecewise import PiecewiseMode
 
-        self.cap = GraphCapture(program, pool)
+        self.cap = GraphCapture(program, share.cap if share is not None else None)
         self.modes[Mode.PIECEWISE] = PiecewiseMode(self.cap)
         self.modes[Mode.FULL] = FullMode(self.cap)
         self.unavailable.update({m: "" for m in GRAPH_MODES})

@@ -27,11 +27,15 @@ from fgchat.protocol.events import CaptureReport, Mode
 
 
 class GraphCapture:
-    def __init__(self, program: StepProgram, pool: object | None = None) -> None:
-        """`pool`: another capture's pool to capture into (a draft model's graphs share the
-        target's: the two never replay at once), else a new one."""
+    def __init__(self, program: StepProgram, share: GraphCapture | None = None) -> None:
+        """`share`: another program's capture whose pool and streams this one captures with (a
+        draft model's graphs beside the target's: the two never replay at once, and the
+        allocator reuses a pool's free blocks only for captures on the stream that freed them)."""
         self.program = program
-        self.pool = torch.cuda.graph_pool_handle() if pool is None else pool
+        if share is not None:
+            self.pool, self.stream, self.side = share.pool, share.stream, share.side
+            return
+        self.pool = torch.cuda.graph_pool_handle()
         self.stream = torch.cuda.Stream()
         self.side = torch.cuda.Stream()
 

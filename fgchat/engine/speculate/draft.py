@@ -15,6 +15,7 @@ import torch
 from fgchat.engine.kv_cache import NUM_SLOTS, KVCache
 from fgchat.engine.loader import LoadedModel, load_model, load_random
 from fgchat.engine.model.decoder import Decoder
+from fgchat.engine.modes import ModeSet
 from fgchat.engine.requests import Sequence
 from fgchat.engine.speculate.accept import STREAM_DRAFT, gumbel_pick, row_uniforms, target_probs
 from fgchat.engine.speculate.draft_steps import CATCH_UP_ROWS, DraftSteps
@@ -59,15 +60,15 @@ class DraftModel:
 
     def __init__(self, loaded: LoadedModel, max_context: int, fused: bool, tuning: object | None = None,
                  attention: str = "auto", note: Callable[[str], None] | None = None,
-                 pool: object | None = None) -> None:
+                 share: ModeSet | None = None) -> None:
         """`attention`: the target's attention backend (by name); `note`: where the draft's mode
-        notes go (a capture that failed); `pool`: the target's graph pool, which the draft's
-        graphs share."""
+        notes go (a capture that failed); `share`: the target's modes, whose graph pool and
+        capture streams the draft's graphs use."""
         self.model = loaded
         self.name = loaded.name
         self.dec = Decoder(loaded.cfg, loaded.weights, max_context, fused, tuning)  # type: ignore[arg-type]
         self.cache = KVCache(loaded.cfg, max_context, self.dec.device, self.dec.dtype)
-        self.steps = DraftSteps(self.dec, self.cache, attention, tuning, note or (lambda _: None), pool)
+        self.steps = DraftSteps(self.dec, self.cache, attention, tuning, note or (lambda _: None), share)
         self.valid = [0] * NUM_SLOTS
         self._owner: list[Sequence | None] = [None] * NUM_SLOTS
 

@@ -1,7 +1,7 @@
 """The draft model's decode steps in the target's mode: its own step buffers, StepProgram and
-ModeSet (graphs captured on first use, into the target's graph pool), so that in `full` each of
-its steps replays a graph per (batch size, rows per sequence), in `piecewise` its pieces, and in
-`eager` the same pieces run plainly.
+ModeSet (graphs captured on first use, into the target's graph pool on its capture stream), so
+that in `full` each of its steps replays a graph per (batch size, rows per sequence), in
+`piecewise` its pieces, and in `eager` the same pieces run plainly.
 
 A proposal is one block step (each sequence's catch-up rows: the tokens accepted since its last
 proposal, 1 or 2 when it drafted last step, the last of them its newest token) and then single-
@@ -44,14 +44,14 @@ class DraftSteps:
     """The draft decoder's step program and modes; `greedy` and `step_logits` run a proposal."""
 
     def __init__(self, dec: Decoder, cache: KVCache, attention_name: str, tuning: object | None,
-                 note: Callable[[str], None], pool: object | None = None) -> None:
+                 note: Callable[[str], None], share: ModeSet | None = None) -> None:
         cfg = dec.cfg
         self.dec = dec
         self.max_context = cache.max_context
         self.bufs = StepBuffers(dec.device, cfg.num_heads, cfg.head_dim, dec.dtype)
         attention = get_backend(attention_name, dec.device, tuning)  # type: ignore[arg-type]
         self.program = bind_program(dec, cache, self.bufs, attention, attention_name == "triton")
-        self.modes = ModeSet(self.program, note, pool, decode_only=True)
+        self.modes = ModeSet(self.program, note, share, decode_only=True)
         cuda = dec.device.type == "cuda"
         # each sequence's last real row of the block step (pinned: copied behind the staging)
         self._last_host = torch.zeros(NUM_SLOTS, dtype=torch.int64, pin_memory=cuda)
@@ -73,7 +73,7 @@ class DraftSteps:
         self.ran.append(ran)
         return out
 
-    def _stage_block(self, blocks: list[Block], variant: Variant) -> tuple[int, list[int]]:
+    def _stage_block(self, blocks: list[Block]) -> tuple[int, list[int]]:
         """Stage the block step's rows; (rows per sequence, each sequence's last real row)."""
         ids, pos, slots, block = block_rows([b[0][0] for b in blocks], [b[0][1:] for b in blocks],
                                             [b[1] + 1 for b in blocks], [b[2] for b in blocks], self.max_context)
@@ -92,7 +92,7 @@ class DraftSteps:
         CATCH_UP_ROWS each), chained on the device; one read of the drafts at the end."""
         self.ran = []
         b = len(blocks)
-        block, last = self._stage_block(blocks, Variant.GREEDY)
+        block, last = self._stage_block(blocks)
         out = self._run(mode, b, Variant.GREEDY, block)
         picked = self._picked[:b]
         di = self.bufs.dev_i
@@ -117,12 +117,14 @@ class DraftSteps:
     def step_logits(self, blocks: list[Block], steps: int, mode: Mode,
                     pick: Callable[[torch.Tensor, list[int]], list[int]]) -> None:
         """`steps` steps whose picks the host makes: pick(logits [B, V] of this step's rows, the
-        positions they predict) -> the B tokens the next step feeds (exact logits: the sampled
-        variant's head)."""
+        positions they predict) -> the B tokens the next step feeds. The sampled variant's logits:
+        exact, or where the fused head picks from its int8 copy, within that copy's bound past
+        the rescored rows; either way q is the distribution the host draws the draft from, which
+        is all rejection sampling needs to keep the target's distribution."""
         self.ran = []
         b = len(blocks)
         variant = Variant.SAMPLED  # temperatures staged 0: the step's own picks are unused
-        block, last = self._stage_block(blocks, variant)
+        block, last = self._stage_block(blocks)
         out = self._run(mode, b, variant, block)
         nxt = [f + len(ids) for ids, f, _ in blocks]
         toks = pick(out.logits[last], nxt)

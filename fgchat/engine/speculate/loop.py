@@ -86,9 +86,8 @@ class SpecLoop:
             raise FgchatError("speculation by a draft model needs --draft MODEL")
         loaded = load_draft(self.config.draft, self.device, self.dtype, self.config.seed)
         check_compatible(self.model, loaded)
-        pool = self.modes.cap.pool if self.modes.cap is not None else None
         return DraftModel(loaded, self.max_context, self.decoder.fused, self.tuning, self.attention_name,
-                          self._draft_note, pool)
+                          self._draft_note, self.modes)
 
     def _draft_note(self, text: str) -> None:
         self.notes.append(f"draft model: {text}")
