@@ -3,19 +3,23 @@ over rounds of a ragged batch (prompts of different lengths, draft lengths 0..6,
 simulated per sequence, a sequence left out of a round so its catch-up grows past the block
 step's rows) it proposes exactly what the prefill-after-cached-rows path proposes from scratch
 (the earlier eager proposer: verify_logits' argmax, or its draw from q for a sampled sequence),
-each proposal running one step per draft in the mode asked for."""
+each proposal running one step per draft in the mode asked for. At engine level: the draft's
+steps run its step program, follow the target into (stand-in, CPU) full mode with their own
+captures, and fall back to eager with a note where the draft's capture fails."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from fgchat.engine.core import Engine, EngineConfig
 from fgchat.engine.kv_cache import KVCache
 from fgchat.engine.loader import load_random
 from fgchat.engine.requests import Sequence
 from fgchat.engine.speculate.draft import DraftModel
 from fgchat.engine.speculate.verify import verify_logits
-from fgchat.protocol.events import Mode, SamplingParams
+from fgchat.protocol.events import EngineInfo, Mode, ModeChanged, RequestFinished, SamplingParams
+from stand_in_modes import StandInGraphMode
 
 MAX_CONTEXT = 128
 
@@ -36,6 +40,20 @@ def reference(draft: DraftModel, cache: KVCache, seq: Sequence, k: int) -> tuple
         if q is not None:
             qs.append(q)
     return out, torch.stack(qs) if qs else None
+
+
+REPEATING = [5, 6, 7, 8, 9, 10, 11] * 3
+PROMPTS = [REPEATING, prompt(30, 1), REPEATING[4:], prompt(9, 2)]
+LENGTHS = [24, 16, 20, 9]
+KW = dict(preset="tiny", seed=3, device="cpu", dtype="float32", max_context=256)
+
+
+def go(eng: Engine) -> tuple[list, list]:
+    """The four prompts as one ragged batch, greedy: (summaries in order, every event)."""
+    rids = [eng.submit(p, SamplingParams(max_tokens=n, ignore_eos=True)) for p, n in zip(PROMPTS, LENGTHS)]
+    evs = eng.run_until_done()
+    done = {e.summary.request_id: e.summary for e in evs if isinstance(e, RequestFinished)}
+    return [done[r] for r in rids], evs
 
 
 @pytest.mark.parametrize("sampled", [False, True])
@@ -75,26 +93,13 @@ def test_draft_steps_propose_what_the_prefill_path_proposes(sampled):
 def test_the_engine_drafts_through_the_draft_step_program():
     """Engine level, CPU: every draft step runs the draft's StepProgram (its eager mode: CPU has
     no graphs) and greedy output is plain decoding's, drafts partly accepted (a ragged batch)."""
-    from fgchat.engine.core import Engine, EngineConfig
-    from fgchat.protocol.events import RequestFinished
-
-    repeating = [5, 6, 7, 8, 9, 10, 11] * 3
-    prompts = [repeating, prompt(30, 1), repeating[4:], prompt(9, 2)]
-    lengths = [24, 16, 20, 9]
-
-    def go(eng: Engine) -> list:
-        rids = [eng.submit(p, SamplingParams(max_tokens=n, ignore_eos=True)) for p, n in zip(prompts, lengths)]
-        done = {e.summary.request_id: e.summary for e in eng.run_until_done() if isinstance(e, RequestFinished)}
-        return [done[r] for r in rids]
-
-    kw = dict(preset="tiny", seed=3, device="cpu", dtype="float32", max_context=256)
-    want = go(Engine(EngineConfig(**kw)))
-    eng = Engine(EngineConfig(speculate="draft", draft="preset:tiny", draft_len=4, **kw))
+    want = go(Engine(EngineConfig(**KW)))[0]
+    eng = Engine(EngineConfig(speculate="draft", draft="preset:tiny", draft_len=4, **KW))
     prog = eng._draft.steps.program
     calls = []
     run_eager = prog.run_eager
     prog.run_eager = lambda *a, **k: calls.append(a) or run_eager(*a, **k)  # type: ignore[method-assign]
-    got = go(eng)
+    got = go(eng)[0]
     assert [s.token_ids for s in got] == [s.token_ids for s in want]
     proposed = [s.spec["proposed"] for s in got]
     accepted = [s.spec["accepted"] for s in got]
@@ -103,3 +108,36 @@ def test_the_engine_drafts_through_the_draft_step_program():
     assert sum(accepted) > 0 and sum(accepted) < sum(proposed)
     assert len(calls) >= max(proposed) and eng._draft.modes_ran and set(eng._draft.modes_ran) == {Mode.EAGER}
     assert not [r for r in eng.info().captures if r.kind.startswith("draft")]
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_the_draft_follows_the_target_into_full_and_falls_back_to_eager_with_a_note(fail):
+    """The target in (stand-in) full: the draft's steps run its own full mode, each shape captured
+    before its first step and listed in EngineInfo.captures as "draft ..."; where the draft's
+    capture fails, a note says so and its steps run eagerly, the target staying in full. Greedy
+    output is plain decoding's either way."""
+    want = go(Engine(EngineConfig(**KW)))[0]
+    eng = Engine(EngineConfig(speculate="draft", draft="preset:tiny", draft_len=4, **KW))
+    eng.modes.install(Mode.FULL, StandInGraphMode(eng, Mode.FULL))
+    draft_full = StandInGraphMode(eng, Mode.FULL, fail_blocks=fail)  # the draft's first step is a block
+    draft_full.program = eng._draft.steps.program
+    eng._draft.steps.modes.install(Mode.FULL, draft_full)
+    assert eng.set_mode("full").mode == "full"
+    got, evs = go(eng)
+    assert [s.token_ids for s in got] == [s.token_ids for s in want]
+    assert eng.mode == "full" and not any(isinstance(e, ModeChanged) and e.reason for e in evs)
+    info = [e for e in evs if isinstance(e, EngineInfo)][-1]
+    drafted = [r for r in info.captures if r.kind.startswith("draft ")]
+    print(f"fail={fail}: draft log {draft_full.log[:8]}..., draft captures {[(r.kind, r.batch_size) for r in drafted]}")
+    if fail:
+        assert draft_full.log == [("capture", 4, 2)]  # the first shape failed; the mode is off for the draft
+        assert any(n.startswith("draft model: full disabled: graph capture failed") for n in info.notes)
+        assert set(eng._draft.modes_ran) == {Mode.EAGER} and not drafted
+        return
+    runs = [(b, k) for what, b, k in draft_full.log if what == "run"]
+    assert set(eng._draft.modes_ran) == {Mode.FULL} and runs
+    for what, b, k in draft_full.log:  # every shape captured once, before its first step
+        if what == "capture":
+            assert draft_full.log.count(("capture", b, k)) == 1
+    assert {(r.kind, r.batch_size) for r in drafted} == {
+        ("draft decode" if k == 1 else "draft verify", b) for b, k in set(runs)}
