@@ -13,7 +13,7 @@ from fgchat.engine.loader import LoadedModel, load_model, load_random
 from fgchat.engine.model.decoder import Decoder
 from fgchat.engine.modes import ModeSet
 from fgchat.engine.startup_trace import startup_mark
-from fgchat.engine.step import StepBuffers, StepProgram
+from fgchat.engine.step import StepBuffers, bind_program
 from fgchat.protocol.config import EngineConfig
 from fgchat.protocol.errors import FgchatError
 from fgchat.protocol.events import Mode
@@ -60,14 +60,10 @@ class EngineBuild:
             self._advance = advance
         self.bufs = StepBuffers(self.device, self.cfg.num_heads, self.cfg.head_dim, self.dtype)
         self.attention, self.attention_name = self._pick_attention(self.config.attention)
-        entry_pdl = self.decoder.bind_attention(
-            rope_in_attention=self.attention.rope_in_attention,
-            attention_is_triton=self.attention_name == "triton",
-        )
-        self.attention.pdl_entry = entry_pdl and self.attention.pdl
+        self.program = bind_program(self.decoder, self.cache, self.bufs, self.attention,
+                                    self.attention_name == "triton")
         c = self.cfg
         self.attention_label = self.attention.label(self.dtype, c.num_heads, c.num_kv_heads, c.head_dim)
-        self.program = StepProgram(self.decoder, self.cache, self.bufs, self.attention)
         self.modes = self._make_modes()
         startup_mark("engine: decode path set up")
         if self.config.lazy_capture:

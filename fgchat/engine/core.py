@@ -154,7 +154,7 @@ class Engine(EngineBuild, PrefillRoute, DecodeLoop, SpecLoop):
             attention_backend=self.attention_label,
             available_modes={str(m): why for m, why in self.modes.unavailable.items()},
             mode=self.mode,
-            captures=self.modes.reports,
+            captures=self.modes.reports + self._spec_captures(),
             notes=list(self.notes),
             kernel_warmup_s=self.modes.kernel_warmup_s,
             startup_check=self.startup_check,

@@ -298,6 +298,16 @@ class StepProgram:
         return StepOutputs(st.tokens, st.logits)
 
 
+def bind_program(decoder: Decoder, cache: KVCache, bufs: StepBuffers, attention: DecodeAttention,
+                 attention_is_triton: bool) -> StepProgram:
+    """The step program of `decoder` over `cache` and `bufs`, its attention bound to the decoder
+    (how the call runs, and whether its first kernel may launch dependently)."""
+    entry_pdl = decoder.bind_attention(rope_in_attention=attention.rope_in_attention,
+                                       attention_is_triton=attention_is_triton)
+    attention.pdl_entry = entry_pdl and attention.pdl
+    return StepProgram(decoder, cache, bufs, attention)
+
+
 def run_pieces(st: StepState, pieces: list[Piece], attends: list[Callable[[StepState], None]]) -> None:
     """The decode step's order: pieces[0], attends[0], pieces[1], ..., attends[L-1], pieces[L]."""
     for j, piece in enumerate(pieces):

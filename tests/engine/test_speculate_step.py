@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from fgchat.engine.core import Engine
-from fgchat.engine.modes.eager import EagerMode
 from fgchat.engine.speculate.verify import block_rows
 from fgchat.engine.step import Variant
 from fgchat.protocol.config import EngineConfig
 from fgchat.protocol.events import Mode, ModeChanged, RequestFinished, SamplingParams, TokenEvent
+from stand_in_modes import StandInGraphMode
 
 REPEATING = [5, 6, 7, 8, 9, 10, 11, 5, 6, 7, 8, 9, 10, 11, 5, 6, 7]
 
@@ -102,32 +102,6 @@ def test_greedy_speculation_in_float32_is_plain_decoding_with_ragged_acceptance(
         assert len({s.spec["accepted"] for s in got}) > 1  # each lane accepted its own
     spec_tokens = [e for e in evs if isinstance(e, TokenEvent) and e.draft_len > 0]
     assert spec_tokens and all(e.mode == "eager" and e.graph is None for e in spec_tokens)
-
-
-class StandInGraphMode(EagerMode):
-    """A graph mode on CPU: a (batch size, variant, block) runs only once captured; `fail_blocks`
-    makes a verification capture raise as a failed CUDA graph capture does."""
-
-    def __init__(self, eng: Engine, mode: Mode, fail_blocks: bool = False) -> None:
-        super().__init__(eng.program, False, eng.notes.append)
-        self.mode = mode
-        self.captured: set[tuple[int, int, int]] = set()
-        self.log: list[tuple[str, int, int]] = []
-        self.fail_blocks = fail_blocks
-
-    def has(self, b: int, variant: int, block: int = 1) -> bool:
-        return (b, int(variant), block) in self.captured
-
-    def capture(self, b: int, variant: int, block: int = 1) -> None:
-        self.log.append(("capture", b, block))
-        if self.fail_blocks and block > 1:
-            raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
-        self.captured.add((b, int(variant), block))
-
-    def run(self, b: int, variant: int, block: int = 1):
-        assert (b, int(variant), block) in self.captured, f"b{b} block {block} ran without its graph"
-        self.log.append(("run", b, block))
-        return super().run(b, variant, block)
 
 
 @pytest.mark.parametrize("mode", [Mode.FULL, Mode.PIECEWISE])

@@ -3,8 +3,9 @@ piecewise and full (float32, a ragged batch), the verification step running in t
 TokenEvents name the mode and the graph "full/b4k3"; mega's verification runs in full); the
 verification step's rows against one-token decode steps, eager and graph-replayed, over a cache
 poisoned past each length (a row read before its write shows as NaN: the Triton kernel's
-preloaded tile); and the oracle's tokens/s at k = 4 against plain decoding in the same mode,
-printed.
+preloaded tile); the oracle's tokens/s at k = 4 against plain decoding in the same mode,
+printed; the draft model's steps in the target's mode (its own graphs in piecewise and full),
+with a draft of other weights (partial acceptance) and the 8B / 1B pair on one card.
 
 Run on the GPU: pytest -m gpu -s tests/gpu/test_gpu_speculate.py
 """
@@ -76,6 +77,58 @@ def test_greedy_speculation_is_plain_decoding_in_every_mode(model, mode, method)
     spec = spec_tokens(evs)
     assert spec and all(e.mode == mode for e in spec)
     assert all((e.graph is None) if mode == "eager" else e.graph.startswith(f"{mode}/b") for e in spec)
+    if method == "draft":  # the draft's steps ran in the target's mode
+        check_draft_graphs(eng, mode)
+
+
+def check_draft_graphs(eng: Engine, mode: str) -> None:
+    """The draft's latest proposal ran every step in `mode`; in a graph mode its captures (its
+    own ModeSet's, listed in EngineInfo.captures as "draft ...") are of that mode alone."""
+    reports = eng._draft.steps.modes.reports
+    sizes = sorted({(r.kind, r.batch_size) for r in reports})
+    print(f"{mode}: draft steps of the last proposal {[str(m) for m in eng._draft.modes_ran]}, "
+          f"draft captures {sizes}, {sum(r.pool_mib for r in reports):.1f} MiB, "
+          f"{sum(r.seconds for r in reports):.2f} s")
+    assert eng._draft.modes_ran and all(m == mode for m in eng._draft.modes_ran)
+    if mode == "eager":
+        assert not reports
+        return
+    assert any(r.kind == "decode" for r in reports) and all(r.mode == mode for r in reports)
+    listed = [r for r in eng.info().captures if r.kind.startswith("draft ")]
+    assert len(listed) == len(reports)
+
+
+@pytest.mark.parametrize("mode", ["eager", "piecewise", "full"])
+def test_a_draft_of_other_weights_in_every_mode(mode):
+    """The tiny preset at seed 3 drafted by random weights of its shape (another seed): drafts
+    partly accepted, so the draft's catch-up is one row or two; a ragged batch of four whose
+    requests end at different lengths (the draft's batch shrinks). Greedy output token for token
+    plain decoding's (float32); the draft's steps in `mode`, replaying its own graphs."""
+    kw = dict(preset="tiny", seed=3, device="cuda", dtype="float32", max_context=1024, mode=mode)
+    prompts = [REPEATING, random_ids(40, 1, 512), REPEATING[5:], random_ids(9, 2, 300)]
+    lengths = [48, 30, 41, 17]
+
+    def go(eng: Engine, events: list | None = None) -> list:
+        rids = [eng.submit(p, SamplingParams(max_tokens=n, ignore_eos=True)) for p, n in zip(prompts, lengths)]
+        evs = eng.run_until_done()
+        if events is not None:
+            events.extend(evs)
+        done = {e.summary.request_id: e.summary for e in evs if isinstance(e, RequestFinished)}
+        return [done[r] for r in rids]
+
+    want = go(Engine(EngineConfig(**kw)))
+    eng = Engine(EngineConfig(speculate="draft", draft="preset:tiny", draft_len=4, **kw))
+    evs: list = []
+    got = go(eng, evs)
+    rates = [round(s.spec["acceptance_rate"], 2) for s in got]
+    print(f"{mode} draft preset:tiny: acceptance {rates}")
+    assert [s.token_ids for s in got] == [s.token_ids for s in want]
+    assert sum(s.spec["accepted"] for s in got) > 0  # drafts accepted: two-row catch-ups
+    assert any(s.spec["accepted"] < s.spec["proposed"] for s in got)  # and rejected: one-row ones
+    check_draft_graphs(eng, mode)
+    if mode != "eager":  # every batch size the draft stepped at has its decode graph
+        sizes = {r.batch_size for r in eng._draft.steps.modes.reports if r.kind == "decode"}
+        assert 4 in sizes and len(sizes) > 1
 
 
 def test_mega_verifies_in_full_graphs():
@@ -154,3 +207,31 @@ def test_oracle_tokens_per_second_at_k4(batch):
     print(f"batch {batch}: verification graphs {graphs}")
     assert all(s.spec["proposed"] > 0 for s in spec)
     assert f"full/b{batch}k4" in graphs and all(e.mode == "full" for e in spec_tokens(evs))
+
+
+def test_an_8b_target_with_a_1b_draft_fits_and_runs_in_full():
+    """Llama-3.1-8B's shape drafted by Llama-3.2-1B's (random bf16 weights: acceptance near 0, so
+    the step shows the draft's cost), the context the engine chooses itself: both models, both
+    caches and every graph fit the card; batch 1 and 8 in full, the draft's graphs replayed.
+    Prints memory and the time per speculative step against a plain step."""
+    kw = dict(preset="llama-3.1-8b", device="cuda", mode="full")
+    eng = Engine(EngineConfig(speculate="draft", draft="preset:llama-3.2-1b", draft_len=4, **kw))
+    free, total = torch.cuda.mem_get_info()
+    print(f"8B + 1B draft: max context {eng.max_context}, after start-up {(total - free) / 2**30:.1f} GiB "
+          f"of {total / 2**30:.1f} GiB used")
+    for batch in (1, 8):
+        prompts = [random_ids(64, 30 + i, eng.cfg.vocab_size) for i in range(batch)]
+        eng.set_speculation("off")
+        run(eng, prompts, 16)
+        plain, t_plain = run(eng, prompts, 64)
+        eng.set_speculation("draft")
+        run(eng, prompts, 16)  # the draft's graphs of this batch size, captured on first use
+        evs: list = []
+        spec, t_spec = run(eng, prompts, 64, evs)
+        steps = len({(e.request_id, e.step_id) for e in evs if isinstance(e, TokenEvent)}) / batch
+        print(f"batch {batch}: plain {t_plain / 64 * 1e3:.2f} ms/token, draft k=4 {t_spec / steps * 1e3:.2f} ms/step "
+              f"({steps:.0f} steps), acceptance {[round(s.spec['acceptance_rate'], 3) for s in spec]}")
+        check_draft_graphs(eng, "full")
+    free, total = torch.cuda.mem_get_info()
+    print(f"8B + 1B draft: after batch 8 {(total - free) / 2**30:.1f} GiB used, "
+          f"peak allocated {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB")

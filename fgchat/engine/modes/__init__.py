@@ -33,7 +33,11 @@ GRAPH_MODES = (Mode.PIECEWISE, Mode.FULL, Mode.MEGA)
 
 
 class ModeSet:
-    def __init__(self, program: StepProgram, note: Callable[[str], None]) -> None:
+    def __init__(self, program: StepProgram, note: Callable[[str], None], share: ModeSet | None = None,
+                 decode_only: bool = False) -> None:
+        """`share`: another ModeSet whose graph pool and capture streams this one's graphs use
+        (GraphCapture). decode_only: the decode and verification steps alone (a draft model's),
+        no prefill graphs and no mega."""
         self.program = program
         self.note = note
         dec = program.dec
@@ -59,10 +63,13 @@ class ModeSet:
         from fgchat.engine.modes.full import FullMode
         from fgchat.engine.modes.piecewise import PiecewiseMode
 
-        self.cap = GraphCapture(program)
+        self.cap = GraphCapture(program, share.cap if share is not None else None)
         self.modes[Mode.PIECEWISE] = PiecewiseMode(self.cap)
         self.modes[Mode.FULL] = FullMode(self.cap)
         self.unavailable.update({m: "" for m in GRAPH_MODES})
+        if decode_only:
+            self.unavailable[Mode.MEGA] = "not built for this step program"
+            return
         self._add_mega(dec.fused)
         if dec.fused:
             from fgchat.engine.modes.prefill_graphs import PrefillGraphs

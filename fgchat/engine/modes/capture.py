@@ -27,8 +27,14 @@ from fgchat.protocol.events import CaptureReport, Mode
 
 
 class GraphCapture:
-    def __init__(self, program: StepProgram) -> None:
+    def __init__(self, program: StepProgram, share: GraphCapture | None = None) -> None:
+        """`share`: another program's capture whose pool and streams this one captures with (a
+        draft model's graphs beside the target's: the two never replay at once, and the
+        allocator reuses a pool's free blocks only for captures on the stream that freed them)."""
         self.program = program
+        if share is not None:
+            self.pool, self.stream, self.side = share.pool, share.stream, share.side
+            return
         self.pool = torch.cuda.graph_pool_handle()
         self.stream = torch.cuda.Stream()
         self.side = torch.cuda.Stream()

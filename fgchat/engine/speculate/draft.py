@@ -1,5 +1,6 @@
 """The `draft` proposer: a second, smaller decoder with the target's tokenizer and its own KV
-cache, in the target's mode, proposing k tokens by decoding ahead.
+cache, proposing k tokens by decoding ahead in the target's mode (speculate.draft_steps: its own
+step program and graphs; mega's drafts run in full, as its verification does).
 
 Invariant: `valid[slot]` rows of the draft's cache hold the K/V of the slot's sequence as it
 stands (the prompt and accepted tokens); rows written for drafts the target rejected lie past it
@@ -7,16 +8,21 @@ and are written again before anything attends to them."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from fgchat.engine.kv_cache import NUM_SLOTS, KVCache
 from fgchat.engine.loader import LoadedModel, load_model, load_random
 from fgchat.engine.model.decoder import Decoder
+from fgchat.engine.modes import ModeSet
 from fgchat.engine.requests import Sequence
 from fgchat.engine.speculate.accept import STREAM_DRAFT, gumbel_pick, row_uniforms, target_probs
+from fgchat.engine.speculate.draft_steps import CATCH_UP_ROWS, DraftSteps
 from fgchat.engine.speculate.verify import verify_logits
 from fgchat.presets import preset_names
 from fgchat.protocol.errors import ModelLoadError
+from fgchat.protocol.events import Mode
 
 PRESET_PREFIX = "preset:"
 
@@ -52,42 +58,69 @@ def check_compatible(target: LoadedModel, draft: LoadedModel) -> None:
 class DraftModel:
     """Proposes drafts for a batch by running its own decoder ahead of the target."""
 
-    def __init__(self, loaded: LoadedModel, max_context: int, fused: bool, tuning: object | None = None) -> None:
+    def __init__(self, loaded: LoadedModel, max_context: int, fused: bool, tuning: object | None = None,
+                 attention: str = "auto", note: Callable[[str], None] | None = None,
+                 share: ModeSet | None = None) -> None:
+        """`attention`: the target's attention backend (by name); `note`: where the draft's mode
+        notes go (a capture that failed); `share`: the target's modes, whose graph pool and
+        capture streams the draft's graphs use."""
         self.model = loaded
         self.name = loaded.name
         self.dec = Decoder(loaded.cfg, loaded.weights, max_context, fused, tuning)  # type: ignore[arg-type]
         self.cache = KVCache(loaded.cfg, max_context, self.dec.device, self.dec.dtype)
+        self.steps = DraftSteps(self.dec, self.cache, attention, tuning, note or (lambda _: None), share)
         self.valid = [0] * NUM_SLOTS
         self._owner: list[Sequence | None] = [None] * NUM_SLOTS
 
-    def propose(self, seqs: list[Sequence], ks: list[int]) -> tuple[list[list[int]], list[torch.Tensor | None]]:
-        """Up to ks[i] drafts for each sequence, and for a sampled sequence the draft's
-        distributions q [k_i, V] they were drawn from (None for greedy: a point mass)."""
+    def propose(self, seqs: list[Sequence], ks: list[int], mode: Mode = Mode.EAGER
+                ) -> tuple[list[list[int]], list[torch.Tensor | None]]:
+        """Up to ks[i] drafts for each sequence, decoded in `mode`, and for a sampled sequence the
+        draft's distributions q [k_i, V] they were drawn from (None for greedy: a point mass)."""
         drafts: list[list[int]] = [[] for _ in seqs]
         qs: list[list[torch.Tensor]] = [[] for _ in seqs]
         live = [i for i, k in enumerate(ks) if k > 0]
-        blocks = []
+        if not live:
+            return drafts, [None] * len(seqs)
+        heads, blocks = [], []
         for i in live:
             seq = seqs[i]
             if self._owner[seq.slot] is not seq:
                 self._owner[seq.slot], self.valid[seq.slot] = seq, 0
             tokens = seq.prompt_ids + seq.output_ids
             first = min(self.valid[seq.slot], len(tokens) - 1)
-            blocks.append((tokens[first:], first, seq.slot))
-        step = 0
-        while live:
-            logits = [rows[-1:] for rows in verify_logits(self.dec, blocks, self.cache.k, self.cache.v)]
-            picked = self._pick([seqs[i] for i in live], torch.cat(logits), [b[1] + len(b[0]) for b in blocks])
-            for i, (tok, q) in zip(live, picked):
-                drafts[i].append(tok)
-                if q is not None:
-                    qs[i].append(q)
-            for i, (ids, first, slot) in zip(live, blocks):
-                self.valid[slot] = first + len(ids)
-            step += 1
-            live = [i for i in live if ks[i] > step]
-            blocks = [([drafts[i][-1]], self.valid[seqs[i].slot], seqs[i].slot) for i in live]
+            cut = max(first, len(tokens) - CATCH_UP_ROWS)
+            if cut > first:
+                heads.append((tokens[first:cut], first, seq.slot))
+            blocks.append((tokens[cut:], cut, seq.slot))
+        if heads:
+            verify_logits(self.dec, heads, self.cache.k, self.cache.v, logits=False)
+        steps = max(ks[i] for i in live)  # every lane steps as often; each keeps its own k
+        lanes = [seqs[i] for i in live]
+        if all(s.params.temperature <= 0 for s in lanes):
+            picked = self.steps.greedy(blocks, steps, mode)
+        else:
+            picked = [[] for _ in live]
+
+            def pick(logits: torch.Tensor, positions: list[int]) -> list[int]:
+                out = []
+                for n, (tok, q) in enumerate(self._pick(lanes, logits, positions)):
+                    if len(picked[n]) < ks[live[n]]:
+                        picked[n].append(tok)
+                        if q is not None:
+                            qs[live[n]].append(q)
+                    out.append(tok)
+                return out
+
+            self.steps.step_logits(blocks, steps, mode, pick)
+        for n, i in enumerate(live):
+            drafts[i] = picked[n][:ks[i]]
+            self.valid[seqs[i].slot] = seqs[i].length - 1 + ks[i]  # the last token and drafts 1..k-1
         return drafts, [torch.stack(q) if q else None for q in qs]
+
+    @property
+    def modes_ran(self) -> list[Mode]:
+        """The mode each step of the latest proposal ran in."""
+        return self.steps.ran
 
     def _pick(self, seqs: list[Sequence], logits: torch.Tensor, positions: list[int]
               ) -> list[tuple[int, torch.Tensor | None]]:

@@ -9,7 +9,9 @@ full), each request accepts its own prefix (speculate.accept) and emits the acce
 the target's token after them. Its TokenEvents carry the mode that ran and the graph
 ("full/b1k4": batch 1, 4 drafts a row block). A step where nothing is proposed runs as a plain
 decode step instead; requests with penalties decode plainly (their counts change token by token).
-The draft model proposes eagerly (speculate.draft)."""
+The draft model proposes in the mode the verification runs in (speculate.draft_steps: its graphs
+captured on first use into the target's pool, announced as the target's are: its captures join
+EngineInfo.captures as kind "draft ...", a failed capture is a note and the draft runs eagerly)."""
 
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ from fgchat.engine.speculate.proposers import Oracle, ngram_propose
 from fgchat.engine.speculate.verify import block_rows
 from fgchat.engine.step import Variant
 from fgchat.protocol.errors import FgchatError
-from fgchat.protocol.events import Mode
+from fgchat.protocol.events import CaptureReport, Mode
 
 if TYPE_CHECKING:
     from fgchat.engine.requests import Sequence
@@ -50,6 +52,8 @@ class SpecLoop:
     model: Any
     tuning: Any
     notes: list[str]
+    attention_name: str
+    _info_due: bool
 
     def _init_speculation(self) -> None:
         self.spec_method = "off"
@@ -59,6 +63,7 @@ class SpecLoop:
         # its output, so a second run of the same prompt is drafted by the first
         self.spec_oracle = Oracle()
         self._draft: DraftModel | None = None
+        self._draft_captures = 0  # the draft's captures EngineInfo has announced
         self.set_speculation(self.config.speculate)
 
     def set_speculation(self, method: str, draft_len: int | None = None) -> None:
@@ -81,7 +86,16 @@ class SpecLoop:
             raise FgchatError("speculation by a draft model needs --draft MODEL")
         loaded = load_draft(self.config.draft, self.device, self.dtype, self.config.seed)
         check_compatible(self.model, loaded)
-        return DraftModel(loaded, self.max_context, self.decoder.fused, self.tuning)
+        return DraftModel(loaded, self.max_context, self.decoder.fused, self.tuning, self.attention_name,
+                          self._draft_note, self.modes)
+
+    def _draft_note(self, text: str) -> None:
+        self.notes.append(f"draft model: {text}")
+        self._info_due = True
+
+    def _spec_captures(self) -> list[CaptureReport]:
+        """The draft model's graph captures (EngineInfo.captures lists them after the target's)."""
+        return self._draft.steps.reports() if self._draft is not None else []
 
     # ---- the step ----
     def _spec_wanted(self, seqs: list[Sequence]) -> bool:
@@ -108,7 +122,11 @@ class SpecLoop:
 
     def _propose(self, seqs: list[Sequence], ks: list[int]) -> tuple[list[list[int]], list[torch.Tensor | None]]:
         if self.spec_method == "draft" and self._draft is not None:
-            return self._draft.propose(seqs, ks)
+            out = self._draft.propose(seqs, ks, self.modes.verify_mode(self.mode))
+            n = self._draft.steps.modes.capture_count()
+            if n != self._draft_captures:
+                self._draft_captures, self._info_due = n, True  # step() sends EngineInfo
+            return out
         if self.spec_method == "oracle":
             return [self.spec_oracle.propose(s.prompt_ids, s.output_ids, k) for s, k in zip(seqs, ks)], [None] * len(seqs)
         return [ngram_propose(s.prompt_ids + s.output_ids, k) for s, k in zip(seqs, ks)], [None] * len(seqs)
