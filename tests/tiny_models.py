@@ -174,3 +174,18 @@ def file_weight_bytes(model_dir: Path, dtype) -> tuple[int, int]:
             total += count
             embed += count if name == "model.embed_tokens.weight" else 0
     return total * size, (total - embed) * size
+
+
+def hf_greedy(model_dir: Path, prompts: list[list[int]], new: int) -> list[list[int]]:
+    """transformers' float32 greedy continuation of each prompt (new tokens, no stop)."""
+    import torch
+    import transformers
+
+    ref = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    out = []
+    for p in prompts:
+        with torch.no_grad():
+            seq = ref.generate(torch.tensor([p]), max_new_tokens=new, do_sample=False, eos_token_id=None,
+                               pad_token_id=0)
+        out.append(seq[0, len(p):].tolist())
+    return out

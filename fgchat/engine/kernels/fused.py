@@ -93,17 +93,26 @@ def silu_mul(gu: torch.Tensor, pdl: bool = False) -> torch.Tensor:
 @triton.jit
 def _rope_kv_kernel(qkv_ptr, cos_ptr, sin_ptr, pos_ptr, slot_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr,
                     n_q_heads, n_kv_heads, stride_slot, stride_pos, k_out_ptr, slot_step,
+                    q_norm_ptr, k_norm_ptr, norm_eps,
                     HEAD_DIM: tl.constexpr, HB: tl.constexpr, USE_PDL: tl.constexpr = False,
-                    K_OUT: tl.constexpr = False):
+                    K_OUT: tl.constexpr = False, QK_NORM: tl.constexpr = False):
     """Program (row, block of HB heads): heads [0, Hq) are q, [Hq, Hq+Hkv) are k (+ their v is
-    copied). Elementwise, so the bits do not depend on HB.
+    copied). Elementwise per head, so the bits do not depend on HB.
     K_OUT: the RoPE'd k rows also go to k_out [rows, Hkv, D] (prefill attends over them).
+    QK_NORM: each q / k head row is RMS-normed by q_norm / k_norm [D] before RoPE (Qwen3), with
+    ops.rms_norm's rounding points: float32 statistics, the normed row rounded to the model's
+    dtype, then the weight's product rounded.
     Row r's slot is at slot_ptr + r * slot_step (0: one slot for every row)."""
+    half: tl.constexpr = HEAD_DIM // 2
+    idx = tl.arange(0, half)
+    if QK_NORM:  # weights: readable before the wait
+        qn1 = tl.load(q_norm_ptr + idx).to(tl.float32)[None, :]
+        qn2 = tl.load(q_norm_ptr + half + idx).to(tl.float32)[None, :]
+        kn1 = tl.load(k_norm_ptr + idx).to(tl.float32)[None, :]
+        kn2 = tl.load(k_norm_ptr + half + idx).to(tl.float32)[None, :]
     pdl_enter(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     heads = tl.program_id(1) * HB + tl.arange(0, HB)
-    half: tl.constexpr = HEAD_DIM // 2
-    idx = tl.arange(0, half)
     width = (n_q_heads + 2 * n_kv_heads) * HEAD_DIM
     live = heads < n_q_heads + n_kv_heads
     is_q = heads < n_q_heads
@@ -118,6 +127,13 @@ def _rope_kv_kernel(qkv_ptr, cos_ptr, sin_ptr, pos_ptr, slot_ptr, q_out_ptr, k_c
     s2 = tl.load(sin_ptr + pos * HEAD_DIM + half + idx).to(tl.float32)[None, :]
     ty = x1.dtype
     xf1, xf2 = x1.to(tl.float32), x2.to(tl.float32)
+    if QK_NORM:
+        var = (tl.sum(xf1 * xf1, axis=1) + tl.sum(xf2 * xf2, axis=1)) / HEAD_DIM
+        r = (1.0 / tl.sqrt(var + norm_eps))[:, None]
+        w1 = tl.where(is_q[:, None], qn1, kn1)
+        w2 = tl.where(is_q[:, None], qn2, kn2)
+        xf1 = (w1 * (xf1 * r).to(ty).to(tl.float32)).to(ty).to(tl.float32)
+        xf2 = (w2 * (xf2 * r).to(ty).to(tl.float32)).to(ty).to(tl.float32)
     # torch: x * cos + rotate_half(x) * sin, rounding after each product and after the sum
     o1 = ((xf1 * c1).to(ty).to(tl.float32) + (-xf2 * s1).to(ty).to(tl.float32)).to(ty)
     o2 = ((xf2 * c2).to(ty).to(tl.float32) + (xf1 * s2).to(ty).to(tl.float32)).to(ty)
@@ -148,13 +164,15 @@ ROPE_ROWS_PER_ROW_PROGRAM = 32
 def rope_kv_write(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
                   slots: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                   n_q_heads: int, n_kv_heads: int, head_dim: int, pdl: bool = False,
-                  k_out: torch.Tensor | None = None, heads_per_program: int | None = None) -> torch.Tensor:
+                  k_out: torch.Tensor | None = None, heads_per_program: int | None = None,
+                  qk_norm: tuple[torch.Tensor, torch.Tensor] | None = None, norm_eps: float = 0.0) -> torch.Tensor:
     """RoPE on q and k of `qkv` [N, (Hq+2Hkv)*D]; k and v written to the cache at (slot, pos).
 
     Returns q [N, Hq, D]. Cache layout [slots, T, Hkv, D], contiguous. `slots` [N] may be an
     expanded view (stride 0: every row in one slot). k_out [N, Hkv, D] (contiguous), if given,
     receives the RoPE'd k rows as well. heads_per_program (a power of two) overrides the rule
-    above; the bits are the same either way.
+    above; the bits are the same either way. qk_norm = (q weight, k weight), each [D] in the
+    model's dtype: every q / k head is rms_norm(head, weight, norm_eps) before its RoPE (Qwen3).
     """
     rows = qkv.shape[0]
     heads = n_q_heads + n_kv_heads
@@ -164,7 +182,9 @@ def rope_kv_write(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, posit
     fast(_rope_kv_kernel)[(rows, cdiv(heads, hb))](
         qkv, cos, sin, positions, slots, q, k_cache, v_cache, n_q_heads, n_kv_heads,
         k_cache.stride(0), k_cache.stride(1), k_out if k_out is not None else q, slots.stride(0),
-        HEAD_DIM=head_dim, HB=hb, USE_PDL=pdl, K_OUT=k_out is not None, num_warps=warps, launch_pdl=pdl,
+        *(qk_norm if qk_norm is not None else (qkv, qkv)), norm_eps,
+        HEAD_DIM=head_dim, HB=hb, USE_PDL=pdl, K_OUT=k_out is not None, QK_NORM=qk_norm is not None,
+        num_warps=warps, launch_pdl=pdl,
     )
     return q
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from fgchat.protocol.errors import ModelLoadError
 
-# the architectures whose decode runs model.families' stages (no fused kernels for their ops)
+# the architectures whose decode runs model.families' stages (the fused ones too: families.fused_serves)
 FAMILY_ARCHITECTURES = ("Qwen3ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM")
 # Gemma 3 layer types before `layer_types` existed: every sliding_window_pattern-th layer is global
 GEMMA_PATTERN = 6

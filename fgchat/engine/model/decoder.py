@@ -20,7 +20,8 @@ from fgchat.engine.model.config import ModelConfig, rope_inv_freq
 from fgchat.engine.model.cpu_head_pick import CpuHeadPick
 from fgchat.engine.model.cpu_linear import PackedProjections, role_weight
 from fgchat.engine.model.families import (
-    FamilyLayerWeights, normalize_state_dict, random_family_weights, take_family_weights, uses_family_stages,
+    FamilyLayerWeights, fused_serves, normalize_state_dict, random_family_weights, rope_tables,
+    take_family_weights, uses_family_stages,
 )
 from fgchat.engine.model import quant_ops
 from fgchat.engine.model.ops import CpuHead, apply_rope_rolled, rms_norm, signed_sin
@@ -208,12 +209,17 @@ class Decoder:
         # (~2.5e4) by up to 64 per add; the plain path keeps the model's dtype, as HF does
         self.residual_dtype = torch.float32 if fused else self.dtype
         self.max_context = max_context
-        inv = torch.tensor(rope_inv_freq(cfg), dtype=torch.float32, device=self.device)
-        pos = torch.arange(max_context, dtype=torch.float32, device=self.device)
-        freqs = pos[:, None] * inv[None, :]
-        emb = torch.cat((freqs, freqs), dim=-1)
-        self.cos = emb.cos().to(self.dtype)  # [T, D]
-        self.sin = emb.sin().to(self.dtype)
+        if fused_serves(cfg):  # a family model the fused stages serve: the plain stages' tables
+            cos, sin = rope_tables(cfg, max_context)[0]
+            cos, sin = cos.to(self.device), sin.to(self.device)
+        else:
+            inv = torch.tensor(rope_inv_freq(cfg), dtype=torch.float32, device=self.device)
+            pos = torch.arange(max_context, dtype=torch.float32, device=self.device)
+            freqs = pos[:, None] * inv[None, :]
+            emb = torch.cat((freqs, freqs), dim=-1)
+            cos, sin = emb.cos(), emb.sin()
+        self.cos = cos.to(self.dtype)  # [T, D]
+        self.sin = sin.to(self.dtype)
         self.ssin = signed_sin(self.sin)  # the plain decode path's rotation (ops.apply_rope_rolled)
         self.scale = cfg.head_dim**-0.5
         cpu = self.device.type == "cpu"
@@ -224,10 +230,11 @@ class Decoder:
         self._cpu_pick = CpuHeadPick.prepare(weights.lm_head) if cpu and not fused and t.head_pick is not False else None
         # the plain path's projections on CPU through oneDNN's packed weights (None: F.linear)
         self._packed = PackedProjections.prepare(weights) if cpu and not fused else None
-        # Qwen3 / Gemma 3 / Phi-3: model.family_stages replaces the stages below (and sets these)
+        # Qwen3 / Gemma 3 / Phi-3: model.family_stages replaces the stages below (and sets these),
+        # except where the fused stages serve the family (Qwen3: families.fused_serves)
         self.family = None
         self.layer_windows: list[int] | None = None  # per layer: attend to the last n positions (0: all)
-        if uses_family_stages(cfg):
+        if uses_family_stages(cfg, fused):
             from fgchat.engine.model.family_stages import FamilyStages
 
             FamilyStages(self).install()

@@ -20,15 +20,27 @@ from fgchat.protocol.errors import ModelLoadError
 FAMILY_NAMES = {"Qwen3ForCausalLM": "Qwen3", "Gemma3ForCausalLM": "Gemma3", "Phi3ForCausalLM": "Phi3"}
 
 
-def uses_family_stages(cfg: ModelConfig) -> bool:
-    """The decoder runs model.family_stages (plain torch ops in every mode: the fused kernels have
-    no q/k norm, (1 + w) or sandwich norms, GeGLU, partial RoPE or windows)."""
-    return cfg.architecture in FAMILY_ARCHITECTURES
+def uses_family_stages(cfg: ModelConfig, fused: bool = False) -> bool:
+    """The decoder runs model.family_stages (plain torch ops in every mode): every family
+    architecture on the plain path (and the float32 reference, model.family_reference), and on the
+    fused path those whose ops the fused kernels lack ((1 + w) or sandwich norms, GeGLU, partial
+    RoPE, windows, LongRoPE; see fused_serves)."""
+    if cfg.architecture not in FAMILY_ARCHITECTURES:
+        return False
+    return not (fused and fused_serves(cfg))
+
+
+def fused_serves(cfg: ModelConfig) -> bool:
+    """The fused stages run every op of cfg's family model: Llama's with the per-head q/k norm
+    before RoPE (Qwen3; kernels.fused.rope_kv_write applies it)."""
+    return (cfg.architecture in FAMILY_ARCHITECTURES and cfg.qk_norm and not cfg.gemma_norms
+            and cfg.activation == "silu" and rotary_dim(cfg) == cfg.head_dim and not any(cfg.layer_windows)
+            and cfg.attn_scale is None and cfg.final_softcap is None and longrope_cut(cfg) is None)
 
 
 def fused_note(cfg: ModelConfig) -> str | None:
     """The engine's line where the fused kernels do not serve cfg's architecture, else None."""
-    if not uses_family_stages(cfg):
+    if not uses_family_stages(cfg, fused=True):
         return None
     return f"fused kernels: not for {FAMILY_NAMES[cfg.architecture]}; plain torch stages"
 

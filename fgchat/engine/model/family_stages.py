@@ -1,6 +1,6 @@
 """The plain decode stages and prefill of Qwen3, Gemma 3 and Phi-3 (model.families): what the
 Decoder runs for them in every mode, in place of its Llama stages (installed once, at
-construction). Same stage contract as the Llama ones: no host syncs, no branches on values, so
+construction), except Qwen3 on the fused path (model.fused_step, families.fused_serves). Same stage contract as the Llama ones: no host syncs, no branches on values, so
 the piecewise and full graphs capture them as they are. A windowed layer's attention takes its
 window as an argument of the attention call (the backends start at max(0, len - window) on the
 device), so one graph serves every length."""

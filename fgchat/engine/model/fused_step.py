@@ -103,6 +103,13 @@ class FusedStages:
             self.head_int8 = head_pick.quantize(w)
         self.attention_ours = False
         self.rope_in_attention = False
+        # Qwen3's per-layer (q_norm, k_norm) [D], applied in rope_kv_write (None: no q/k norm)
+        self.qk_norms: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+        if dec.cfg.qk_norm:
+            fam = dec.w.family
+            if fam is None or len(fam) != len(dec.w.layers) or any(f.q_norm is None for f in fam):
+                raise ValueError("the q/k norm weights are missing")
+            self.qk_norms = [(f.q_norm, f.k_norm) for f in fam]
         budget = (L2_PREFETCH_MB if l2_prefetch_mb is None else l2_prefetch_mb) * 2**20
         dev = lw.wo.device
         self.prefetch: list[list[l2_prefetch.Range]] | None = None
@@ -207,8 +214,9 @@ class FusedStages:
         return self.pdl
 
     def bind_attention(self, rope_in_attention: bool, attention_ours: bool) -> bool:
-        """Record how attention runs; returns PDL for the attention's first kernel."""
-        self.rope_in_attention = rope_in_attention
+        """Record how attention runs; returns PDL for the attention's first kernel. A q/k norm
+        keeps RoPE out of attention (rope_kv_write applies the norm)."""
+        self.rope_in_attention = rope_in_attention and self.qk_norms is None
         self.attention_ours = attention_ours
         return self.after(self.qkv.ours or not rope_in_attention)
 
@@ -241,8 +249,17 @@ class FusedStages:
         if self.rope_in_attention:  # the attention call applies RoPE and writes K/V
             st.qkv = qkv
             return
-        st.q = fk.rope_kv_write(qkv, self.dec.cos, self.dec.sin, positions, slot_ids, k_cache, v_cache,
-                                c.num_heads, c.num_kv_heads, c.head_dim, self.after(self.qkv.ours))
+        st.q = self.rope_kv_write(i, qkv, positions, slot_ids, k_cache, v_cache, self.after(self.qkv.ours))
+
+    def rope_kv_write(self, i: int, qkv: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+                      k_cache: torch.Tensor, v_cache: torch.Tensor, pdl: bool = False,
+                      k_out: torch.Tensor | None = None) -> torch.Tensor:
+        """Layer i's kernels.fused.rope_kv_write (with its q/k norm where the model has one):
+        q [N, Hq, D] of the qkv rows, their K/V written at (slot, position)."""
+        c, dec = self.dec.cfg, self.dec
+        return fk.rope_kv_write(qkv, dec.cos, dec.sin, positions, slots, k_cache, v_cache, c.num_heads,
+                                c.num_kv_heads, c.head_dim, pdl, k_out=k_out,
+                                qk_norm=None if self.qk_norms is None else self.qk_norms[i], norm_eps=c.rms_eps)
 
     def after_attention(self, i: int, st: StepState, attn_out: torch.Tensor) -> None:
         c, lw = self.dec.cfg, self.dec.w.layers[i]

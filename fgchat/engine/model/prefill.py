@@ -469,6 +469,8 @@ def _fused_layers(dec: Decoder, ids: torch.Tensor, pos: torch.Tensor, slots: tor
     from fgchat.engine.kernels import qgemv  # dense weights: F.linear / F.embedding as they are
 
     c, w = dec.cfg, dec.w
+    stages = dec.fused_stages
+    assert stages is not None, "the fused layers need the fused decoder"
     n = ids.shape[0]
     dev = dec.device
     h = qgemv.embedding(ids, w.embed)
@@ -487,8 +489,7 @@ def _fused_layers(dec: Decoder, ids: torch.Tensor, pos: torch.Tensor, slots: tor
             h, x = fk.add_rms_norm(h, delta, lw.attn_norm, c.rms_eps, residual_dtype=dec.residual_dtype)
             qkv = qgemv.linear(x, lw.wqkv, lw.bqkv)
             k = torch.empty((n, c.num_kv_heads, c.head_dim), dtype=qkv.dtype, device=dev)
-            q = fk.rope_kv_write(qkv, dec.cos, dec.sin, pos, slots, k_caches[i], v_caches[i],
-                                 c.num_heads, c.num_kv_heads, c.head_dim, k_out=k)
+            q = stages.rope_kv_write(i, qkv, pos, slots, k_caches[i], v_caches[i], k_out=k)
             v = qkv[:, v_at:].view(n, c.num_kv_heads, c.head_dim)  # a strided view: no copy
             if after is not None:
                 slot, first = after
