@@ -123,8 +123,8 @@ def _stages(tuning, hidden=2048, inter=8192, q=3072, pdl=True, sms=132, smem=Non
     layer = SimpleNamespace(wqkv=meta(q, hidden), bqkv=None, wo=meta(hidden, hidden),
                             w_gate_up=meta(2 * inter, hidden), w_down=meta(hidden, inter))
     weights = SimpleNamespace(layers=[layer], lm_head=meta(32000, hidden))  # float32: no int8 pick copy
-    return (FusedStages(SimpleNamespace(w=weights), tuning, sms, pdl=pdl) if smem is None
-            else FusedStages(SimpleNamespace(w=weights), tuning, sms, pdl=pdl, smem_per_block=smem))
+    return (FusedStages(SimpleNamespace(w=weights, cfg=SimpleNamespace(qk_norm=False)), tuning, sms, pdl=pdl) if smem is None
+            else FusedStages(SimpleNamespace(w=weights, cfg=SimpleNamespace(qk_norm=False)), tuning, sms, pdl=pdl, smem_per_block=smem))
 
 
 def test_routes_of_llama_1b_projections():

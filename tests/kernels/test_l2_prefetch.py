@@ -147,4 +147,4 @@ def _stages(hidden: int, inter: int, q: int, layers: int, tuning=None, mb: int |
     ls = [SimpleNamespace(wqkv=w(q, hidden), bqkv=None, wo=w(hidden, hidden), w_gate_up=w(2 * inter, hidden),
                           w_down=w(hidden, inter)) for _ in range(layers)]
     weights = SimpleNamespace(layers=ls, lm_head=torch.empty(64, hidden))  # float32: no int8 pick copy
-    return FusedStages(SimpleNamespace(w=weights), tuning or Tuning(), 132, pdl=True, l2_prefetch_mb=mb)
+    return FusedStages(SimpleNamespace(w=weights, cfg=SimpleNamespace(qk_norm=False)), tuning or Tuning(), 132, pdl=True, l2_prefetch_mb=mb)
