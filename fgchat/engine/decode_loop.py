@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
@@ -61,6 +61,7 @@ class DecodeLoop:
     _advance_on_device: bool
     _advance: Any
     _spec_finished: Any  # speculate.loop.SpecLoop
+    _spec_plain_step: Any
 
     def _init_decode_loop(self, graphs_kept: int) -> None:
         """The loop's state: nothing in flight; on CUDA two sets of (start, end, tokens copied)
@@ -70,6 +71,8 @@ class DecodeLoop:
         # pipelined on CUDA (the next step launched before the one in flight is read); on CPU the
         # step runs on the host, so each is read before the next (tests may set it on CPU)
         self.pipelined = cuda
+        # the host clock steps are timed with, in seconds (tests inject their own)
+        self.clock: Callable[[], float] = time.perf_counter
         self.keep_logits = False  # keep every collected step's logits in step_logits (tests)
         self.step_logits: list[torch.Tensor] = []
         self.last_logits: torch.Tensor | None = None
@@ -126,9 +129,9 @@ class DecodeLoop:
             self._flip ^= 1
             events = self._event_sets[self._flip]
             events[0].record()
-        t0 = time.perf_counter()
+        t0 = self.clock()
         out, _ = self.modes.run(mode, b, variant)  # prepared: runs `mode`
-        launch_ms = (time.perf_counter() - t0) * 1e3
+        launch_ms = (self.clock() - t0) * 1e3
         graph = None if mode == Mode.EAGER else f"{mode}/b{b}"
         host_tokens = None
         if cuda:
@@ -171,6 +174,7 @@ class DecodeLoop:
             self.step_logits.append(inf.logits)
         running = self.scheduler.running
         b = len(inf.seqs)
+        self._spec_plain_step(inf.mode, b, max(inf.launch_ms, gpu_ms or 0.0))
         for seq, tok in zip(inf.seqs, tokens):
             if any(seq is r for r in running):  # finished or cancelled lanes drop their token
                 self._emit(seq, tok, inf.mode, b, gpu_ms, inf.graph, inf.launch_ms)

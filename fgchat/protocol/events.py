@@ -134,7 +134,8 @@ class RequestSummary:
     mode_counts: dict[str, int] = field(default_factory=dict)
     cached_tokens: int = 0  # prompt tokens whose K/V rows a slot still held: not prefilled again
     # speculative decoding: {"method", "draft_len", "proposed", "accepted", "acceptance_rate",
-    # "tokens_per_step"}; None when off
+    # "tokens_per_step", "paused_for_cost" (decode steps run plainly because speculation cost more
+    # per token than plain decoding at the batch size)}; None when off
     spec: dict | None = None
 
 

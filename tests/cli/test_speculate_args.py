@@ -54,7 +54,8 @@ def test_generate_oracle_json_carries_spec(capsys, tiny):  # noqa: F811
     got = json.loads(out)
     assert rc == 0 and got["token_ids"] == plain["token_ids"]
     spec = got["spec"]
-    assert set(spec) == {"method", "draft_len", "proposed", "accepted", "acceptance_rate", "tokens_per_step"}
+    assert set(spec) == {"method", "draft_len", "proposed", "accepted", "acceptance_rate", "tokens_per_step",
+                         "paused_for_cost"}
     assert spec["method"] == "oracle" and spec["draft_len"] == 3
     if got["output_tokens"] > 2:
         assert spec["acceptance_rate"] == 1.0 and spec["tokens_per_step"] > 1.0

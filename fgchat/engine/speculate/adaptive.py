@@ -25,6 +25,7 @@ class AdaptiveK:
     steps: int = 0  # speculative steps
     proposed: int = 0
     accepted: int = 0
+    cost_paused: int = 0  # plain steps while speculation cost more than plain decoding (speculate.payoff)
 
     def __post_init__(self) -> None:
         self.k = self.k or self.k_max

@@ -15,7 +15,6 @@ EngineInfo.captures as kind "draft ...", a failed capture is a note and the draf
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -24,6 +23,7 @@ from fgchat.engine.speculate import check_draft_len, check_method
 from fgchat.engine.speculate.accept import (STREAM_ACCEPT, STREAM_RESIDUAL, accept, greedy_prefix, row_uniforms,
                                             target_probs)
 from fgchat.engine.speculate.adaptive import AdaptiveK
+from fgchat.engine.speculate.payoff import PAUSED, SPECULATE, SpecPayoff
 from fgchat.engine.speculate.proposers import Oracle, ngram_propose
 from fgchat.engine.speculate.verify import block_rows
 from fgchat.engine.step import Variant
@@ -64,6 +64,7 @@ class SpecLoop:
         self.spec_oracle = Oracle()
         self._draft: DraftModel | None = None
         self._draft_captures = 0  # the draft's captures EngineInfo has announced
+        self.spec_payoff = SpecPayoff()  # whether speculation pays, per (mode, batch size)
         self.set_speculation(self.config.speculate)
 
     def set_speculation(self, method: str, draft_len: int | None = None) -> None:
@@ -76,6 +77,7 @@ class SpecLoop:
             self._draft = self._load_draft()
             self.spec_draft_name = self._draft.name
         self.spec_method = method
+        self.spec_payoff.reset_speculation()  # its cost was another method's or draft length's
         for seq in self.scheduler.every():
             seq.spec = None  # a fresh controller at the new draft length
 
@@ -99,16 +101,23 @@ class SpecLoop:
 
     # ---- the step ----
     def _spec_wanted(self, seqs: list[Sequence]) -> bool:
-        """Whether this step speculates: on, no lane penalized, and some lane not paused (paused
-        lanes count this step as one of their pause)."""
+        """Whether this step speculates: on, no lane penalized, speculation paying at this batch
+        size (speculate.payoff) and some lane not paused (paused lanes count a plain step as one
+        of their pause)."""
         if self.spec_method == "off" or not seqs or any(s.params.penalized for s in seqs):
             return False
         states = [self._controller(s) for s in seqs]
-        if all(st.paused for st in states):
+        verdict = self.spec_payoff.verdict(self.mode, len(seqs))
+        if verdict != SPECULATE or all(st.paused for st in states):
             for st in states:
                 st.tick()
+                st.cost_paused += verdict == PAUSED
             return False
         return True
+
+    def _spec_plain_step(self, mode: Mode, b: int, ms: float) -> None:
+        """A plain decode step's cost (decode_loop._collect): plain's side of the payoff."""
+        self.spec_payoff.plain_step(mode, b, ms)
 
     def _controller(self, seq: Sequence) -> AdaptiveK:
         if seq.spec is None:
@@ -143,7 +152,8 @@ class SpecLoop:
         if cuda:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
-        t0 = time.perf_counter()
+        mode, captures = self.mode, self._capture_total()
+        t0 = self.clock()  # type: ignore[attr-defined]
         drafts, qs = self._propose(seqs, ks)
         drafts = [d[:k] for d, k in zip(drafts, ks)]
         if not any(drafts):
@@ -153,7 +163,7 @@ class SpecLoop:
         best, logits, ran, block = self._verify(seqs, drafts)
         results = [self._accept(s, best[i * block: i * block + len(d) + 1], logits, i * block, d, q)
                    for i, (s, d, q) in enumerate(zip(seqs, drafts, qs))]
-        launch_ms = (time.perf_counter() - t0) * 1e3
+        launch_ms = (self.clock() - t0) * 1e3  # type: ignore[attr-defined]
         graph = None if ran == Mode.EAGER else f"{ran}/b{len(seqs)}k{block - 1}"
         gpu_ms = None
         if cuda:
@@ -162,6 +172,7 @@ class SpecLoop:
             gpu_ms = start.elapsed_time(end)
         b = len(seqs)
         running = self.scheduler.running
+        emitted = 0
         for seq, d, (m, tok), k in zip(seqs, drafts, results, ks):
             n_before = seq.length
             if k or d:
@@ -176,9 +187,15 @@ class SpecLoop:
                     break  # stopped on an earlier token of this step
                 self._emit(seq, t, ran, b, gpu_ms, graph, launch_ms,  # type: ignore[attr-defined]
                            spec=dict(fields, drafted=j < m))
+                emitted += 1
             if self._draft is not None and self.spec_method == "draft":
                 self._draft.settle(seq, n_before, len(d), m)
+        if self.mode == mode and self._capture_total() == captures:  # a capture's time is no step's cost
+            self.spec_payoff.spec_step(mode, b, max(launch_ms, gpu_ms or 0.0), emitted / b)
         return True
+
+    def _capture_total(self) -> int:
+        return self.modes.capture_count() + (self._draft.steps.modes.capture_count() if self._draft else 0)
 
     def _verify(self, seqs: list[Sequence], drafts: list[list[int]]) -> tuple[list[int], torch.Tensor, Mode, int]:
         """The verification step in the engine's mode: (each row's pick, the logits of every row
@@ -226,5 +243,5 @@ class SpecLoop:
         return {
             "method": self.spec_method, "draft_len": st.k_max, "proposed": st.proposed, "accepted": st.accepted,
             "acceptance_rate": st.accepted / st.proposed if st.proposed else 0.0,
-            "tokens_per_step": max(len(seq.output_ids) - 1, 0) / steps,
+            "tokens_per_step": max(len(seq.output_ids) - 1, 0) / steps, "paused_for_cost": st.cost_paused,
         }
