@@ -1,6 +1,6 @@
 """The fused decoder on quantized weights (kernels.qgemv under Triton's interpreter) against the plain
 decoder on the float64-composed values of the same planes held in float32: prefill (rows past the
-skinny kernel go through a dequantized copy) and the decode step's stages (quantized embedding,
+skinny kernel on the prefill GEMM, kernels.qgemm) and the decode step's stages (quantized embedding,
 qkv as a stack of two formats, split o / down, GLU, LM head with its argmax). The mega kernel
 refuses quantized weights with its reason."""
 
@@ -57,10 +57,11 @@ def test_prefill_and_decode_stages_match_the_plain_decoder_on_the_same_values():
     for name, w, fused in (("q", wq, True), ("d", wd, False)):
         dec = Decoder(cfg, w, 64, fused=fused)
         cache = KVCache(cfg, 64, torch.device("cpu"), F32)
-        all_l = dec.prefill(ids, 2, cache.k, cache.v, all_logits=True)  # 20 rows: the dequantized copy
+        all_l = dec.prefill(ids, 2, cache.k, cache.v, all_logits=True)  # 20 rows: the GEMM
         got[name] = (dec, cache, all_l)
     (dq, cq, lq), (dd, cd, ld) = got["q"], got["d"]
     torch.testing.assert_close(lq, ld, rtol=1e-4, atol=1e-4)
+    assert torch.equal(lq.argmax(dim=-1), ld.argmax(dim=-1))  # the greedy tokens of every row
     torch.testing.assert_close(cq.k[0][2, :20], cd.k[0][2, :20], rtol=1e-4, atol=1e-4)
     # one decode step's stages over two rows (the attention output given)
     st_q, st_d = StepState(), StepState()

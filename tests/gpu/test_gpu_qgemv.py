@@ -1,4 +1,4 @@
-"""kernels.qgemv on the GPU at the real model shapes (Llama-3.2-1B: K 2048, N 2048 / 512 / 8192;
+"""kernels.qgemv (and the prefill GEMM kernels.qgemm) on the GPU at the real model shapes (Llama-3.2-1B: K 2048, N 2048 / 512 / 8192;
 Llama-3.1-8B: K 4096, N 14336 and K 14336, N 4096), bf16 activations with massive channels,
 against the float64 composition of the same planes (tests/kernels/qweights.py); rows identical at
 every batch size; a timing print per format (us per call at M = 1 and 8: this kernel beside the
@@ -139,3 +139,62 @@ def test_config_sweep_print():
                              + "/".join(f"{_us(lambda: run(x)):.1f}" for x in xs.values()))
             lines.append(f"{n}x{k} {fmt}: " + " | ".join(cells))
     print("\nus per call at M = 1 / 8 (bn,bk,warps,stages/split)\n" + "\n".join(lines))
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_prefill_gemm_against_float64(fmt):
+    """kernels.qgemm (qgemv.linear past 16 rows) at 1B's o shape with a bias, M = 200."""
+    from fgchat.engine.kernels import qgemv
+
+    n, k = 2048, 2048
+    w = random_qweight(fmt, n, k, seed=3, device=DEV)
+    x = _x(200, k, 5)
+    b = (torch.randn(n, device=DEV) * 0.1).to(torch.bfloat16)
+    ref = x.double().cpu() @ compose(w).t() + b.double().cpu()
+    got = qgemv.linear(x, w, b).double().cpu()
+    lim = bound(x.cpu(), terms(w), ref, BF16_ULP)
+    err = (got - ref).abs()
+    print(f"\n{fmt} gemm M=200 {n}x{k}: worst error / bound {(err / lim).max().item():.3f}")
+    assert (err <= lim).all()
+
+
+# 1B's qkv, o, gate | up and down (N, K)
+GEMM_SHAPES = [(3072, 2048), (2048, 2048), (16384, 2048), (2048, 8192)]
+GEMM_SWEEP = [(32, 64, 128, 4, 3), (64, 64, 128, 4, 3), (64, 64, 256, 4, 3), (64, 64, 128, 8, 3),
+              (64, 128, 128, 8, 3), (128, 64, 128, 8, 3), (128, 128, 128, 8, 3), (128, 64, 64, 4, 4)]
+
+
+def test_prefill_gemm_timing_print():
+    """Not a pass/fail check: us per call at M = 64 / 512 / 2048 at the 1B shapes: the GEMM
+    (kernels.qgemm, its picked config) / dequantize + cuBLAS (qgemv.linear's _dequantized path) /
+    cuBLAS on a dense bf16 weight of the shape; then a GEMM config sweep (bm,bn,bk,warps,stages)
+    at M = 512 / 2048. The faster of GEMM and dequantize + cuBLAS stays."""
+    from fgchat.engine.kernels import qgemm, qgemv
+
+    lines = []
+    for n, k in GEMM_SHAPES:
+        dense = (torch.randn(n, k, device=DEV) * 0.02).to(torch.bfloat16)
+        xs = {m: _x(m, k, 6) for m in (64, 512, 2048)}
+        for fmt in ("int4", "fp8", "Q4_K"):
+            w = random_qweight(fmt, n, k, seed=1, device=DEV)
+            cfg = qgemm.pick_gemm_config(fmt, n, k)
+            cells = []
+            for m, x in xs.items():
+                gemm = _us(lambda: qgemv.linear(x, w), reps=20)
+                deq = _us(lambda: qgemv.linear(x, w, _dequantized=True), reps=20)
+                bf16 = _us(lambda: torch.nn.functional.linear(x, dense), reps=20)
+                cells.append(f"M={m} {gemm:7.1f}/{deq:7.1f}/{bf16:7.1f}")
+            sweep = []
+            for c in GEMM_SWEEP:
+                g = qgemm.GConfig(*c)
+                if k % g.block_k or g.block_k % qgemm.UNIT[fmt]:
+                    continue
+                try:
+                    t = [_us(lambda: qgemm.project_rows(xs[m], w, config=g), reps=10) for m in (512, 2048)]
+                except Exception as e:  # a config past the shared memory: named, not fatal
+                    sweep.append(f"{','.join(map(str, c))} {type(e).__name__}")
+                    continue
+                sweep.append(f"{','.join(map(str, c))} {t[0]:.1f}/{t[1]:.1f}")
+            lines.append(f"{n}x{k} {fmt} (picked {cfg.block_m},{cfg.block_n},{cfg.block_k},{cfg.num_warps},"
+                         f"{cfg.num_stages}): " + " | ".join(cells) + "\n    sweep M=512/2048: " + " | ".join(sweep))
+    print("\nus per call, gemm / dequantize + cuBLAS / bf16 cuBLAS\n" + "\n".join(lines))
