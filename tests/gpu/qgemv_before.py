@@ -89,14 +89,9 @@ def _qproj_kernel(
         acc = acc * tl.load(p1 + offs_n, mask=n_mask, other=0.0)[None, :]
         if GLU:
             acc_u = acc_u * tl.load(p1 + N + offs_n, mask=n_mask, other=0.0)[None, :]
-    out_mask = m_mask[:, None] & n_mask[None, :]
-    out = y_ptr + offs_m[:, None] * stride_y + offs_n[None, :]
-    if SPLIT_K == 1:
-        finish_tile(acc, acc_u, x_ptr, out, out_mask, offs_m, offs_n, m_mask, n_mask, pid, BLOCK_N,
-                    pmax_ptr, pidx_ptr, stride_p, temp_ptr, seed_ptr, pos_ptr,
-                    ARGMAX, GLU, ROUND, SAMPLE, LIBDEVICE)
-    else:
-        tl.store(out + tl.program_id(1) * stride_split, acc, mask=out_mask)
+    finish_tile(acc, acc_u, x_ptr, y_ptr, stride_y, stride_split, offs_m, offs_n, m_mask, n_mask, pid, BLOCK_N,
+                pmax_ptr, pidx_ptr, stride_p, temp_ptr, seed_ptr, pos_ptr,
+                SPLIT_K, ARGMAX, GLU, ROUND, SAMPLE, LIBDEVICE)
 
 
 @dataclass(frozen=True)

@@ -123,49 +123,51 @@ def _proj_kernel(
             acc_u += tile_product(x, wu, SWAP, DOT_PRECISION)
     if not GLU:
         acc_u = acc
-    out_mask = m_mask[:, None] & n_mask[None, :]
-    out = y_ptr + offs_m[:, None] * stride_y + offs_n[None, :]
-    if SPLIT_K == 1:
-        finish_tile(acc, acc_u, x_ptr, out, out_mask, offs_m, offs_n, m_mask, n_mask, pid, BLOCK_N,
-                    pmax_ptr, pidx_ptr, stride_p, temp_ptr, seed_ptr, pos_ptr,
-                    ARGMAX, GLU, ROUND, SAMPLE, LIBDEVICE)
-    else:
-        tl.store(out + tl.program_id(1) * stride_split, acc, mask=out_mask)
+    finish_tile(acc, acc_u, x_ptr, y_ptr, stride_y, stride_split, offs_m, offs_n, m_mask, n_mask, pid, BLOCK_N,
+                pmax_ptr, pidx_ptr, stride_p, temp_ptr, seed_ptr, pos_ptr,
+                SPLIT_K, ARGMAX, GLU, ROUND, SAMPLE, LIBDEVICE)
 
 
 @triton.jit
-def finish_tile(acc, acc_u, x_ptr, out, out_mask, offs_m, offs_n, m_mask, n_mask, pid, BLOCK_N: tl.constexpr,
-                pmax_ptr, pidx_ptr, stride_p, temp_ptr, seed_ptr, pos_ptr,
-                ARGMAX: tl.constexpr, GLU: tl.constexpr, ROUND: tl.constexpr, SAMPLE: tl.constexpr,
-                LIBDEVICE: tl.constexpr):
-    """A whole-K program's epilogue: store its float32 sums `acc` [BLOCK_M, BLOCK_N] at `out`
-    (rounded to x's dtype unless not ROUND, then to out's; GLU: silu of them times acc_u's, each
-    rounded first) and, with ARGMAX, each row's maximum over the stored values and its first
-    column at [row, pid] of pmax / pidx (SAMPLE: of the Gumbel scores instead)."""
-    # rounded to the input dtype first (as F.linear does), then stored in y's dtype (f32 logits)
-    if ROUND:
-        y = acc.to(x_ptr.dtype.element_ty)
+def finish_tile(acc, acc_u, x_ptr, y_ptr, stride_y, stride_split, offs_m, offs_n, m_mask, n_mask, pid,
+                BLOCK_N: tl.constexpr, pmax_ptr, pidx_ptr, stride_p, temp_ptr, seed_ptr, pos_ptr,
+                SPLIT_K: tl.constexpr, ARGMAX: tl.constexpr, GLU: tl.constexpr, ROUND: tl.constexpr,
+                SAMPLE: tl.constexpr, LIBDEVICE: tl.constexpr):
+    """A projection program's epilogue (gemv's and qgemv's kernels). SPLIT_K > 1: its float32
+    partial sums `acc` [BLOCK_M, BLOCK_N] go to slab program_id(1) of y (stride_split apart).
+    Whole K: the sums are stored in y (rounded to x's dtype unless not ROUND, then to y's; GLU:
+    silu of them times acc_u's, each rounded first) and, with ARGMAX, each row's maximum over the
+    stored values and its first column at [row, pid] of pmax / pidx (SAMPLE: of the Gumbel scores
+    instead)."""
+    out_mask = m_mask[:, None] & n_mask[None, :]
+    out = y_ptr + offs_m[:, None] * stride_y + offs_n[None, :]
+    if SPLIT_K > 1:
+        tl.store(out + tl.program_id(1) * stride_split, acc, mask=out_mask)
     else:
-        y = acc
-    if GLU:
-        g = y.to(tl.float32)
-        u = acc_u.to(x_ptr.dtype.element_ty).to(tl.float32)
-        s = (g / (1.0 + tl.exp(-g))).to(x_ptr.dtype.element_ty).to(tl.float32)
-        y = (s * u).to(x_ptr.dtype.element_ty)
-    y = y.to(out.dtype.element_ty)
-    tl.store(out, y, mask=out_mask)
-    if ARGMAX:
-        vals = y.to(tl.float32)
-        if SAMPLE:
-            t = tl.load(temp_ptr + offs_m, mask=m_mask, other=0.0)
-            row = row_hash(tl.load(seed_ptr + offs_m, mask=m_mask, other=0),
-                           tl.load(pos_ptr + offs_m, mask=m_mask, other=0))
-            vals = gumbel_scores(vals, t[:, None], row[:, None], offs_n[None, :], LIBDEVICE)
-        vals = tl.where(n_mask[None, :], vals, float("-inf"))
-        best = tl.max(vals, axis=1)
-        first = tl.argmax(vals, axis=1, tie_break_left=True)
-        tl.store(pmax_ptr + offs_m * stride_p + pid, best, mask=m_mask)
-        tl.store(pidx_ptr + offs_m * stride_p + pid, pid * BLOCK_N + first, mask=m_mask)
+        # rounded to the input dtype first (as F.linear does), then stored in y's dtype (f32 logits)
+        if ROUND:
+            y = acc.to(x_ptr.dtype.element_ty)
+        else:
+            y = acc
+        if GLU:
+            g = y.to(tl.float32)
+            u = acc_u.to(x_ptr.dtype.element_ty).to(tl.float32)
+            s = (g / (1.0 + tl.exp(-g))).to(x_ptr.dtype.element_ty).to(tl.float32)
+            y = (s * u).to(x_ptr.dtype.element_ty)
+        y = y.to(out.dtype.element_ty)
+        tl.store(out, y, mask=out_mask)
+        if ARGMAX:
+            vals = y.to(tl.float32)
+            if SAMPLE:
+                t = tl.load(temp_ptr + offs_m, mask=m_mask, other=0.0)
+                row = row_hash(tl.load(seed_ptr + offs_m, mask=m_mask, other=0),
+                               tl.load(pos_ptr + offs_m, mask=m_mask, other=0))
+                vals = gumbel_scores(vals, t[:, None], row[:, None], offs_n[None, :], LIBDEVICE)
+            vals = tl.where(n_mask[None, :], vals, float("-inf"))
+            best = tl.max(vals, axis=1)
+            first = tl.argmax(vals, axis=1, tie_break_left=True)
+            tl.store(pmax_ptr + offs_m * stride_p + pid, best, mask=m_mask)
+            tl.store(pidx_ptr + offs_m * stride_p + pid, pid * BLOCK_N + first, mask=m_mask)
 
 
 @triton.jit

@@ -24,7 +24,7 @@ from fgchat.engine.intmath import cdiv
 from fgchat.engine.kernels.launch import fast
 from fgchat.engine.kernels.qdot import PAIR, UNIT, tile_dot, tile_width
 from fgchat.engine.kernels.qtiles import CODES, plane_args
-from fgchat.engine.quant.qweight import QuantStack, QuantWeight
+from fgchat.engine.quant.qweight import QuantStack, QuantWeight, row_parts
 
 
 @triton.jit
@@ -116,11 +116,8 @@ def project_rows(x: torch.Tensor, w: QuantWeight | QuantStack, bias: torch.Tenso
     x2 = x.reshape(-1, k).contiguous()
     y = torch.empty((x2.shape[0], w.shape[0]), dtype=x.dtype, device=x.device)
     if x2.shape[0]:
-        parts = w.parts if isinstance(w, QuantStack) else [w]
-        at = 0
-        for p in parts:
+        for at, p in row_parts(w):
             rows = p.shape[0]
             b = None if bias is None else bias[at:at + rows].contiguous()
             _launch(x2, p, y[:, at:at + rows], b, config)
-            at += rows
     return y.reshape(*lead, w.shape[0])

@@ -33,7 +33,7 @@ from fgchat.engine.kernels.qdot import PAIR, UNIT, prefetch_rows, tile_dot, tile
 from fgchat.engine.kernels.qgemm import project_rows
 from fgchat.engine.kernels.qtiles import CODES, PLANES, dequantize, is_quantized, plane_args
 from fgchat.engine.kernels.sampling_triton import LIBDEVICE
-from fgchat.engine.quant.qweight import QuantStack, QuantWeight
+from fgchat.engine.quant.qweight import QuantStack, QuantWeight, row_parts
 
 QWeight = QuantWeight | QuantStack
 
@@ -82,14 +82,9 @@ def _qproj_kernel(
         acc = acc * tl.load(p1 + offs_n, mask=n_mask, other=0.0)[None, :]
         if GLU:
             acc_u = acc_u * tl.load(p1 + N + offs_n, mask=n_mask, other=0.0)[None, :]
-    out_mask = m_mask[:, None] & n_mask[None, :]
-    out = y_ptr + offs_m[:, None] * stride_y + offs_n[None, :]
-    if SPLIT_K == 1:
-        finish_tile(acc, acc_u, x_ptr, out, out_mask, offs_m, offs_n, m_mask, n_mask, pid, BLOCK_N,
-                    pmax_ptr, pidx_ptr, stride_p, temp_ptr, seed_ptr, pos_ptr,
-                    ARGMAX, GLU, ROUND, SAMPLE, LIBDEVICE)
-    else:
-        tl.store(out + tl.program_id(1) * stride_split, acc, mask=out_mask)
+    finish_tile(acc, acc_u, x_ptr, y_ptr, stride_y, stride_split, offs_m, offs_n, m_mask, n_mask, pid, BLOCK_N,
+                pmax_ptr, pidx_ptr, stride_p, temp_ptr, seed_ptr, pos_ptr,
+                SPLIT_K, ARGMAX, GLU, ROUND, SAMPLE, LIBDEVICE)
 
 
 @dataclass(frozen=True)
@@ -186,22 +181,12 @@ def _launch(x: torch.Tensor, w: QuantWeight, y: torch.Tensor, split: int = 1, gl
                               temp, seeds, positions, **kw)
 
 
-def _parts(w: QWeight) -> list[tuple[int, QuantWeight]]:
-    """(first output row, part) of each part of w."""
-    parts = w.parts if isinstance(w, QuantStack) else [w]
-    out, at = [], 0
-    for p in parts:
-        out.append((at, p))
-        at += p.shape[0]
-    return out
-
-
 def project(x: torch.Tensor, w: QWeight, pdl: bool = False,
             config: QConfig | None = None, out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """x [M <= 16, K] @ w^T -> [M, N], float32 sums rounded to x's dtype (stored as out_dtype,
     default x's). A stack: one launch per part into its columns of one output."""
     y = torch.empty((x.shape[0], w.shape[0]), dtype=out_dtype or x.dtype, device=x.device)
-    for at, p in _parts(w):
+    for at, p in row_parts(w):
         _launch(x, p, y[:, at:at + p.shape[0]], pdl=pdl, config=config)
     return y
 
@@ -213,7 +198,7 @@ def project_partials(x: torch.Tensor, w: QWeight, split: int, pdl: bool = False,
     if split < 2:
         raise ValueError("project_partials needs split >= 2 (use project)")
     y = torch.empty((split, x.shape[0], w.shape[0]), dtype=torch.float32, device=x.device)
-    for at, p in _parts(w):
+    for at, p in row_parts(w):
         _launch(x, p, y[:, :, at:at + p.shape[0]], split=split, pdl=pdl, config=config)
     return y
 
@@ -237,7 +222,7 @@ def project_glu(x: torch.Tensor, w_gate_up: QWeight, pdl: bool = False,
 def project_logits(x: torch.Tensor, w: QWeight, pdl: bool = False, config: QConfig | None = None) -> torch.Tensor:
     """LM head: float32 logits [M, N], the float32 sums never rounded to x's dtype."""
     y = torch.empty((x.shape[0], w.shape[0]), dtype=torch.float32, device=x.device)
-    for at, p in _parts(w):
+    for at, p in row_parts(w):
         _launch(x, p, y[:, at:at + p.shape[0]], rounded=False, pdl=pdl, config=config)
     return y
 

@@ -116,6 +116,13 @@ class QuantStack:
         return QuantStack([p.to(device) for p in self.parts])
 
 
+def row_parts(w: QuantWeight | QuantStack) -> list[tuple[int, QuantWeight]]:
+    """(first output row, part) of each part of w (a QuantWeight is its own one part)."""
+    if isinstance(w, QuantWeight):
+        return [(0, w)]
+    return list(zip(w.offsets, w.parts))
+
+
 def stack_rows(parts: list[QuantWeight]) -> QuantWeight | QuantStack:
     """The row concatenation of `parts` (one width): a QuantWeight when they share a format, else
     a QuantStack of the runs of one format (cat_rows of each run)."""
