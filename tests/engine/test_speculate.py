@@ -5,6 +5,8 @@ The reference is always a plain run of the same engine configuration without spe
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
@@ -17,8 +19,14 @@ REPEATING = [5, 6, 7, 8, 9, 10, 11, 5, 6, 7, 8, 9, 10, 11, 5, 6, 7]
 
 
 def engine(**kw) -> Engine:
+    """A CPU engine whose step clock ticks 1 ms per read: every step costs the same, so whether
+    speculation pays (speculate.payoff, tested with its own clocks in test_speculate_payoff.py)
+    never turns on a loaded machine's timing noise here."""
     kw.setdefault("preset", "tiny")
-    return Engine(EngineConfig(device="cpu", seed=3, **kw))
+    eng = Engine(EngineConfig(device="cpu", seed=3, **kw))
+    ticks = itertools.count()
+    eng.clock = lambda: next(ticks) * 1e-3
+    return eng
 
 
 def run(eng: Engine, prompts: list[list[int]], params: SamplingParams | list[SamplingParams]):
