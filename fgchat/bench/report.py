@@ -34,6 +34,10 @@ def _block(run: dict[str, Any], captures: list[dict[str, Any]]) -> str:
         rate = run.get("acceptance_rate")
         lines.append(f"{'Acceptance rate (%):':<36}{_f(None if rate is None else 100 * rate, 1):>14}")
         lines.append(f"{'Tokens per step:':<36}{_f(run.get('tokens_per_step'), 2):>14}")
+        oracle = run.get("oracle")
+        if oracle:
+            settled = f"{oracle['rounds']}{'' if oracle['reproduced'] else ' (unsettled)'}"
+            lines.append(f"{'Oracle rounds to settle drafts:':<36}{settled:>14}")
     lines.append(" Step ".center(w, "-"))
     lines.append(f"{'GPU time per step (ms):':<36}{_f(run['gpu_step_ms']['mean'], 3):>14}")
     lines.append(f"{'Host overhead per step (ms):':<36}{_f(run.get('host_overhead_ms'), 3):>14}")
@@ -42,6 +46,8 @@ def _block(run: dict[str, Any], captures: list[dict[str, Any]]) -> str:
     if run.get("bandwidth_share") is not None:
         lines.append(f"{'Weight bytes read per step (MB):':<36}{_f(run['step_bytes'] / 1e6, 1):>14}")
         lines.append(f"{'Share of peak memory bandwidth (%):':<36}{_f(100 * run['bandwidth_share'], 1):>14}")
+    if run.get("captures_timed") is not None:
+        lines.append(f"{'Graph captures in timed rounds:':<36}{run['captures_timed']:>14}")
     caps = [c for c in captures if c["mode"] == run["mode"] and c["batch_size"] == run["batch_size"]
             and c.get("kind", "decode") == "decode"
             and c.get("weights_label", "") == run.get("weights_label", "")]
@@ -93,6 +99,9 @@ def print_report(result: dict[str, Any], out: TextIO) -> None:
     out.write("\n")
     for run in result["runs"]:
         out.write(_block(run, result["captures"]) + "\n\n")
+    oracle = next((r["oracle"] for r in result["runs"] if r.get("oracle")), None)
+    if oracle:
+        out.write(f"oracle drafts: {oracle['drafts_from']}\n")
     if result["captures"]:
         tot = sum(c["seconds"] for c in result["captures"])
         mib = sum(c["pool_mib"] for c in result["captures"])

@@ -17,6 +17,7 @@ from fgchat.bench.prompt_sets import RANDOM, batch_prompts, prompt_set_ids
 from fgchat.bench.spec import BenchSpec, prompts_for, stats
 
 PENALTIES = (1.1, 0.5, 0.25)  # repetition, presence, frequency of `bench --penalties`
+ORACLE_ROUNDS = 8  # greedy oracle rounds at most while the oracle's drafts settle (settle_oracle)
 from fgchat.engine.core import Engine, EngineConfig
 from fgchat.engine.quant.describe import FLOAT_FORMATS
 from fgchat.metrics.stats import bandwidth_share
@@ -54,7 +55,6 @@ def measure_engine(engine: Engine, mode: str, batch: int, spec: BenchSpec, metho
     token ids of a --prompts set, whose requests stop at end of sequence; None: random prompts of
     --prompt-len, each generating --output-len tokens."""
     engine.set_mode(mode)
-    engine.capture_sizes(mode, [batch])  # graphs captured on first use (mega) are taken before timing
     if prompt_set is None:
         prompts = prompts_for(batch, spec.prompt_len, engine.cfg.vocab_size)
     else:
@@ -62,18 +62,26 @@ def measure_engine(engine: Engine, mode: str, batch: int, spec: BenchSpec, metho
     pen = dict(zip(("repetition_penalty", "presence_penalty", "frequency_penalty"), PENALTIES)) if spec.penalties else {}
     params = [SamplingParams(max_tokens=spec.output_len, ignore_eos=prompt_set is None, temperature=spec.temperature,
                              top_k=spec.top_k, seed=i, **pen) for i in range(len(prompts))]
-    if method == "oracle":  # the drafts: each prompt's own greedy continuation, from a plain run
-        params = [dataclasses.replace(p, oracle_tokens=t) for p, t in zip(params, _greedy(engine, prompts, params))]
+    plain = _greedy(engine, prompts, params) if method == "oracle" else None  # speculation still off
     if method != "off":  # the plain rows never touch speculation (the engine runs with it off)
         engine.set_speculation(method, spec.draft_len)
+    # graphs captured on first use (mega; the verification's) are taken before timing, for every
+    # batch size a round passes through as its requests end
+    engine.capture_sizes(mode, list(range(1, batch + 1)))
+    oracle = None
+    if plain is not None:
+        oracle, drafts = settle_oracle(engine, prompts, params, plain)
+        params = [dataclasses.replace(p, oracle_tokens=t) for p, t in zip(params, drafts)]
     all_tokens: list[TokenEvent] = []
     ttft, tpot, itl, gpu, launch, steps_wall = [], [], [], [], [], []
     decode_modes: set[str] = set()
     tok_s, round_tpot = [], []
     counts: list[int] = []
+    timed_captures = 0
     for rep in range(spec.warmup + spec.repeats):
         for p, sp in zip(prompts, params):
             engine.submit(p, sp)
+        held = len(engine.info().captures)
         t0 = time.perf_counter()
         events = engine.run_until_done()
         wall = time.perf_counter() - t0
@@ -83,6 +91,7 @@ def measure_engine(engine: Engine, mode: str, batch: int, spec: BenchSpec, metho
             while engine.capture_idle():
                 pass
             continue
+        timed_captures += len(engine.info().captures) - held
         toks = [e for e in events if isinstance(e, TokenEvent)]
         done = [e.summary for e in events if isinstance(e, RequestFinished)]
         ttft += [s.ttft_ms for s in done]
@@ -111,7 +120,12 @@ def measure_engine(engine: Engine, mode: str, batch: int, spec: BenchSpec, metho
         # each request's generated tokens in the last timed round, in prompt order (a set's
         # requests stop at end of sequence; greedy plain and speculated rows generate the same)
         "output_tokens": counts,
+        # graphs captured inside the timed rounds (the target's and a draft model's): 0 unless a
+        # shape escaped the warm-up, whose capture time then sits in the figures above
+        "captures_timed": timed_captures,
     }
+    if oracle is not None:
+        out["oracle"] = oracle
     g, i = out["gpu_step_ms"]["mean"], out["itl_ms"]["mean"]
     out["host_overhead_ms"] = (i - g) if (g is not None and i is not None) else None
     return out
@@ -123,6 +137,31 @@ def _greedy(engine: Engine, prompts: list[list[int]], params: list[SamplingParam
     done = {e.summary.request_id: e.summary.token_ids for e in engine.run_until_done()
             if isinstance(e, RequestFinished)}
     return [list(done[r]) for r in rids]
+
+
+def settle_oracle(engine: Engine, prompts: list[list[int]], params: list[SamplingParams],
+                  plain: list[list[int]]) -> tuple[dict[str, Any], list[list[int]]]:
+    """The oracle's drafts for the timed rounds: each prompt's greedy continuation in this engine,
+    first its plain decode steps' (`plain`), then as the verification step computes it: greedy
+    oracle rounds, each drafted by the last one's tokens, until a round emits the tokens it was
+    drafted from (ORACLE_ROUNDS at most). The verification step and a plain step may round a
+    near-tied argmax apart (random weights in bf16 meet that every few tokens): drafts from the
+    plain run alone then stop holding from that token on. (what the oracle proposes from, for the
+    run's JSON; the drafts)"""
+    drafts, rounds, settled = plain, 0, False
+    while rounds < ORACLE_ROUNDS and not settled:
+        rounds += 1
+        got = _greedy(engine, prompts, [dataclasses.replace(p, oracle_tokens=t) for p, t in zip(params, drafts)])
+        settled, drafts = got == drafts, got
+    unlike = [next((i for i, (a, b) in enumerate(zip(p, d)) if a != b), None if len(p) == len(d) else min(len(p), len(d)))
+              for p, d in zip(plain, drafts)]
+    return {
+        "drafts_from": "each prompt's greedy run in this engine: plain steps, then oracle rounds until "
+                       "one reproduces its drafts",
+        "rounds": rounds, "reproduced": settled,
+        # per prompt: the first token where the verification step's greedy run left the plain one
+        "first_token_unlike_plain": unlike,
+    }, drafts
 
 
 def spec_figures(tokens: list[TokenEvent]) -> dict[str, Any]:
@@ -260,6 +299,7 @@ def _measure_set(engine: Engine, info: EngineInfo, ws: dict[str, Any], spec: Ben
                  result: dict[str, Any], advance, prompt_set: list[list[int]] | None = None) -> None:
     """Every available mode at every batch size on one weight set's engine."""
     suffix = f"-{ws['label']}" if ws["label"] else ""
+    first = len(result["captures"])
     result["captures"] += [{**asdict(c), "weights_label": ws["label"]} for c in info.captures]
     for mode in spec.modes:
         reason = info.available_modes.get(mode, "")
@@ -272,3 +312,6 @@ def _measure_set(engine: Engine, info: EngineInfo, ws: dict[str, Any], spec: Ben
                 advance(f"fgchat {row}{' ' + ws['label'] if ws['label'] else ''} batch {b}")
                 run = measure_engine(engine, mode, b, spec, method, prompt_set)
                 result["runs"].append(label_run(run, ws, info.peak_bandwidth))
+                # every capture of the set so far, those the rows took (verification, mega) too
+                result["captures"][first:] = [{**asdict(c), "weights_label": ws["label"]}
+                                              for c in engine.info().captures]

@@ -196,17 +196,19 @@ class Engine(EngineBuild, PrefillRoute, DecodeLoop, SpecLoop):
         return ev
 
     def capture_sizes(self, mode: str, sizes: list[int]) -> None:
-        """Capture `mode` at these batch sizes now, with the start-up self-check, instead of on
-        first use (a benchmark's timed rounds then hold no capture); a failure disables the mode
-        as a first-use capture's would."""
+        """Capture `mode` at these batch sizes now (its verification steps too, with speculation
+        on), with the start-up self-check, instead of on first use (a benchmark's timed rounds
+        then hold no capture); a failure disables the mode as a first-use capture's would."""
         wanted = Mode(mode)
         if wanted in GRAPH_MODES and wanted in self.modes.modes and not self.modes.unavailable.get(wanted):
             self.modes.capture_sizes(wanted, sizes, self.config.self_check)
+            self._spec_capture_sizes(wanted, sizes)  # the verification's, with speculation on
             self.history.clear()  # the self-check's steps write slots 0..b-1
 
     def capture_idle(self) -> bool:
         """While no request runs, one piece of work that start-up deferred (Tuning.idle_capture):
-        the start-up check first, then one capture at a time; True when one ran. A mode whose
+        the start-up check first, then one capture at a time (with speculation on, the
+        verification's graphs after the decode ones); True when one ran. A mode whose
         capture or self-check failed is left for eager then (its ModeChanged comes out of the
         next step())."""
         if self.has_work():
@@ -216,7 +218,7 @@ class Engine(EngineBuild, PrefillRoute, DecodeLoop, SpecLoop):
             release_free_blocks()
         if self.run_startup_check():
             return True
-        if not self.modes.capture_next():
+        if not self.modes.capture_next() and not self._spec_capture_next():
             if self.modes.decode_stale():
                 self.modes.recapture_decode()
                 self.history.clear()  # the captures' warm-up steps write slots 0..b-1

@@ -46,6 +46,10 @@ class ScriptedEngine:
         self.calls: list[tuple] = []
         self.pending: list[tuple[int, object]] = []
         self.oracles: list = []
+        self.captures: list = []  # ngram's rounds each capture a graph (a shape the warm-up missed)
+
+    def info(self):
+        return SimpleNamespace(captures=list(self.captures))
 
     def set_mode(self, mode): pass
     def capture_sizes(self, mode, sizes): pass
@@ -65,6 +69,7 @@ class ScriptedEngine:
         for rid, params in self.pending:
             self.oracles.append(params.oracle_tokens)
             accepted = {"off": [0] * 6, "ngram": ACCEPTED, "oracle": [K] * 3}[self.method]
+            self.captures += ["verify"] if self.method == "ngram" else []
             toks = spec_steps(rid, "" if self.method == "off" else self.method, accepted)
             out += toks
             out.append(RequestFinished(RequestSummary(rid, 8, len(toks), 1.0, 1.0, 9.0, "length", "",
@@ -79,9 +84,14 @@ def test_rows_and_the_oracle_drafts():
     runs = [measure_engine(engine, "full", 1, spec, m) for m in ("off", "ngram", "oracle")]
     assert [r["runner"] for r in runs] == ["fgchat-full", "fgchat-full+ngram", "fgchat-full+oracle"]
     assert engine.calls == [("ngram", K), ("off", None), ("oracle", K), ("off", None)]
-    # the oracle's drafts: the greedy run's tokens (submitted plain, before speculation was on)
+    # the oracle's drafts: the greedy run's tokens (submitted plain, before speculation was on),
+    # then the oracle round's own, which the next round reproduces
     greedy = [t.token_id for t in spec_steps(0, "", [0] * 6)]
-    assert engine.oracles[-1] == greedy and engine.oracles[0] is None
+    settled = [t.token_id for t in spec_steps(0, "oracle", [K] * 3)]
+    assert engine.oracles[-4:] == [None, greedy, settled, settled] and engine.oracles[0] is None
+    assert runs[2]["oracle"]["rounds"] == 2 and runs[2]["oracle"]["reproduced"]
+    assert runs[2]["oracle"]["first_token_unlike_plain"] == [len(greedy)]  # the same tokens, longer
+    assert [r["captures_timed"] for r in runs] == [0, 1, 0]
     assert runs[0]["acceptance_rate"] is None
     assert runs[1]["acceptance_rate"] == sum(ACCEPTED) / (K * len(ACCEPTED)) and runs[2]["acceptance_rate"] == 1.0
     assert runs[2]["tokens_per_step"] == K + 1
@@ -103,3 +113,33 @@ def test_speculate_list_from_the_flags():
     assert speculation_args(argparse.Namespace(speculate="off,ngram,oracle", draft=None, draft_len=6)) == {
         "speculate": ["off", "ngram", "oracle"], "draft": None, "draft_len": 6}
     assert speculation_args(argparse.Namespace())["speculate"] == ["off"]
+
+
+def test_the_oracle_settles_on_the_verification_steps_own_greedy_tokens():
+    """A verification step that rounds some near-tied argmaxes apart from plain steps (a stand-in:
+    after every text whose ids sum to a multiple of 5 it picks the next id) makes the plain run's
+    tokens stop holding as drafts at the first such text. The bench's oracle settles its drafts on
+    the verification's own greedy run, so the timed round accepts every draft and emits the
+    drafts; the plain run is said to differ."""
+    from fgchat.engine.core import Engine, EngineConfig
+
+    eng = Engine(EngineConfig(preset="tiny", device="cpu", seed=3, dtype="float32", max_context=96))
+    vocab, verify = eng.cfg.vocab_size, eng._verify
+
+    def rounding_apart(seqs, drafts):
+        best, logits, ran, block = verify(seqs, drafts)
+        for i, (s, d) in enumerate(zip(seqs, drafts)):
+            for j in range(len(d) + 1):
+                if sum(s.prompt_ids + s.output_ids + d[:j]) % 5 == 0:
+                    best[i * block + j] = (best[i * block + j] + 1) % vocab
+        return best, logits, ran, block
+
+    eng._verify = rounding_apart
+    spec = BenchSpec(output_len=40, prompt_len=12, warmup=1, repeats=1, draft_len=K)
+    run = measure_engine(eng, "eager", 2, spec, "oracle")
+    oracle = run["oracle"]
+    print(oracle, run["acceptance_rate"], run["tokens_per_step"])
+    assert oracle["reproduced"] and oracle["rounds"] >= 2
+    assert all(i is not None and i < 40 for i in oracle["first_token_unlike_plain"])
+    assert run["acceptance_rate"] == 1.0 and run["tokens_per_step"] > K  # K + 1 a step, the last shorter
+    assert run["output_tokens"] == [40, 40] and run["captures_timed"] == 0

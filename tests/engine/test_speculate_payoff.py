@@ -178,14 +178,16 @@ def test_verification_as_cheap_as_a_plain_step_keeps_speculating(plain_outputs):
 
 
 def test_a_probe_after_a_pause_that_wins_turns_speculation_back_on():
-    """The oracle's drafts all hold (k + 1 tokens a step); the first verifications cost 1.5x
-    their tokens' plain steps, later ones half: one pause, then speculation for good."""
+    """Drafts that all hold (the plain run's own tokens: k + 1 tokens a step); the first
+    verifications cost 1.5x their tokens' plain steps, later ones half: one pause, then
+    speculation for good. (The oracle itself is never paused: the proposer stands in for it.)"""
     prompt = random_prompt(12, 5)
     params = SamplingParams(max_tokens=80, ignore_eos=True)
     want, _, _ = run(engine(), [prompt], params)
-    eng = engine(speculate="oracle", draft_len=K)
+    eng = engine(speculate="ngram", draft_len=K)
     cost = FakeCost(eng, lambda b, block: 1.0 if block == 1 else block * (1.5 if cost.verifications <= 2 else 0.5))
-    eng.spec_oracle.record(prompt, want[0].token_ids)
+    eng._propose = lambda seqs, ks: ([want[0].token_ids[len(s.output_ids):len(s.output_ids) + k]
+                                      for s, k in zip(seqs, ks)], [None] * len(seqs))
     got, evs, rids = run(eng, [prompt], params)
     assert got[0].token_ids == want[0].token_ids
     kinds = step_kinds(evs, rids[0])

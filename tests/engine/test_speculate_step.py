@@ -146,3 +146,33 @@ def test_mega_verifies_in_full_or_eager():
     eng.modes.install(Mode.FULL, StandInGraphMode(eng, Mode.FULL))
     assert eng.modes.verify_mode(Mode.MEGA) == Mode.FULL
     assert eng.modes.verify_mode(Mode.PIECEWISE) == Mode.PIECEWISE
+
+
+@pytest.mark.parametrize("method", ["ngram", "oracle"])
+def test_speculating_requests_capture_nothing_after_the_idle_captures(method):
+    """The verification block is K + 1 whatever the drafts (ngram's vary, the last steps have no
+    room for K): one shape per (batch size, variant), captured by capture_sizes and while idle,
+    after the decode graphs. Requests that end one by one (batch 3, 2, 1) then decode with no
+    capture (the stand-in's log), every verification at block K + 1, greedy output plain's."""
+    prompts = [REPEATING, REPEATING[2:] + REPEATING[:2], random_prompt(9, 5)]
+    params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in (23, 14, 9)]
+    want, _ = run(engine(), prompts, params)
+    eng = engine(speculate=method, draft_len=4)
+    runner = StandInGraphMode(eng, Mode.FULL)
+    eng.modes.install(Mode.FULL, runner)
+    eng.set_mode("full")
+    eng.capture_sizes("full", [1, 2, 3])  # CPU has no idle queue of decode graphs: taken here
+    while eng.capture_idle():
+        pass
+    verify = {(b, block) for what, b, block in runner.log if what == "capture" and block > 1}
+    assert verify == {(b, 5) for b in range(1, 9)} and len(runner.captured) == 3 + 2 * 8
+    for p, w in zip(prompts, want):
+        eng.spec_oracle.record(p, w.token_ids)
+    start = len(runner.log)
+    got, evs = run(eng, prompts, params)
+    assert [s.token_ids for s in got] == [s.token_ids for s in want]
+    during = runner.log[start:]
+    assert not [x for x in during if x[0] == "capture"]
+    assert {block for what, b, block in during if block > 1} == {5} and {b for _, b, _ in during} == {1, 2, 3}
+    spec = [e for e in evs if isinstance(e, TokenEvent) and e.draft_len > 0]
+    assert len({e.draft_len for e in spec}) > 1 and {e.graph for e in spec} <= {f"full/b{b}k4" for b in (1, 2, 3)}

@@ -3,18 +3,28 @@ draft length and the proposers, and running a speculative step where one pays.
 
 A speculative step: each running request asks its adaptive controller for k drafts, the
 proposer offers up to k, the target verifies the last token and the drafts in one step over
-B x (k + 1) rows (speculate.verify.block_rows, step.StepProgram.pieces) in the engine's mode (a
-graph per (B, k + 1) in full and piecewise, captured on first use; mega's verification runs in
-full), each request accepts its own prefix (speculate.accept) and emits the accepted drafts and
-the target's token after them. Its TokenEvents carry the mode that ran and the graph
-("full/b1k4": batch 1, 4 drafts a row block). A step where nothing is proposed runs as a plain
-decode step instead; requests with penalties decode plainly (their counts change token by token).
-The draft model proposes in the mode the verification runs in (speculate.draft_steps: its graphs
-captured on first use into the target's pool, announced as the target's are: its captures join
-EngineInfo.captures as kind "draft ...", a failed capture is a note and the draft runs eagerly)."""
+B x (K + 1) rows, K the configured draft length (speculate.verify.block_rows pads shorter drafts;
+step.StepProgram.pieces) in the engine's mode, each request accepts its own prefix
+(speculate.accept) and emits the accepted drafts and the target's token after them. Its
+TokenEvents carry the mode that ran and the graph ("full/b1k4": batch 1, blocks of 4 drafts). A
+step where nothing is proposed runs as a plain decode step instead; requests with penalties
+decode plainly (their counts change token by token). The oracle verifies K drafts every step
+(no adaptive length, no pause): it measures the verification step itself.
+
+Invariants:
+- one verification shape per (mode, batch size, variant) at a given K, whatever the drafts'
+  lengths: the graphs are captured while idle (`_spec_capture_next`, after the decode graphs) or
+  with `capture_sizes`, so a request's speculative steps replay graphs captured before it (one
+  taken on first use remains the fallback, announced like a decode graph's; mega's verification
+  runs in full);
+- the draft model proposes in the mode the verification runs in (speculate.draft_steps: its graphs
+  captured on first use into the target's pool, announced as the target's are: its captures join
+  EngineInfo.captures as kind "draft ...", a failed capture is a note and the draft runs
+  eagerly)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -26,6 +36,8 @@ from fgchat.engine.speculate.adaptive import AdaptiveK
 from fgchat.engine.speculate.payoff import PAUSED, SPECULATE, SpecPayoff
 from fgchat.engine.speculate.proposers import Oracle, ngram_propose
 from fgchat.engine.speculate.verify import block_rows
+from fgchat.engine.kv_cache import NUM_SLOTS
+from fgchat.engine.modes import GRAPH_MODES
 from fgchat.engine.step import Variant
 from fgchat.protocol.errors import FgchatError
 from fgchat.protocol.events import CaptureReport, Mode
@@ -106,6 +118,8 @@ class SpecLoop:
         of their pause)."""
         if self.spec_method == "off" or not seqs or any(s.params.penalized for s in seqs):
             return False
+        if self.spec_method == "oracle":
+            return True  # the oracle measures the verification step: never paused
         states = [self._controller(s) for s in seqs]
         verdict = self.spec_payoff.verdict(self.mode, len(seqs))
         if verdict != SPECULATE or all(st.paused for st in states):
@@ -123,6 +137,11 @@ class SpecLoop:
         if seq.spec is None:
             seq.spec = AdaptiveK(self.spec_draft_len)
         return seq.spec  # type: ignore[return-value]
+
+    def _want(self, seq: Sequence) -> int:
+        """Drafts a request asks for this step: K for the oracle, else its controller's k."""
+        st = self._controller(seq)
+        return st.k_max if self.spec_method == "oracle" else st.want()
 
     def _room(self, seq: Sequence) -> int:
         """Drafts the request can take: its output budget after the target's own token, and the
@@ -147,7 +166,7 @@ class SpecLoop:
         seqs = list(self.scheduler.running)
         if not seqs:
             return True
-        ks = [min(self._controller(s).want(), self._room(s)) for s in seqs]
+        ks = [min(self._want(s), self._room(s)) for s in seqs]
         cuda = self.device.type == "cuda"
         if cuda:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -194,6 +213,40 @@ class SpecLoop:
             self.spec_payoff.spec_step(mode, b, max(launch_ms, gpu_ms or 0.0), emitted / b)
         return True
 
+    # ---- the verification graphs, before any request needs them ----
+    def _spec_graph_mode(self, mode: Mode) -> Mode | None:
+        """The graph mode the verification runs in when the engine runs `mode`; None where it runs
+        eager or speculation is off."""
+        if self.spec_method == "off":
+            return None
+        mode = self.modes.verify_mode(mode)
+        return mode if mode in GRAPH_MODES and not self.modes.unavailable.get(mode) else None
+
+    def _spec_shapes(self, mode: Mode, sizes: Iterable[int]) -> list[tuple[Mode, int, Variant, int]]:
+        """The verification shapes of `sizes` at block K + 1 (greedy, then sampled) that `mode`'s
+        verification lacks."""
+        vmode = self._spec_graph_mode(mode)
+        if vmode is None:
+            return []
+        runner, block = self.modes.modes[vmode], self.spec_draft_len + 1
+        return [(vmode, b, v, block) for v in (Variant.GREEDY, Variant.SAMPLED) for b in sizes
+                if not runner.has(b, v, block)]
+
+    def _spec_capture_next(self) -> bool:
+        """While idle (Engine.capture_idle, after the decode graphs): the next verification graph
+        the engine's mode lacks, batch sizes 1..NUM_SLOTS; False when none is left. A failed
+        capture disables the mode, as one on first use does."""
+        shapes = self._spec_shapes(self.mode, range(1, NUM_SLOTS + 1))
+        if shapes:
+            self.modes.prepare(*shapes[0])
+        return bool(shapes)
+
+    def _spec_capture_sizes(self, mode: Mode, sizes: Iterable[int]) -> None:
+        """Engine.capture_sizes: the verification graphs of these batch sizes in `mode`."""
+        for shape in self._spec_shapes(mode, sizes):
+            if self.modes.prepare(*shape):
+                return  # failed: the mode is disabled
+
     def _capture_total(self) -> int:
         return self.modes.capture_count() + (self._draft.steps.modes.capture_count() if self._draft else 0)
 
@@ -201,7 +254,7 @@ class SpecLoop:
         """The verification step in the engine's mode: (each row's pick, the logits of every row
         [rows, V], the mode that ran, block)."""
         ids, pos, slots, block = block_rows([s.output_ids[-1] for s in seqs], drafts, [s.length for s in seqs],
-                                            [s.slot for s in seqs], self.max_context)
+                                            [s.slot for s in seqs], self.max_context, self.spec_draft_len + 1)
         n, b = len(ids), len(seqs)
         variant = Variant.SAMPLED if any(s.params.temperature > 0 for s in seqs) else Variant.GREEDY
         self.bufs.stage(ids, pos, slots, [0.0] * n, [1.0] * n, [0] * n, [0] * n)

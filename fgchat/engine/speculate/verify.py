@@ -25,13 +25,13 @@ if TYPE_CHECKING:
 
 
 def block_rows(lasts: list[int], drafts: list[list[int]], lengths: list[int], slots: list[int],
-               max_context: int) -> tuple[list[int], list[int], list[int], int]:
-    """(ids, positions, slots, block) of a verification step's rows: block = 1 + the most drafts
-    any sequence has; sequence b's rows are b * block + j. A sequence with fewer drafts fills its
-    block with its last real row's token at the positions after it (clamped to the cache's last
-    row): their outputs are ignored, and their K/V land past every row the sequence reads before
-    it writes them again."""
-    block = 1 + max((len(d) for d in drafts), default=0)
+               max_context: int, block: int = 1) -> tuple[list[int], list[int], list[int], int]:
+    """(ids, positions, slots, block) of a verification step's rows: block = the larger of
+    `block` and 1 + the most drafts any sequence has; sequence b's rows are b * block + j. A
+    sequence with fewer drafts fills its block with its last real row's token at the positions
+    after it (clamped to the cache's last row): their outputs are ignored, and their K/V land past
+    every row the sequence reads before it writes them again."""
+    block = max(block, 1 + max((len(d) for d in drafts), default=0))
     ids: list[int] = []
     pos: list[int] = []
     out_slots: list[int] = []
