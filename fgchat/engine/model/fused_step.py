@@ -7,7 +7,10 @@ graphs launch identical kernels (modes stay bit-identical):
 - the o and down projections feed the next add+RMSNorm; when their output is narrow they run on
   our kernel split along K into float32 partial sums that the norm adds in a fixed order (more
   programs in flight, and no reduce launch);
-- the gate/up projection carries SiLU-and-multiply in its epilogue (one launch);
+- the gate/up projection carries SiLU-and-multiply (Gemma: GELU(tanh)) in its epilogue (one launch);
+- Qwen3's and Gemma 3's extra ops ride on the same launches (families.fused_serves): the q/k norm
+  in rope_kv_write, Gemma's norms after attention and after the MLP in the add_rms_norm that adds
+  their sublayer's output, its embedding scale in layer 0's;
 - a quantized weight (engine.quant: a QuantWeight, or a QuantStack of formats) runs on
   kernels.qgemv, which dequantizes its tiles in registers: always for up to MAX_ROWS rows (o and
   down split along K where that fills the SMs), through a dequantized copy and cuBLAS for more;
