@@ -74,8 +74,10 @@ def build_model(
     max_pos: int = 2048,
     seed: int = 0,
     dtype: str = "float32",
+    softcap: float | None = 30.0,
 ) -> Path:
-    """Save a tiny random model of `family` with a trained tokenizer into `out`."""
+    """Save a tiny random model of `family` with a trained tokenizer into `out` (gemma3: its final
+    logit softcap, None for none as Gemma 3's own configs)."""
     import torch
     import transformers
 
@@ -123,7 +125,7 @@ def build_model(
         types = ["full_attention" if i % 3 == 1 else "sliding_attention" for i in range(layers)]
         cfg = transformers.Gemma3TextConfig(
             **common, sliding_window=GEMMA_WINDOW, layer_types=types, query_pre_attn_scalar=24,
-            final_logit_softcapping=30.0, pad_token_id=ids["<|endoftext|>"],
+            final_logit_softcapping=softcap, pad_token_id=ids["<|endoftext|>"],
             rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
                              "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}})
         cls = transformers.Gemma3ForCausalLM

@@ -18,6 +18,7 @@ if not torch.cuda.is_available():
 pytest.importorskip("triton")
 pytest.importorskip("transformers")
 
+import family_runs  # noqa: E402
 import interpreter_rounding  # noqa: E402
 import tiny_models  # noqa: E402
 
@@ -34,34 +35,11 @@ def qwen3_dir(tmp_path_factory):
 
 
 def _engine(path, dtype: str):
-    from fgchat.engine.core import Engine, EngineConfig
-    from fgchat.protocol.tuning import Tuning
-
-    return Engine(EngineConfig(model=str(path), device="cpu", max_context=64, dtype=dtype,
-                               tuning=Tuning(head_pick=False)))
+    return family_runs.cpu_engine(path, dtype)
 
 
-def _decode(dec, eng, cache) -> tuple[list[list[int]], list[torch.Tensor]]:
-    """Prefill each prompt into its slot, then STEPS greedy steps of both rows together: the
-    tokens per row and each step's logits [2, V] (prefill's last logits first)."""
-    from fgchat.engine.step import StepBuffers, StepProgram, Variant
-
-    bufs = StepBuffers(eng.device, eng.cfg.num_heads, eng.cfg.head_dim, eng.dtype)
-    prog = StepProgram(dec, cache, bufs, eng.attention)
-    with torch.inference_mode():
-        first = torch.stack([dec.prefill(torch.tensor(p), s, cache.k, cache.v) for p, s in zip(PROMPTS, SLOTS)])
-        logits = [first]
-        toks = [[int(t)] for t in first.argmax(dim=1)]
-        lens = [len(p) for p in PROMPTS]
-        for j in range(STEPS):
-            bufs.stage([t[-1] for t in toks], [n + j for n in lens], list(SLOTS), [0.0] * 2, [1.0] * 2,
-                       [0] * 2, [0] * 2)
-            prog.max_len_hint = max(lens) + j + 1
-            out = prog.run_eager(2, Variant.GREEDY)
-            logits.append(out.logits.float().clone())
-            for row, t in zip(toks, out.tokens.tolist()):
-                row.append(int(t))
-    return toks, logits
+def _decode(dec, eng, cache, steps: int = STEPS) -> tuple[list[list[int]], list[torch.Tensor]]:
+    return family_runs.decode(dec, eng, cache, PROMPTS, SLOTS, steps)
 
 
 def _both(path, dtype: str, fused: bool = True):
@@ -111,7 +89,8 @@ def test_routing_puts_qwen3_on_the_fused_stages_and_the_others_on_the_plain(tmp_
     base = dict(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
                 num_key_value_heads=2, head_dim=16, rope_theta=10000.0, max_position_embeddings=512)
     qwen3 = parse_config(dict(base, architectures=["Qwen3ForCausalLM"]))
-    gemma = parse_config(dict(base, architectures=["Gemma3ForCausalLM"], sliding_window=8))
+    gemma = parse_config(dict(base, architectures=["Gemma3ForCausalLM"], sliding_window=8,
+                              final_logit_softcapping=30.0))  # a cap: plain (test_gemma3_fused)
     llama = parse_config(dict(base, architectures=["LlamaForCausalLM"]))
     assert fused_serves(qwen3) and not fused_serves(gemma) and not fused_serves(llama)
     assert uses_family_stages(qwen3) and not uses_family_stages(qwen3, fused=True)  # reference / CPU: plain

@@ -1,13 +1,14 @@
-"""Qwen3, Gemma 3 and Phi-3 (model.families) on a GPU in every mode: Gemma 3 and Phi-3 on the plain
-stages, Qwen3 on the fused ones (its own checks: tests/gpu/test_gpu_qwen3_fused.py).
+"""Qwen3, Gemma 3 and Phi-3 (model.families) on a GPU in every mode: Phi-3 and the tiny Gemma 3 (its
+final softcap) on the plain stages, Qwen3 and the gemma-3-1b preset on the fused ones (their own
+checks: tests/gpu/test_gpu_qwen3_fused.py, tests/gpu/test_gpu_gemma3_fused.py).
 
 - float32: greedy tokens of every mode (eager, piecewise, full) equal transformers' float32 on
   tiny random models (head dim 64, the Triton decode attention's), batch 1 and 2, Gemma 3 past
   its window of 8, Phi-3 below and past its LongRoPE original context;
 - bf16: the start-up check and each mode's self-check against the float32 reference pass;
 - the presets' random weights (qwen3-0.6b, gemma-3-1b (head dim 256), phi-4-mini) in every mode
-  against the float32 reference; the engine's line names the plain stages (not Qwen3's); mega is
-  unavailable.
+  against the float32 reference; the engine's line names the plain stages for Phi-3 only; mega
+  is unavailable.
 
 Run: pytest -m gpu tests/gpu/test_gpu_families.py -s (prints what it measured)
 """
@@ -89,6 +90,7 @@ def test_preset_random_weights_every_mode_against_the_reference(preset):
     print(f"\n{preset}: startup check {eng.startup_check}; modes {info.available_modes}; notes {info.notes}")
     assert eng.startup_check.passed
     assert not any(info.available_modes[m] for m in MODES), info.available_modes
+    assert any("plain torch stages" in n for n in info.notes) == (preset == "phi-4-mini")
     prompt = _prompt(600, 5, eng.cfg.vocab_size)
     for mode in MODES:
         for p in ([prompt], [prompt, prompt[:300]]):

@@ -16,6 +16,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import gpu_runs
 import tiny_models
 from fgchat.engine.core import Engine, EngineConfig
 from fgchat.engine.startup_check import path_name
@@ -38,15 +39,11 @@ def dirs(tmp_path_factory):
 
 
 def _prompt(n: int, seed: int, vocab: int) -> list[int]:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(3, vocab, (n,), generator=g).tolist()
+    return gpu_runs.prompt(n, seed, vocab)
 
 
 def _run(eng: Engine, mode: str, prompts: list[list[int]], new: int = NEW) -> list[list[int]]:
-    eng.set_mode(mode)
-    rids = [eng.submit(p, SamplingParams(max_tokens=new, ignore_eos=True)) for p in prompts]
-    done = {e.summary.request_id: e.summary.token_ids for e in eng.run_until_done() if isinstance(e, RequestFinished)}
-    return [done[r] for r in rids]
+    return gpu_runs.run(eng, mode, prompts, new)
 
 
 def _assert_fused(eng: Engine, label: str) -> None:

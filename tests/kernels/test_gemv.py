@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import os
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -29,6 +31,8 @@ from fgchat.engine.kernels.gemv import (  # noqa: E402
 )
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
+# what FusedStages reads of a Llama config (its stand-in decoders below)
+LLAMA_CFG = SimpleNamespace(qk_norm=False, gemma_norms=False, activation="silu", layer_windows=())
 
 
 def _inputs(m: int, n: int, k: int, seed: int):
@@ -115,16 +119,16 @@ def test_config_and_routing_depend_on_shape_only():
 
 
 def _stages(tuning, hidden=2048, inter=8192, q=3072, pdl=True, sms=132, smem=None):
-    from types import SimpleNamespace
-
     from fgchat.engine.model.fused_step import FusedStages
 
     meta = lambda *shape: torch.empty(*shape, device="meta")  # noqa: E731
-    layer = SimpleNamespace(wqkv=meta(q, hidden), bqkv=None, wo=meta(hidden, hidden),
-                            w_gate_up=meta(2 * inter, hidden), w_down=meta(hidden, inter))
-    weights = SimpleNamespace(layers=[layer], lm_head=meta(32000, hidden))  # float32: no int8 pick copy
-    return (FusedStages(SimpleNamespace(w=weights, cfg=SimpleNamespace(qk_norm=False)), tuning, sms, pdl=pdl) if smem is None
-            else FusedStages(SimpleNamespace(w=weights, cfg=SimpleNamespace(qk_norm=False)), tuning, sms, pdl=pdl, smem_per_block=smem))
+    layer = SimpleNamespace(wqkv=meta(q, hidden), bqkv=None, wo=meta(hidden, hidden), attn_norm=meta(hidden),
+                            mlp_norm=meta(hidden), w_gate_up=meta(2 * inter, hidden), w_down=meta(hidden, inter))
+    weights = SimpleNamespace(layers=[layer], lm_head=meta(32000, hidden),  # float32: no int8 pick copy
+                              final_norm=meta(hidden), family=None)
+    dec = SimpleNamespace(w=weights, cfg=LLAMA_CFG)
+    return (FusedStages(dec, tuning, sms, pdl=pdl) if smem is None
+            else FusedStages(dec, tuning, sms, pdl=pdl, smem_per_block=smem))
 
 
 def test_routes_of_llama_1b_projections():

@@ -145,6 +145,9 @@ def _stages(hidden: int, inter: int, q: int, layers: int, tuning=None, mb: int |
     def w(*shape):
         return torch.empty(*shape, dtype=torch.bfloat16)
     ls = [SimpleNamespace(wqkv=w(q, hidden), bqkv=None, wo=w(hidden, hidden), w_gate_up=w(2 * inter, hidden),
-                          w_down=w(hidden, inter)) for _ in range(layers)]
-    weights = SimpleNamespace(layers=ls, lm_head=torch.empty(64, hidden))  # float32: no int8 pick copy
-    return FusedStages(SimpleNamespace(w=weights, cfg=SimpleNamespace(qk_norm=False)), tuning or Tuning(), 132, pdl=True, l2_prefetch_mb=mb)
+                          w_down=w(hidden, inter), attn_norm=w(hidden), mlp_norm=w(hidden)) for _ in range(layers)]
+    weights = SimpleNamespace(layers=ls, lm_head=torch.empty(64, hidden),  # float32: no int8 pick copy
+                              final_norm=w(hidden), family=None)
+    # what FusedStages reads of a Llama config
+    cfg = SimpleNamespace(qk_norm=False, gemma_norms=False, activation="silu", layer_windows=())
+    return FusedStages(SimpleNamespace(w=weights, cfg=cfg), tuning or Tuning(), 132, pdl=True, l2_prefetch_mb=mb)

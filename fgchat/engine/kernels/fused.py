@@ -12,23 +12,37 @@ import triton
 import triton.language as tl
 
 from fgchat.engine.intmath import cdiv, next_pow2
+from fgchat.engine.kernels.activation import gate_activation
 from fgchat.engine.kernels.launch import fast
 from fgchat.engine.kernels.pdl import pdl_enter
+from fgchat.engine.kernels.sampling_triton import LIBDEVICE
 
 
 @triton.jit
-def _add_rms_norm_kernel(x_ptr, d_ptr, w_ptr, h_out_ptr, y_ptr, n_cols, eps, stride_part,
+def _add_rms_norm_kernel(x_ptr, d_ptr, w_ptr, h_out_ptr, y_ptr, n_cols, eps, stride_part, dw_ptr, in_scale,
                          HAS_DELTA: tl.constexpr, BLOCK: tl.constexpr, USE_PDL: tl.constexpr = False,
-                         PARTS: tl.constexpr = 1):
+                         PARTS: tl.constexpr = 1, ONE_ROUND: tl.constexpr = False,
+                         DELTA_NORM: tl.constexpr = False, SCALE_IN: tl.constexpr = False):
     """PARTS > 1: the delta is PARTS float32 partial sums (slabs stride_part apart) of a split-K
     projection, added in slab order and rounded to y's (the model's) dtype as the projection
-    would round. h_out's dtype is the residual stream's (float32, or the model's)."""
+    would round. h_out's dtype is the residual stream's (float32, or the model's).
+    ONE_ROUND: y = x * rsqrt(mean(x^2) + eps) * w in float32, rounded once (Gemma's norm, w its
+    float32 1 + weight); else the normed row is rounded before the weight's product (ops.rms_norm).
+    DELTA_NORM (with ONE_ROUND): the delta, rounded to y's dtype, is first normed the same way by
+    dw (Gemma's norm after a sublayer) and rounded again before it is added.
+    SCALE_IN (no delta): x times in_scale, rounded to y's dtype, is the residual (Gemma's
+    embedding scale), stored in h_out."""
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     m = cols < n_cols
-    w = tl.load(w_ptr + cols, mask=m, other=0.0).to(tl.float32)  # a weight: readable before the wait
+    w = tl.load(w_ptr + cols, mask=m, other=0.0).to(tl.float32)  # weights: readable before the wait
+    if DELTA_NORM:
+        dw = tl.load(dw_ptr + cols, mask=m, other=0.0).to(tl.float32)
     pdl_enter(USE_PDL)
     x = tl.load(x_ptr + row * n_cols + cols, mask=m, other=0.0)
+    if SCALE_IN:
+        x = (x.to(tl.float32) * in_scale).to(y_ptr.dtype.element_ty).to(h_out_ptr.dtype.element_ty)
+        tl.store(h_out_ptr + row * n_cols + cols, x, mask=m)
     if HAS_DELTA:
         if PARTS == 1:
             d = tl.load(d_ptr + row * n_cols + cols, mask=m, other=0.0).to(tl.float32)
@@ -37,56 +51,80 @@ def _add_rms_norm_kernel(x_ptr, d_ptr, w_ptr, h_out_ptr, y_ptr, n_cols, eps, str
             for p in tl.static_range(1, PARTS):
                 d += tl.load(d_ptr + p * stride_part + row * n_cols + cols, mask=m, other=0.0)
             d = d.to(y_ptr.dtype.element_ty).to(tl.float32)
+        if DELTA_NORM:
+            d_var = tl.sum(d * d, axis=0) / n_cols
+            d = (d * (1.0 / tl.sqrt(d_var + eps)) * dw).to(y_ptr.dtype.element_ty).to(tl.float32)
         x = (x.to(tl.float32) + d).to(h_out_ptr.dtype.element_ty)
         tl.store(h_out_ptr + row * n_cols + cols, x, mask=m)
     xf = x.to(tl.float32)
     var = tl.sum(xf * xf, axis=0) / n_cols
-    y = (xf * (1.0 / tl.sqrt(var + eps))).to(y_ptr.dtype.element_ty).to(tl.float32)
-    tl.store(y_ptr + row * n_cols + cols, (w * y).to(y_ptr.dtype.element_ty), mask=m)
+    if ONE_ROUND:
+        y = xf * (1.0 / tl.sqrt(var + eps)) * w
+    else:
+        y = w * (xf * (1.0 / tl.sqrt(var + eps))).to(y_ptr.dtype.element_ty).to(tl.float32)
+    tl.store(y_ptr + row * n_cols + cols, y.to(y_ptr.dtype.element_ty), mask=m)
 
 
 def add_rms_norm(h: torch.Tensor, delta: torch.Tensor | None, w: torch.Tensor, eps: float,
-                 pdl: bool = False, residual_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                 pdl: bool = False, residual_dtype: torch.dtype | None = None, *,
+                 out_dtype: torch.dtype | None = None, one_round: bool = False,
+                 delta_norm: torch.Tensor | None = None, in_scale: float | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Returns (h + delta, rms_norm(h + delta) * w); with delta None, (h, rms_norm(h) * w).
     The sum is stored in `residual_dtype` (default h's; float32 keeps the residual stream's
     massive activation channels exact to float32, where bf16 steps by 128 at 2.5e4); the
-    normalised output is in w's dtype (the model's). Statistics are float32 in any case.
+    normalised output is in out_dtype (default w's: the model's). Statistics are float32 in any case.
     delta [S, rows, n] float32: partial sums of a split-K projection (gemv.project_partials).
+    Gemma's norms (families.gemma_norm's rounding): one_round with w = 1 + weight in float32;
+    delta_norm, the same form of weight, norms the delta before it is added (its post-sublayer
+    norm); in_scale (delta None) multiplies h first, rounded to out_dtype (its embedding scale,
+    a value of that dtype); the scaled rows are then the returned residual.
     pdl: launch with programmatic dependent launch (see engine.pdl), as for every kernel here."""
     rows, n = h.shape
-    y = torch.empty((rows, n), dtype=w.dtype, device=h.device)
-    h_out = torch.empty((rows, n), dtype=residual_dtype or h.dtype, device=h.device) if delta is not None else h
+    if (delta_norm is not None or in_scale is not None) and not one_round:
+        raise ValueError("delta_norm and in_scale come with one_round (Gemma's norms)")
+    if in_scale is not None and delta is not None:
+        raise ValueError("in_scale scales the embedding rows: no delta")
+    y = torch.empty((rows, n), dtype=out_dtype or w.dtype, device=h.device)
+    stored = delta is not None or in_scale is not None
+    h_out = torch.empty((rows, n), dtype=residual_dtype or h.dtype, device=h.device) if stored else h
     parts = delta.shape[0] if delta is not None and delta.dim() == 3 else 1
     if parts > 1 and (delta.shape[1:] != h.shape or delta.dtype != torch.float32 or not delta.is_contiguous()):
         raise ValueError("partial sums must be contiguous float32 [S, rows, n]")
     fast(_add_rms_norm_kernel)[(rows,)](h, delta if delta is not None else h, w, h_out, y, n, eps,
                                         rows * n if parts > 1 else 0,
+                                        delta_norm if delta_norm is not None else w,
+                                        1.0 if in_scale is None else in_scale,
                                         HAS_DELTA=delta is not None, BLOCK=next_pow2(n),
-                                        USE_PDL=pdl, PARTS=parts,
+                                        USE_PDL=pdl, PARTS=parts, ONE_ROUND=one_round,
+                                        DELTA_NORM=delta_norm is not None and delta is not None,
+                                        SCALE_IN=in_scale is not None,
                                         num_warps=4 if n <= 4096 else 8, launch_pdl=pdl)
     return h_out, y
 
 
 @triton.jit
-def _silu_mul_kernel(gu_ptr, out_ptr, inter, BLOCK: tl.constexpr, USE_PDL: tl.constexpr = False):
+def _silu_mul_kernel(gu_ptr, out_ptr, inter, BLOCK: tl.constexpr, USE_PDL: tl.constexpr = False,
+                     GELU: tl.constexpr = False, LIBDEVICE: tl.constexpr = True):
     pdl_enter(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     m = cols < inter
     g = tl.load(gu_ptr + row * 2 * inter + cols, mask=m, other=0.0).to(tl.float32)
     u = tl.load(gu_ptr + row * 2 * inter + inter + cols, mask=m, other=0.0).to(tl.float32)
-    s = (g / (1.0 + tl.exp(-g))).to(out_ptr.dtype.element_ty).to(tl.float32)
+    s = gate_activation(g, GELU, LIBDEVICE).to(out_ptr.dtype.element_ty).to(tl.float32)
     tl.store(out_ptr + row * inter + cols, (s * u).to(out_ptr.dtype.element_ty), mask=m)
 
 
-def silu_mul(gu: torch.Tensor, pdl: bool = False) -> torch.Tensor:
-    """gu: [N, 2I] rows gate | up -> silu(gate) * up, [N, I]."""
+def silu_mul(gu: torch.Tensor, pdl: bool = False, gelu: bool = False) -> torch.Tensor:
+    """gu: [N, 2I] rows gate | up -> silu(gate) * up, [N, I]; gelu: gelu_tanh(gate) * up
+    (activation.gate_activation), each product rounded to gu's dtype as torch rounds it."""
     rows, two_i = gu.shape
     inter = two_i // 2
     out = torch.empty((rows, inter), dtype=gu.dtype, device=gu.device)
     block = 1024
-    fast(_silu_mul_kernel)[(rows, cdiv(inter, block))](gu, out, inter, BLOCK=block, USE_PDL=pdl,
-                                                                   num_warps=4, launch_pdl=pdl)
+    fast(_silu_mul_kernel)[(rows, cdiv(inter, block))](gu, out, inter, BLOCK=block, USE_PDL=pdl, GELU=gelu,
+                                                       LIBDEVICE=LIBDEVICE, num_warps=4, launch_pdl=pdl)
     return out
 
 
@@ -95,13 +133,15 @@ def _rope_kv_kernel(qkv_ptr, cos_ptr, sin_ptr, pos_ptr, slot_ptr, q_out_ptr, k_c
                     n_q_heads, n_kv_heads, stride_slot, stride_pos, k_out_ptr, slot_step,
                     q_norm_ptr, k_norm_ptr, norm_eps,
                     HEAD_DIM: tl.constexpr, HB: tl.constexpr, USE_PDL: tl.constexpr = False,
-                    K_OUT: tl.constexpr = False, QK_NORM: tl.constexpr = False):
+                    K_OUT: tl.constexpr = False, QK_NORM: tl.constexpr = False,
+                    NORM_ONE_ROUND: tl.constexpr = False):
     """Program (row, block of HB heads): heads [0, Hq) are q, [Hq, Hq+Hkv) are k (+ their v is
     copied). Elementwise per head, so the bits do not depend on HB.
     K_OUT: the RoPE'd k rows also go to k_out [rows, Hkv, D] (prefill attends over them).
     QK_NORM: each q / k head row is RMS-normed by q_norm / k_norm [D] before RoPE (Qwen3), with
     ops.rms_norm's rounding points: float32 statistics, the normed row rounded to the model's
-    dtype, then the weight's product rounded.
+    dtype, then the weight's product rounded; NORM_ONE_ROUND: rounded once after the weight's
+    product (Gemma 3, its weights float32 1 + w: families.gemma_norm).
     Row r's slot is at slot_ptr + r * slot_step (0: one slot for every row)."""
     half: tl.constexpr = HEAD_DIM // 2
     idx = tl.arange(0, half)
@@ -132,8 +172,12 @@ def _rope_kv_kernel(qkv_ptr, cos_ptr, sin_ptr, pos_ptr, slot_ptr, q_out_ptr, k_c
         r = (1.0 / tl.sqrt(var + norm_eps))[:, None]
         w1 = tl.where(is_q[:, None], qn1, kn1)
         w2 = tl.where(is_q[:, None], qn2, kn2)
-        xf1 = (w1 * (xf1 * r).to(ty).to(tl.float32)).to(ty).to(tl.float32)
-        xf2 = (w2 * (xf2 * r).to(ty).to(tl.float32)).to(ty).to(tl.float32)
+        if NORM_ONE_ROUND:
+            xf1 = (xf1 * r * w1).to(ty).to(tl.float32)
+            xf2 = (xf2 * r * w2).to(ty).to(tl.float32)
+        else:
+            xf1 = (w1 * (xf1 * r).to(ty).to(tl.float32)).to(ty).to(tl.float32)
+            xf2 = (w2 * (xf2 * r).to(ty).to(tl.float32)).to(ty).to(tl.float32)
     # torch: x * cos + rotate_half(x) * sin, rounding after each product and after the sum
     o1 = ((xf1 * c1).to(ty).to(tl.float32) + (-xf2 * s1).to(ty).to(tl.float32)).to(ty)
     o2 = ((xf2 * c2).to(ty).to(tl.float32) + (xf1 * s2).to(ty).to(tl.float32)).to(ty)
@@ -165,14 +209,16 @@ def rope_kv_write(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, posit
                   slots: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                   n_q_heads: int, n_kv_heads: int, head_dim: int, pdl: bool = False,
                   k_out: torch.Tensor | None = None, heads_per_program: int | None = None,
-                  qk_norm: tuple[torch.Tensor, torch.Tensor] | None = None, norm_eps: float = 0.0) -> torch.Tensor:
+                  qk_norm: tuple[torch.Tensor, torch.Tensor] | None = None, norm_eps: float = 0.0,
+                  norm_one_round: bool = False) -> torch.Tensor:
     """RoPE on q and k of `qkv` [N, (Hq+2Hkv)*D]; k and v written to the cache at (slot, pos).
 
     Returns q [N, Hq, D]. Cache layout [slots, T, Hkv, D], contiguous. `slots` [N] may be an
     expanded view (stride 0: every row in one slot). k_out [N, Hkv, D] (contiguous), if given,
     receives the RoPE'd k rows as well. heads_per_program (a power of two) overrides the rule
     above; the bits are the same either way. qk_norm = (q weight, k weight), each [D] in the
-    model's dtype: every q / k head is rms_norm(head, weight, norm_eps) before its RoPE (Qwen3).
+    model's dtype: every q / k head is rms_norm(head, weight, norm_eps) before its RoPE (Qwen3);
+    norm_one_round: weights 1 + w in float32 and families.gemma_norm's single rounding (Gemma 3).
     """
     rows = qkv.shape[0]
     heads = n_q_heads + n_kv_heads
@@ -184,7 +230,7 @@ def rope_kv_write(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, posit
         k_cache.stride(0), k_cache.stride(1), k_out if k_out is not None else q, slots.stride(0),
         *(qk_norm if qk_norm is not None else (qkv, qkv)), norm_eps,
         HEAD_DIM=head_dim, HB=hb, USE_PDL=pdl, K_OUT=k_out is not None, QK_NORM=qk_norm is not None,
-        num_warps=warps, launch_pdl=pdl,
+        NORM_ONE_ROUND=norm_one_round, num_warps=warps, launch_pdl=pdl,
     )
     return q
 

@@ -21,6 +21,7 @@ import triton
 import triton.language as tl
 
 from fgchat.engine.intmath import cdiv, next_pow2
+from fgchat.engine.kernels.activation import gate_activation
 from fgchat.engine.kernels.launch import fast
 from fgchat.engine.kernels.pdl import pdl_enter
 from fgchat.engine.kernels.sampling_triton import LIBDEVICE, gumbel_scores, row_hash
@@ -52,7 +53,7 @@ def _proj_kernel(
     SPLIT_K: tl.constexpr = 1, ARGMAX: tl.constexpr = False,
     GLU: tl.constexpr = False, SWAP: tl.constexpr = False, ROUND: tl.constexpr = True,
     SAMPLE: tl.constexpr = False, LIBDEVICE: tl.constexpr = True,
-    PRE_TILES: tl.constexpr = 1,
+    PRE_TILES: tl.constexpr = 1, GELU: tl.constexpr = False,
 ):
     """Program (pid, ks) owns columns [pid*BLOCK_N, +BLOCK_N) over K slice ks of SPLIT_K. With
     SPLIT_K > 1 it stores its float32 partial sum in slab ks of y [SPLIT_K, M, N] (the consumer
@@ -62,7 +63,7 @@ def _proj_kernel(
     (with ARGMAX): the maximum is over logit / T + Gumbel noise instead (rows with T > 0), the
     scores of sampling_triton.gumbel_scores, so the pick is sampling.sample's unfiltered token.
     GLU (SPLIT_K == 1): w is [2N, K], rows gate | up; y = silu(x.gate) * (x.up), each product
-    rounded to x's dtype first, the activation as fused.silu_mul computes it.
+    rounded to x's dtype first, the activation as fused.silu_mul computes it (GELU: gelu_tanh).
     ROUND False (float32 y): the float32 sum is stored as it is (LM head logits: no bf16 ties).
     PRE_TILES 2 (pointer loads, EVEN_K and EVEN_N, not GLU, K_PART >= 2 BLOCK_K): the second weight
     tile is loaded before the PDL wait too (a slice of two tiles then reads all its weights while
@@ -125,20 +126,20 @@ def _proj_kernel(
         acc_u = acc
     finish_tile(acc, acc_u, x_ptr, y_ptr, stride_y, stride_split, offs_m, offs_n, m_mask, n_mask, pid, BLOCK_N,
                 pmax_ptr, pidx_ptr, stride_p, temp_ptr, seed_ptr, pos_ptr,
-                SPLIT_K, ARGMAX, GLU, ROUND, SAMPLE, LIBDEVICE)
+                SPLIT_K, ARGMAX, GLU, ROUND, SAMPLE, LIBDEVICE, GELU)
 
 
 @triton.jit
 def finish_tile(acc, acc_u, x_ptr, y_ptr, stride_y, stride_split, offs_m, offs_n, m_mask, n_mask, pid,
                 BLOCK_N: tl.constexpr, pmax_ptr, pidx_ptr, stride_p, temp_ptr, seed_ptr, pos_ptr,
                 SPLIT_K: tl.constexpr, ARGMAX: tl.constexpr, GLU: tl.constexpr, ROUND: tl.constexpr,
-                SAMPLE: tl.constexpr, LIBDEVICE: tl.constexpr):
+                SAMPLE: tl.constexpr, LIBDEVICE: tl.constexpr, GELU: tl.constexpr = False):
     """A projection program's epilogue (gemv's and qgemv's kernels). SPLIT_K > 1: its float32
     partial sums `acc` [BLOCK_M, BLOCK_N] go to slab program_id(1) of y (stride_split apart).
     Whole K: the sums are stored in y (rounded to x's dtype unless not ROUND, then to y's; GLU:
-    silu of them times acc_u's, each rounded first) and, with ARGMAX, each row's maximum over the
-    stored values and its first column at [row, pid] of pmax / pidx (SAMPLE: of the Gumbel scores
-    instead)."""
+    silu (GELU: gelu_tanh) of them times acc_u's, each rounded first) and, with ARGMAX, each
+    row's maximum over the stored values and its first column at [row, pid] of pmax / pidx
+    (SAMPLE: of the Gumbel scores instead)."""
     out_mask = m_mask[:, None] & n_mask[None, :]
     out = y_ptr + offs_m[:, None] * stride_y + offs_n[None, :]
     if SPLIT_K > 1:
@@ -152,7 +153,7 @@ def finish_tile(acc, acc_u, x_ptr, y_ptr, stride_y, stride_split, offs_m, offs_n
         if GLU:
             g = y.to(tl.float32)
             u = acc_u.to(x_ptr.dtype.element_ty).to(tl.float32)
-            s = (g / (1.0 + tl.exp(-g))).to(x_ptr.dtype.element_ty).to(tl.float32)
+            s = gate_activation(g, GELU, LIBDEVICE).to(x_ptr.dtype.element_ty).to(tl.float32)
             y = (s * u).to(x_ptr.dtype.element_ty)
         y = y.to(out.dtype.element_ty)
         tl.store(out, y, mask=out_mask)
@@ -336,13 +337,13 @@ def project_argmax(x: torch.Tensor, w: torch.Tensor, config: ProjConfig | None =
 
 
 def project_glu(x: torch.Tensor, w_gate_up: torch.Tensor, config: ProjConfig | None = None,
-                pdl: bool = False) -> torch.Tensor:
+                pdl: bool = False, gelu: bool = False) -> torch.Tensor:
     """x [M <= 16, K], w_gate_up [2I, K] (rows gate | up) -> silu(x @ gate^T) * (x @ up^T), [M, I],
     in one launch; each product rounded to x's dtype before the activation (as F.linear then
-    fused.silu_mul)."""
+    fused.silu_mul). gelu: gelu_tanh in place of silu (Gemma)."""
     if w_gate_up.shape[0] % 2:
         raise ValueError("project_glu needs an even number of weight rows (gate | up)")
-    return _launch(x, w_gate_up, config, None, pdl, 1, glu=True)
+    return _launch(x, w_gate_up, config, None, pdl, 1, glu=True, gelu=gelu)
 
 
 def project_partials(x: torch.Tensor, w: torch.Tensor, split: int, config: ProjConfig | None = None,
@@ -366,7 +367,7 @@ class _Plan:
 @functools.lru_cache(maxsize=1024)
 def _plan(m: int, n: int, k: int, x_dtype: torch.dtype, w_dtype: torch.dtype, out_dtype: torch.dtype,
           split: int, argmax: bool, pdl: bool, config: ProjConfig | None, glu: bool = False,
-          exact: bool = False, sample: bool = False, preload: int = 1) -> _Plan:
+          exact: bool = False, sample: bool = False, preload: int = 1, gelu: bool = False) -> _Plan:
     """Grid, output shape and launch options of one call signature (validated once)."""
     if m > MAX_ROWS:
         raise ValueError(f"project handles at most {MAX_ROWS} rows, got {m}")
@@ -382,7 +383,7 @@ def _plan(m: int, n: int, k: int, x_dtype: torch.dtype, w_dtype: torch.dtype, ou
         BLOCK_M=MAX_ROWS, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         DOT_PRECISION="ieee" if w_dtype == torch.float32 else "tf32", USE_PDL=pdl,
         SPLIT_K=split, ARGMAX=argmax, GLU=glu, SWAP=cfg.swap, ROUND=not exact,
-        SAMPLE=sample, LIBDEVICE=LIBDEVICE,
+        SAMPLE=sample, LIBDEVICE=LIBDEVICE, GELU=gelu,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=pdl,
     )
     shape = (split, m, n) if split > 1 else (m, n)
@@ -392,7 +393,7 @@ def _plan(m: int, n: int, k: int, x_dtype: torch.dtype, w_dtype: torch.dtype, ou
 def _launch(x: torch.Tensor, w: torch.Tensor, config: ProjConfig | None, out_dtype: torch.dtype | None,
             pdl: bool, split: int, argmax: tuple[torch.Tensor, torch.Tensor] | None = None,
             glu: bool = False, exact: bool = False,
-            sample: SampleArgs | None = None, preload: int = 1) -> torch.Tensor:
+            sample: SampleArgs | None = None, preload: int = 1, gelu: bool = False) -> torch.Tensor:
     m, k = x.shape
     n = w.shape[0] // 2 if glu else w.shape[0]
     if w.shape[1] != k or not (x.is_contiguous() and w.is_contiguous()):
@@ -403,7 +404,7 @@ def _launch(x: torch.Tensor, w: torch.Tensor, config: ProjConfig | None, out_dty
     if sample is not None and argmax is None:
         raise ValueError("sampling in the epilogue needs the argmax outputs")
     plan = _plan(m, n, k, x.dtype, w.dtype, out_dtype, split, argmax is not None, pdl, config, glu, exact,
-                 sample is not None, preload)
+                 sample is not None, preload, gelu)
     y = torch.empty(plan.shape, dtype=out_dtype, device=x.device)
     pmax, pidx = argmax if argmax is not None else (None, None)
     temp, seeds, positions = sample if sample is not None else (None, None, None)

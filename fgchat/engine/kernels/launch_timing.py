@@ -31,7 +31,7 @@ def measure_launch_us(rows: int = 1, n_cols: int = 2048, dtype: torch.dtype = to
     w = torch.rand(n_cols, device=device, generator=g).to(dtype)
     h_out, y = torch.empty_like(h), torch.empty_like(h)
     grid = (rows,)
-    args = (h, d, w, h_out, y, n_cols, 1e-5, 0)
+    args = (h, d, w, h_out, y, n_cols, 1e-5, 0, w, 1.0)
     kw = dict(HAS_DELTA=True, BLOCK=triton.next_power_of_2(n_cols), num_warps=4 if n_cols <= 4096 else 8)
     launcher = FastLauncher(kernel)  # private instance: the counters below are ours alone
 

@@ -49,7 +49,7 @@ def _qproj_kernel(
     PREC: tl.constexpr, USE_PDL: tl.constexpr = False, SPLIT_K: tl.constexpr = 1,
     ARGMAX: tl.constexpr = False, GLU: tl.constexpr = False,
     ROUND: tl.constexpr = True, SAMPLE: tl.constexpr = False, LIBDEVICE: tl.constexpr = True,
-    PREFETCH: tl.constexpr = False,
+    PREFETCH: tl.constexpr = False, GELU: tl.constexpr = False,
 ):
     """Program (pid, ks) owns columns [pid*BLOCK_N, +BLOCK_N) over K slice ks of SPLIT_K; the
     outputs as gemv._proj_kernel's (SPLIT_K > 1: float32 partials in slab ks; GLU: w rows gate |
@@ -84,7 +84,7 @@ def _qproj_kernel(
             acc_u = acc_u * tl.load(p1 + N + offs_n, mask=n_mask, other=0.0)[None, :]
     finish_tile(acc, acc_u, x_ptr, y_ptr, stride_y, stride_split, offs_m, offs_n, m_mask, n_mask, pid, BLOCK_N,
                 pmax_ptr, pidx_ptr, stride_p, temp_ptr, seed_ptr, pos_ptr,
-                SPLIT_K, ARGMAX, GLU, ROUND, SAMPLE, LIBDEVICE)
+                SPLIT_K, ARGMAX, GLU, ROUND, SAMPLE, LIBDEVICE, GELU)
 
 
 @dataclass(frozen=True)
@@ -138,7 +138,8 @@ def _no_tile(fmt: str, k: int) -> bool:
 
 @functools.lru_cache(maxsize=1024)
 def _kwargs(fmt: str, n: int, k: int, x_dtype: torch.dtype, split: int, glu: bool, argmax: bool,
-            sample: bool, rounded: bool, pdl: bool, prefetch: bool, config: QConfig | None) -> tuple[tuple, dict]:
+            sample: bool, rounded: bool, pdl: bool, prefetch: bool, config: QConfig | None,
+            gelu: bool = False) -> tuple[tuple, dict]:
     """(grid, launch options) of one call signature (validated once)."""
     if fmt not in CODES:
         raise ValueError(f"no projection kernel for weight format {fmt!r}")
@@ -150,7 +151,7 @@ def _kwargs(fmt: str, n: int, k: int, x_dtype: torch.dtype, split: int, glu: boo
         BLOCK_M=MAX_ROWS, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         PREC="ieee" if x_dtype == torch.float32 else "tf32", USE_PDL=pdl,
         SPLIT_K=split, ARGMAX=argmax, GLU=glu, ROUND=rounded, SAMPLE=sample,
-        LIBDEVICE=LIBDEVICE, PREFETCH=prefetch,
+        LIBDEVICE=LIBDEVICE, PREFETCH=prefetch, GELU=gelu,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=pdl,
     )
     return (cdiv(n, cfg.block_n), split), kw
@@ -164,14 +165,14 @@ def _prefetchable(w: QuantWeight) -> bool:
 
 def _launch(x: torch.Tensor, w: QuantWeight, y: torch.Tensor, split: int = 1, glu: bool = False,
             argmax: tuple[torch.Tensor, torch.Tensor] | None = None, sample: SampleArgs | None = None,
-            rounded: bool = True, pdl: bool = False, config: QConfig | None = None) -> None:
+            rounded: bool = True, pdl: bool = False, config: QConfig | None = None, gelu: bool = False) -> None:
     """Write x @ w^T into y ([M, N] with row stride y.stride(0), or [split, M, N] partials)."""
     m, k = x.shape
     n = w.shape[0] // 2 if glu else w.shape[0]
     if m > MAX_ROWS or w.shape[1] != k or not x.is_contiguous():
         raise ValueError(f"qgemv needs contiguous x [M <= {MAX_ROWS}, {w.shape[1]}], got {tuple(x.shape)}")
     grid, kw = _kwargs(w.fmt, n, k, x.dtype, split, glu, argmax is not None, sample is not None, rounded, pdl,
-                       pdl and _prefetchable(w), config)
+                       pdl and _prefetchable(w), config, gelu)
     pmax, pidx = argmax if argmax is not None else (None, None)
     temp, seeds, positions = sample if sample is not None else (None, None, None)
     stride_split = y.stride(0) if split > 1 else 0
@@ -204,18 +205,18 @@ def project_partials(x: torch.Tensor, w: QWeight, split: int, pdl: bool = False,
 
 
 def project_glu(x: torch.Tensor, w_gate_up: QWeight, pdl: bool = False,
-                config: QConfig | None = None) -> torch.Tensor:
+                config: QConfig | None = None, gelu: bool = False) -> torch.Tensor:
     """x [M, K], w_gate_up [2I, K] (rows gate | up) -> silu(x @ gate^T) * (x @ up^T), [M, I], each
     product rounded to x's dtype before the activation (gemv.project_glu's roundings). One launch
-    for a QuantWeight; a stack runs its products, then fused.silu_mul."""
+    for a QuantWeight; a stack runs its products, then fused.silu_mul. gelu: gelu_tanh for silu."""
     if w_gate_up.shape[0] % 2:
         raise ValueError("project_glu needs an even number of weight rows (gate | up)")
     if isinstance(w_gate_up, QuantStack):
         from fgchat.engine.kernels.fused import silu_mul
 
-        return silu_mul(project(x, w_gate_up, pdl=pdl), pdl)
+        return silu_mul(project(x, w_gate_up, pdl=pdl), pdl, gelu=gelu)
     y = torch.empty((x.shape[0], w_gate_up.shape[0] // 2), dtype=x.dtype, device=x.device)
-    _launch(x, w_gate_up, y, glu=True, pdl=pdl, config=config)
+    _launch(x, w_gate_up, y, glu=True, pdl=pdl, config=config, gelu=gelu)
     return y
 
 

@@ -20,8 +20,8 @@ from fgchat.engine.model.config import ModelConfig, rope_inv_freq
 from fgchat.engine.model.cpu_head_pick import CpuHeadPick
 from fgchat.engine.model.cpu_linear import PackedProjections, role_weight
 from fgchat.engine.model.families import (
-    FamilyLayerWeights, fused_serves, normalize_state_dict, random_family_weights, rope_tables,
-    take_family_weights, uses_family_stages,
+    FamilyLayerWeights, attention_scale, fused_serves, layer_window, normalize_state_dict,
+    random_family_weights, rope_tables, take_family_weights, uses_family_stages,
 )
 from fgchat.engine.model import quant_ops
 from fgchat.engine.model.ops import CpuHead, apply_rope_rolled, rms_norm, signed_sin
@@ -209,19 +209,28 @@ class Decoder:
         # (~2.5e4) by up to 64 per add; the plain path keeps the model's dtype, as HF does
         self.residual_dtype = torch.float32 if fused else self.dtype
         self.max_context = max_context
+        self.scale = cfg.head_dim**-0.5
+        self.layer_windows: list[int] | None = None  # per layer: attend to the last n positions (0: all)
         if fused_serves(cfg):  # a family model the fused stages serve: the plain stages' tables
-            cos, sin = rope_tables(cfg, max_context)[0]
-            cos, sin = cos.to(self.device), sin.to(self.device)
+            tables = [(c.to(self.device, self.dtype), s.to(self.device, self.dtype))
+                      for c, s in rope_tables(cfg, max_context)]
+            cos, sin = tables[0]
+            if fused:
+                self.scale = attention_scale(cfg)
+                self.layer_windows = [layer_window(cfg, i) for i in range(cfg.num_layers)] \
+                    if any(cfg.layer_windows) else None
         else:
             inv = torch.tensor(rope_inv_freq(cfg), dtype=torch.float32, device=self.device)
             pos = torch.arange(max_context, dtype=torch.float32, device=self.device)
             freqs = pos[:, None] * inv[None, :]
             emb = torch.cat((freqs, freqs), dim=-1)
-            cos, sin = emb.cos(), emb.sin()
-        self.cos = cos.to(self.dtype)  # [T, D]
-        self.sin = sin.to(self.dtype)
+            cos, sin = emb.cos().to(self.dtype), emb.sin().to(self.dtype)
+            tables = [(cos, sin)]
+        self.cos = cos  # [T, D]
+        self.sin = sin
+        # the fused path's RoPE tables: [global] or [global, local] (families.layer_table)
+        self.rope_sets: list[tuple[torch.Tensor, torch.Tensor]] = tables
         self.ssin = signed_sin(self.sin)  # the plain decode path's rotation (ops.apply_rope_rolled)
-        self.scale = cfg.head_dim**-0.5
         cpu = self.device.type == "cpu"
         # the LM head on CPU, packed where it can be
         dense_head = isinstance(weights.lm_head, torch.Tensor)  # else quantized: FusedStages.logits
@@ -230,10 +239,9 @@ class Decoder:
         self._cpu_pick = CpuHeadPick.prepare(weights.lm_head) if cpu and not fused and t.head_pick is not False else None
         # the plain path's projections on CPU through oneDNN's packed weights (None: F.linear)
         self._packed = PackedProjections.prepare(weights) if cpu and not fused else None
-        # Qwen3 / Gemma 3 / Phi-3: model.family_stages replaces the stages below (and sets these),
-        # except where the fused stages serve the family (Qwen3: families.fused_serves)
+        # Qwen3 / Gemma 3 / Phi-3: model.family_stages replaces the stages below (and sets scale
+        # and layer_windows), except where the fused stages serve the family (families.fused_serves)
         self.family = None
-        self.layer_windows: list[int] | None = None  # per layer: attend to the last n positions (0: all)
         if uses_family_stages(cfg, fused):
             from fgchat.engine.model.family_stages import FamilyStages
 

@@ -23,8 +23,8 @@ FAMILY_NAMES = {"Qwen3ForCausalLM": "Qwen3", "Gemma3ForCausalLM": "Gemma3", "Phi
 def uses_family_stages(cfg: ModelConfig, fused: bool = False) -> bool:
     """The decoder runs model.family_stages (plain torch ops in every mode): every family
     architecture on the plain path (and the float32 reference, model.family_reference), and on the
-    fused path those whose ops the fused kernels lack ((1 + w) or sandwich norms, GeGLU, partial
-    RoPE, windows, LongRoPE; see fused_serves)."""
+    fused path those whose ops the fused kernels lack (partial RoPE, LongRoPE, a final logit
+    softcap; see fused_serves)."""
     if cfg.architecture not in FAMILY_ARCHITECTURES:
         return False
     return not (fused and fused_serves(cfg))
@@ -32,10 +32,17 @@ def uses_family_stages(cfg: ModelConfig, fused: bool = False) -> bool:
 
 def fused_serves(cfg: ModelConfig) -> bool:
     """The fused stages run every op of cfg's family model: Llama's with the per-head q/k norm
-    before RoPE (Qwen3; kernels.fused.rope_kv_write applies it)."""
-    return (cfg.architecture in FAMILY_ARCHITECTURES and cfg.qk_norm and not cfg.gemma_norms
-            and cfg.activation == "silu" and rotary_dim(cfg) == cfg.head_dim and not any(cfg.layer_windows)
-            and cfg.attn_scale is None and cfg.final_softcap is None and longrope_cut(cfg) is None)
+    before RoPE (Qwen3; kernels.fused.rope_kv_write applies it), and Gemma 3's beside it: (1 + w)
+    norms, also after attention and after the MLP (kernels.fused.add_rms_norm), the GELU(tanh)
+    gate, the embedding scale, windowed layers with their own RoPE base, query_pre_attn_scalar
+    (model.fused_step). Not Phi-3's partial RoPE or LongRoPE, nor a final logit softcap."""
+    if cfg.architecture not in FAMILY_ARCHITECTURES or not cfg.qk_norm:
+        return False
+    if rotary_dim(cfg) != cfg.head_dim or longrope_cut(cfg) is not None or cfg.final_softcap is not None:
+        return False
+    if cfg.gemma_norms:
+        return cfg.activation == "gelu_tanh"
+    return cfg.activation == "silu" and not any(cfg.layer_windows) and cfg.attn_scale is None
 
 
 def fused_note(cfg: ModelConfig) -> str | None:

@@ -1,6 +1,8 @@
 """The plain decode stages and prefill of Qwen3, Gemma 3 and Phi-3 (model.families): what the
 Decoder runs for them in every mode, in place of its Llama stages (installed once, at
-construction), except Qwen3 on the fused path (model.fused_step, families.fused_serves). Same stage contract as the Llama ones: no host syncs, no branches on values, so
+construction), except Qwen3 and Gemma 3 on the fused path (model.fused_step,
+families.fused_serves; their fused prefill's windowed attention is here). Same stage contract as
+the Llama ones: no host syncs, no branches on values, so
 the piecewise and full graphs capture them as they are. A windowed layer's attention takes its
 window as an argument of the attention call (the backends start at max(0, len - window) on the
 device), so one graph serves every length."""
@@ -183,3 +185,25 @@ def attend_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
     q4, k4, v4 = q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None]
     return F.scaled_dot_product_attention(q4, k4, v4, attn_mask=allowed, scale=scale,
                                           enable_gqa=gqa)[0].transpose(0, 1)
+
+
+def windowed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dec: Decoder, i: int, window: int,
+                       spans: list[tuple[int, int]] | None, batch: int, after: tuple[int, int] | None,
+                       k_caches: list[torch.Tensor], v_caches: list[torch.Tensor]) -> torch.Tensor:
+    """Layer i's attention in the fused prefill (prefill._fused_layers, its arguments) where a
+    row may see past the layer's `window`: each prompt's rows q [n, Hq, D] attend causally to
+    their last `window` positions (attend_rows) -> [n, Hq*D]; padding rows attend within their
+    prompt's padded span and are never read."""
+    c, n = dec.cfg, q.shape[0]
+    if after is not None:
+        slot, first = after
+        a = attend_rows(q, k_caches[i][slot, :first + n], v_caches[i][slot, :first + n], dec.scale, window)
+        return a.reshape(n, c.q_size)
+    if spans is None:
+        t = n // batch
+        spans = [(j * t, t) for j in range(batch)]
+    a = torch.zeros((n, c.num_heads, c.head_dim), dtype=q.dtype, device=q.device)
+    for s0, t in spans:
+        r = slice(s0, s0 + t)
+        a[r] = attend_rows(q[r], k[r], v[r], dec.scale, window)
+    return a.reshape(n, c.q_size)

@@ -7,7 +7,10 @@ graphs launch identical kernels (modes stay bit-identical):
 - the o and down projections feed the next add+RMSNorm; when their output is narrow they run on
   our kernel split along K into float32 partial sums that the norm adds in a fixed order (more
   programs in flight, and no reduce launch);
-- the gate/up projection carries SiLU-and-multiply in its epilogue (one launch);
+- the gate/up projection carries SiLU-and-multiply (Gemma: GELU(tanh)) in its epilogue (one launch);
+- Qwen3's and Gemma 3's extra ops ride on the same launches (families.fused_serves): the q/k norm
+  in rope_kv_write, Gemma's norms after attention and after the MLP in the add_rms_norm that adds
+  their sublayer's output, its embedding scale in layer 0's;
 - a quantized weight (engine.quant: a QuantWeight, or a QuantStack of formats) runs on
   kernels.qgemv, which dequantizes its tiles in registers: always for up to MAX_ROWS rows (o and
   down split along K where that fills the SMs), through a dequantized copy and cuBLAS for more;
@@ -36,6 +39,7 @@ from fgchat.engine.kernels import head_pick
 from fgchat.engine.kernels import l2_prefetch
 from fgchat.engine.kernels import qgemv
 from fgchat.engine.kernels.qtiles import is_quantized
+from fgchat.engine.model import families as fam
 from fgchat.engine.model import quant_ops
 from fgchat.protocol.errors import FgchatError
 from fgchat.protocol.tuning import Tuning
@@ -103,13 +107,7 @@ class FusedStages:
             self.head_int8 = head_pick.quantize(w)
         self.attention_ours = False
         self.rope_in_attention = False
-        # Qwen3's per-layer (q_norm, k_norm) [D], applied in rope_kv_write (None: no q/k norm)
-        self.qk_norms: list[tuple[torch.Tensor, torch.Tensor]] | None = None
-        if dec.cfg.qk_norm:
-            fam = dec.w.family
-            if fam is None or len(fam) != len(dec.w.layers) or any(f.q_norm is None for f in fam):
-                raise ValueError("the q/k norm weights are missing")
-            self.qk_norms = [(f.q_norm, f.k_norm) for f in fam]
+        self._family_ops(dec)
         budget = (L2_PREFETCH_MB if l2_prefetch_mb is None else l2_prefetch_mb) * 2**20
         dev = lw.wo.device
         self.prefetch: list[list[l2_prefetch.Range]] | None = None
@@ -130,6 +128,58 @@ class FusedStages:
                 lead_budget = max(budget, LEAD_BUDGET_MB * 2**20)
                 lead = [self._lead_tiles(i, lead_budget) if n == 1 else None for i, n in enumerate(whole)]
                 self.lead = lead if any(r is not None for r in lead) else None
+
+    def _family_ops(self, dec: Decoder) -> None:
+        """What the family models (families.fused_serves) add, prepared once: Qwen3's and Gemma 3's
+        per-layer (q_norm, k_norm) [D] for rope_kv_write (None: no q/k norm); the norms' weights
+        as add_rms_norm takes them (Gemma: float32 1 + w, one rounding); Gemma's norms after
+        attention and after the MLP (None: none), its embedding scale (a value of the model's
+        dtype), its GELU(tanh) gate; which RoPE table each layer reads (Decoder.rope_sets)."""
+        c, w = dec.cfg, dec.w
+        n = len(w.layers)
+        self.model_dtype = w.final_norm.dtype
+        self.one_round = c.gemma_norms
+        prep = fam.gemma_scale if c.gemma_norms else (lambda t: t)
+        self.attn_norms = [prep(lw.attn_norm) for lw in w.layers]
+        self.mlp_norms = [prep(lw.mlp_norm) for lw in w.layers]
+        self.final_norm = prep(w.final_norm)
+        self.post_attn: list[torch.Tensor | None] = [None] * n
+        self.post_mlp: list[torch.Tensor | None] = [None] * n
+        self.qk_norms: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+        extra = w.family
+        if (c.qk_norm or c.gemma_norms) and (extra is None or len(extra) != n):
+            raise ValueError("the family's extra weights are missing")
+        if c.qk_norm:
+            if any(f.q_norm is None for f in extra):
+                raise ValueError("the q/k norm weights are missing")
+            self.qk_norms = [(prep(f.q_norm), prep(f.k_norm)) for f in extra]
+        if c.gemma_norms:
+            self.post_attn = [prep(f.post_attn_norm) for f in extra]
+            self.post_mlp = [prep(f.post_mlp_norm) for f in extra]
+        scale = fam.embed_scale(c, self.model_dtype, torch.device("cpu"))
+        self.embed_scale = None if scale is None else float(scale)
+        self.gelu = c.activation == "gelu_tanh"
+        self.layer_table = [fam.layer_table(c, i) for i in range(n)]
+
+    def norm(self, h: torch.Tensor, delta: torch.Tensor | None, w: torch.Tensor, pdl: bool = False,
+             post: torch.Tensor | None = None, in_scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """kernels.fused.add_rms_norm with the model's norm: (residual h + delta, its normed rows in
+        the model's dtype); `post` norms delta first, in_scale scales h first (Gemma only)."""
+        return fk.add_rms_norm(h, delta, w, self.dec.cfg.rms_eps, pdl, self.dec.residual_dtype,
+                               out_dtype=self.model_dtype, one_round=self.one_round, delta_norm=post,
+                               in_scale=in_scale)
+
+    def layer_input(self, i: int, h: torch.Tensor, delta: torch.Tensor | None, pdl: bool = False
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer i's first norm: the residual with the previous layer's MLP output `delta` added
+        (layer 0: the embedding rows, scaled where the model scales them) and its normed rows."""
+        return self.norm(h, delta, self.attn_norms[i], pdl, post=self.post_mlp[i - 1] if i > 0 else None,
+                         in_scale=self.embed_scale if delta is None else None)
+
+    def final_rows(self, h: torch.Tensor, delta: torch.Tensor | None, pdl: bool = False
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The final norm after the last layer's MLP output `delta`: (residual, normed rows)."""
+        return self.norm(h, delta, self.final_norm, pdl, post=self.post_mlp[-1] if self.post_mlp else None)
 
     def _prefetched(self, i: int) -> list[torch.Tensor]:
         """What layer i's attention has prefetched beside it, in order, each whole while they fit
@@ -235,10 +285,9 @@ class FusedStages:
     # ---- stages (see Decoder for their contracts) ----
     def before_attention(self, i: int, st: StepState, positions: torch.Tensor, slot_ids: torch.Tensor,
                          k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
-        c, lw = self.dec.cfg, self.dec.w.layers[i]
+        lw = self.dec.w.layers[i]
         # layer 0 follows the embedding (a torch kernel); later layers the previous down projection
-        st.h, x = fk.add_rms_norm(st.h, st.delta, lw.attn_norm, c.rms_eps, self.after(i > 0 and self.down.ours),
-                                  self.dec.residual_dtype)
+        st.h, x = self.layer_input(i, st.h, st.delta, self.after(i > 0 and self.down.ours))
         st.delta = None
         if lw.bqkv is not None and is_quantized(lw.wqkv):
             qkv = self._project(x, lw.wqkv, self.qkv, True) + lw.bqkv
@@ -256,29 +305,30 @@ class FusedStages:
                       k_out: torch.Tensor | None = None) -> torch.Tensor:
         """Layer i's kernels.fused.rope_kv_write (with its q/k norm where the model has one):
         q [N, Hq, D] of the qkv rows, their K/V written at (slot, position)."""
-        c, dec = self.dec.cfg, self.dec
-        return fk.rope_kv_write(qkv, dec.cos, dec.sin, positions, slots, k_cache, v_cache, c.num_heads,
+        c = self.dec.cfg
+        cos, sin = self.dec.rope_sets[self.layer_table[i]]
+        return fk.rope_kv_write(qkv, cos, sin, positions, slots, k_cache, v_cache, c.num_heads,
                                 c.num_kv_heads, c.head_dim, pdl, k_out=k_out,
-                                qk_norm=None if self.qk_norms is None else self.qk_norms[i], norm_eps=c.rms_eps)
+                                qk_norm=None if self.qk_norms is None else self.qk_norms[i], norm_eps=c.rms_eps,
+                                norm_one_round=self.one_round)
 
     def after_attention(self, i: int, st: StepState, attn_out: torch.Tensor) -> None:
-        c, lw = self.dec.cfg, self.dec.w.layers[i]
+        lw = self.dec.w.layers[i]
         o = self._project(attn_out.view(attn_out.shape[0], -1), lw.wo, self.o, self.attention_ours)
-        st.h, x = fk.add_rms_norm(st.h, o, lw.mlp_norm, c.rms_eps, self.after(self.o.ours), self.dec.residual_dtype)
+        st.h, x = self.norm(st.h, o, self.mlp_norms[i], self.after(self.o.ours), post=self.post_attn[i])
         if self.gate_up.glu and self.gate_up.serves(x.shape[0]) and is_quantized(lw.w_gate_up):
-            act = qgemv.project_glu(x, lw.w_gate_up, pdl=self.after(True))
+            act = qgemv.project_glu(x, lw.w_gate_up, pdl=self.after(True), gelu=self.gelu)
         elif self.gate_up.glu and self.gate_up.serves(x.shape[0]):
-            act = gemv.project_glu(x, lw.w_gate_up, self.gate_up.config, pdl=self.after(True))
+            act = gemv.project_glu(x, lw.w_gate_up, self.gate_up.config, pdl=self.after(True), gelu=self.gelu)
         else:
             gu = self._project(x, lw.w_gate_up, self.gate_up, True)
-            act = fk.silu_mul(gu, self.after(self.gate_up.serves(x.shape[0])))
+            act = fk.silu_mul(gu, self.after(self.gate_up.serves(x.shape[0])), gelu=self.gelu)
         st.delta = self._project(act, lw.w_down, self.down, True)
 
     def head(self, st: StepState, greedy: bool,
              sample: gemv.SampleArgs | None = None) -> None:
         dec = self.dec
-        st.h, x = fk.add_rms_norm(st.h, st.delta, dec.w.final_norm, dec.cfg.rms_eps, self.after(self.down.ours),
-                                  dec.residual_dtype)
+        st.h, x = self.final_rows(st.h, st.delta, self.after(self.down.ours))
         st.delta = None
         if (greedy or sample is not None) and x.shape[0] <= gemv.MAX_ROWS:
             sample = None if greedy else sample

@@ -467,6 +467,7 @@ def _fused_layers(dec: Decoder, ids: torch.Tensor, pos: torch.Tensor, slots: tor
     before, and no other row's output of that layer is read by anything)."""
     from fgchat.engine.kernels import fused as fk
     from fgchat.engine.kernels import qgemv  # dense weights: F.linear / F.embedding as they are
+    from fgchat.engine.model.family_stages import windowed_attention
 
     c, w = dec.cfg, dec.w
     stages = dec.fused_stages
@@ -486,12 +487,15 @@ def _fused_layers(dec: Decoder, ids: torch.Tensor, pos: torch.Tensor, slots: tor
     last_layer = len(w.layers) - 1
     with attention_backends(rows, dev):
         for i, lw in enumerate(w.layers):
-            h, x = fk.add_rms_norm(h, delta, lw.attn_norm, c.rms_eps, residual_dtype=dec.residual_dtype)
+            h, x = stages.layer_input(i, h, delta)
             qkv = qgemv.linear(x, lw.wqkv, lw.bqkv)
             k = torch.empty((n, c.num_kv_heads, c.head_dim), dtype=qkv.dtype, device=dev)
             q = stages.rope_kv_write(i, qkv, pos, slots, k_caches[i], v_caches[i], k_out=k)
             v = qkv[:, v_at:].view(n, c.num_kv_heads, c.head_dim)  # a strided view: no copy
-            if after is not None:
+            window = dec.layer_windows[i] if dec.layer_windows else 0
+            if window and (after[1] if after else 0) + (rows or n) > window:  # rows that see past it
+                a = windowed_attention(q, k, v, dec, i, window, spans, batch, after, k_caches, v_caches)
+            elif after is not None:
                 slot, first = after
                 a = _attend_after(q, k_caches[i][slot, :first + n], v_caches[i][slot, :first + n], dec.scale,
                                   c.num_heads != c.num_kv_heads).reshape(n, c.q_size)
@@ -508,9 +512,8 @@ def _fused_layers(dec: Decoder, ids: torch.Tensor, pos: torch.Tensor, slots: tor
                     a[r] = sdpa_causal(heads_first(q[r]), heads_first(k[r]), heads_first(v[r]), dec.scale)
             if keep is not None and i == last_layer:
                 h, a = h.index_select(0, keep), a.index_select(0, keep)
-            h, x = fk.add_rms_norm(h, qgemv.linear(a, lw.wo), lw.mlp_norm, c.rms_eps,
-                                   residual_dtype=dec.residual_dtype)
-            delta = qgemv.linear(fk.silu_mul(qgemv.linear(x, lw.w_gate_up)), lw.w_down)
+            h, x = stages.norm(h, qgemv.linear(a, lw.wo), stages.mlp_norms[i], post=stages.post_attn[i])
+            delta = qgemv.linear(fk.silu_mul(qgemv.linear(x, lw.w_gate_up), gelu=stages.gelu), lw.w_down)
     return h, delta
 
 
@@ -559,10 +562,9 @@ class PaddedPrompts:
 
 def final_rows(dec: Decoder, h: torch.Tensor, delta: torch.Tensor | None) -> torch.Tensor:
     """The final norm of residual rows h (+ delta): what the LM head reads."""
-    from fgchat.engine.kernels import fused as fk
-
-    _, x = fk.add_rms_norm(h, delta, dec.w.final_norm, dec.cfg.rms_eps, residual_dtype=dec.residual_dtype)
-    return x
+    stages = dec.fused_stages
+    assert stages is not None, "the fused rows need the fused decoder"
+    return stages.final_rows(h, delta)[1]
 
 
 def head(dec: Decoder, x: torch.Tensor, greedy: bool = False) -> torch.Tensor:

@@ -1,0 +1,105 @@
+"""Gemma 3 on the fused stages ((1 + w) norms before and after each sublayer in add_rms_norm, the
+q/k norm in rope_kv_write, the GELU(tanh) gate, the embedding scale, windowed layers with their own
+RoPE base, query_pre_attn_scalar) on a GPU.
+
+- float32: greedy tokens of every mode (eager, piecewise, full) equal transformers' float32 on a
+  tiny random Gemma 3 without a final softcap (head dim 64, window 8, layers 0 and 2 windowed),
+  batch 1 and 2, prompts past the window; the engine runs the fused Triton kernels (no "plain
+  torch stages" line) and mega is unavailable with its reason;
+- bf16: the start-up check passes on the fused kernels; every mode gives the same tokens;
+- the gemma-3-1b preset's random weights (bf16, head dim 256, window 512) in every mode against
+  the float32 reference at 600-token prompts, batch 1 and 2; then each mode's decode time per
+  token at batch 1 and 8 of the fused stages beside the plain ones (printed).
+
+Run: pytest -m gpu tests/gpu/test_gpu_gemma3_fused.py -s (prints what it measured)
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import gpu_runs
+import tiny_models
+from fgchat.engine.core import Engine, EngineConfig
+from fgchat.engine.startup_check import path_name
+from fgchat.protocol.events import Mode, RequestFinished, SamplingParams
+from fgchat.protocol.tuning import Tuning
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+MODES = ("eager", "piecewise", "full")
+PROMPTS = (5, 13, 30)  # the last two past the window of 8
+NEW = 24
+
+
+@pytest.fixture(scope="module")
+def gemma_dir(tmp_path_factory):
+    return tiny_models.build_model(tmp_path_factory.mktemp("gpu_gemma3_fused") / "gemma3", "gemma3", hidden=256,
+                                   layers=3, heads=4, kv_heads=2, head_dim=64, intermediate=512, seed=43,
+                                   softcap=None)
+
+
+def _assert_fused(eng: Engine, label: str) -> None:
+    info = eng.info()
+    print(f"\n{label}: {path_name(eng)}; notes {info.notes}; modes {info.available_modes}")
+    st = eng.decoder.fused_stages
+    assert eng.decoder.fused and st.qk_norms is not None and st.one_round and st.gelu
+    assert eng.decoder.layer_windows and not eng.decoder.rope_in_attention
+    assert not any("plain torch stages" in n for n in info.notes)
+    assert "q/k norm" in info.available_modes["mega"]
+    assert not any(info.available_modes[m] for m in MODES), info.available_modes
+
+
+def test_float32_every_mode_matches_transformers(gemma_dir):
+    eng = Engine(EngineConfig(model=str(gemma_dir), device="cuda", dtype="float32", max_context=512))
+    _assert_fused(eng, "gemma3 tiny float32")
+    prompts = [gpu_runs.prompt(n, 700 + n, eng.cfg.vocab_size) for n in PROMPTS]
+    want = tiny_models.hf_greedy(gemma_dir, prompts, NEW)
+    for mode in MODES:
+        alone = [gpu_runs.run(eng, mode, [p], NEW)[0] for p in prompts]
+        pair = gpu_runs.run(eng, mode, prompts[1:], NEW)
+        print(f"gemma3 {mode}: batch 1 equal {[a == w for a, w in zip(alone, want)]}, "
+              f"batch 2 equal {[a == w for a, w in zip(pair, want[1:])]}")
+        assert alone == want and pair == want[1:], mode
+
+
+def test_bf16_fused_passes_the_startup_check_and_modes_agree(gemma_dir):
+    eng = Engine(EngineConfig(model=str(gemma_dir), device="cuda", dtype="bfloat16", max_context=512))
+    eng.run_startup_check()
+    sc = eng.startup_check
+    print(f"\ngemma3 tiny bf16: startup check {sc}")
+    assert sc is not None and sc.passed, sc
+    _assert_fused(eng, "gemma3 tiny bf16")
+    prompts = [gpu_runs.prompt(n, 800 + n, eng.cfg.vocab_size) for n in PROMPTS]
+    tokens = {m: gpu_runs.run(eng, m, prompts, NEW) for m in MODES}
+    assert tokens["eager"] == tokens["piecewise"] == tokens["full"]
+
+
+def _tpot(eng: Engine, mode: str, prompt: list[int], batch: int) -> float:
+    """Mean decode ms per token of `batch` requests of 128 tokens run together in `mode`."""
+    gpu_runs.run(eng, mode, [prompt[:32]] * batch, 16)  # warm: captures this batch's graphs
+    rids = [eng.submit(prompt[:32], SamplingParams(max_tokens=128, ignore_eos=True)) for _ in range(batch)]
+    done = [ev.summary for ev in eng.run_until_done() if isinstance(ev, RequestFinished)]
+    return sum(s.tpot_ms for s in done if s.request_id in rids) / batch
+
+
+def test_preset_gemma_3_1b_every_mode_against_the_reference_and_its_step_time():
+    eng = Engine(EngineConfig(preset="gemma-3-1b", device="cuda", dtype="bfloat16", max_context=2048))
+    eng.run_startup_check()
+    print(f"\ngemma-3-1b: startup check {eng.startup_check}")
+    assert eng.startup_check.passed
+    _assert_fused(eng, "gemma-3-1b bf16")
+    prompt = gpu_runs.prompt(600, 5, eng.cfg.vocab_size)  # past the 512 window
+    for mode in MODES:
+        for p in ([prompt], [prompt, prompt[:300]]):
+            assert eng.modes._check_against_reference(Mode(mode), [x[-1] for x in p], [len(x) for x in p]), \
+                (mode, len(p))
+    plain = Engine(EngineConfig(preset="gemma-3-1b", device="cuda", dtype="bfloat16", max_context=2048,
+                                tuning=Tuning(fused=False)))
+    assert not plain.decoder.fused and plain.decoder.family is not None
+    for mode in MODES:
+        for batch in (1, 8):
+            fused_ms, plain_ms = _tpot(eng, mode, prompt, batch), _tpot(plain, mode, prompt, batch)
+            print(f"gemma-3-1b {mode} batch {batch}: {fused_ms:.3f} ms/token fused, {plain_ms:.3f} plain "
+                  f"({plain_ms / fused_ms:.2f}x)")
