@@ -300,13 +300,15 @@ def _candidates(role: str, fmt: str, n: int, k: int, picked: int) -> list[tuple[
 @pytest.mark.parametrize("model,formats", [("smollm2", ("Q4_1", "Q8_0")), ("1b", ("int4",)), ("1b", ("fp8",))])
 def test_config_sweep_print(model, formats):
     """Not a pass/fail check: us per call at M = 1 / 8 (cold: weights from HBM) over row tiles,
-    K splits and tile widths per role, the new pick and the old first, then 2 and 8 warps at the
-    new pick; where a faster one shows, pick_config / pick_split should take it."""
+    K splits and tile widths per role (one warp below 32 rows, as picked), the new pick and the old
+    first, then 1, 2 and 4 warps at the new pick; where a faster one shows, pick_config /
+    pick_split should take it."""
     from fgchat.engine.kernels import qgemv
 
     sm = torch.cuda.get_device_properties(0).multi_processor_count
     budget = _Budget()
-    print(f"\n{model} {'/'.join(formats)} sweep: us per call M=1 / 8 cold; bn,bk,warps,stages xsplit (programs); {sm} SMs", flush=True)
+    print(f"\n{model} {'/'.join(formats)} sweep: us per call M=1 / 8 cold; bn,bk,warps,stages xsplit "
+          f"(programs); {sm} SMs", flush=True)
     for role, n, k, fmt in MODELS[model]:
         if fmt not in formats:
             continue
@@ -318,8 +320,9 @@ def test_config_sweep_print(model, formats):
         new = qgemv.pick_config(fmt, n, k, split, sm)
         old_split = _old_split(fmt, n, k, sm) if role in NORM_FED else 1
         tried = [(new, split), (_old_pick(fmt, n, k, old_split), old_split)]
-        tried += [(qgemv.QConfig(bn, bk), s) for bn, s, bk in _candidates(role, fmt, n, k, split)]
-        tried += [(qgemv.QConfig(new.block_n, new.block_k, warps), split) for warps in (2, 8)]
+        tried += [(qgemv.QConfig(bn, bk, qgemv.WIDE_ROWS_WARPS if bn >= 32 else 1), s)
+                  for bn, s, bk in _candidates(role, fmt, n, k, split)]
+        tried += [(qgemv.QConfig(new.block_n, new.block_k, warps), split) for warps in (1, 2, 4)]
         cells, seen = [], set()
         for cfg, s in tried:
             if (cfg, s) in seen:

@@ -103,6 +103,10 @@ WIDEST = {"Q8_0": 256, "Q4_0": 512, "Q4_1": 512, "Q4_K": 512, "Q5_K": 512, "Q6_K
 # SmolLM2's Q4_1 blocks: 36-108 programs, 1.638 ms a step against bf16's 0.503).
 PROGRAMS_PER_SM = 2
 NARROWEST = 8  # rows of the narrowest tile (tl.dot pads N below the MMA's 8)
+# Warps of a row tile: one below 32 rows. A 16-row tile on 2 or 4 warps repeats the tile's work
+# in each (sm_90 SASS, tools/compile_check.py: 2-4x the instructions per weight of one warp,
+# every format); 32 and 64 rows keep 4 (within 15% of the fewest per weight, half the chain).
+WIDE_ROWS_WARPS = 4
 SPLITS = (1, 2, 3, 4, 6, 8)
 MIN_SLICE = 128  # columns of the narrowest K slice of a split
 DEFAULT_SMS = 132  # a CPU launch (Triton's interpreter) picks as on an H100 / H200
@@ -128,11 +132,11 @@ def _class_rows(n: int, k: int) -> int:
 def pick_config(fmt: str, n: int, k: int, split: int = 1, sm_count: int = DEFAULT_SMS) -> QConfig:
     """Shape, format and SM count only (eager and captured launches match): the size class's row
     tile, halved down to NARROWEST while the launch (its `split` K slices included) has fewer than
-    PROGRAMS_PER_SM programs per SM; the K tile is tile_k of the K slice."""
+    PROGRAMS_PER_SM programs per SM, on one warp below 32 rows; the K tile is tile_k of the K slice."""
     bn = _class_rows(n, k)
     while bn > NARROWEST and cdiv(n, bn) * split < PROGRAMS_PER_SM * sm_count:
         bn //= 2
-    return QConfig(block_n=bn, block_k=tile_k(fmt, k // split))
+    return QConfig(block_n=bn, block_k=tile_k(fmt, k // split), num_warps=WIDE_ROWS_WARPS if bn >= 32 else 1)
 
 
 def pick_split(w: QWeight, sm_count: int) -> int:
@@ -173,7 +177,7 @@ def launch_config(fmt: str, n: int, k: int, device: torch.device, split: int = 1
 @functools.lru_cache(maxsize=1024)
 def _kwargs(fmt: str, n: int, k: int, x_dtype: torch.dtype, split: int, glu: bool, argmax: bool,
             sample: bool, rounded: bool, pdl: bool, prefetch: bool, config: QConfig | None,
-            sm_count: int) -> tuple[tuple, dict]:
+            sm_count: int = DEFAULT_SMS) -> tuple[tuple, dict]:
     """(grid, launch options) of one call signature (validated once)."""
     if fmt not in CODES:
         raise ValueError(f"no projection kernel for weight format {fmt!r}")
