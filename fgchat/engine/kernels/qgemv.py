@@ -143,7 +143,7 @@ def pick_split(w: QWeight, sm_count: int) -> int:
     """Split of K for a norm-fed projection (the norm adds the partials), taken before pick_config
     narrows the rows: the smallest of SPLITS whose programs at the size class's row tiles reach
     PROGRAMS_PER_SM per SM, else the largest; each slice whole tiles of at least MIN_SLICE columns.
-    Every part of a stack takes the same split (shape only)."""
+    Every part of a stack takes the same split (shapes and SM count only)."""
     parts = w.parts if isinstance(w, QuantStack) else [w]
     k = w.shape[1]
     programs = sum(cdiv(p.shape[0], _class_rows(p.shape[0], k)) for p in parts)
