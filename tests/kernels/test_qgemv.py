@@ -75,6 +75,57 @@ def test_every_tile_width_gives_the_product(fmt, tiles):
         assert ((got - ref).abs() <= bound(x.cpu(), terms(w), ref, 0.0)).all(), f"{fmt} tile {bk}"
 
 
+# (K, its tile, a split) per format: K's widest tile is no power of two where the format allows
+# one (not fp8 nor Q6_K), the tile the widest multiple of qdot.UNIT up to WIDEST dividing K
+ODD_K = {"Q8_0": (576, 192, 3), "Q4_0": (576, 288, 3), "Q4_1": (576, 288, 2), "Q4_K": (768, 384, 2),
+         "Q5_K": (768, 384, 2), "Q6_K": (768, 256, 3), "fp8": (576, 64, 3), "int4": (384, 384, 3)}
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_tiles_of_any_whole_units_give_the_product(fmt):
+    """The picked tile at a K that is no power of two (SmolLM2's 576), whole and split as a
+    norm-fed launch splits it (Q5_K's 384: its high bits reloaded per unit)."""
+    k, tile, split = ODD_K[fmt]
+    assert qgemv.tile_k(fmt, k) == tile
+    w = random_qweight(fmt, 24, k, seed=37, device=DEV)
+    x = _x(2, k, 14)
+    ref = x.double().cpu() @ compose(w).t()
+    lim = bound(x.cpu(), terms(w), ref, 0.0)
+    assert ((qgemv.project_logits(x, w).double().cpu() - ref).abs() <= lim).all()
+    cfg = qgemv.pick_config(fmt, 24, k, split)
+    parts = qgemv.project_partials(x, w, split, config=cfg).double().cpu()
+    assert ((parts.sum(0) - ref).abs() <= lim).all(), f"{fmt} split {split} tile {cfg.block_k}"
+
+
+# (role, N, K, format, norm-fed) of SmolLM2-135M's Q4_1 file (its head Q8_0) and the 1B preset
+MODEL_SHAPES = [("qkv", 960, 576, "Q4_1", False), ("o", 576, 576, "Q4_1", True), ("gate", 1536, 576, "Q4_1", False),
+                ("down", 576, 1536, "Q4_1", True), ("head", 49152, 576, "Q8_0", False)] + [
+    (role, n, k, fmt, fed) for fmt in ("int4", "fp8", "Q4_K") for role, n, k, fed in
+    (("qkv", 3072, 2048, False), ("o", 2048, 2048, True), ("gate", 8192, 2048, False), ("down", 2048, 8192, True))]
+
+
+@pytest.mark.parametrize("sms", [132, 114])
+def test_pick_gives_at_least_the_bf16_kernels_programs(sms):
+    """Each model shape's launch: at least as many programs as the bf16 kernel's picker gives the
+    shape (gemv.pick_config / pick_split, the reference), at least two per SM unless the rows are
+    at the narrowest tile and K at its most slices, and a tile and split the kernel takes."""
+    from fgchat.engine.kernels import gemv
+    from fgchat.engine.quant.qweight import QuantWeight
+
+    for role, n, k, fmt, fed in MODEL_SHAPES:
+        w = QuantWeight(fmt, (n, k), {}, torch.bfloat16)
+        split = qgemv.pick_split(w, sms) if fed else 1
+        cfg = qgemv.pick_config(fmt, n, k, split, sms)
+        programs = -(-n // cfg.block_n) * split
+        dense = gemv.pick_config(n, k, glu=role == "gate")
+        dense_split = gemv.pick_split(n, k, sms, dense) if fed else 1
+        assert programs >= -(-n // dense.block_n) * dense_split, (role, n, k, fmt)
+        most = max(s for s in qgemv.SPLITS if k % s == 0 and (k // s) % qgemv.UNIT[fmt] == 0
+                   and k // s >= qgemv.MIN_SLICE) if fed else 1
+        assert programs >= 2 * sms or (cfg.block_n == qgemv.NARROWEST and split >= min(most, 2)), (role, fmt)
+        assert (k // split) % cfg.block_k == 0 and cfg.block_k % qgemv.UNIT[fmt] == 0
+
+
 @pytest.mark.parametrize("fmt", ["Q8_0", "Q4_K", "fp8"])
 def test_rows_do_not_depend_on_the_batch_size(fmt):
     k = 512

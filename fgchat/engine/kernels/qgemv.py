@@ -12,7 +12,8 @@ per-program argmax (LM head, optionally the Gumbel-max sampled pick).
 
 Invariants: the reduction order depends only on (format, K, BLOCK_K) and each row's result only
 on that row (BLOCK_M is fixed), so a row's output is identical at every batch size and in every
-graph mode; the config comes from shapes only; no host sync (graph-safe).
+graph mode; the config comes from shapes and the device's SM count only (pick_config's rule:
+at least two programs per SM); no host sync (graph-safe).
 """
 
 from __future__ import annotations
@@ -97,54 +98,92 @@ class QConfig:
 
 # the widest tile per format: about 256 bytes of each weight row per tile (4-bit: 512 columns)
 WIDEST = {"Q8_0": 256, "Q4_0": 512, "Q4_1": 512, "Q4_K": 512, "Q5_K": 512, "Q6_K": 256, "fp8": 256, "int4": 512}
+# The launch rule: at least PROGRAMS_PER_SM programs per SM. At batch 1-8 a projection is a read
+# of its weight; few programs leave SMs idle and give each a long chain of dependent tiles (H100,
+# SmolLM2's Q4_1 blocks: 36-108 programs, 1.638 ms a step against bf16's 0.503).
+PROGRAMS_PER_SM = 2
+NARROWEST = 8  # rows of the narrowest tile (tl.dot pads N below the MMA's 8)
+# Warps of a row tile: one below 32 rows. A 16-row tile on 2 or 4 warps repeats the tile's work
+# in each (sm_90 SASS, tools/compile_check.py: 2-4x the instructions per weight of one warp,
+# every format); 32 and 64 rows keep 4 (within 15% of the fewest per weight, half the chain).
+WIDE_ROWS_WARPS = 4
+SPLITS = (1, 2, 3, 4, 6, 8)
+MIN_SLICE = 128  # columns of the narrowest K slice of a split
+DEFAULT_SMS = 132  # a CPU launch (Triton's interpreter) picks as on an H100 / H200
 
 
-def pick_config(fmt: str, n: int, k: int, split: int = 1) -> QConfig:
-    """Shape and format only (eager and captured launches match): vocabulary-sized N takes
-    64-row tiles, weights past 4M elements 32-row tiles, the rest 16; the widest tile of whole
-    units (qdot.UNIT) up to WIDEST that divides the K slice."""
-    bk = tile_width(fmt, k // split, WIDEST[fmt])
-    if n >= 32768:
-        return QConfig(block_n=64, block_k=bk)
-    if n * k > 2048 * 2048:
-        return QConfig(block_n=32, block_k=bk)
-    return QConfig(block_n=16, block_k=bk)
+def tile_k(fmt: str, k: int) -> int:
+    """The widest K tile up to WIDEST that divides k and is whole units (qdot.UNIT): any multiple
+    of the unit (a tile's units are a static loop), for fp8 a power of two (one dot spans its
+    tile). ValueError if none."""
+    if fmt != "fp8":
+        unit = UNIT[fmt]
+        for bk in range(WIDEST[fmt] // unit * unit, 0, -unit):
+            if k % bk == 0:
+                return bk
+    return tile_width(fmt, k, WIDEST[fmt])
+
+
+def _class_rows(n: int, k: int) -> int:
+    """The row tile of the weight's size class: vocabulary-sized N 64, past 4M elements 32, else 16."""
+    return 64 if n >= 32768 else 32 if n * k > 2048 * 2048 else 16
+
+
+def pick_config(fmt: str, n: int, k: int, split: int = 1, sm_count: int = DEFAULT_SMS) -> QConfig:
+    """Shape, format and SM count only (eager and captured launches match): the size class's row
+    tile, halved down to NARROWEST while the launch (its `split` K slices included) has fewer than
+    PROGRAMS_PER_SM programs per SM, on one warp below 32 rows; the K tile is tile_k of the K slice."""
+    bn = _class_rows(n, k)
+    while bn > NARROWEST and cdiv(n, bn) * split < PROGRAMS_PER_SM * sm_count:
+        bn //= 2
+    return QConfig(block_n=bn, block_k=tile_k(fmt, k // split), num_warps=WIDE_ROWS_WARPS if bn >= 32 else 1)
 
 
 def pick_split(w: QWeight, sm_count: int) -> int:
-    """Split of K for a norm-fed projection (the norm adds the partials): the smallest giving at
-    least two programs per SM, with slices of whole tiles of at least 512 columns; 1 where none
-    is needed or possible. Every part of a stack takes the same split (shape only)."""
+    """Split of K for a norm-fed projection (the norm adds the partials), taken before pick_config
+    narrows the rows: the smallest of SPLITS whose programs at the size class's row tiles reach
+    PROGRAMS_PER_SM per SM, else the largest; each slice whole tiles of at least MIN_SLICE columns.
+    Every part of a stack takes the same split (shapes and SM count only)."""
     parts = w.parts if isinstance(w, QuantStack) else [w]
-    n, k = w.shape
-    programs = sum(cdiv(p.shape[0], pick_config(p.fmt, p.shape[0], k).block_n) for p in parts)
-    split = 1
-    for s in (2, 3, 4, 6, 8):
-        if programs * split >= 2 * sm_count:
-            break
-        if k % s or k // s < 512 or any(_no_tile(p.fmt, k // s) for p in parts):
-            continue
-        split = s
-    return split
+    k = w.shape[1]
+    programs = sum(cdiv(p.shape[0], _class_rows(p.shape[0], k)) for p in parts)
+    fits = [s for s in SPLITS if k % s == 0 and (s == 1 or k // s >= MIN_SLICE)
+            and not any(_no_tile(p.fmt, k // s) for p in parts)]
+    reach = [s for s in fits if programs * s >= PROGRAMS_PER_SM * sm_count]
+    return min(reach) if reach else max(fits, default=1)
 
 
 def _no_tile(fmt: str, k: int) -> bool:
     try:
-        tile_width(fmt, k, WIDEST[fmt])
+        tile_k(fmt, k)
     except ValueError:
         return True
     return False
 
 
+@functools.lru_cache(maxsize=16)
+def _sm_count(device_index: int | None) -> int:
+    """SMs of CUDA device `device_index` (None: a CPU launch, DEFAULT_SMS)."""
+    if device_index is None:
+        return DEFAULT_SMS
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def launch_config(fmt: str, n: int, k: int, device: torch.device, split: int = 1) -> QConfig:
+    """pick_config for a launch on `device` (its SM count)."""
+    return pick_config(fmt, n, k, split, _sm_count(device.index if device.type == "cuda" else None))
+
+
 @functools.lru_cache(maxsize=1024)
 def _kwargs(fmt: str, n: int, k: int, x_dtype: torch.dtype, split: int, glu: bool, argmax: bool,
             sample: bool, rounded: bool, pdl: bool, prefetch: bool, config: QConfig | None,
-            gelu: bool = False) -> tuple[tuple, dict]:
+            gelu: bool = False, sm_count: int = DEFAULT_SMS) -> tuple[tuple, dict]:
     """(grid, launch options) of one call signature (validated once)."""
     if fmt not in CODES:
         raise ValueError(f"no projection kernel for weight format {fmt!r}")
-    cfg = config or pick_config(fmt, n, k, split)
-    if k % split or (k // split) % cfg.block_k or cfg.block_k % UNIT[fmt]:
+    cfg = config or pick_config(fmt, n, k, split, sm_count)
+    if k % split or (k // split) % cfg.block_k or cfg.block_k % UNIT[fmt] or \
+            (fmt == "fp8" and cfg.block_k & (cfg.block_k - 1)):
         raise ValueError(f"{fmt}: split {split} and tile {cfg.block_k} do not cut K={k} into whole tiles")
     kw = dict(
         FMT=CODES[fmt], N=n, K=k, PAIR=PAIR.get(fmt, 1),
@@ -172,7 +211,7 @@ def _launch(x: torch.Tensor, w: QuantWeight, y: torch.Tensor, split: int = 1, gl
     if m > MAX_ROWS or w.shape[1] != k or not x.is_contiguous():
         raise ValueError(f"qgemv needs contiguous x [M <= {MAX_ROWS}, {w.shape[1]}], got {tuple(x.shape)}")
     grid, kw = _kwargs(w.fmt, n, k, x.dtype, split, glu, argmax is not None, sample is not None, rounded, pdl,
-                       pdl and _prefetchable(w), config, gelu)
+                       pdl and _prefetchable(w), config, gelu, _sm_count(x.device.index if x.is_cuda else None))
     pmax, pidx = argmax if argmax is not None else (None, None)
     temp, seeds, positions = sample if sample is not None else (None, None, None)
     stride_split = y.stride(0) if split > 1 else 0
@@ -235,7 +274,7 @@ def project_argmax(x: torch.Tensor, w: QuantWeight, pdl: bool = False, sample: S
     if not isinstance(w, QuantWeight):
         raise ValueError("the quantized LM head's pick needs one format")
     m, n = x.shape[0], w.shape[0]
-    cfg = config or pick_config(w.fmt, n, w.shape[1])
+    cfg = config or launch_config(w.fmt, n, w.shape[1], x.device)
     programs = cdiv(n, cfg.block_n)
     pmax = torch.empty((m, programs), dtype=torch.float32, device=x.device)
     pidx = torch.empty((m, programs), dtype=torch.int32, device=x.device)
