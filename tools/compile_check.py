@@ -6,8 +6,7 @@ the PTX register count, the grid-dependency instructions, and the global loads i
 PDL wait (the weights' prefetch). Needs triton, no CUDA.
 
 With --quant, the quantized projection (kernels.qgemv) per weight format instead: the SASS
-instructions of its K loop per weight (and a line for the prefill GEMM, kernels.qgemm: per weight
-and row block), a by-design check of its arithmetic against the memory
+instructions of its K loop per weight, a by-design check of its arithmetic against the memory
 bound (an H100 issues about 0.93e12 warp instructions a second; at 3.35 TB/s a 4-bit weight
 stream leaves about 0.14 warp instructions per weight, an 8-bit one 0.28).
 
@@ -29,7 +28,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from fgchat.engine.kernels import fused, gemv, head_pick, l2_prefetch, qgemm, qgemv
+from fgchat.engine.kernels import fused, gemv, head_pick, l2_prefetch, qgemv
 from fgchat.engine.kernels import megakernel as mk
 from fgchat.engine.kernels.attention import triton_decode as td
 from fgchat.engine.kernels.qtiles import PLANES
@@ -198,17 +197,6 @@ def _compile(fn, sig: dict, consts: dict, options: dict):
     return triton.compile(src, target=TARGET, options=options)
 
 
-def compile_gemm(fmt: str, n: int, k: int, config: qgemm.GConfig | None = None):
-    """The compiled prefill GEMM (M > 16, bf16 x, bf16 bias) of an [n, k] weight in `fmt`."""
-    kw = dict(qgemm.gemm_kwargs(fmt, n, k, torch.bfloat16, True, config))
-    options = {o: kw.pop(o) for o in ("num_warps", "num_stages")}
-    planes = _plane_sig(fmt)
-    sig = {"x_ptr": "*bf16", "y_ptr": "*bf16", "bias_ptr": "*bf16", "M": "i32", "stride_y": "i32"}
-    sig.update({p: t for p, t in planes.items() if t})
-    consts = dict(kw, **{p: None for p, t in planes.items() if not t})
-    return _compile(qgemm._qgemm_kernel, sig, consts, options), kw
-
-
 def compile_projection(fmt: str, n: int, k: int):
     """The compiled plain projection (M <= 16, bf16 x, no PDL) of an [n, k] weight in `fmt`."""
     _, kw = qgemv._kwargs(fmt, n, k, torch.bfloat16, 1, False, False, False, True, False, False, None)
@@ -257,13 +245,6 @@ def quant(n: int, k: int, fmts: list[str]) -> None:
         top = ", ".join(f"{o} {c}" for o, c in sorted(ops.items(), key=lambda t: -t[1])[:8])
         print(f"{fmt:5} {n}x{k} bn={kw['BLOCK_N']} bk={kw['BLOCK_K']} smem={compiled.metadata.shared}: "
               f"{count} instructions per warp and tile, {per:.3f} warp instructions per weight ({top})")
-        gemm, gkw = compile_gemm(fmt, n, k)
-        count, ops = loop_counts(gemm.asm["cubin"])
-        per_block = count * gemm.metadata.num_warps / (gkw["BLOCK_N"] * gkw["BLOCK_K"])
-        top = ", ".join(f"{o} {c}" for o, c in sorted(ops.items(), key=lambda t: -t[1])[:8])
-        print(f"{fmt:5} {n}x{k} gemm bm={gkw['BLOCK_M']} bn={gkw['BLOCK_N']} bk={gkw['BLOCK_K']} "
-              f"smem={gemm.metadata.shared}: {count} instructions per warp and tile, {per_block:.3f} warp "
-              f"instructions per weight and row block of {gkw['BLOCK_M']} ({top})")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """The fused decoder on quantized weights (kernels.qgemv under Triton's interpreter) against the plain
 decoder on the float64-composed values of the same planes held in float32: prefill (rows past the
-skinny kernel on the prefill GEMM, kernels.qgemm) and the decode step's stages (quantized embedding,
+skinny kernel through a dequantized copy and F.linear) and the decode step's stages (quantized embedding,
 qkv as a stack of two formats, split o / down, GLU, LM head with its argmax). The mega kernel
 refuses quantized weights with its reason."""
 

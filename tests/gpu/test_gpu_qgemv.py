@@ -1,4 +1,4 @@
-"""kernels.qgemv (and the prefill GEMM kernels.qgemm) on the GPU at the real model shapes
+"""kernels.qgemv (and qgemv.linear's prefill rows) on the GPU at the real model shapes
 (Llama-3.2-1B: K 2048, N 2048 / 512 / 8192; Llama-3.1-8B: K 4096, N 14336 and K 14336, N 4096;
 SmolLM2-135M: K 576 / 1536), bf16 activations with massive channels, against the float64
 composition of the same planes (tests/kernels/qweights.py); rows identical at every batch size.
@@ -341,7 +341,7 @@ def test_config_sweep_print(model, formats):
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_prefill_gemm_against_float64(fmt):
-    """kernels.qgemm (qgemv.linear past 16 rows) at 1B's o shape with a bias, M = 200."""
+    """qgemv.linear past 16 rows (a dequantized copy and cuBLAS) at 1B's o shape with a bias, M = 200."""
     from fgchat.engine.kernels import qgemv
 
     n, k = 2048, 2048
@@ -350,16 +350,15 @@ def test_prefill_gemm_against_float64(fmt):
     b = (torch.randn(n, device=DEV) * 0.1).to(torch.bfloat16)
     ref = x.double().cpu() @ compose(w).t() + b.double().cpu()
     got = qgemv.linear(x, w, b).double().cpu()
-    lim = bound(x.cpu(), terms(w), ref, BF16_ULP)
+    # each weight rounded once to bf16 (half an ulp of it) on top of the exact kernels' bound
+    lim = bound(x.cpu(), terms(w), ref, BF16_ULP) + BF16_ULP / 2 * (x.double().cpu().abs() @ compose(w).abs().t())
     err = (got - ref).abs()
-    print(f"\n{fmt} gemm M=200 {n}x{k}: worst error / bound {(err / lim).max().item():.3f}")
+    print(f"\n{fmt} prefill M=200 {n}x{k}: worst error / bound {(err / lim).max().item():.3f}")
     assert (err <= lim).all()
 
 
 # 1B's qkv, o, gate | up and down (N, K)
 GEMM_SHAPES = [(3072, 2048), (2048, 2048), (16384, 2048), (2048, 8192)]
-GEMM_SWEEP = [(32, 64, 128, 4, 3), (64, 64, 128, 4, 3), (64, 64, 256, 4, 3), (64, 64, 128, 8, 3),
-              (64, 128, 128, 8, 3), (128, 64, 128, 8, 3), (128, 128, 128, 8, 3), (128, 64, 64, 4, 4)]
 
 
 def _us(fn, reps: int = 20) -> float:
@@ -375,55 +374,22 @@ def _us(fn, reps: int = 20) -> float:
     return start.elapsed_time(end) * 1000 / reps
 
 
-def test_prefill_gemm_timing_print():
-    """Not a pass/fail check: us per call at M = 64 / 512 / 2048 at the 1B shapes: the GEMM
-    (kernels.qgemm, its picked config) / dequantize + cuBLAS (qgemv.linear's _dequantized path) /
-    cuBLAS on a dense bf16 weight of the shape. The faster of GEMM and dequantize + cuBLAS stays."""
-    from fgchat.engine.kernels import qgemm, qgemv
+def test_prefill_timing_print():
+    """Not a pass/fail check: us per call at M = 64 / 512 / 2048 at the 1B shapes: qgemv.linear
+    (dequantize + cuBLAS) / its dequantization alone / cuBLAS on a dense bf16 weight of the shape:
+    the quantized TTFT's excess over bf16."""
+    from fgchat.engine.kernels import qgemv, qtiles
 
     budget = _Budget()
-    print("\nus per call, gemm / dequantize + cuBLAS / bf16 cuBLAS (bm,bn,bk,warps,stages picked)", flush=True)
+    print("\nus per call, linear / dequantize / bf16 cuBLAS", flush=True)
     for n, k in GEMM_SHAPES:
         dense = (torch.randn(n, k, device=DEV) * 0.02).to(torch.bfloat16)
         xs = {m: _x(m, k, 6) for m in (64, 512, 2048)}
         for fmt in ("int4", "fp8", "Q4_K"):
             w = random_qweight(fmt, n, k, seed=1, device=DEV)
-            cfg = qgemm.pick_gemm_config(fmt, n, k)
-            cells = []
-            for m, x in xs.items():
-                gemm = _us(lambda: qgemv.linear(x, w))
-                deq = _us(lambda: qgemv.linear(x, w, _dequantized=True))
-                bf16 = _us(lambda: torch.nn.functional.linear(x, dense))
-                cells.append(f"M={m} {gemm:7.1f}/{deq:7.1f}/{bf16:7.1f}")
-            print(f"  {n}x{k} {fmt} ({cfg.block_m},{cfg.block_n},{cfg.block_k},{cfg.num_warps},{cfg.num_stages}): "
-                  + " | ".join(cells), flush=True)
-            if budget.spent():
-                return
-
-
-def test_prefill_gemm_sweep_print():
-    """Not a pass/fail check: us per call at M = 512 / 2048 of GEMM configs (bm,bn,bk,warps,
-    stages) at the 1B shapes, int4 and fp8, the picked one first."""
-    from fgchat.engine.kernels import qgemm
-
-    budget = _Budget()
-    print("\nGEMM sweep: us per call M=512 / 2048 (bm,bn,bk,warps,stages)", flush=True)
-    for n, k in GEMM_SHAPES:
-        xs = [_x(m, k, 6) for m in (512, 2048)]
-        for fmt in ("int4", "fp8"):
-            w = random_qweight(fmt, n, k, seed=1, device=DEV)
-            picked = qgemm.pick_gemm_config(fmt, n, k)
-            cells = []
-            for g in [picked] + [c for c in map(lambda c: qgemm.GConfig(*c), GEMM_SWEEP) if c != picked]:
-                if k % g.block_k or g.block_k % qgemm.UNIT[fmt] or budget.spent():
-                    continue
-                c = f"{g.block_m},{g.block_n},{g.block_k},{g.num_warps},{g.num_stages}"
-                try:
-                    t = [_us(lambda: qgemm.project_rows(x, w, config=g), reps=10) for x in xs]
-                except Exception as e:  # a config past the shared memory: named, not fatal
-                    cells.append(f"{c} {type(e).__name__}")
-                    continue
-                cells.append(f"{c} {t[0]:.1f}/{t[1]:.1f}")
+            deq = _us(lambda: qtiles.dequantize(w, torch.bfloat16))
+            cells = [f"M={m} {_us(lambda: qgemv.linear(x, w)):7.1f}/{deq:7.1f}/"
+                     f"{_us(lambda: torch.nn.functional.linear(x, dense)):7.1f}" for m, x in xs.items()]
             print(f"  {n}x{k} {fmt}: " + " | ".join(cells), flush=True)
             if budget.spent():
                 return

@@ -31,7 +31,6 @@ from fgchat.engine.kernels.gemv import MAX_ROWS, SampleArgs, argmax_finish_kerne
 from fgchat.engine.kernels.launch import fast
 from fgchat.engine.kernels.pdl import pdl_enter
 from fgchat.engine.kernels.qdot import PAIR, UNIT, prefetch_rows, tile_dot, tile_width
-from fgchat.engine.kernels.qgemm import project_rows
 from fgchat.engine.kernels.qtiles import CODES, PLANES, dequantize, is_quantized, plane_args
 from fgchat.engine.kernels.sampling_triton import LIBDEVICE
 from fgchat.engine.quant.qweight import QuantStack, QuantWeight, row_parts
@@ -287,20 +286,15 @@ def project_argmax(x: torch.Tensor, w: QuantWeight, pdl: bool = False, sample: S
     return logits, tokens
 
 
-def linear(x: torch.Tensor, w: torch.Tensor | QWeight, bias: torch.Tensor | None = None,
-           _dequantized: bool = False) -> torch.Tensor:
+def linear(x: torch.Tensor, w: torch.Tensor | QWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
     """F.linear for a dense or quantized weight. Quantized: up to MAX_ROWS rows on the skinny
-    kernel, more (prefill) on the GEMM kernel (kernels.qgemm: no dequantized copy). _dequantized
-    (tests/gpu's timing comparison only): rows past MAX_ROWS through a dequantized scratch copy
-    and cuBLAS instead."""
+    kernel; more (prefill) through a dequantized scratch copy of w and cuBLAS."""
     if not is_quantized(w):
         return F.linear(x, w, bias)
     if x.shape[0] <= MAX_ROWS and x.dim() == 2 and x.is_contiguous():
         y = project(x, w)
         return y if bias is None else y + bias
-    if _dequantized:
-        return F.linear(x, dequantize(w, x.dtype), bias)
-    return project_rows(x, w, bias)
+    return F.linear(x, dequantize(w, x.dtype), bias)
 
 
 def embedding(ids: torch.Tensor, w: torch.Tensor | QuantWeight) -> torch.Tensor:
