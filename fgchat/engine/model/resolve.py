@@ -260,11 +260,13 @@ def _convert_into(gguf_path: Path, tmp: Path, with_weights: bool = False) -> Non
     try:
         import torch
         from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+        from fgchat.engine.model.gguf_metadata import metadata_read_once
     except ImportError as e:
         raise ModelLoadError(f"converting GGUF needs transformers, gguf and accelerate: {e}") from None
     where, name = str(gguf_path.parent), gguf_path.name
     try:
-        with _quiet(), _metadata_read_once():
+        with _quiet(), metadata_read_once():
             tokenizer = AutoTokenizer.from_pretrained(where, gguf_file=name, local_files_only=True)
             if with_weights or not _file_holds_weights(gguf_path):
                 model = AutoModelForCausalLM.from_pretrained(
@@ -379,32 +381,6 @@ def _remove_stale_tmp_dirs(models_dir: Path) -> None:
         with contextlib.suppress(OSError):
             if entry.is_dir() and now - entry.stat().st_mtime > STALE_TMP_SECONDS:
                 shutil.rmtree(entry, ignore_errors=True)
-
-
-@contextlib.contextmanager
-def _metadata_read_once() -> Iterator[None]:
-    """Inside, transformers' GGUF metadata read (load_gguf_checkpoint without tensors: a Python
-    object per vocabulary entry, ~7 s for Llama 3's 128k) runs once per file: the tokenizer and
-    the config each asked for it; every caller gets its own deep copy of the one result."""
-    import copy
-
-    import transformers.modeling_gguf_pytorch_utils as gguf_utils
-
-    read = gguf_utils.load_gguf_checkpoint
-    done: dict[str, Any] = {}
-
-    def once(path: Any, return_tensors: bool = False, **kwargs: Any) -> Any:
-        if return_tensors or kwargs:
-            return read(path, return_tensors=return_tensors, **kwargs)
-        if str(path) not in done:
-            done[str(path)] = read(path, return_tensors=False)
-        return copy.deepcopy(done[str(path)])
-
-    gguf_utils.load_gguf_checkpoint = once
-    try:
-        yield
-    finally:
-        gguf_utils.load_gguf_checkpoint = read
 
 
 @contextlib.contextmanager
