@@ -118,7 +118,9 @@ async def test_an_endpoint_refusal_is_one_notice(data_dir):  # noqa: F811
     async with app.run_test(size=(120, 40)) as pilot:
         await wait_for(pilot, lambda: app.link.state == "ready", "the engine's info", 10)
         await key(pilot, "f9")
-        assert ("warning", "speculation runs in the local engine, not through an endpoint") in app.notices
+        refusal = ("warning", "speculation runs in the local engine, not through an endpoint")
+        await wait_for(pilot, lambda: refusal in app.notices, "the refusal's notice", 10)
+        assert app.notices.count(refusal) == 1
         assert "+ngram" not in app.sub_title
 
 
