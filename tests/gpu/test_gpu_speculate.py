@@ -148,7 +148,7 @@ def test_mega_verifies_in_full_graphs():
 
 @pytest.mark.parametrize("mode", ["eager", "piecewise", "full"])
 def test_verification_rows_are_one_token_steps_on_the_gpu(model, mode):
-    """Four sequences, drafts 4 / 0 / 2 / 4 (block 5, 20 rows: two 16-row tiles of the projections
+    """Four sequences, drafts 4 / 0 / 2 / 4 (block 5, 20 rows: the projections in two tiles of 16
     rows), in float32 on the fused path (Triton attention where it imports): every real row's
     logits those of one-token steps; the cache past each length is NaN before each replay."""
     eng = Engine(EngineConfig(model=str(model), device="cuda", dtype="float32", max_context=1024, mode=mode))
