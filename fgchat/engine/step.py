@@ -9,9 +9,13 @@ Invariants:
   same order, so every mode yields the same bits.
 - A verification step (speculative decoding) is the same step over B x block rows, `pieces(B,
   block=k + 1)`: row (b, j) is sequence b's token at position len_b - 1 + j of its slot. Every
-  row's K/V is written before attention reads (never inside the attention call, where rows of one
-  slot would race), and each row attends up to its own position (length = position + 1), so the
-  causal mask inside a block falls out of the per-row lengths.
+  row's K/V is written before attention reads (by the stages: inside the attention call alone, rows
+  of one slot would race), and each row attends up to its own position (length = position + 1),
+  so the causal mask inside a block falls out of the per-row lengths. Each row computes the bits
+  of the plain step of that row: the same kernels with the same constants (where RoPE runs inside
+  attention, it runs there for a block too, the call rewriting each row's K/V with the bits the
+  stages wrote), attention's partition independent of the row count, projections and LM head
+  on kernels whose rows do not see each other (kernels.gemv).
 """
 
 from __future__ import annotations
@@ -168,7 +172,7 @@ class StepProgram:
         seq_lens, slots32 = i32[0, :rows], i32[1, :rows]
         attn_out = bufs.attn_out[:rows]
         n_layers = dec.cfg.num_layers
-        rope_in_attention = dec.rope_in_attention and block == 1
+        rope_in_attention = dec.rope_in_attention and self.attention.rope_in_attention
         attention = self.attention if block == 1 else self.attention.for_blocks()
 
         def before(i: int, st: StepState) -> None:

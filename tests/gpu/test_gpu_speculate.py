@@ -5,7 +5,9 @@ verification step's rows against one-token decode steps, eager and graph-replaye
 poisoned past each length (a row read before its write shows as NaN: the Triton kernel's
 preloaded tile); the oracle's tokens/s at k = 4 against plain decoding in the same mode,
 printed; the draft model's steps in the target's mode (its own graphs in piecewise and full),
-with a draft of other weights (partial acceptance) and the 8B / 1B pair on one card.
+with a draft of other weights (partial acceptance) and the 8B / 1B pair on one card; on the 1B
+preset in bf16 (random weights: near ties), oracle / ngram greedy output plain decoding's at batch
+1 and 8, and a 40-row verification's logits those of plain steps at batch 8 and 1, bit for bit.
 
 Run on the GPU: pytest -m gpu -s tests/gpu/test_gpu_speculate.py
 """
@@ -146,7 +148,7 @@ def test_mega_verifies_in_full_graphs():
 
 @pytest.mark.parametrize("mode", ["eager", "piecewise", "full"])
 def test_verification_rows_are_one_token_steps_on_the_gpu(model, mode):
-    """Four sequences, drafts 4 / 0 / 2 / 4 (block 5, 20 rows: the projections on cuBLAS past 16
+    """Four sequences, drafts 4 / 0 / 2 / 4 (block 5, 20 rows: the projections in two tiles of 16
     rows), in float32 on the fused path (Triton attention where it imports): every real row's
     logits those of one-token steps; the cache past each length is NaN before each replay."""
     eng = Engine(EngineConfig(model=str(model), device="cuda", dtype="float32", max_context=1024, mode=mode))
@@ -240,3 +242,87 @@ def test_an_8b_target_with_a_1b_draft_fits_and_runs_in_full():
     free, total = torch.cuda.mem_get_info()
     print(f"8B + 1B draft: after batch 8 {(total - free) / 2**30:.1f} GiB used, "
           f"peak allocated {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB")
+
+
+@pytest.mark.parametrize("batch", [1, 8])
+def test_greedy_speculation_is_plain_decoding_on_the_1b_in_bf16(batch):
+    """Llama-3.2-1B's shape, random bf16 weights (near-tied argmaxes everywhere): oracle and
+    ngram greedy output token for token plain `full` decoding's for 128 tokens, at batch 1 and 8.
+    Holds only where a verification row computes the plain step's bits (kernels.attention's
+    partition, RoPE inside attention for blocks too, gemv past 16 rows); the oracle then accepts
+    every draft. Prints acceptance, tokens per step and the first token unlike plain."""
+    kw = dict(preset="llama-3.2-1b", device="cuda", max_context=2048, mode="full")
+    eng = Engine(EngineConfig(speculate="oracle", draft_len=4, **kw))
+    prompts = [random_ids(64, 40 + i, eng.cfg.vocab_size) for i in range(batch)]
+    n = 128
+    eng.set_speculation("off")
+    plain, _ = run(eng, prompts, n)
+    for method in ("oracle", "ngram"):
+        eng.set_speculation(method)
+        if method == "oracle":
+            run(eng, prompts, n)  # the oracle's record
+        got, dt = run(eng, prompts, n)
+        firsts = [next((i for i, (a, b) in enumerate(zip(s.token_ids, p.token_ids)) if a != b), None)
+                  for s, p in zip(got, plain)]
+        print(f"1B bf16 b{batch} {method}: acceptance {[round(s.spec['acceptance_rate'], 3) for s in got]} "
+              f"tokens/step {[round(s.spec['tokens_per_step'], 2) for s in got]} "
+              f"first token unlike plain {firsts} ({dt:.2f} s)")
+        assert [s.token_ids for s in got] == [p.token_ids for p in plain], method
+        if method == "oracle":
+            assert all(s.spec["acceptance_rate"] == 1.0 for s in got)
+
+
+@pytest.mark.parametrize("mode", ["eager", "full"])
+def test_verification_logits_are_plain_step_logits_bit_for_bit(mode):
+    """The 1B preset, random bf16 weights, 8 sequences with 4 drafts each (block 5: 40 rows,
+    three 16-row tiles of the projections and the LM head): every row's float32 logits equal,
+    bit for bit, those of the plain decode step at batch 8 (all sequences one position at a time)
+    and at batch 1 (a sequence alone), eager and from the verification's graph. Prints the
+    number of unequal rows and the largest difference, and the attention's partition."""
+    eng = Engine(EngineConfig(preset="llama-3.2-1b", device="cuda", max_context=1024, mode=mode))
+    prog, dec, cache, vocab = eng.program, eng.decoder, eng.cache, eng.cfg.vocab_size
+    b, k = 8, 4
+    prompts = [random_ids(n, 60 + n, vocab) for n in (70, 5, 200, 33, 64, 65, 129, 900)]
+    drafts = [random_ids(k, 70 + i, vocab) for i in range(b)]
+    lasts, slots = [11 + i for i in range(b)], [2, 0, 6, 5, 1, 3, 7, 4]
+    att, shape = eng.attention, (eng.cfg.num_kv_heads, eng.max_context, eng.cfg.head_dim)
+    if hasattr(att, "partition"):
+        print(f"attention partition {att.partition(*shape)}, "
+              f"programs b1 / b8 / b40 {[att.num_splits(r, *shape) for r in (1, 8, 40)]}")
+    with torch.inference_mode():
+        for p, s in zip(prompts, slots):
+            dec.prefill(torch.tensor(p, device="cuda"), s, cache.k, cache.v)
+        saved = cache.all.clone()
+        toks = [[last] + d for last, d in zip(lasts, drafts)]
+        want8 = []
+        for j in range(k + 1):  # plain steps at batch 8, one position at a time
+            prog.bufs.stage([t[j] for t in toks], [len(p) + j for p in prompts], slots,
+                            [0.0] * b, [1.0] * b, [0] * b, [0] * b)
+            with dec.exact_head():
+                want8.append(prog.run_eager(b, Variant.SAMPLED).logits[:b].clone())
+        cache.all.copy_(saved)
+        want1 = []
+        for j in range(k + 1):  # sequence 7 (the longest) alone
+            prog.bufs.stage([toks[7][j]], [len(prompts[7]) + j], [slots[7]], [0.0], [1.0], [0], [0])
+            with dec.exact_head():
+                want1.append(prog.run_eager(1, Variant.SAMPLED).logits[0].clone())
+        ids, pos, rows_slots, block = block_rows(lasts, drafts, [len(p) + 1 for p in prompts], slots, 1024)
+        rows = len(ids)
+        assert block == k + 1 and rows == 40
+        runner = eng.modes.modes[Mode(mode)]
+        for rep in range(2):  # a graph mode captures on its first run
+            cache.all.copy_(saved)
+            prog.bufs.stage(ids, pos, rows_slots, [0.0] * rows, [1.0] * rows, [0] * rows, [0] * rows)
+            eng.modes.prepare(Mode(mode), b, Variant.SAMPLED, block)
+            got = runner.run(b, Variant.SAMPLED, block).logits[:rows].float().clone()
+            torch.cuda.synchronize()
+            unequal = [(i, j) for i in range(b) for j in range(block)
+                       if not torch.equal(got[i * block + j], want8[j][i])]
+            err = max(float((got[i * block + j] - want8[j][i]).abs().max()) for i in range(b) for j in range(block))
+            alone = [j for j in range(block) if not torch.equal(got[7 * block + j], want1[j])]
+            print(f"{mode} run {rep}: rows unlike the plain b8 step {len(unequal)}/{rows} {unequal[:6]} "
+                  f"(max |diff| {err:.3g}); unlike the plain b1 step {alone}; "
+                  f"b1 vs b8 plain equal {all(torch.equal(want1[j], want8[j][7]) for j in range(block))}")
+            assert not unequal and not alone
+            assert [int(got[i * block + j].argmax()) for i in range(b) for j in range(block)] == \
+                [int(want8[j][i].argmax()) for i in range(b) for j in range(block)]

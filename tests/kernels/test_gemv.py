@@ -103,10 +103,47 @@ def test_rows_do_not_depend_on_batch_size():
         assert torch.equal(project(x[r : r + 1].contiguous(), w)[0], y8[r])
 
 
-def test_rejects_more_rows_than_the_kernel_tile():
-    x, w = _inputs(17, 16, 32, 0)
-    with pytest.raises(ValueError, match="at most 16 rows"):
+def test_rejects_more_rows_than_its_tiles():
+    from fgchat.engine.kernels.gemv import MAX_TILED_ROWS
+    from fgchat.engine.step import MAX_ROWS as STEP_ROWS
+
+    assert STEP_ROWS <= MAX_TILED_ROWS  # a verification step's rows all run here
+    x, w = _inputs(MAX_TILED_ROWS + 1, 16, 32, 0)
+    with pytest.raises(ValueError, match=f"at most {MAX_TILED_ROWS} rows"):
         project(x, w)
+
+
+def test_rows_past_one_tile_are_their_one_row_results():
+    """40 rows (a verification step at batch 8, block 5: three 16-row tiles): every row's
+    projection, split-K partial sums, GLU output and LM head logits / pick are bit for bit those
+    of that row alone, whichever tile and tile position it lands in. A cuBLAS-like reduction of
+    another order (a different K tile) fails the same comparison."""
+    from fgchat.engine.kernels.gemv import project_argmax
+
+    x, w = _inputs(40, 48, 256, 21)
+    x_bf, w_bf = x.bfloat16(), w.bfloat16()
+    cfg = ProjConfig(16, 64)
+    y, parts = project(x_bf, w_bf, cfg), project_partials(x, w, 2, cfg)
+    wg = torch.cat([w, w.flip(0)]).contiguous()
+    glu = project_glu(x, wg, cfg)
+    logits, tokens = project_argmax(x, w, cfg)
+    rows = (0, 15, 16, 17, 33, 39)
+    for r in rows:
+        one = x[r : r + 1].contiguous()
+        assert torch.equal(project(x_bf[r : r + 1].contiguous(), w_bf, cfg)[0], y[r]), r
+        assert torch.equal(project_partials(one, w, 2, cfg)[:, 0], parts[:, r]), r
+        assert torch.equal(project_glu(one, wg, cfg)[0], glu[r]), r
+        l1, t1 = project_argmax(one, w, cfg)
+        assert torch.equal(l1[0], logits[r]) and int(t1[0]) == int(tokens[r]), r
+    assert [int(t) for t in tokens] == [int(t) for t in logits.argmax(1)]
+    other = ProjConfig(16, 32)  # another reduction order over K
+    assert any(not torch.equal(project_logits_of(x[r : r + 1], w, other)[0], logits[r]) for r in rows)
+
+
+def project_logits_of(x: torch.Tensor, w: torch.Tensor, cfg: ProjConfig) -> torch.Tensor:
+    from fgchat.engine.kernels.gemv import project_logits
+
+    return project_logits(x.contiguous(), w, cfg)
 
 
 def test_config_and_routing_depend_on_shape_only():

@@ -1,14 +1,16 @@
-"""Skinny projection y = x @ w^T for decode (M <= 16 rows) as one Triton kernel.
+"""Skinny projection y = x @ w^T for decode (16-row tiles, up to MAX_TILED_ROWS rows) as one Triton kernel.
 
 Used where it beats cuBLAS (docs/design.md, V4, V18, V90, V92): small weight matrices,
 the qkv projection under PDL, gate/up with SiLU in its epilogue, larger norm-fed projections split
 along K into one wave of programs (1B's and 8B's o and down), and 8B's big() shapes, where
 cuBLAS's M=1 kernels leave bandwidth unused. One program owns BLOCK_N output columns and streams
-its weight rows once over all of K (or over its K slice).
+its weight rows once over all of K (or over its K slice) for one tile of MAX_ROWS activation rows;
+more rows take more tiles (the grid's third axis), each running the same code.
 
 Invariants: the reduction order depends only on (K, BLOCK_K) and each row's result only on
-that row, so a row's output is identical at every batch size and in every graph mode; the
-config is chosen from shapes only; no host sync, so it is safe under CUDA graph capture.
+that row, so a row's output is identical at every batch size, in every graph mode and in a
+verification step's rows (more than one tile); the config is chosen from shapes only, never
+from the row count; no host sync, so it is safe under CUDA graph capture.
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ from fgchat.engine.kernels.activation import gate_activation
 from fgchat.engine.kernels.launch import fast
 from fgchat.engine.kernels.pdl import pdl_enter
 from fgchat.engine.kernels.sampling_triton import LIBDEVICE, gumbel_scores, row_hash
-MAX_ROWS = 16
+MAX_ROWS = 16  # activation rows per program (one tile)
+# most rows a call takes: a verification step's (engine.step.MAX_ROWS, 8 x 9) in whole tiles
+MAX_TILED_ROWS = 5 * MAX_ROWS
 # the sampled pick's per-row inputs: temperature float32 [M], seeds int64 [M], positions int64 [M]
 SampleArgs = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 # Largest weight (elements) for which the kernel beat cuBLAS in the H200 sweep.
@@ -71,7 +75,7 @@ def _proj_kernel(
     pid = tl.program_id(0)
     K_PART: tl.constexpr = K // SPLIT_K
     k_base = tl.program_id(1) * K_PART
-    offs_m = tl.arange(0, BLOCK_M)
+    offs_m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k0 = tl.arange(0, BLOCK_K)
     m_mask = offs_m < M
@@ -300,7 +304,7 @@ def pick_split(n: int, k: int, sm_count: int, config: ProjConfig | None = None) 
 
 def project(x: torch.Tensor, w: torch.Tensor, config: ProjConfig | None = None,
             out_dtype: torch.dtype | None = None, pdl: bool = False, preload: int = 1) -> torch.Tensor:
-    """x [M <= 16, K] @ w[N, K]^T -> [M, N] (float32 accumulation, rounded to x's dtype, stored
+    """x [M <= MAX_TILED_ROWS, K] @ w[N, K]^T -> [M, N] (float32 accumulation, rounded to x's dtype, stored
     as out_dtype, default x's). pdl: launch with programmatic dependent launch (see engine.pdl).
     preload: weight tiles loaded before the PDL wait, 1 or 2 (2 where the tiles allow it, see
     _proj_kernel's PRE_TILES; the same sums either way)."""
@@ -309,7 +313,7 @@ def project(x: torch.Tensor, w: torch.Tensor, config: ProjConfig | None = None,
 
 def project_logits(x: torch.Tensor, w: torch.Tensor, config: ProjConfig | None = None,
                    pdl: bool = False) -> torch.Tensor:
-    """LM head: x [M <= 16, K] @ w[N, K]^T as float32 sums, never rounded to x's dtype (bf16
+    """LM head: x [M <= MAX_TILED_ROWS, K] @ w[N, K]^T as float32 sums, never rounded to x's dtype (bf16
     logits near 25 step by 0.125, which turns near ties into exact ties that argmax breaks
     towards the lower token id)."""
     return _launch(x, w, config, torch.float32, pdl, 1, exact=True)
@@ -338,7 +342,7 @@ def project_argmax(x: torch.Tensor, w: torch.Tensor, config: ProjConfig | None =
 
 def project_glu(x: torch.Tensor, w_gate_up: torch.Tensor, config: ProjConfig | None = None,
                 pdl: bool = False, gelu: bool = False) -> torch.Tensor:
-    """x [M <= 16, K], w_gate_up [2I, K] (rows gate | up) -> silu(x @ gate^T) * (x @ up^T), [M, I],
+    """x [M <= MAX_TILED_ROWS, K], w_gate_up [2I, K] (rows gate | up) -> silu(x @ gate^T) * (x @ up^T), [M, I],
     in one launch; each product rounded to x's dtype before the activation (as F.linear then
     fused.silu_mul). gelu: gelu_tanh in place of silu (Gemma)."""
     if w_gate_up.shape[0] % 2:
@@ -357,7 +361,7 @@ def project_partials(x: torch.Tensor, w: torch.Tensor, split: int, config: ProjC
 
 @dataclass(frozen=True)
 class _Plan:
-    grid: tuple[int, int]
+    grid: tuple[int, int, int]  # (column blocks, K slices, row tiles)
     shape: tuple[int, ...]
     stride_y: int
     stride_split: int
@@ -369,8 +373,8 @@ def _plan(m: int, n: int, k: int, x_dtype: torch.dtype, w_dtype: torch.dtype, ou
           split: int, argmax: bool, pdl: bool, config: ProjConfig | None, glu: bool = False,
           exact: bool = False, sample: bool = False, preload: int = 1, gelu: bool = False) -> _Plan:
     """Grid, output shape and launch options of one call signature (validated once)."""
-    if m > MAX_ROWS:
-        raise ValueError(f"project handles at most {MAX_ROWS} rows, got {m}")
+    if m > MAX_TILED_ROWS:
+        raise ValueError(f"project handles at most {MAX_TILED_ROWS} rows, got {m}")
     cfg = config or pick_config(n, k, glu)
     if k % split or (split > 1 and (k // split) % cfg.block_k):
         raise ValueError(f"split {split} must cut K={k} into whole {cfg.block_k}-wide tiles")
@@ -387,7 +391,7 @@ def _plan(m: int, n: int, k: int, x_dtype: torch.dtype, w_dtype: torch.dtype, ou
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=pdl,
     )
     shape = (split, m, n) if split > 1 else (m, n)
-    return _Plan((cdiv(n, cfg.block_n), split), shape, n, m * n if split > 1 else 0, kw)
+    return _Plan((cdiv(n, cfg.block_n), split, cdiv(m, MAX_ROWS)), shape, n, m * n if split > 1 else 0, kw)
 
 
 def _launch(x: torch.Tensor, w: torch.Tensor, config: ProjConfig | None, out_dtype: torch.dtype | None,

@@ -74,10 +74,12 @@ class Route:
     split: int = 1
     glu: bool = False
     config: gemv.ProjConfig | None = None
+    quantized: bool = False  # on qgemv (one tile of rows) rather than gemv (tiles up to MAX_TILED_ROWS)
 
     def serves(self, rows: int) -> bool:
-        """Our kernel runs this projection for `rows` activation rows (else cuBLAS does)."""
-        return self.ours and rows <= gemv.MAX_ROWS
+        """Our kernel runs this projection for `rows` activation rows (else cuBLAS does): a decode
+        step's and a verification step's rows on gemv, whose rows do not see each other."""
+        return self.ours and rows <= (gemv.MAX_ROWS if self.quantized else gemv.MAX_TILED_ROWS)
 
 
 class FusedStages:
@@ -224,7 +226,7 @@ class FusedStages:
         cfg = self.configs.get(role)
         if is_quantized(w):  # qgemv's own tiles; a bias is added after it (before_attention)
             split = qgemv.pick_split(w, sm_count) if feeds_norm else 1
-            return Route(True, split, glu=role == "gate_up")
+            return Route(True, split, glu=role == "gate_up", quantized=True)
         if not bias_free:
             return Route(False)
         if role == "gate_up":
@@ -295,8 +297,8 @@ class FusedStages:
             qkv = F.linear(x, lw.wqkv, lw.bqkv)
         else:
             qkv = self._project(x, lw.wqkv, self.qkv, True)
+        st.qkv = qkv  # an attention call that applies RoPE reads it (a verification step's too)
         if self.rope_in_attention:  # the attention call applies RoPE and writes K/V
-            st.qkv = qkv
             return
         st.q = self.rope_kv_write(i, qkv, positions, slot_ids, k_cache, v_cache, self.after(self.qkv.ours))
 
@@ -330,9 +332,10 @@ class FusedStages:
         dec = self.dec
         st.h, x = self.final_rows(st.h, st.delta, self.after(self.down.ours))
         st.delta = None
-        if (greedy or sample is not None) and x.shape[0] <= gemv.MAX_ROWS:
+        quantized = is_quantized(dec.w.lm_head)
+        if (greedy or sample is not None) and x.shape[0] <= (gemv.MAX_ROWS if quantized else gemv.MAX_TILED_ROWS):
             sample = None if greedy else sample
-            if is_quantized(dec.w.lm_head):
+            if quantized:
                 st.logits, st.tokens = qgemv.project_argmax(x, dec.w.lm_head, pdl=self.after(True), sample=sample)
             elif self.picks_from_int8(x.shape[0]):  # logits exact only where rescored
                 st.logits, st.tokens = head_pick.pick(x, dec.w.lm_head, self.head_int8, self.head_config,
@@ -366,11 +369,11 @@ class FusedStages:
         return logits
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
-        """float32 logits [N, V] of normed rows x: our kernel for up to MAX_ROWS rows, else cuBLAS."""
+        """float32 logits [N, V] of normed rows x: our kernel for up to MAX_TILED_ROWS rows, else cuBLAS."""
         w = self.dec.w.lm_head
         if is_quantized(w):
             return quant_ops.logits(x, w, pdl=self.after(True))
-        if x.shape[0] <= gemv.MAX_ROWS:
+        if x.shape[0] <= gemv.MAX_TILED_ROWS:
             return gemv.project_logits(x, w, self.head_config, pdl=self.after(True))
         return self.dec.head_logits(x)
 

@@ -1,20 +1,27 @@
 """fgchat's own split-K ("flash-decoding") decode-attention kernel, in Triton.
 
 Two launches per call:
-1. `_split_kernel`, grid (B, Hkv, num_splits). Program (lane, kv head, split) reads seq_len and
-   the slot from device memory, takes its own chunk of [0, seq_len) and runs an online softmax
-   over it for all G query heads of the KV group at once (G padded to BLOCK_G >= 16 rows so
-   tl.dot applies; each K/V tile is loaded once per group). It writes a normalised partial output
-   and its log2-sum-exp (lse); a split with no positions writes lse = -inf and no output.
-2. `_combine_kernel`, grid (B, Hq): merges the splits' partials weighted by exp2(lse - max).
+1. `_split_kernel`, grid (B, Hkv, programs). Each lane's range [0, seq_len) is partitioned into
+   `num_splits` chunks (the partition); program (lane, kv head, p) runs chunks p, p + programs,
+   ... Per chunk it runs an online softmax over the chunk for all G query heads of the KV group
+   at once (G padded to BLOCK_G >= 16 rows so tl.dot applies; each K/V tile is loaded once per
+   group) and writes a normalised partial output and its log2-sum-exp (lse); an empty chunk
+   writes lse = -inf and no output.
+2. `_combine_kernel`, grid (B, Hq): merges the chunks' partials weighted by exp2(lse - max).
 
-Graph-safety invariants:
-- the grid and num_splits depend only on (B, Hkv, T, D) and the SM count (plan_num_splits);
-  max_len_hint is ignored; there is no host sync and no Python branch on tensor values;
+Invariants:
+- a lane's bits depend on its own length, slot, q and cache rows and on the partition, never on
+  the batch size or the grid: the partition is a function of (Hkv, T, D) and the SM count
+  (`partition`, plan_num_splits at one lane), the grid's program count (plan_num_splits at B
+  lanes, at most the partition) only decides which program runs a chunk, and every chunk runs
+  the same code. So a row of a verification step (B x block rows) computes the bits of the plain
+  decode step of that row, and a sequence's tokens do not depend on the batch it decodes in;
+- the grid depends only on shapes and the SM count; max_len_hint is ignored; there is no host
+  sync and no Python branch on tensor values;
 - chunk = cdiv(cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N is derived on the device, so a
   graph captured at any length is correct at every other length 1..T;
 - seq_len is clamped to T, so a bad length can never read past the cache;
-- the combine step never reads the partial output of an empty split (that memory is
+- the combine step never reads the partial output of an empty chunk (that memory is
   uninitialised) and maps a lane with no work at all (seq_len == 0) to zeros, never NaN.
 """
 
@@ -54,10 +61,52 @@ def _attend(q, k, v, n_mask, m_i, l_i, acc, qk_scale, DOT_PRECISION: tl.constexp
 
 
 @triton.jit
+def _chunk_partial(q, k0, v0, start, end, last, k_cur, v_cur, k_base, v_base, stride_kt, stride_vt,
+                   lse_row, part_row, stride_ps, vs, qk_scale, offs_n, offs_d, g_mask,
+                   BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+                   DOT_PRECISION: tl.constexpr, CUR_FROM_REGS: tl.constexpr):
+    """Partition chunk `vs` = positions [start, end): online softmax over its tiles, its first
+    tile (k0, v0) given, then its lse and normalised partial output stored at slot vs (an empty
+    chunk stores lse = -inf and no output). The first tile's current row (position `last`) is
+    replaced: from k_cur / v_cur (CUR_FROM_REGS) or re-read from the cache after its write. The
+    same code for every chunk, whichever program runs it, so a chunk's bits do not depend on the
+    grid."""
+    pos0 = start + offs_n
+    mask0 = pos0 < end
+    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)  # running max (base-2 logits)
+    l_i = tl.zeros([BLOCK_G], tl.float32)  # running sum of exp2(logit - m_i)
+    acc = tl.zeros([BLOCK_G, HEAD_DIM], tl.float32)
+    if start < end:
+        cur_row = (pos0 == last)[:, None]
+        if not CUR_FROM_REGS:
+            here = (start <= last) & (last < start + BLOCK_N) & (offs_d < HEAD_DIM)
+            k_cur = tl.load(k_base + last * stride_kt + offs_d, mask=here, other=0.0)
+            v_cur = tl.load(v_base + last * stride_vt + offs_d, mask=here, other=0.0)
+        k0 = tl.where(cur_row, k_cur[None, :], k0)
+        v0 = tl.where(cur_row, v_cur[None, :], v0)
+        m_i, l_i, acc = _attend(q, k0, v0, mask0, m_i, l_i, acc, qk_scale, DOT_PRECISION)
+    for n0 in range(start + BLOCK_N, end, BLOCK_N):
+        pos = n0 + offs_n
+        n_mask = pos < end
+        k = tl.load(k_base + pos[:, None] * stride_kt + offs_d[None, :], mask=n_mask[:, None], other=0.0)
+        v = tl.load(v_base + pos[:, None] * stride_vt + offs_d[None, :], mask=n_mask[:, None], other=0.0)
+        m_i, l_i, acc = _attend(q, k, v, n_mask, m_i, l_i, acc, qk_scale, DOT_PRECISION)
+
+    has_work = l_i > 0.0  # l_i >= 1 for any chunk that saw a position, 0 otherwise
+    l_safe = tl.where(has_work, l_i, 1.0)
+    lse = tl.where(has_work, m_i + tl.log2(l_safe), float("-inf"))
+    tl.store(lse_row + vs, lse, mask=g_mask)
+    part = acc / l_safe[:, None]
+    # Empty chunks store no partial output (the merge never reads it). Full [BLOCK_G, D] mask.
+    store_mask = (g_mask & has_work)[:, None] & (offs_d[None, :] < HEAD_DIM)
+    tl.store(part_row + vs * stride_ps, part, mask=store_mask)
+
+
+@triton.jit
 def _split_kernel(
     q_ptr, k_ptr, v_ptr, slot_ptr, len_ptr, part_ptr, lse_ptr,
     qk_scale,  # softmax scale * log2(e): the kernel works in base 2
-    max_context, group, num_splits,
+    max_context, group, num_splits,  # num_splits: the partition's chunks (>= the grid's third dim)
     window,  # > 0: the lane attends to its last `window` positions only
     stride_qb, stride_qh,
     stride_ks, stride_kt, stride_kh,
@@ -84,16 +133,19 @@ def _split_kernel(
     lane = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
+    n_prog = tl.num_programs(2)  # programs per (lane, kv head): chunks split, split + n_prog, ...
 
     slot = tl.load(slot_ptr + lane).to(tl.int64)
     seq_len = tl.minimum(tl.load(len_ptr + lane), max_context)
-    # Every split derives its range from the device-side length: short sequences still spread
-    # over all splits (in BLOCK_N steps); splits past the end get start >= end and do nothing. A
-    # window moves the range's start to seq_len - window, also on the device.
+    # The partition into num_splits chunks derives from the device-side length alone: short
+    # sequences still spread over all chunks (in BLOCK_N steps); chunks past the end get
+    # start >= end and do nothing. A window moves the range's start to seq_len - window, also on
+    # the device. Which program runs a chunk never changes its bits (_chunk_partial).
     lo = tl.where(window > 0, tl.maximum(seq_len - window, 0), 0)
     chunk = tl.cdiv(tl.cdiv(seq_len - lo, num_splits), BLOCK_N) * BLOCK_N
     start = lo + split * chunk
     end = tl.minimum(start + chunk, seq_len)
+    last = seq_len - 1  # the current token's position
 
     offs_g = tl.arange(0, BLOCK_G)
     offs_n = tl.arange(0, BLOCK_N)
@@ -103,25 +155,26 @@ def _split_kernel(
 
     k_base = k_ptr + slot * stride_ks + kv_head * stride_kh
     v_base = v_ptr + slot * stride_vs + kv_head * stride_vh
-    # The split's first K/V tile is attended outside the loop, loaded here (PRELOAD) or after the
-    # current token's K/V is written; the same code either way, so both give the same bits.
+    # The program's first chunk's first K/V tile, loaded here (PRELOAD) or after the current
+    # token's K/V is written; the same code either way, so both give the same bits.
     pos0 = start + offs_n
     mask0 = pos0 < end  # masked K/V are loaded as 0, so garbage beyond seq_len is never read
     if PRELOAD:
         # Before the PDL wait: the slot, the length and the cache rows were written at least two
         # launches earlier (the step's inputs, earlier steps), complete once this kernel runs
-        # (engine.pdl); the current position's row is not, and is replaced below after its write
-        # (by this program with ROPE, by the cache-write kernel otherwise; see CUR_FROM_CACHE).
+        # (engine.pdl); the current position's row is not, and is replaced in _chunk_partial
+        # after its write (by this program with ROPE, by the cache-write kernel otherwise).
         k0 = tl.load(k_base + pos0[:, None] * stride_kt + offs_d[None, :], mask=mask0[:, None], other=0.0)
         v0 = tl.load(v_base + pos0[:, None] * stride_vt + offs_d[None, :], mask=mask0[:, None], other=0.0)
         pdl_enter(USE_PDL)
+    k_new = tl.zeros([HEAD_DIM], k_ptr.dtype.element_ty)
+    v_new = tl.zeros([HEAD_DIM], v_ptr.dtype.element_ty)
     if ROPE:
         # RoPE of q (and of k for the cache write) at the current position seq_len - 1, with the
         # rounding points of fused.rope_kv_write: x * cos + rotate_half(x) * sin, where
         # rotate_half(x)[d] = -x[d + D/2] for d < D/2 and x[d - D/2] otherwise.
         half: tl.constexpr = HEAD_DIM // 2
-        cur = seq_len - 1  # the current token's position
-        cur_c = tl.maximum(cur, 0)
+        cur_c = tl.maximum(last, 0)
         offs_r = (offs_d + half) % HEAD_DIM
         sign = tl.where(offs_d < half, -1.0, 1.0)
         cs = tl.load(cos_ptr + cur_c * HEAD_DIM + offs_d).to(tl.float32)
@@ -132,8 +185,8 @@ def _split_kernel(
         ty = x.dtype
         q = ((x.to(tl.float32) * cs[None, :]).to(ty).to(tl.float32)
              + (sign[None, :] * xr.to(tl.float32) * sn[None, :]).to(ty).to(tl.float32)).to(ty)
-        # The split that owns the current position writes its K/V before reading the cache; the
-        # barrier makes every thread's store visible to the whole program's loads.
+        # The program that runs the current position's chunk writes its K/V before reading the
+        # cache; the barrier makes every thread's store visible to the whole program's loads.
         n_kv = tl.num_programs(1)
         k_row = row + (group * n_kv + kv_head) * HEAD_DIM
         kx = tl.load(k_row + offs_d)
@@ -141,7 +194,8 @@ def _split_kernel(
         k_new = ((kx.to(tl.float32) * cs).to(ty).to(tl.float32)
                  + (sign * kxr.to(tl.float32) * sn).to(ty).to(tl.float32)).to(ty)
         v_new = tl.load(row + (group * n_kv + n_kv + kv_head) * HEAD_DIM + offs_d)
-        owns = (start <= cur) & (cur < end)
+        cur_chunk = (last - lo) // tl.maximum(chunk, 1)
+        owns = (lo <= last) & (cur_chunk % n_prog == split)
         tl.store(k_base + cur_c * stride_kt + offs_d, k_new, mask=owns & (offs_d < HEAD_DIM))
         tl.store(v_base + cur_c * stride_vt + offs_d, v_new, mask=owns & (offs_d < HEAD_DIM))
         tl.debug_barrier()
@@ -155,53 +209,35 @@ def _split_kernel(
     if not PRELOAD:
         k0 = tl.load(k_base + pos0[:, None] * stride_kt + offs_d[None, :], mask=mask0[:, None], other=0.0)
         v0 = tl.load(v_base + pos0[:, None] * stride_vt + offs_d[None, :], mask=mask0[:, None], other=0.0)
-    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)  # running max (base-2 logits)
-    l_i = tl.zeros([BLOCK_G], tl.float32)  # running sum of exp2(logit - m_i)
-    acc = tl.zeros([BLOCK_G, HEAD_DIM], tl.float32)
-    if start < end:
-        if PRELOAD:
-            # CUR_FROM_CACHE: the current row is read back from the cache after its write is
-            # visible (the barrier above with ROPE, the wait otherwise), so both call paths run the
-            # same code from here and give the same bits. Otherwise (ROPE only) it comes from the
-            # registers this program wrote it from: one L2 round trip less, and at head dim 64 not
-            # the separate path's rounding (every mode of one engine still runs the same kernel).
-            last = seq_len - 1
-            cur_row = (pos0 == last)[:, None]
-            if ROPE and not CUR_FROM_CACHE:
-                k_cur = k_new
-                v_cur = v_new
-            else:
-                here = (start <= last) & (last < start + BLOCK_N) & (offs_d < HEAD_DIM)
-                k_cur = tl.load(k_base + last * stride_kt + offs_d, mask=here, other=0.0)
-                v_cur = tl.load(v_base + last * stride_vt + offs_d, mask=here, other=0.0)
-            k0 = tl.where(cur_row, k_cur[None, :], k0)
-            v0 = tl.where(cur_row, v_cur[None, :], v0)
-        m_i, l_i, acc = _attend(q, k0, v0, mask0, m_i, l_i, acc, qk_scale, DOT_PRECISION)
-    for n0 in range(start + BLOCK_N, end, BLOCK_N):
-        pos = n0 + offs_n
-        n_mask = pos < end
-        k = tl.load(k_base + pos[:, None] * stride_kt + offs_d[None, :], mask=n_mask[:, None], other=0.0)
-        v = tl.load(v_base + pos[:, None] * stride_vt + offs_d[None, :], mask=n_mask[:, None], other=0.0)
-        m_i, l_i, acc = _attend(q, k, v, n_mask, m_i, l_i, acc, qk_scale, DOT_PRECISION)
-
-    has_work = l_i > 0.0  # l_i >= 1 for any split that saw a position, 0 otherwise
-    l_safe = tl.where(has_work, l_i, 1.0)
-    lse = tl.where(has_work, m_i + tl.log2(l_safe), float("-inf"))
-    tl.store(lse_ptr + lane * stride_lb + q_heads * stride_lh + split, lse, mask=g_mask)
-    part = acc / l_safe[:, None]
-    part_ptrs = part_ptr + lane * stride_pb + q_heads[:, None] * stride_ph + split * stride_ps + offs_d[None, :]
-    # Empty splits store no partial output (the combine step never reads it). Full [BLOCK_G, D] mask.
-    store_mask = (g_mask & has_work)[:, None] & (offs_d[None, :] < HEAD_DIM)
-    tl.store(part_ptrs, part, mask=store_mask)
+    # CUR_FROM_CACHE: a chunk's current row is read back from the cache after its write is visible
+    # (the barrier above with ROPE, the wait otherwise). Otherwise (ROPE only) it comes from the
+    # registers this program wrote it from: one L2 round trip less, and at head dim 64 not the
+    # separate path's rounding (every step of one engine, verification included, runs this kernel).
+    regs: tl.constexpr = ROPE and not CUR_FROM_CACHE
+    lse_row = lse_ptr + lane * stride_lb + q_heads * stride_lh
+    part_row = part_ptr + lane * stride_pb + q_heads[:, None] * stride_ph + offs_d[None, :]
+    _chunk_partial(q, k0, v0, start, end, last, k_new, v_new, k_base, v_base, stride_kt, stride_vt,
+                   lse_row, part_row, stride_ps, split, qk_scale, offs_n, offs_d, g_mask,
+                   BLOCK_G, HEAD_DIM, BLOCK_N, DOT_PRECISION, regs)
+    for vs in range(split + n_prog, num_splits, n_prog):  # the program's further chunks
+        start = lo + vs * chunk
+        end = tl.minimum(start + chunk, seq_len)
+        pos0 = start + offs_n
+        mask0 = pos0 < end
+        k0 = tl.load(k_base + pos0[:, None] * stride_kt + offs_d[None, :], mask=mask0[:, None], other=0.0)
+        v0 = tl.load(v_base + pos0[:, None] * stride_vt + offs_d[None, :], mask=mask0[:, None], other=0.0)
+        _chunk_partial(q, k0, v0, start, end, last, k_new, v_new, k_base, v_base, stride_kt, stride_vt,
+                       lse_row, part_row, stride_ps, vs, qk_scale, offs_n, offs_d, g_mask,
+                       BLOCK_G, HEAD_DIM, BLOCK_N, DOT_PRECISION, regs)
 
     if FUSE_COMBINE:
-        # The last split of (lane, kv head) to finish merges all splits. All threads' stores are
+        # The last program of (lane, kv head) to finish merges all chunks. All threads' stores are
         # ordered before the counter's release by the barrier; the merging program reads the
         # partials after its acquire, from L2 (.cg: L1 may hold lines of an earlier launch).
         tl.debug_barrier()
         cnt = cnt_ptr + lane * tl.num_programs(1) + kv_head
         arrived = tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
-        if arrived == num_splits - 1:
+        if arrived == n_prog - 1:
             offs_s = tl.arange(0, BLOCK_S)
             gs_mask = g_mask[:, None] & (offs_s[None, :] < num_splits)
             lse_all = tl.load(lse_ptr + lane * stride_lb + q_heads[:, None] * stride_lh + offs_s[None, :],
@@ -211,9 +247,9 @@ def _split_kernel(
             denom = tl.sum(tl.exp2(lse_all - m[:, None]), 1)
             o = tl.zeros([BLOCK_G, HEAD_DIM], tl.float32)
             if MERGE_UNROLLED:
-                # Splits own consecutive chunks from position 0, so the live ones are a prefix
+                # Chunks are consecutive from position lo, so the live ones are a prefix
                 # [0, n_live): MERGE_CH of them per step, each step one [G, MERGE_CH, D] load
-                # (one L2 round trip) summed over the splits; steps added in order (fixed sums).
+                # (one L2 round trip) summed over the chunks; steps added in order (fixed sums).
                 n_live = tl.where(seq_len > lo, tl.cdiv(seq_len - lo, tl.maximum(chunk, 1)), 0)
                 offs_c = tl.arange(0, MERGE_CH)
                 for c0 in range(0, tl.minimum(n_live, num_splits), MERGE_CH):
@@ -305,7 +341,7 @@ class TritonDecodeAttention(DecodeAttention):
 
     def __init__(self, device: torch.device, config: KernelConfig | None = None,
                  fuse_combine: bool = False, pdl: bool = False, preload: bool = True,
-                 cur_from_cache: bool = False, merge_unrolled: bool = True) -> None:
+                 cur_from_cache: bool = False, merge_unrolled: bool = True, sm_count: int | None = None) -> None:
         """config=None uses DEFAULT_CONFIGS[head_dim]; a given config applies to every head dim.
         fuse_combine: the last split merges the others instead of a separate combine kernel (the
         separate kernel measured faster on the H200). pdl: programmatic dependent launch where
@@ -315,11 +351,15 @@ class TritonDecodeAttention(DecodeAttention):
         inside the kernel, the current row comes from registers, not re-read from the cache
         (~13 us less per 1B step; True rounds like the separate RoPE path at D=64).
         merge_unrolled (with fuse_combine): the merging split reads the live splits' partials
-        eight at a time, one load each, instead of every split's one after another (design.md V55)."""
-        if device.type != "cuda" or not torch.cuda.is_available():
-            raise FgchatError("the triton attention backend needs a CUDA device (use --attention torch)")
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        self.sm_count = _sm_count(index)
+        eight at a time, one load each, instead of every split's one after another (design.md V55).
+        sm_count given: the SM count the plans are made for, on any device (tests run the kernels
+        on CPU under Triton's interpreter)."""
+        if sm_count is None:
+            if device.type != "cuda" or not torch.cuda.is_available():
+                raise FgchatError("the triton attention backend needs a CUDA device (use --attention torch)")
+            index = device.index if device.index is not None else torch.cuda.current_device()
+            sm_count = _sm_count(index)
+        self.sm_count = sm_count
         self._config = config
         self.fuse_combine = fuse_combine
         self.merge_unrolled = merge_unrolled
@@ -328,21 +368,27 @@ class TritonDecodeAttention(DecodeAttention):
         self.pdl = pdl and pdl_supported(device)
         # PDL for the split kernel: the caller lowers it when a library kernel precedes attention
         self.pdl_entry = self.pdl
+        # the split kernel launches dependently (PDL) where pdl_entry allows; for_blocks' twin never
+        self.dependent_launch = True
         self._cnt: Tensor | None = None
         self._plans: dict[tuple, _Plan] = {}
         self._scratch: dict[int, tuple[Tensor, Tensor]] = {}  # id of a plan in _plans -> part, lse
         self._blocks: TritonDecodeAttention | None = None  # for_blocks' twin
 
     def for_blocks(self) -> TritonDecodeAttention:
-        """This backend without `preload`: a preloaded first tile is read before the PDL wait,
-        when only a lane's own current row is replaced after it, so another lane's row written
-        by the preceding kernel could be read stale. Same kernels otherwise (plans of its own)."""
-        if not self.preload:
+        """This backend with its split kernel launched after the preceding kernel has ended (no
+        dependent launch): a preloaded first tile is read before the PDL wait, when only a lane's
+        own current row is replaced after it, so another lane's row written by the preceding
+        kernel could be read stale. The kernel is compiled with the same constants (USE_PDL
+        included: its wait returns at once in a plain launch), so a verification row computes
+        the bits of the plain step's (plans of its own)."""
+        if not (self.preload and self.pdl_entry):
             return self
         if self._blocks is None:
             twin = copy.copy(self)
-            twin.preload, twin._plans, twin._scratch, twin._blocks = False, {}, {}, None
+            twin.dependent_launch, twin._plans, twin._scratch, twin._blocks = False, {}, {}, None
             self._blocks = twin
+        self._blocks.pdl_entry = self.pdl_entry
         return self._blocks
 
     def _counters(self, batch: int, num_kv_heads: int, device: torch.device) -> Tensor:
@@ -363,11 +409,17 @@ class TritonDecodeAttention(DecodeAttention):
         return DEFAULT_CONFIGS[head_dim]
 
     def num_splits(self, batch: int, num_kv_heads: int, max_context: int, head_dim: int) -> int:
-        """Shape-only split count (see plan_num_splits); exposed for tests and the benchmark."""
+        """Programs per (lane, kv head) at `batch` lanes (see plan_num_splits), at most the
+        partition's chunks; exposed for tests and the benchmark."""
         cfg = self.config(head_dim)
         return plan_num_splits(
             batch, num_kv_heads, max_context, cfg.block_n, self.sm_count, cfg.programs_per_sm, cfg.max_splits
         )
+
+    def partition(self, num_kv_heads: int, max_context: int, head_dim: int) -> int:
+        """Chunks each lane's positions are split into, whatever the batch size (the split count
+        of one lane): what a lane's bits depend on (module docstring)."""
+        return self.num_splits(1, num_kv_heads, max_context, head_dim)
 
     def __call__(
         self,
@@ -436,7 +488,7 @@ class TritonDecodeAttention(DecodeAttention):
         return (q.shape, q.dtype, q_strides, cos is None or (cos.shape, cos.dtype), k_cache.shape,
                 k_cache.stride(), k_cache.dtype, v_cache.stride(), v_cache.dtype, out.shape, out.stride(),
                 out.dtype, slot_ids.shape, slot_ids.dtype, seq_lens.shape, seq_lens.dtype, scale,
-                self.pdl, self.pdl_entry, self.fuse_combine, self.merge_unrolled, window)
+                self.pdl, self.pdl_entry, self.dependent_launch, self.fuse_combine, self.merge_unrolled, window)
 
     def _plan(self, key: tuple, q: Tensor, stride_qb: int, stride_qh: int, cos: Tensor | None, k_cache: Tensor,
               v_cache: Tensor, out: Tensor, scale: float, window: int = 0) -> _Plan:
@@ -452,7 +504,8 @@ class TritonDecodeAttention(DecodeAttention):
                 raise ValueError(f"{name} must be contiguous in its last dimension")
         cfg = self.config(head_dim)
         group = num_q_heads // num_kv_heads
-        splits = self.num_splits(batch, num_kv_heads, max_context, head_dim)
+        splits = self.partition(num_kv_heads, max_context, head_dim)
+        programs = min(splits, self.num_splits(batch, num_kv_heads, max_context, head_dim))
         block_s = max(2, next_pow2(splits))
         part_shape = (batch, num_q_heads, splits, head_dim)
         # strides of the contiguous scratch allocated per call
@@ -464,7 +517,8 @@ class TritonDecodeAttention(DecodeAttention):
             HEAD_DIM=head_dim, BLOCK_G=max(16, next_pow2(group)), FUSE_COMBINE=self.fuse_combine,
             BLOCK_S=block_s, ROPE=cos is not None, BLOCK_N=cfg.block_n,
             DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", USE_PDL=self.pdl_entry,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=self.pdl_entry,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            launch_pdl=self.pdl_entry and self.dependent_launch,
             PRELOAD=self.preload, CUR_FROM_CACHE=self.cur_from_cache,
             MERGE_UNROLLED=self.fuse_combine and self.merge_unrolled,
         )
@@ -476,7 +530,7 @@ class TritonDecodeAttention(DecodeAttention):
                 dict(HEAD_DIM=head_dim, BLOCK_S=block_s, USE_PDL=self.pdl,
                      num_warps=4 if head_dim * splits >= 4096 else 2, launch_pdl=self.pdl),
             )
-        plan = _Plan((batch, num_kv_heads, splits), split_mid, tuple(out.stride()[:2]),
+        plan = _Plan((batch, num_kv_heads, programs), split_mid, tuple(out.stride()[:2]),
                      split_kw, part_shape, part_shape[:3], batch * num_kv_heads, combine)
         self._plans[key] = plan
         return plan
