@@ -187,9 +187,9 @@ def test_embedded_q4_1_planes_equal_conversion_and_greedy_tokens(tmp_path):
     def greedy(**kw) -> tuple[list[list[int]], Engine]:
         eng = Engine(EngineConfig(device="cpu", dtype="float32", max_context=256, self_check=False, **kw))
         out = []
-        for text in ("What is the capital of France?", "Write a haiku about the sea."):
+        for text in ("What is the capital of France?",):  # the planes' equality above covers every tensor
             ids = eng.tokenizer.apply_chat_template([{"role": "user", "content": text}])
-            rid = eng.submit(ids, SamplingParams(max_tokens=16, ignore_eos=True))
+            rid = eng.submit(ids, SamplingParams(max_tokens=8, ignore_eos=True))
             done = {e.summary.request_id: e.summary for e in eng.run_until_done() if isinstance(e, RequestFinished)}
             out.append(done[rid].token_ids)
         return out, eng
@@ -197,5 +197,5 @@ def test_embedded_q4_1_planes_equal_conversion_and_greedy_tokens(tmp_path):
     ours, eng = greedy()
     assert eng.model.weight_format == "Q4_1+Q8_0" and any("Q4_1+Q8_0 weights run on CPU" in n for n in eng.notes)
     theirs, _ = greedy(model=str(conv_dir))  # transformers' float32 conversion, as a model directory
-    assert ours == theirs and all(len(t) == 16 for t in ours)
+    assert ours == theirs and all(len(t) == 8 for t in ours)
     assert greedy(dequantize=True)[0] == ours

@@ -131,7 +131,7 @@ def test_rows_do_not_depend_on_the_batch_size(fmt):
     w = random_qweight(fmt, 48, k, seed=11, device=DEV)
     x = _x(8, k, 4)
     full, parts = qgemv.project(x, w), qgemv.project_partials(x, w, 2)
-    for m in range(1, 8):
+    for m in (1, 3, 7):
         assert torch.equal(qgemv.project(x[:m].contiguous(), w), full[:m])
         assert torch.equal(qgemv.project_partials(x[:m].contiguous(), w, 2), parts[:, :m])
 
