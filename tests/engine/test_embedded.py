@@ -100,9 +100,10 @@ def test_other_cache_root_would_convert(cache_root: Path, tmp_path: Path, monkey
         resolve_model(None)
 
 
-def test_converted_model_answers_with_transformers_reference(converted: Path) -> None:
-    """The conversion is right end to end: transformers (reference only) running the converted
-    directory answers greedily, and our detokenizer streams the same text."""
+@pytest.fixture(scope="module")
+def reference(converted: Path) -> tuple[list[int], list[int]]:
+    """(prompt ids, transformers' greedy ids in float32): transformers, reference only, running the
+    embedded GGUF, loaded once for the module."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -111,34 +112,35 @@ def test_converted_model_answers_with_transformers_reference(converted: Path) ->
     model = AutoModelForCausalLM.from_pretrained(where, dtype=torch.float32, **kwargs)
     ids = tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}])
     out = model.generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False, eos_token_id=sorted(tok.eos_ids))
-    generated = out[0, len(ids) :].tolist()
+    return ids, out[0, len(ids):].tolist()
+
+
+def test_converted_model_answers_with_transformers_reference(converted: Path, reference) -> None:
+    """The conversion is right end to end: transformers running the converted directory answers
+    greedily, and our detokenizer streams the same text."""
+    tok = Tokenizer.from_dir(converted)
+    ids, generated = reference
     detok = IncrementalDetokenizer(tok, prompt_ids_tail=ids[-4:])
     streamed = "".join(detok.push(i) for i in generated) + detok.flush()
     assert streamed == tok.decode(generated)
     assert "Paris" in streamed
 
 
-def test_our_engine_answers_paris_like_transformers(converted: Path, cache_root: Path,
+def test_our_engine_answers_paris_like_transformers(cache_root: Path, reference,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """Our decoder on the real embedded model: same greedy ids as transformers, names Paris."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
     from fgchat.engine.core import Engine, EngineConfig
     from fgchat.protocol.events import RequestFinished, SamplingParams
 
     monkeypatch.setenv("FGCHAT_CACHE_DIR", str(cache_root))
     eng = Engine(EngineConfig(device="cpu", max_context=512))
-    ids = eng.tokenizer.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}])
+    ids, want = reference
+    assert ids == eng.tokenizer.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}])
     rid = eng.submit(ids, SamplingParams(max_tokens=12))
     done = {e.summary.request_id: e.summary for e in eng.run_until_done() if isinstance(e, RequestFinished)}
     ours = done[rid]
     assert "Paris" in ours.text
-    where, kwargs = resolve_mod.pretrained_source(None)
-    ref = AutoModelForCausalLM.from_pretrained(where, dtype=torch.float32, **kwargs)
-    out = ref.generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False,
-                       eos_token_id=sorted(eng.tokenizer.eos_ids))
-    assert ours.token_ids == out[0, len(ids):].tolist()
+    assert ours.token_ids == want
 
 
 def test_cli_default_model_answers(converted: Path, cache_root: Path) -> None:
