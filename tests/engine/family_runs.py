@@ -15,6 +15,15 @@ def cpu_engine(path, dtype: str, max_context: int = 64):
                                tuning=Tuning(head_pick=False)))
 
 
+def fused_decoder(eng):
+    """A fused decoder on the engine's weights and a fresh KV cache of its own."""
+    from fgchat.engine.kv_cache import KVCache
+    from fgchat.engine.model.decoder import Decoder
+
+    return (Decoder(eng.cfg, eng.model.weights, eng.max_context, fused=True),
+            KVCache(eng.cfg, eng.max_context, eng.device, eng.dtype))
+
+
 def decode(dec, eng, cache, prompts, slots, steps: int) -> tuple[list[list[int]], list[torch.Tensor]]:
     """Prefill each prompt into its slot, then `steps` greedy steps of all rows together: the
     tokens per row and each step's logits [B, V] (the prefills' last logits first)."""

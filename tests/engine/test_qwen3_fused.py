@@ -45,17 +45,14 @@ def _decode(dec, eng, cache, steps: int = STEPS) -> tuple[list[list[int]], list[
 def _both(path, dtype: str, fused: bool = True):
     """(plain, fused) decodes of the same weights: the engine's own decoder (CPU: the plain family
     stages) and a fused decoder beside it, on caches of their own (fused False: the plain only)."""
-    from fgchat.engine.kv_cache import KVCache
-    from fgchat.engine.model.decoder import Decoder
-
     eng = _engine(path, dtype)
     assert eng.decoder.family is not None and not eng.decoder.fused
     plain = _decode(eng.decoder, eng, eng.cache)
     if not fused:
         return plain, None
-    dec = Decoder(eng.cfg, eng.model.weights, eng.max_context, fused=True)
+    dec, cache = family_runs.fused_decoder(eng)
     assert dec.family is None and dec.fused_stages.qk_norms is not None
-    return plain, _decode(dec, eng, KVCache(eng.cfg, eng.max_context, eng.device, eng.dtype))
+    return plain, _decode(dec, eng, cache)
 
 
 def test_fused_qwen3_float32_equals_the_plain_family_stages(qwen3_dir):
@@ -101,10 +98,6 @@ def test_routing_puts_qwen3_on_the_fused_stages_and_the_others_on_the_plain(tmp_
 
 def test_mega_kernel_refuses_the_qk_norm_with_its_reason(qwen3_dir):
     from fgchat.engine.kernels.megakernel import DecodeLayers
-    from fgchat.engine.kv_cache import KVCache
-    from fgchat.engine.model.decoder import Decoder
 
-    eng = _engine(qwen3_dir, "bfloat16")
-    dec = Decoder(eng.cfg, eng.model.weights, eng.max_context, fused=True)
     with pytest.raises(ValueError, match="q/k norm"):
-        DecodeLayers(dec, KVCache(eng.cfg, eng.max_context, eng.device, eng.dtype))
+        DecodeLayers(*family_runs.fused_decoder(_engine(qwen3_dir, "bfloat16")))
