@@ -13,6 +13,9 @@ class StandInGraphMode(EagerMode):
 
     def __init__(self, eng: Engine, mode: Mode, fail_blocks: bool = False) -> None:
         super().__init__(eng.program, False, eng.notes.append)
+        # a graph mode's KV cache is CUDA's, zeroed at allocation; the CPU's is torch.empty, whose
+        # rows no request wrote may hold NaN, and the self-check reads such rows
+        eng.cache.all.zero_()
         self.mode = mode
         self.captured: set[tuple[int, int, int]] = set()
         self.log: list[tuple[str, int, int]] = []

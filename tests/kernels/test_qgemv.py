@@ -127,13 +127,20 @@ def test_pick_gives_at_least_the_bf16_kernels_programs(sms):
 
 @pytest.mark.parametrize("fmt", ["Q8_0", "Q4_K", "fp8"])
 def test_rows_do_not_depend_on_the_batch_size(fmt):
+    """A row's bits are the same alone, among a decode step's rows and among a verification
+    step's (three 16-row tiles, the last one partial)."""
     k = 512
     w = random_qweight(fmt, 48, k, seed=11, device=DEV)
-    x = _x(8, k, 4)
-    full, parts = qgemv.project(x, w), qgemv.project_partials(x, w, 2)
-    for m in (1, 3, 7):
-        assert torch.equal(qgemv.project(x[:m].contiguous(), w), full[:m])
-        assert torch.equal(qgemv.project_partials(x[:m].contiguous(), w, 2), parts[:, :m])
+    x = _x(40, k, 4)
+    full, parts = qgemv.project(x, w), qgemv.project_partials(x[:20].contiguous(), w, 2)
+    for rows in (slice(0, 1), slice(0, 7), slice(33, 40)):
+        assert torch.equal(qgemv.project(x[rows].contiguous(), w), full[rows]), rows
+    for rows in (slice(0, 3), slice(17, 20)):
+        assert torch.equal(qgemv.project_partials(x[rows].contiguous(), w, 2), parts[:, rows]), rows
+    if fmt == "fp8":  # the head's pick over row tiles: each row's first maximum of its own logits
+        logits, tokens = qgemv.project_argmax(x, w)
+        assert torch.equal(logits, qgemv.project_logits(x, w))
+        assert torch.equal(tokens, logits.argmax(dim=1))
 
 
 def test_partials_sum_to_the_projection():

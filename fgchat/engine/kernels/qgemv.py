@@ -1,6 +1,7 @@
-"""The skinny projection y = x @ w^T (decode, M <= 16 rows) on quantized weights (qweight's
-planes), as one Triton kernel per call: one program owns BLOCK_N output columns and streams their
-weight rows over all of K (or its K slice), a tile of BLOCK_K columns at a time. Each tile's
+"""The skinny projection y = x @ w^T (decode and verification: 16-row tiles, up to MAX_TILED_ROWS
+rows) on quantized weights (qweight's planes), as one Triton kernel per call: one program owns
+BLOCK_N output columns of one row tile and streams their weight rows over all of K (or its K
+slice), a tile of BLOCK_K columns at a time. Each tile's
 product is kernels.qdot's: the stored integers enter tensor-core dots as they are, one per scale
 group, and each group's float32 sum is scaled (and its min term added) in float32, so the weights
 are carried exactly and only float32 sums round. fp8's per-channel scale multiplies each column's
@@ -27,7 +28,7 @@ import triton
 import triton.language as tl
 
 from fgchat.engine.intmath import cdiv, next_pow2
-from fgchat.engine.kernels.gemv import MAX_ROWS, SampleArgs, argmax_finish_kernel, finish_tile
+from fgchat.engine.kernels.gemv import MAX_ROWS, MAX_TILED_ROWS, SampleArgs, argmax_finish_kernel, finish_tile
 from fgchat.engine.kernels.launch import fast
 from fgchat.engine.kernels.pdl import pdl_enter
 from fgchat.engine.kernels.qdot import PAIR, UNIT, prefetch_rows, tile_dot, tile_width
@@ -51,15 +52,15 @@ def _qproj_kernel(
     ROUND: tl.constexpr = True, SAMPLE: tl.constexpr = False, LIBDEVICE: tl.constexpr = True,
     PREFETCH: tl.constexpr = False, GELU: tl.constexpr = False,
 ):
-    """Program (pid, ks) owns columns [pid*BLOCK_N, +BLOCK_N) over K slice ks of SPLIT_K; the
-    outputs as gemv._proj_kernel's (SPLIT_K > 1: float32 partials in slab ks; GLU: w rows gate |
+    """Program (pid, ks, mt) owns columns [pid*BLOCK_N, +BLOCK_N) of row tile mt (rows
+    [mt*BLOCK_M, +BLOCK_M)) over K slice ks of SPLIT_K; the outputs as gemv._proj_kernel's (SPLIT_K > 1: float32 partials in slab ks; GLU: w rows gate |
     up, N the gate's; ARGMAX / SAMPLE: per-program maxima). PREFETCH (with PDL, sm_90+): before
     the PDL wait the program asks L2 for its first tile's bytes of the first plane (weights are
     never written by a kernel); the sum runs tile 0, 1, ... either way."""
     pid = tl.program_id(0)
     K_PART: tl.constexpr = K // SPLIT_K
     k_base = tl.program_id(1) * K_PART
-    offs_m = tl.arange(0, BLOCK_M)
+    offs_m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     m_mask = offs_m < M
     n_mask = offs_n < N
@@ -207,22 +208,22 @@ def _launch(x: torch.Tensor, w: QuantWeight, y: torch.Tensor, split: int = 1, gl
     """Write x @ w^T into y ([M, N] with row stride y.stride(0), or [split, M, N] partials)."""
     m, k = x.shape
     n = w.shape[0] // 2 if glu else w.shape[0]
-    if m > MAX_ROWS or w.shape[1] != k or not x.is_contiguous():
-        raise ValueError(f"qgemv needs contiguous x [M <= {MAX_ROWS}, {w.shape[1]}], got {tuple(x.shape)}")
+    if m > MAX_TILED_ROWS or w.shape[1] != k or not x.is_contiguous():
+        raise ValueError(f"qgemv needs contiguous x [M <= {MAX_TILED_ROWS}, {w.shape[1]}], got {tuple(x.shape)}")
     grid, kw = _kwargs(w.fmt, n, k, x.dtype, split, glu, argmax is not None, sample is not None, rounded, pdl,
                        pdl and _prefetchable(w), config, gelu, _sm_count(x.device.index if x.is_cuda else None))
     pmax, pidx = argmax if argmax is not None else (None, None)
     temp, seeds, positions = sample if sample is not None else (None, None, None)
     stride_split = y.stride(0) if split > 1 else 0
     stride_y = y.stride(-2)
-    fast(_qproj_kernel)[grid](x, y, m, stride_y, stride_split, *plane_args(w),
+    fast(_qproj_kernel)[(*grid, cdiv(m, MAX_ROWS))](x, y, m, stride_y, stride_split, *plane_args(w),
                               pmax, pidx, pmax.stride(0) if pmax is not None else 0,
                               temp, seeds, positions, **kw)
 
 
 def project(x: torch.Tensor, w: QWeight, pdl: bool = False,
             config: QConfig | None = None, out_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """x [M <= 16, K] @ w^T -> [M, N], float32 sums rounded to x's dtype (stored as out_dtype,
+    """x [M <= MAX_TILED_ROWS, K] @ w^T -> [M, N], float32 sums rounded to x's dtype (stored as out_dtype,
     default x's). A stack: one launch per part into its columns of one output."""
     y = torch.empty((x.shape[0], w.shape[0]), dtype=out_dtype or x.dtype, device=x.device)
     for at, p in row_parts(w):

@@ -12,8 +12,8 @@ graphs launch identical kernels (modes stay bit-identical):
   in rope_kv_write, Gemma's norms after attention and after the MLP in the add_rms_norm that adds
   their sublayer's output, its embedding scale in layer 0's;
 - a quantized weight (engine.quant: a QuantWeight, or a QuantStack of formats) runs on
-  kernels.qgemv, which dequantizes its tiles in registers: always for up to MAX_ROWS rows (o and
-  down split along K where that fills the SMs), through a dequantized copy and cuBLAS for more;
+  kernels.qgemv, which dequantizes its tiles in registers: always for up to MAX_TILED_ROWS rows (o
+  and down split along K where that fills the SMs), through qgemv.linear's prefill path for more;
   its L2 prefetch takes the weight's planes, and a quantized gate/up adds no lead tiles;
 - programmatic dependent launch (kernels.pdl) is used for every Triton launch of the step, the o
   projection's after attention included. Each kernel waits for its predecessor before touching
@@ -74,12 +74,11 @@ class Route:
     split: int = 1
     glu: bool = False
     config: gemv.ProjConfig | None = None
-    quantized: bool = False  # on qgemv (one tile of rows) rather than gemv (tiles up to MAX_TILED_ROWS)
 
     def serves(self, rows: int) -> bool:
-        """Our kernel runs this projection for `rows` activation rows (else cuBLAS does): a decode
-        step's and a verification step's rows on gemv, whose rows do not see each other."""
-        return self.ours and rows <= (gemv.MAX_ROWS if self.quantized else gemv.MAX_TILED_ROWS)
+        """Our kernel runs this projection for `rows` activation rows (else the prefill path does):
+        a decode step's and a verification step's rows, which do not see each other."""
+        return self.ours and rows <= gemv.MAX_TILED_ROWS
 
 
 class FusedStages:
@@ -226,7 +225,7 @@ class FusedStages:
         cfg = self.configs.get(role)
         if is_quantized(w):  # qgemv's own tiles; a bias is added after it (before_attention)
             split = qgemv.pick_split(w, sm_count) if feeds_norm else 1
-            return Route(True, split, glu=role == "gate_up", quantized=True)
+            return Route(True, split, glu=role == "gate_up")
         if not bias_free:
             return Route(False)
         if role == "gate_up":
@@ -333,7 +332,7 @@ class FusedStages:
         st.h, x = self.final_rows(st.h, st.delta, self.after(self.down.ours))
         st.delta = None
         quantized = is_quantized(dec.w.lm_head)
-        if (greedy or sample is not None) and x.shape[0] <= (gemv.MAX_ROWS if quantized else gemv.MAX_TILED_ROWS):
+        if (greedy or sample is not None) and x.shape[0] <= gemv.MAX_TILED_ROWS:
             sample = None if greedy else sample
             if quantized:
                 st.logits, st.tokens = qgemv.project_argmax(x, dec.w.lm_head, pdl=self.after(True), sample=sample)

@@ -38,6 +38,6 @@ def logits(x: torch.Tensor, w: object, pdl: bool = False) -> torch.Tensor:
         return head_logits(x, w)
     from fgchat.engine.kernels import qgemv, qtiles
 
-    if x.shape[0] <= qgemv.MAX_ROWS:
+    if x.shape[0] <= qgemv.MAX_TILED_ROWS:
         return qgemv.project_logits(x.contiguous(), w, pdl=pdl)
     return head_logits(x, qtiles.dequantize(w, x.dtype))
