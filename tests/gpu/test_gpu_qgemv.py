@@ -301,7 +301,7 @@ def _candidates(role: str, fmt: str, n: int, k: int, picked: int) -> list[tuple[
 def test_config_sweep_print(model, formats):
     """Not a pass/fail check: us per call at M = 1 / 8 (cold: weights from HBM) over row tiles,
     K splits and tile widths per role (one warp below 32 rows, as picked), the new pick and the old
-    first, then 1, 2 and 4 warps at the new pick; where a faster one shows, pick_config /
+    first, then 1, 2 and 4 warps and 3 and 4 stages at the new pick; where a faster one shows, pick_config /
     pick_split should take it."""
     from fgchat.engine.kernels import qgemv
 
@@ -323,6 +323,8 @@ def test_config_sweep_print(model, formats):
         tried += [(qgemv.QConfig(bn, bk, qgemv.WIDE_ROWS_WARPS if bn >= 32 else 1), s)
                   for bn, s, bk in _candidates(role, fmt, n, k, split)]
         tried += [(qgemv.QConfig(new.block_n, new.block_k, warps), split) for warps in (1, 2, 4)]
+        # deeper pipelines: more of each program's tiles in flight (one warp holds few bytes)
+        tried += [(qgemv.QConfig(new.block_n, new.block_k, new.num_warps, stages), split) for stages in (3, 4)]
         cells, seen = [], set()
         for cfg, s in tried:
             if (cfg, s) in seen:
