@@ -4,7 +4,8 @@ weight rows over all of K (or its K slice), a tile of BLOCK_K columns at a time.
 product is kernels.qdot's: the stored integers enter tensor-core dots as they are, one per scale
 group, and each group's float32 sum is scaled (and its min term added) in float32, so the weights
 are carried exactly and only float32 sums round. fp8's per-channel scale multiplies each column's
-sum.
+sum. Prefill rows (past MAX_ROWS: `linear`) run on kernels.qgemm's GEMM, which dequantizes each
+weight tile in registers into tensor-core dots; no dequantized copy of w is written.
 
 Variants as engine.gemv's: plain (rounded to x's dtype), split-K float32 partials (the norm adds
 them), GLU (w rows gate | up: silu(x.gate) * (x.up) with gemv's roundings), float32 logits and a
@@ -31,7 +32,8 @@ from fgchat.engine.kernels.gemv import MAX_ROWS, SampleArgs, argmax_finish_kerne
 from fgchat.engine.kernels.launch import fast
 from fgchat.engine.kernels.pdl import pdl_enter
 from fgchat.engine.kernels.qdot import PAIR, UNIT, prefetch_rows, tile_dot, tile_width
-from fgchat.engine.kernels.qtiles import CODES, PLANES, dequantize, is_quantized, plane_args
+from fgchat.engine.kernels import qgemm
+from fgchat.engine.kernels.qtiles import CODES, PLANES, is_quantized, plane_args
 from fgchat.engine.kernels.sampling_triton import LIBDEVICE
 from fgchat.engine.quant.qweight import QuantStack, QuantWeight, row_parts
 
@@ -287,14 +289,14 @@ def project_argmax(x: torch.Tensor, w: QuantWeight, pdl: bool = False, sample: S
 
 
 def linear(x: torch.Tensor, w: torch.Tensor | QWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear for a dense or quantized weight. Quantized: up to MAX_ROWS rows on the skinny
-    kernel; more (prefill) through a dequantized scratch copy of w and cuBLAS."""
+    """F.linear for a dense or quantized weight. Quantized: a contiguous x of up to MAX_ROWS
+    rows on the skinny kernel; any other x (prefill) on qgemm's GEMM over w's planes."""
     if not is_quantized(w):
         return F.linear(x, w, bias)
     if x.shape[0] <= MAX_ROWS and x.dim() == 2 and x.is_contiguous():
         y = project(x, w)
         return y if bias is None else y + bias
-    return F.linear(x, dequantize(w, x.dtype), bias)
+    return qgemm.gemm(x, w, bias, sm_count=_sm_count(x.device.index if x.is_cuda else None))
 
 
 def embedding(ids: torch.Tensor, w: torch.Tensor | QuantWeight) -> torch.Tensor:
