@@ -6,7 +6,7 @@ Print tests (`-m gpu -s -k print`), each line flushed as measured, each test pas
 measuring no more: per model (SmolLM2's Q4_1 / Q8_0 head; the 1B preset's int4 / fp8 / Q4_K) each
 role as the engine launches it, the picked config beside the old picker's and the bf16 kernel's
 (CUDA graphs; one weight in L2 and copies read from HBM); a row-tile / K-split / tile sweep per
-model; the prefill GEMM against dequantize + cuBLAS, and its config sweep."""
+model; the prefill GEMM (kernels.qgemm) against dequantize + cuBLAS and bf16 cuBLAS."""
 
 from __future__ import annotations
 
@@ -343,7 +343,8 @@ def test_config_sweep_print(model, formats):
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_prefill_gemm_against_float64(fmt):
-    """qgemv.linear past 16 rows (a dequantized copy and cuBLAS) at 1B's o shape with a bias, M = 200."""
+    """qgemv.linear past 16 rows (qgemm's GEMM, weights rounded to bf16) at 1B's o shape with a
+    bias, M = 200."""
     from fgchat.engine.kernels import qgemv
 
     n, k = 2048, 2048
@@ -377,20 +378,20 @@ def _us(fn, reps: int = 20) -> float:
 
 
 def test_prefill_timing_print():
-    """Not a pass/fail check: us per call at M = 64 / 512 / 2048 at the 1B shapes: qgemv.linear
-    (dequantize + cuBLAS) / its dequantization alone / cuBLAS on a dense bf16 weight of the shape:
-    the quantized TTFT's excess over bf16."""
+    """Not a pass/fail check: us per call at M = 64 / 512 / 2048 / 4096 at the 1B shapes:
+    qgemv.linear (qgemm's GEMM on the planes) / the old path (dequantize + cuBLAS) / cuBLAS on a
+    dense bf16 weight of the shape: the quantized TTFT's excess over bf16."""
     from fgchat.engine.kernels import qgemv, qtiles
 
     budget = _Budget()
-    print("\nus per call, linear / dequantize / bf16 cuBLAS", flush=True)
+    print("\nus per call, qgemm / dequantize + cuBLAS / bf16 cuBLAS", flush=True)
     for n, k in GEMM_SHAPES:
         dense = (torch.randn(n, k, device=DEV) * 0.02).to(torch.bfloat16)
-        xs = {m: _x(m, k, 6) for m in (64, 512, 2048)}
-        for fmt in ("int4", "fp8", "Q4_K"):
+        xs = {m: _x(m, k, 6) for m in (64, 512, 2048, 4096)}
+        for fmt in ("int4", "fp8", "Q4_K", "Q6_K", "Q8_0"):
             w = random_qweight(fmt, n, k, seed=1, device=DEV)
-            deq = _us(lambda: qtiles.dequantize(w, torch.bfloat16))
-            cells = [f"M={m} {_us(lambda: qgemv.linear(x, w)):7.1f}/{deq:7.1f}/"
+            cells = [f"M={m} {_us(lambda: qgemv.linear(x, w)):7.1f}/"
+                     f"{_us(lambda: torch.nn.functional.linear(x, qtiles.dequantize(w, x.dtype))):7.1f}/"
                      f"{_us(lambda: torch.nn.functional.linear(x, dense)):7.1f}" for m, x in xs.items()]
             print(f"  {n}x{k} {fmt}: " + " | ".join(cells), flush=True)
             if budget.spent():

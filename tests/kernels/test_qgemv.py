@@ -1,6 +1,7 @@
 """The quantized skinny projection (kernels.qgemv), Triton's interpreter on CPU, against the
 float64 composition of the same planes (tests/kernels/qweights.py), on rows with massive-activation
-channels; qgemv.linear's routing (prefill rows through a dequantized copy and F.linear). GPU runs at the real model shapes, with timings: tests/gpu/test_gpu_qgemv.py."""
+channels (qgemv.linear's prefill rows: tests/kernels/test_qgemm.py). GPU runs at the real model
+shapes, with timings: tests/gpu/test_gpu_qgemv.py."""
 
 from __future__ import annotations
 
@@ -223,22 +224,3 @@ def test_step_inputs_writes_lengths_slots_and_rows():
     h = qtiles.step_inputs(ids, pos, slots, w, seq_lens, slots32)
     assert torch.equal(h, qtiles.dequantize_rows(w, ids))
     assert seq_lens.tolist() == [1, 8, 31] and slots32.tolist() == [2, 0, 1]
-
-
-def _bias(n: int, seed: int) -> torch.Tensor:
-    return torch.randn(n, generator=torch.Generator().manual_seed(seed)).to(torch.bfloat16).to(DEV)
-
-
-def test_linear_routes_rows_past_the_skinny_kernel_to_a_dequantized_copy():
-    k = 128
-    w = random_qweight("Q4_1", 24, k, seed=31, device=DEV)
-    x, b = _x(20, k, 9), _bias(24, 5)
-    dense = torch.nn.functional.linear(x, qtiles.dequantize(w), b)
-    assert torch.equal(qgemv.linear(x, w, b), dense)
-    small = qgemv.linear(x[:4].contiguous(), w)
-    assert torch.equal(small, qgemv.project(x[:4].contiguous(), w))
-    # leading dimensions and a strided x
-    x3 = x.reshape(4, 5, k)
-    assert torch.equal(qgemv.linear(x3, w), torch.nn.functional.linear(x, qtiles.dequantize(w)).reshape(4, 5, 24))
-    xt = torch.cat([x, x], dim=1)[:, :k]
-    assert torch.equal(qgemv.linear(xt, w), torch.nn.functional.linear(x, qtiles.dequantize(w)))

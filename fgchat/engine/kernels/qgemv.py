@@ -1,11 +1,12 @@
 """The skinny projection y = x @ w^T (decode and verification: 16-row tiles, up to MAX_TILED_ROWS
 rows) on quantized weights (qweight's planes), as one Triton kernel per call: one program owns
 BLOCK_N output columns of one row tile and streams their weight rows over all of K (or its K
-slice), a tile of BLOCK_K columns at a time. Each tile's
-product is kernels.qdot's: the stored integers enter tensor-core dots as they are, one per scale
-group, and each group's float32 sum is scaled (and its min term added) in float32, so the weights
-are carried exactly and only float32 sums round. fp8's per-channel scale multiplies each column's
-sum.
+slice), a tile of BLOCK_K columns at a time. Each tile's product is kernels.qdot's: the stored
+integers enter tensor-core dots as they are, one per scale group, and each group's float32 sum is
+scaled (and its min term added) in float32, so the weights are carried exactly and only float32
+sums round. fp8's per-channel scale multiplies each column's sum. Prefill rows (`linear`) past
+MAX_TILED_ROWS run on kernels.qgemm's GEMM, which dequantizes each weight tile in registers into
+tensor-core dots, up to GEMM_MAX_ROWS; past those, a dequantized copy and cuBLAS.
 
 Variants as engine.gemv's: plain (rounded to x's dtype), split-K float32 partials (the norm adds
 them), GLU (w rows gate | up: silu(x.gate) * (x.up) with gemv's roundings), float32 logits and a
@@ -31,6 +32,7 @@ from fgchat.engine.intmath import cdiv, next_pow2
 from fgchat.engine.kernels.gemv import MAX_ROWS, MAX_TILED_ROWS, SampleArgs, argmax_finish_kernel, finish_tile
 from fgchat.engine.kernels.launch import fast
 from fgchat.engine.kernels.pdl import pdl_enter
+from fgchat.engine.kernels import qgemm
 from fgchat.engine.kernels.qdot import PAIR, UNIT, prefetch_rows, tile_dot, tile_width
 from fgchat.engine.kernels.qtiles import CODES, PLANES, dequantize, is_quantized, plane_args
 from fgchat.engine.kernels.sampling_triton import LIBDEVICE
@@ -287,14 +289,23 @@ def project_argmax(x: torch.Tensor, w: QuantWeight, pdl: bool = False, sample: S
     return logits, tokens
 
 
+# most rows qgemm's GEMM takes: past it the product dwarfs a dequantized copy's fixed cost and
+# cuBLAS runs the product (design.md V117; sm_90 SASS puts the GEMM's in-register dequantization
+# at 1.7-3.4x its tensor-core time, the copy at about the 1B's product at 512 rows)
+GEMM_MAX_ROWS = 2048
+
+
 def linear(x: torch.Tensor, w: torch.Tensor | QWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear for a dense or quantized weight. Quantized: up to MAX_ROWS rows on the skinny
-    kernel; more (prefill) through a dequantized scratch copy of w and cuBLAS."""
+    """F.linear for a dense or quantized weight. Quantized: a contiguous 2-D x of up to
+    MAX_TILED_ROWS rows on the skinny kernel (a row's bits as in a decode step), up to
+    GEMM_MAX_ROWS on qgemm's GEMM over w's planes, more through a dequantized copy and cuBLAS."""
     if not is_quantized(w):
         return F.linear(x, w, bias)
-    if x.shape[0] <= MAX_ROWS and x.dim() == 2 and x.is_contiguous():
+    if x.shape[0] <= MAX_TILED_ROWS and x.dim() == 2 and x.is_contiguous():
         y = project(x, w)
         return y if bias is None else y + bias
+    if x.numel() // x.shape[-1] <= GEMM_MAX_ROWS:
+        return qgemm.gemm(x, w, bias, sm_count=_sm_count(x.device.index if x.is_cuda else None))
     return F.linear(x, dequantize(w, x.dtype), bias)
 
 
