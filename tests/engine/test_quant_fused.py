@@ -20,6 +20,7 @@ from small_decoders import small_config  # noqa: E402
 
 from fgchat.engine.kv_cache import KVCache  # noqa: E402
 from fgchat.engine.model.decoder import Decoder, DecoderWeights, LayerWeights, StepState  # noqa: E402
+from fgchat.engine.kernels import qtiles  # noqa: E402
 from fgchat.engine.quant.qweight import stack_rows  # noqa: E402
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU files cover CUDA")
@@ -66,8 +67,6 @@ def test_prefill_and_decode_stages_match_the_plain_decoder_on_the_same_values():
     # one decode step's stages over two rows (the attention output given)
     st_q, st_d = StepState(), StepState()
     tok = torch.tensor([5, 77])
-    from fgchat.engine.kernels import qtiles
-
     st_q.h, st_q.delta = qtiles.dequantize_rows(wq.embed, tok), None
     dd.embed(st_d, tok)
     torch.testing.assert_close(st_q.h, st_d.h, rtol=0, atol=0)
@@ -89,3 +88,37 @@ def test_mega_kernel_refuses_quantized_weights_with_a_reason():
     dec = Decoder(cfg, wq, 64, fused=True)
     with pytest.raises(ValueError, match="quantized"):
         DecodeLayers(dec, KVCache(cfg, 64, torch.device("cpu"), F32))
+
+
+def test_a_roles_tile_reaches_the_quantized_launches(monkeypatch):
+    """FGCHAT_PROJ_CONFIGS tiles quantized projections too (the pipeline depth of a launch is a
+    tuning knob there as for bf16): each role's tile reaches qgemv's launches, the step's values
+    are the picked tiles' (same K tile: same sums), and a tile that does not cut K is one error."""
+    from fgchat.engine.kernels import qgemv
+    from fgchat.protocol.errors import FgchatError
+    from fgchat.protocol.tuning import Tuning
+
+    cfg = small_config(4, 2, False)
+    wq, _ = _weights(cfg)
+    tiles = "qkv=8,64,1,3;o=8,32,1,4,0,2;gate_up=16,64,1,4;head=8,64,1,3"
+    launched = []
+    real = qgemv._launch
+    monkeypatch.setattr(qgemv, "_launch", lambda *a, **kw: launched.append(kw.get("config")) or real(*a, **kw))
+    tok = torch.tensor([5, 77])
+    attn = torch.randn(2, cfg.num_heads, cfg.head_dim, generator=torch.Generator().manual_seed(3))
+    out = {}
+    for name, tuning in (("picked", Tuning()), ("tiled", Tuning(proj_configs=tiles))):
+        dec = Decoder(cfg, wq, 64, fused=True, tuning=tuning)
+        st = StepState()
+        st.h, st.delta = qtiles.dequantize_rows(wq.embed, tok), None
+        launched.clear()
+        dec.after_attention(0, st, attn)
+        dec.head(st, greedy=True)
+        out[name] = (st.logits, st.tokens, list(launched))
+    given = {qgemv.QConfig(8, 32, 1, 4), qgemv.QConfig(16, 64, 1, 4), qgemv.QConfig(8, 64, 1, 3)}  # o, gate_up, head
+    assert given <= set(out["tiled"][2]) and not given & set(out["picked"][2])
+    assert dec.fused_stages.o.split == 2
+    assert torch.equal(out["picked"][1], out["tiled"][1])
+    for bad, match in (("o=8,48,1,2", "o: .*do not cut K=64"), ("gate_up=8,64,1,2,0,2", "gate_up cannot be split")):
+        with pytest.raises(FgchatError, match=match):
+            Decoder(cfg, wq, 64, fused=True, tuning=Tuning(proj_configs=bad))

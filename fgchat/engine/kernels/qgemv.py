@@ -198,6 +198,13 @@ def _kwargs(fmt: str, n: int, k: int, x_dtype: torch.dtype, split: int, glu: boo
     return (cdiv(n, cfg.block_n), split), kw
 
 
+def check_config(w: QWeight, config: QConfig, split: int = 1) -> None:
+    """ValueError unless `config` and `split` cut every part of w into whole tiles."""
+    for p in (w.parts if isinstance(w, QuantStack) else [w]):
+        _kwargs(p.fmt, p.shape[0], p.shape[1], torch.bfloat16, split, False, False, False, True, False, False,
+                config)
+
+
 def _prefetchable(w: QuantWeight) -> bool:
     """The first plane's rows can take the L2 bulk prefetch: 16-byte aligned base and row stride."""
     p0 = w.planes[PLANES[w.fmt][0]]

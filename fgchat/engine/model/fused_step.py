@@ -223,9 +223,8 @@ class FusedStages:
 
     def _route(self, role: str, w: torch.Tensor, bias_free: bool, feeds_norm: bool, sm_count: int) -> Route:
         cfg = self.configs.get(role)
-        if is_quantized(w):  # qgemv's own tiles; a bias is added after it (before_attention)
-            split = qgemv.pick_split(w, sm_count) if feeds_norm else 1
-            return Route(True, split, glu=role == "gate_up")
+        if is_quantized(w):  # qgemv's tiles; a bias is added after it (before_attention)
+            return self._quantized_route(role, w, cfg, feeds_norm, sm_count)
         if not bias_free:
             return Route(False)
         if role == "gate_up":
@@ -259,6 +258,22 @@ class FusedStages:
             return Route(True, split, config=cfg)
         return Route(mine, config=cfg)
 
+    @staticmethod
+    def _quantized_route(role: str, w: qgemv.QWeight, cfg: gemv.ProjConfig | None, feeds_norm: bool,
+                         sm_count: int) -> Route:
+        """qgemv's route: its picker's split and tiles, or the role's FGCHAT_PROJ_CONFIGS tile
+        (bn, bk, warps, stages; a split for o and down), checked against every part of w."""
+        if cfg is not None and cfg.split and not feeds_norm:
+            raise FgchatError(f"FGCHAT_PROJ_CONFIGS: {role} cannot be split along K")
+        split = (cfg.split if cfg is not None and cfg.split
+                 else qgemv.pick_split(w, sm_count) if feeds_norm else 1)
+        if cfg is not None:
+            try:
+                qgemv.check_config(w, quant_config(cfg), split)
+            except ValueError as exc:
+                raise FgchatError(f"FGCHAT_PROJ_CONFIGS: {role}: {exc}") from None
+        return Route(True, split, glu=role == "gate_up", config=cfg)
+
     def after(self, predecessor_ours: bool) -> bool:
         """PDL for the next launch, whatever precedes it (H200: PDL after library kernels too
         measured no slower); `predecessor_ours` documents the chain at each call site."""
@@ -277,8 +292,8 @@ class FusedStages:
         pdl = self.after(predecessor_ours)
         if is_quantized(w):
             if route.split > 1:
-                return qgemv.project_partials(x, w, route.split, pdl=pdl)
-            return qgemv.project(x, w, pdl=pdl)
+                return qgemv.project_partials(x, w, route.split, pdl=pdl, config=quant_config(route.config))
+            return qgemv.project(x, w, pdl=pdl, config=quant_config(route.config))
         if route.split > 1:
             return gemv.project_partials(x, w, route.split, route.config, pdl=pdl, preload=PROJ_PRELOAD)
         return gemv.project(x, w, route.config, pdl=pdl, preload=PROJ_PRELOAD)
@@ -318,7 +333,8 @@ class FusedStages:
         o = self._project(attn_out.view(attn_out.shape[0], -1), lw.wo, self.o, self.attention_ours)
         st.h, x = self.norm(st.h, o, self.mlp_norms[i], self.after(self.o.ours), post=self.post_attn[i])
         if self.gate_up.glu and self.gate_up.serves(x.shape[0]) and is_quantized(lw.w_gate_up):
-            act = qgemv.project_glu(x, lw.w_gate_up, pdl=self.after(True), gelu=self.gelu)
+            act = qgemv.project_glu(x, lw.w_gate_up, pdl=self.after(True), config=quant_config(self.gate_up.config),
+                                    gelu=self.gelu)
         elif self.gate_up.glu and self.gate_up.serves(x.shape[0]):
             act = gemv.project_glu(x, lw.w_gate_up, self.gate_up.config, pdl=self.after(True), gelu=self.gelu)
         else:
@@ -335,7 +351,8 @@ class FusedStages:
         if (greedy or sample is not None) and x.shape[0] <= gemv.MAX_TILED_ROWS:
             sample = None if greedy else sample
             if quantized:
-                st.logits, st.tokens = qgemv.project_argmax(x, dec.w.lm_head, pdl=self.after(True), sample=sample)
+                st.logits, st.tokens = qgemv.project_argmax(x, dec.w.lm_head, pdl=self.after(True), sample=sample,
+                                                            config=quant_config(self.head_config))
             elif self.picks_from_int8(x.shape[0]):  # logits exact only where rescored
                 st.logits, st.tokens = head_pick.pick(x, dec.w.lm_head, self.head_int8, self.head_config,
                                                       pdl=self.after(True), sample=sample)
@@ -383,6 +400,11 @@ def _planes(w: torch.Tensor | object) -> list[torch.Tensor]:
         return [w]
     parts = getattr(w, "parts", [w])
     return [p for part in parts for p in part.planes.values()]
+
+
+def quant_config(cfg: gemv.ProjConfig | None) -> qgemv.QConfig | None:
+    """A role's FGCHAT_PROJ_CONFIGS tile as qgemv's (its swap does not apply there)."""
+    return None if cfg is None else qgemv.QConfig(cfg.block_n, cfg.block_k, cfg.num_warps, cfg.num_stages)
 
 
 def _configs(tuning: Tuning) -> dict[str, gemv.ProjConfig]:
