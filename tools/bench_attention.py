@@ -98,7 +98,7 @@ def main() -> None:
 
     triton_backend = backends["triton"]
     assert isinstance(triton_backend, TritonDecodeAttention)
-    header = ["batch", "len", "splits"] + [f"{name}_ms" for name in backends] + ["triton_eager_ms", "torch_eager_hint_ms", "triton_GBps", "torch/triton"]
+    header = ["batch", "len", "programs", "chunks"] + [f"{name}_ms" for name in backends] + ["triton_eager_ms", "torch_eager_hint_ms", "triton_GBps", "torch/triton"]
     if "flash-attn" in backends:
         header.append("flash/triton")
     print("| " + " | ".join(header) + " |")
@@ -111,7 +111,9 @@ def main() -> None:
             ms = {name: time_graph_ms(b, layers, q, slots, lens) for name, b in backends.items()}
             triton_eager = time_eager_ms(triton_backend, layers, q, slots, lens, None)
             torch_eager = time_eager_ms(backends["torch"], layers, q, slots, lens, length)
-            row = [str(batch), str(length), str(triton_backend.num_splits(batch, NUM_KV_HEADS, MAX_CONTEXT, HEAD_DIM))]
+            # programs per (lane, kv head) at this batch; chunks: the fixed partition of every lane
+            row = [str(batch), str(length), str(triton_backend.num_splits(batch, NUM_KV_HEADS, MAX_CONTEXT, HEAD_DIM)),
+                   str(triton_backend.partition(NUM_KV_HEADS, MAX_CONTEXT, HEAD_DIM))]
             row += [f"{ms[name]:.4f}" for name in backends]
             row += [f"{triton_eager:.4f}", f"{torch_eager:.4f}", f"{kv_bytes(batch, length) / ms['triton'] / 1e6:.0f}"]
             row.append(f"{ms['torch'] / ms['triton']:.1f}")
