@@ -10,8 +10,10 @@ product of a 16-bit scale, 6-bit sub-scale and at most 8-bit integer, minus such
 most 22 significant bits. fp8's per-channel scale is not applied here (the projection applies it
 to each output's sum).
 
-Invariants: BLOCK_K divides K and is a multiple of 2P (pick_block_k); a tile reads only the
-planes' bytes of its rows and columns; no host sync.
+Invariants: BLOCK_K divides K and is a multiple of 2P (pick_block_k), and a tile starts at a
+multiple of BLOCK_K, so the columns of every scale group (powers of two, 16 to 256) fall on whole
+runs of a half's bytes: each scale plane is loaded once per (row, group) and broadcast over its
+run; a tile reads only the planes' bytes of its rows and columns; no host sync.
 """
 
 from __future__ import annotations
@@ -62,34 +64,86 @@ def is_quantized(w: object) -> bool:
 
 
 @triton.jit
-def _at(p, rows, row_mask, stride: tl.constexpr, idx):
-    """Plane p's entries [rows, idx] as float32 [R, H] (rows int64 [R, 1], idx [H])."""
-    return tl.load(p + rows * stride + idx[None, :], mask=row_mask, other=0).to(tl.float32)
+def _run_cols(k0, G: tl.constexpr, PAIR: tl.constexpr, H: tl.constexpr, HI: tl.constexpr):
+    """The first column of each run of consecutive tile bytes t whose columns (the high half's if
+    HI) share one group of G columns: int32 [H // TG]. A run is TG = G bytes when G <= PAIR, else
+    G / 2 (a group spans G / (2 PAIR) pair runs; 2 PAIR divides G then), at most H."""
+    TG: tl.constexpr = min(G if G <= PAIR else G // 2, H)
+    t0 = tl.arange(0, H // TG) * TG
+    return k0 + 2 * PAIR * (t0 // PAIR) + t0 % PAIR + HI * PAIR
 
 
 @triton.jit
-def _nibble_value(FMT: tl.constexpr, q, c, p1, p2, p3, p4, p5, rows, row_mask, K: tl.constexpr):
-    """Weights at columns c [H] from their 4-bit fields q int32 [R, H] (the docstring's formulas)."""
+def _groups(p, rows, row_mask, stride: tl.constexpr, k0, G: tl.constexpr, PAIR: tl.constexpr,
+            H: tl.constexpr, HI: tl.constexpr):
+    """Plane p's entries (one per G columns) for a half's runs (_run_cols), each loaded once:
+    float32 [R, H // TG]; _spread makes them [R, H] (or [R, 1])."""
+    c = _run_cols(k0, G, PAIR, H, HI)
+    return tl.load(p + rows * stride + (c // G)[None, :], mask=row_mask, other=0).to(tl.float32)
+
+
+@triton.jit
+def _spread(s, N: tl.constexpr):
+    """Group values s [R, NG] repeated over N // NG consecutive entries each: [R, N] ([R, 1]
+    when NG = 1, which broadcasts; s itself when NG = N)."""
+    R: tl.constexpr = s.shape[0]
+    NG: tl.constexpr = s.shape[1]
+    if NG == 1 or NG == N:
+        return s
+    else:
+        return tl.reshape(tl.broadcast_to(s[:, :, None], (R, NG, N // NG)), (R, N))
+
+
+@triton.jit
+def _high_bits(qh, k0, FMT: tl.constexpr, PAIR: tl.constexpr, H: tl.constexpr, HI: tl.constexpr):
+    """The high bits of a half's 4-bit fields at bit 4, from qh = the fields' qh bytes times 16:
+    Q5_K bit 2 * (c % 256 // 64) + c % 64 // 32 of the byte, Q6_K bits 2 * (c % 128 // 32) (two).
+    The bit position is constant over 32 columns: computed per run of 32 (_run_cols), spread."""
+    c = _run_cols(k0, 32, PAIR, H, HI)
+    if FMT == 4:
+        shift = _spread((2 * (c % 256 // 64) + c % 64 // 32)[None, :], H)
+        return (qh >> shift) & 16
+    else:
+        shift = _spread((2 * (c % 128 // 32))[None, :], H)
+        return (qh >> shift) & 48
+
+
+@triton.jit
+def _mantissa(n):
+    """int32 n in [0, 2**23) as float32 2**23 + n, exactly (n in the mantissa bits): a subtract
+    of an integral float then gives an exact small integer without an int-to-float conversion."""
+    return (n | 0x4B000000).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _nibble_value(FMT: tl.constexpr, q, qh, HI: tl.constexpr, p1, p2, p3, p4, rows, row_mask, k0,
+                  K: tl.constexpr, H: tl.constexpr, PAIR: tl.constexpr):
+    """A half's weights (the high half's if HI) from their 4-bit fields q int32 [R, H] and, for
+    Q5_K / Q6_K, the qh bytes of the same columns (int32 [R, H]): the docstring's formulas, each
+    scale plane loaded once per group."""
     if FMT == 1:  # Q4_0
-        w = _at(p1, rows, row_mask, K // 32, c // 32) * (q - 8).to(tl.float32)
+        d = _spread(_groups(p1, rows, row_mask, K // 32, k0, 32, PAIR, H, HI), H)
+        w = d * (q - 8).to(tl.float32)
     elif FMT == 2:  # Q4_1
-        w = _at(p1, rows, row_mask, K // 32, c // 32) * q.to(tl.float32) + _at(p2, rows, row_mask, K // 32, c // 32)
+        d = _spread(_groups(p1, rows, row_mask, K // 32, k0, 32, PAIR, H, HI), H)
+        m = _spread(_groups(p2, rows, row_mask, K // 32, k0, 32, PAIR, H, HI), H)
+        w = d * q.to(tl.float32) + m
     elif FMT == 3 or FMT == 4:  # Q4_K, Q5_K
-        if FMT == 4:  # the fifth bit: qh byte c % 32 of the block, bit 2 * (c % 256 // 64) + c % 64 // 32
-            qh = tl.load(p5 + rows * (K // 8) + (32 * (c // 256) + c % 32)[None, :], mask=row_mask, other=0)
-            shift = 2 * (c % 256 // 64) + c % 64 // 32
-            q = q + 16 * ((qh.to(tl.int32) >> shift[None, :]) & 1)
-        scale = _at(p1, rows, row_mask, K // 256, c // 256) * _at(p3, rows, row_mask, K // 32, c // 32)
-        low = _at(p2, rows, row_mask, K // 256, c // 256) * _at(p4, rows, row_mask, K // 32, c // 32)
+        sc = _groups(p3, rows, row_mask, K // 32, k0, 32, PAIR, H, HI)
+        mn = _groups(p4, rows, row_mask, K // 32, k0, 32, PAIR, H, HI)
+        scale = _spread(_spread(_groups(p1, rows, row_mask, K // 256, k0, 256, PAIR, H, HI), sc.shape[1]) * sc, H)
+        low = _spread(_spread(_groups(p2, rows, row_mask, K // 256, k0, 256, PAIR, H, HI), mn.shape[1]) * mn, H)
+        if FMT == 4:
+            q = q | _high_bits(qh, k0, FMT, PAIR, H, HI)
         w = scale * q.to(tl.float32) - low
-    elif FMT == 5:  # Q6_K: two high bits from qh byte 64*(c//256) + 32*(c%256//128) + c%32
-        qh = tl.load(p3 + rows * (K // 4) + (64 * (c // 256) + 32 * (c % 256 // 128) + c % 32)[None, :],
-                     mask=row_mask, other=0)
-        q6 = q | (((qh.to(tl.int32) >> (2 * (c % 128 // 32))[None, :]) & 3) << 4)
-        scale = _at(p1, rows, row_mask, K // 256, c // 256) * _at(p2, rows, row_mask, K // 16, c // 16)
-        w = scale * (q6 - 32).to(tl.float32)
+    elif FMT == 5:  # Q6_K
+        q6 = q | _high_bits(qh, k0, FMT, PAIR, H, HI)
+        sc = _groups(p2, rows, row_mask, K // 16, k0, 16, PAIR, H, HI)
+        scale = _spread(_spread(_groups(p1, rows, row_mask, K // 256, k0, 256, PAIR, H, HI), sc.shape[1]) * sc, H)
+        w = scale * (_mantissa(q6) - 8388640.0)
     else:  # int4
-        w = _at(p1, rows, row_mask, K // 128, c // 128) * (q - 8).to(tl.float32)
+        d = _spread(_groups(p1, rows, row_mask, K // 128, k0, 128, PAIR, H, HI), H)
+        w = d * (q - 8).to(tl.float32)
     return w
 
 
@@ -105,8 +159,8 @@ def weight_tile(FMT: tl.constexpr, p0, p1, p2, p3, p4, p5, rows, row_mask, k0,
         if FMT == 0:
             w_lo = tl.load(p0 + rows * K + c_lo[None, :], mask=row_mask, other=0).to(tl.float32)
             w_hi = tl.load(p0 + rows * K + c_hi[None, :], mask=row_mask, other=0).to(tl.float32)
-            w_lo = w_lo * _at(p1, rows, row_mask, K // 32, c_lo // 32)
-            w_hi = w_hi * _at(p1, rows, row_mask, K // 32, c_hi // 32)
+            w_lo = w_lo * _spread(_groups(p1, rows, row_mask, K // 32, k0, 32, H, H, 0), H)
+            w_hi = w_hi * _spread(_groups(p1, rows, row_mask, K // 32, k0, 32, H, H, 1), H)
         else:  # fp8 e4m3 read as its bytes (masked lanes 0), then reinterpreted
             b = p0.to(tl.pointer_type(tl.uint8))
             w_lo = tl.load(b + rows * K + c_lo[None, :], mask=row_mask, other=0)
@@ -117,8 +171,17 @@ def weight_tile(FMT: tl.constexpr, p0, p1, p2, p3, p4, p5, rows, row_mask, k0,
         byte = tl.load(p0 + rows * (K // 2) + (k0 // 2 + t)[None, :], mask=row_mask, other=0).to(tl.int32)
         c_lo = k0 + 2 * PAIR * (t // PAIR) + t % PAIR
         c_hi = c_lo + PAIR
-        w_lo = _nibble_value(FMT, byte & 15, c_lo, p1, p2, p3, p4, p5, rows, row_mask, K)
-        w_hi = _nibble_value(FMT, byte >> 4, c_hi, p1, p2, p3, p4, p5, rows, row_mask, K)
+        # a column's qh byte is its pair partner's too (c_lo % 2P < P keeps both in one qh run)
+        if FMT == 4:
+            qh = tl.load(p5 + rows * (K // 8) + (32 * (c_lo // 256) + c_lo % 32)[None, :], mask=row_mask, other=0)
+        elif FMT == 5:
+            qh = tl.load(p3 + rows * (K // 4) + (64 * (c_lo // 256) + 32 * (c_lo % 256 // 128) + c_lo % 32)[None, :],
+                         mask=row_mask, other=0)
+        else:
+            qh = byte
+        qh = qh.to(tl.int32) << 4
+        w_lo = _nibble_value(FMT, byte & 15, qh, 0, p1, p2, p3, p4, rows, row_mask, k0, K, H, PAIR)
+        w_hi = _nibble_value(FMT, byte >> 4, qh, 1, p1, p2, p3, p4, rows, row_mask, k0, K, H, PAIR)
     return w_lo, w_hi, c_lo, c_hi
 
 
