@@ -192,7 +192,9 @@ def _plane_sig(fmt: str) -> dict:
 
 def _compile(fn, sig: dict, consts: dict, options: dict):
     sig = dict(sig, **{name: "constexpr" for name in consts})
-    attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a, t in sig.items() if t.startswith("*")}
+    # pointers 16-byte aligned and strides multiples of 16, as the launches specialise them
+    attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a, t in sig.items()
+             if t.startswith("*") or a.startswith("stride_") and t in ("i32", "i64")}
     src = ASTSource(fn, sig, constexprs={(fn.arg_names.index(a),): v for a, v in consts.items()}, attrs=attrs)
     return triton.compile(src, target=TARGET, options=options)
 
