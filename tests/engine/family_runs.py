@@ -1,5 +1,6 @@
-"""Shared by the family models' fused-stage tests (test_qwen3_fused, test_gemma3_fused): a CPU
-engine on a tiny saved model, and a prefill-then-decode run of a decoder over its own cache."""
+"""Shared by the family models' fused-stage tests (test_qwen3_fused, test_gemma3_fused,
+test_phi3_fused): a CPU engine on a tiny saved model, a prefill-then-decode run of a decoder over
+its own cache, and the bf16 runs' comparison with float32's."""
 
 from __future__ import annotations
 
@@ -46,3 +47,35 @@ def decode(dec, eng, cache, prompts, slots, steps: int) -> tuple[list[list[int]]
             for row, t in zip(toks, out.tokens.tolist()):
                 row.append(int(t))
     return toks, logits
+
+
+def assert_bf16_near_float32(ref: tuple, plain: tuple, fused: tuple) -> None:
+    """Each (tokens, logits) run in bf16, plain and fused, against the float32 run `ref`: the
+    first tokens equal, and each step's fused logits no further from float32's than twice the
+    plain stages' (plus 1% of the logits' scale), step by step while both runs' tokens agree with
+    float32's (a near tie may turn later steps)."""
+    (ref_toks, ref_logits), (plain_toks, plain_logits), (fused_toks, fused_logits) = ref, plain, fused
+    assert [t[0] for t in fused_toks] == [t[0] for t in ref_toks]
+    for j, (p, f, r) in enumerate(zip(plain_logits, fused_logits, ref_logits)):
+        if any(t[:j] != u[:j] for t, u in zip(fused_toks + plain_toks, ref_toks + ref_toks)):
+            break
+        scale = float(r.abs().max())
+        err_f, err_p = float((f - r).abs().max()), float((p - r).abs().max())
+        print(f"bf16 step {j}: fused {err_f:.4f}, plain {err_p:.4f} from float32 (logits up to {scale:.2f})")
+        assert err_f <= 2 * err_p + 0.01 * scale, (j, err_f, err_p, scale)
+
+
+def worst(got: list[torch.Tensor], want: list[torch.Tensor]) -> float:
+    """The largest logit difference over the steps, relative to the logits' scale (at least 1)."""
+    return max(float((g - w).abs().max()) / max(float(w.abs().max()), 1.0) for g, w in zip(got, want))
+
+
+def assert_float32_equal(model_dir, plain: tuple, fused: tuple, prompts, steps: int, tol: float) -> None:
+    """Float32 (tokens, logits) runs: the fused tokens equal the plain stages' and transformers'
+    greedy ones, the logits within tol of the plain stages' (relative, worst)."""
+    import tiny_models
+
+    (want_toks, want), (got_toks, got) = plain, fused
+    assert got_toks == want_toks
+    assert worst(got, want) <= tol, worst(got, want)
+    assert got_toks == tiny_models.hf_greedy(model_dir, [list(p) for p in prompts], steps + 1)

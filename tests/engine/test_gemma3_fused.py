@@ -64,17 +64,9 @@ def float32_runs(gemma_dir):
     return eng, _decode(eng.decoder, eng, eng.cache), _fused(eng)
 
 
-def _worst(got: list[torch.Tensor], want: list[torch.Tensor]) -> float:
-    """The largest logit difference over the steps, relative to the logits' scale (at least 1)."""
-    return max(float((g - w).abs().max()) / max(float(w.abs().max()), 1.0) for g, w in zip(got, want))
-
-
 def test_fused_gemma3_float32_equals_the_plain_stages_and_transformers(gemma_dir, float32_runs):
-    _, (want_toks, want), (got_toks, got) = float32_runs
-    assert got_toks == want_toks
-    assert _worst(got, want) <= TOL, _worst(got, want)
-    hf = tiny_models.hf_greedy(gemma_dir, [list(p) for p in PROMPTS], STEPS + 1)
-    assert got_toks == hf
+    _, plain, fused = float32_runs
+    family_runs.assert_float32_equal(gemma_dir, plain, fused, PROMPTS, STEPS, TOL)
 
 
 def _no_scale(dec):
@@ -115,7 +107,7 @@ def test_each_gemma_op_taken_out_fails_the_comparison(float32_runs, breaks):
     """The prefill of the prompt longer than the window by each broken variant."""
     eng, (_, want), _ = float32_runs
     _, got = _fused(eng, breaks, steps=0, rows=1)
-    worst = _worst(got, [want[0][:1]])
+    worst = family_runs.worst(got, [want[0][:1]])
     print(f"{breaks.__name__}: logits off by {worst:.3g} of their scale")
     assert worst > 100 * TOL
 
@@ -123,18 +115,8 @@ def test_each_gemma_op_taken_out_fails_the_comparison(float32_runs, breaks):
 @pytest.mark.skipif(not RNE, reason="no RNE patch")
 def test_fused_gemma3_bf16_logits_within_bf16_of_float32(gemma_dir, float32_runs):
     """bf16: each path's own greedy run compared step by step while its tokens agree with float32's."""
-    _, (ref_toks, ref), _ = float32_runs
     eng = _engine(gemma_dir, "bfloat16")
-    plain_toks, plain = _decode(eng.decoder, eng, eng.cache)
-    fused_toks, fused = _fused(eng)
-    assert [t[0] for t in fused_toks] == [t[0] for t in ref_toks]
-    for j, (p, f, r) in enumerate(zip(plain, fused, ref)):
-        if any(t[:j] != u[:j] for t, u in zip(fused_toks + plain_toks, ref_toks + ref_toks)):
-            break
-        scale = float(r.abs().max())
-        err_f, err_p = float((f - r).abs().max()), float((p - r).abs().max())
-        print(f"bf16 step {j}: fused {err_f:.4f}, plain {err_p:.4f} from float32 (logits up to {scale:.2f})")
-        assert err_f <= 2 * err_p + 0.01 * scale, (j, err_f, err_p, scale)
+    family_runs.assert_bf16_near_float32(float32_runs[1], _decode(eng.decoder, eng, eng.cache), _fused(eng))
 
 
 def test_routing_puts_gemma3_on_the_fused_stages_unless_it_caps_its_logits():

@@ -23,7 +23,7 @@ import gpu_runs
 import tiny_models
 from fgchat.engine.core import Engine, EngineConfig
 from fgchat.engine.startup_check import path_name
-from fgchat.protocol.events import Mode, RequestFinished, SamplingParams
+from fgchat.protocol.events import Mode
 from fgchat.protocol.tuning import Tuning
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -55,13 +55,7 @@ def test_float32_every_mode_matches_transformers(gemma_dir):
     eng = Engine(EngineConfig(model=str(gemma_dir), device="cuda", dtype="float32", max_context=512))
     _assert_fused(eng, "gemma3 tiny float32")
     prompts = [gpu_runs.prompt(n, 700 + n, eng.cfg.vocab_size) for n in PROMPTS]
-    want = tiny_models.hf_greedy(gemma_dir, prompts, NEW)
-    for mode in MODES:
-        alone = [gpu_runs.run(eng, mode, [p], NEW)[0] for p in prompts]
-        pair = gpu_runs.run(eng, mode, prompts[1:], NEW)
-        print(f"gemma3 {mode}: batch 1 equal {[a == w for a, w in zip(alone, want)]}, "
-              f"batch 2 equal {[a == w for a, w in zip(pair, want[1:])]}")
-        assert alone == want and pair == want[1:], mode
+    gpu_runs.assert_modes_match_transformers(eng, gemma_dir, prompts, NEW, "gemma3", MODES)
 
 
 def test_bf16_fused_passes_the_startup_check_and_modes_agree(gemma_dir):
@@ -74,14 +68,6 @@ def test_bf16_fused_passes_the_startup_check_and_modes_agree(gemma_dir):
     prompts = [gpu_runs.prompt(n, 800 + n, eng.cfg.vocab_size) for n in PROMPTS]
     tokens = {m: gpu_runs.run(eng, m, prompts, NEW) for m in MODES}
     assert tokens["eager"] == tokens["piecewise"] == tokens["full"]
-
-
-def _tpot(eng: Engine, mode: str, prompt: list[int], batch: int) -> float:
-    """Mean decode ms per token of `batch` requests of 128 tokens run together in `mode`."""
-    gpu_runs.run(eng, mode, [prompt[:32]] * batch, 16)  # warm: captures this batch's graphs
-    rids = [eng.submit(prompt[:32], SamplingParams(max_tokens=128, ignore_eos=True)) for _ in range(batch)]
-    done = [ev.summary for ev in eng.run_until_done() if isinstance(ev, RequestFinished)]
-    return sum(s.tpot_ms for s in done if s.request_id in rids) / batch
 
 
 def test_preset_gemma_3_1b_every_mode_against_the_reference_and_its_step_time():
@@ -98,8 +84,4 @@ def test_preset_gemma_3_1b_every_mode_against_the_reference_and_its_step_time():
     plain = Engine(EngineConfig(preset="gemma-3-1b", device="cuda", dtype="bfloat16", max_context=2048,
                                 tuning=Tuning(fused=False)))
     assert not plain.decoder.fused and plain.decoder.family is not None
-    for mode in MODES:
-        for batch in (1, 8):
-            fused_ms, plain_ms = _tpot(eng, mode, prompt, batch), _tpot(plain, mode, prompt, batch)
-            print(f"gemma-3-1b {mode} batch {batch}: {fused_ms:.3f} ms/token fused, {plain_ms:.3f} plain "
-                  f"({plain_ms / fused_ms:.2f}x)")
+    gpu_runs.print_step_times(eng, plain, MODES, prompt, "gemma-3-1b")

@@ -129,27 +129,57 @@ def silu_mul(gu: torch.Tensor, pdl: bool = False, gelu: bool = False) -> torch.T
 
 
 @triton.jit
+def _lanes(ok, idx, n: tl.constexpr, P: tl.constexpr):
+    """The [HB, P] mask of heads `ok` [HB] over lanes idx [P], the first n of them real (P == n:
+    no lane mask, so the loads stay vectorised)."""
+    if P == n:
+        m = ok[:, None]
+    else:
+        m = ok[:, None] & (idx < n)[None, :]
+    return m
+
+
+@triton.jit
+def _cols(ptr, idx, n: tl.constexpr, P: tl.constexpr):
+    """The first n of P float32 values at ptr + idx, as a [1, P] row (0 past n)."""
+    if P == n:
+        v = tl.load(ptr + idx)
+    else:
+        v = tl.load(ptr + idx, mask=idx < n, other=0.0)
+    return v.to(tl.float32)[None, :]
+
+
+@triton.jit
 def _rope_kv_kernel(qkv_ptr, cos_ptr, sin_ptr, pos_ptr, slot_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr,
                     n_q_heads, n_kv_heads, stride_slot, stride_pos, k_out_ptr, slot_step,
-                    q_norm_ptr, k_norm_ptr, norm_eps,
+                    q_norm_ptr, k_norm_ptr, norm_eps, tab_ptr,
                     HEAD_DIM: tl.constexpr, HB: tl.constexpr, USE_PDL: tl.constexpr = False,
                     K_OUT: tl.constexpr = False, QK_NORM: tl.constexpr = False,
-                    NORM_ONE_ROUND: tl.constexpr = False):
+                    NORM_ONE_ROUND: tl.constexpr = False, ROT: tl.constexpr = 0, HALF_P: tl.constexpr = 0,
+                    TAIL_P: tl.constexpr = 1, TABLE_ROWS: tl.constexpr = False):
     """Program (row, block of HB heads): heads [0, Hq) are q, [Hq, Hq+Hkv) are k (+ their v is
     copied). Elementwise per head, so the bits do not depend on HB.
+    ROT (0: HEAD_DIM): the rotated dims of each head, pairs (i, i + ROT/2) for i < ROT/2 (HF's
+    partial rotary); dims [ROT, HEAD_DIM) pass unchanged. HALF_P (0: ROT/2) and TAIL_P: powers of
+    two covering ROT/2 and HEAD_DIM - ROT. The cos / sin tables are [rows, ROT].
+    TABLE_ROWS: row r rotates by table row tab_ptr[r] (else by its position).
     K_OUT: the RoPE'd k rows also go to k_out [rows, Hkv, D] (prefill attends over them).
     QK_NORM: each q / k head row is RMS-normed by q_norm / k_norm [D] before RoPE (Qwen3), with
     ops.rms_norm's rounding points: float32 statistics, the normed row rounded to the model's
     dtype, then the weight's product rounded; NORM_ONE_ROUND: rounded once after the weight's
     product (Gemma 3, its weights float32 1 + w: families.gemma_norm).
     Row r's slot is at slot_ptr + r * slot_step (0: one slot for every row)."""
-    half: tl.constexpr = HEAD_DIM // 2
-    idx = tl.arange(0, half)
+    rot: tl.constexpr = HEAD_DIM if ROT == 0 else ROT
+    half: tl.constexpr = rot // 2
+    hp: tl.constexpr = half if HALF_P == 0 else HALF_P
+    tail: tl.constexpr = HEAD_DIM - rot
+    idx = tl.arange(0, hp)
+    tix = tl.arange(0, TAIL_P)
     if QK_NORM:  # weights: readable before the wait
-        qn1 = tl.load(q_norm_ptr + idx).to(tl.float32)[None, :]
-        qn2 = tl.load(q_norm_ptr + half + idx).to(tl.float32)[None, :]
-        kn1 = tl.load(k_norm_ptr + idx).to(tl.float32)[None, :]
-        kn2 = tl.load(k_norm_ptr + half + idx).to(tl.float32)[None, :]
+        qn1, qn2 = _cols(q_norm_ptr, idx, half, hp), _cols(q_norm_ptr + half, idx, half, hp)
+        kn1, kn2 = _cols(k_norm_ptr, idx, half, hp), _cols(k_norm_ptr + half, idx, half, hp)
+        if tail > 0:
+            qn3, kn3 = _cols(q_norm_ptr + rot, tix, tail, TAIL_P), _cols(k_norm_ptr + rot, tix, tail, TAIL_P)
     pdl_enter(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     heads = tl.program_id(1) * HB + tl.arange(0, HB)
@@ -158,18 +188,26 @@ def _rope_kv_kernel(qkv_ptr, cos_ptr, sin_ptr, pos_ptr, slot_ptr, q_out_ptr, k_c
     is_q = heads < n_q_heads
     is_k = live & (heads >= n_q_heads)
     pos = tl.load(pos_ptr + row)
-    base = qkv_ptr + row * width + heads[:, None] * HEAD_DIM + idx[None, :]
-    x1 = tl.load(base, mask=live[:, None], other=0.0)
-    x2 = tl.load(base + half, mask=live[:, None], other=0.0)
-    c1 = tl.load(cos_ptr + pos * HEAD_DIM + idx).to(tl.float32)[None, :]
-    c2 = tl.load(cos_ptr + pos * HEAD_DIM + half + idx).to(tl.float32)[None, :]
-    s1 = tl.load(sin_ptr + pos * HEAD_DIM + idx).to(tl.float32)[None, :]
-    s2 = tl.load(sin_ptr + pos * HEAD_DIM + half + idx).to(tl.float32)[None, :]
+    if TABLE_ROWS:
+        trow = tl.load(tab_ptr + row)
+    else:
+        trow = pos
+    src = qkv_ptr + row * width + heads[:, None] * HEAD_DIM  # [HB, 1]: each head's first dim
+    base = src + idx[None, :]
+    x1 = tl.load(base, mask=_lanes(live, idx, half, hp), other=0.0)
+    x2 = tl.load(base + half, mask=_lanes(live, idx, half, hp), other=0.0)
+    c1, c2 = _cols(cos_ptr + trow * rot, idx, half, hp), _cols(cos_ptr + trow * rot + half, idx, half, hp)
+    s1, s2 = _cols(sin_ptr + trow * rot, idx, half, hp), _cols(sin_ptr + trow * rot + half, idx, half, hp)
     ty = x1.dtype
     xf1, xf2 = x1.to(tl.float32), x2.to(tl.float32)
+    if tail > 0:  # the dims that pass (normed with the rest where the model norms q / k)
+        x3 = tl.load(src + rot + tix[None, :], mask=_lanes(live, tix, tail, TAIL_P), other=0.0)
     if QK_NORM:
-        var = (tl.sum(xf1 * xf1, axis=1) + tl.sum(xf2 * xf2, axis=1)) / HEAD_DIM
-        r = (1.0 / tl.sqrt(var + norm_eps))[:, None]
+        ss = tl.sum(xf1 * xf1, axis=1) + tl.sum(xf2 * xf2, axis=1)
+        if tail > 0:
+            xf3 = x3.to(tl.float32)
+            ss += tl.sum(xf3 * xf3, axis=1)
+        r = (1.0 / tl.sqrt(ss / HEAD_DIM + norm_eps))[:, None]
         w1 = tl.where(is_q[:, None], qn1, kn1)
         w2 = tl.where(is_q[:, None], qn2, kn2)
         if NORM_ONE_ROUND:
@@ -178,26 +216,43 @@ def _rope_kv_kernel(qkv_ptr, cos_ptr, sin_ptr, pos_ptr, slot_ptr, q_out_ptr, k_c
         else:
             xf1 = (w1 * (xf1 * r).to(ty).to(tl.float32)).to(ty).to(tl.float32)
             xf2 = (w2 * (xf2 * r).to(ty).to(tl.float32)).to(ty).to(tl.float32)
+        if tail > 0:
+            w3 = tl.where(is_q[:, None], qn3, kn3)
+            if NORM_ONE_ROUND:
+                x3 = (xf3 * r * w3).to(ty)
+            else:
+                x3 = (w3 * (xf3 * r).to(ty).to(tl.float32)).to(ty)
     # torch: x * cos + rotate_half(x) * sin, rounding after each product and after the sum
     o1 = ((xf1 * c1).to(ty).to(tl.float32) + (-xf2 * s1).to(ty).to(tl.float32)).to(ty)
     o2 = ((xf2 * c2).to(ty).to(tl.float32) + (xf1 * s2).to(ty).to(tl.float32)).to(ty)
-    qm = is_q[:, None]
-    dst = q_out_ptr + (row * n_q_heads + heads)[:, None] * HEAD_DIM + idx[None, :]
+    qm = _lanes(is_q, idx, half, hp)
+    qdst = q_out_ptr + (row * n_q_heads + heads)[:, None] * HEAD_DIM
+    dst = qdst + idx[None, :]
     tl.store(dst, o1, mask=qm)
     tl.store(dst + half, o2, mask=qm)
-    km = is_k[:, None]
+    km = _lanes(is_k, idx, half, hp)
     kv_head = tl.where(is_k, heads - n_q_heads, 0)
     slot = tl.load(slot_ptr + row * slot_step).to(tl.int64)
-    off = (slot * stride_slot + pos.to(tl.int64) * stride_pos + kv_head * HEAD_DIM)[:, None] + idx[None, :]
+    kvo = (slot * stride_slot + pos.to(tl.int64) * stride_pos + kv_head * HEAD_DIM)[:, None]
+    off = kvo + idx[None, :]
     tl.store(k_cache_ptr + off, o1, mask=km)
     tl.store(k_cache_ptr + off + half, o2, mask=km)
+    kdst = k_out_ptr + (row * n_kv_heads + kv_head)[:, None] * HEAD_DIM
     if K_OUT:
-        kdst = k_out_ptr + (row * n_kv_heads + kv_head)[:, None] * HEAD_DIM + idx[None, :]
-        tl.store(kdst, o1, mask=km)
-        tl.store(kdst + half, o2, mask=km)
-    vbase = qkv_ptr + row * width + (n_q_heads + n_kv_heads + kv_head)[:, None] * HEAD_DIM + idx[None, :]
+        tl.store(kdst + idx[None, :], o1, mask=km)
+        tl.store(kdst + idx[None, :] + half, o2, mask=km)
+    vsrc = qkv_ptr + row * width + (n_q_heads + n_kv_heads + kv_head)[:, None] * HEAD_DIM
+    vbase = vsrc + idx[None, :]
     tl.store(v_cache_ptr + off, tl.load(vbase, mask=km, other=0.0), mask=km)
     tl.store(v_cache_ptr + off + half, tl.load(vbase + half, mask=km, other=0.0), mask=km)
+    if tail > 0:  # dims [rot, HEAD_DIM): q and k as they came (or normed), v copied
+        tq, tk = _lanes(is_q, tix, tail, TAIL_P), _lanes(is_k, tix, tail, TAIL_P)
+        at = rot + tix[None, :]
+        tl.store(qdst + at, x3, mask=tq)
+        tl.store(k_cache_ptr + kvo + at, x3, mask=tk)
+        if K_OUT:
+            tl.store(kdst + at, x3, mask=tk)
+        tl.store(v_cache_ptr + kvo + at, tl.load(vsrc + at, mask=tk, other=0.0), mask=tk)
 
 
 # From this many rows (a prefill) a program takes every head of its row; below (decode) one head
@@ -210,7 +265,7 @@ def rope_kv_write(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, posit
                   n_q_heads: int, n_kv_heads: int, head_dim: int, pdl: bool = False,
                   k_out: torch.Tensor | None = None, heads_per_program: int | None = None,
                   qk_norm: tuple[torch.Tensor, torch.Tensor] | None = None, norm_eps: float = 0.0,
-                  norm_one_round: bool = False) -> torch.Tensor:
+                  norm_one_round: bool = False, table_rows: torch.Tensor | None = None) -> torch.Tensor:
     """RoPE on q and k of `qkv` [N, (Hq+2Hkv)*D]; k and v written to the cache at (slot, pos).
 
     Returns q [N, Hq, D]. Cache layout [slots, T, Hkv, D], contiguous. `slots` [N] may be an
@@ -219,18 +274,29 @@ def rope_kv_write(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, posit
     above; the bits are the same either way. qk_norm = (q weight, k weight), each [D] in the
     model's dtype: every q / k head is rms_norm(head, weight, norm_eps) before its RoPE (Qwen3);
     norm_one_round: weights 1 + w in float32 and families.gemma_norm's single rounding (Gemma 3).
+    cos / sin [rows, rot] (contiguous): rot < D rotates the first rot dims of each head (Phi-3's
+    partial rotary, families.apply_rope_part), the others pass. table_rows [N] (int64): the table
+    row each row rotates by (LongRoPE's long rows); None: its position.
     """
     rows = qkv.shape[0]
     heads = n_q_heads + n_kv_heads
     hb = heads_per_program or (next_pow2(heads) if rows >= ROPE_ROWS_PER_ROW_PROGRAM else 1)
     q = torch.empty((rows, n_q_heads, head_dim), dtype=qkv.dtype, device=qkv.device)
     warps = max(1, min(8, hb * head_dim // 2 // 256))
+    rot = cos.shape[-1]
+    if rot % 2 or not 0 < rot <= head_dim:
+        raise ValueError(f"RoPE tables of {rot} columns do not fit heads of {head_dim}")
+    half = rot // 2  # a power-of-two half of a whole head: the lanes need no mask (Llama's launch)
+    part = {} if rot == head_dim and next_pow2(half) == half else \
+        dict(ROT=rot, HALF_P=next_pow2(half), TAIL_P=next_pow2(max(1, head_dim - rot)))
     fast(_rope_kv_kernel)[(rows, cdiv(heads, hb))](
         qkv, cos, sin, positions, slots, q, k_cache, v_cache, n_q_heads, n_kv_heads,
         k_cache.stride(0), k_cache.stride(1), k_out if k_out is not None else q, slots.stride(0),
         *(qk_norm if qk_norm is not None else (qkv, qkv)), norm_eps,
+        table_rows if table_rows is not None else positions,
         HEAD_DIM=head_dim, HB=hb, USE_PDL=pdl, K_OUT=k_out is not None, QK_NORM=qk_norm is not None,
-        NORM_ONE_ROUND=norm_one_round, num_warps=warps, launch_pdl=pdl,
+        NORM_ONE_ROUND=norm_one_round, TABLE_ROWS=table_rows is not None, **part, num_warps=warps,
+        launch_pdl=pdl,
     )
     return q
 

@@ -453,6 +453,8 @@ class DecodeLayers:
             raise ValueError("the mega kernel has no q/k/v bias")
         if cfg.qk_norm:
             raise ValueError("the mega kernel has no q/k norm (Qwen3, Gemma 3: full mode runs it)")
+        if (cfg.rotary_dim or cfg.head_dim) != cfg.head_dim:
+            raise ValueError("the mega kernel rotates whole heads, not partial RoPE (Phi-3: full mode runs it)")
         if cfg.head_dim % 16 or cfg.num_heads % cfg.num_kv_heads or cfg.num_heads // cfg.num_kv_heads > GROUP_PAD:
             raise ValueError("the mega kernel needs head_dim % 16 == 0 and at most 16 q heads per kv head")
         if dec.residual_dtype != torch.float32:

@@ -21,7 +21,7 @@ from fgchat.engine.model.cpu_head_pick import CpuHeadPick
 from fgchat.engine.model.cpu_linear import PackedProjections, role_weight
 from fgchat.engine.model.families import (
     FamilyLayerWeights, attention_scale, fused_serves, layer_window, normalize_state_dict,
-    random_family_weights, rope_tables, take_family_weights, uses_family_stages,
+    prefill_table, random_family_weights, rope_tables, take_family_weights, uses_family_stages,
 )
 from fgchat.engine.model import quant_ops
 from fgchat.engine.model.ops import CpuHead, apply_rope_rolled, rms_norm, signed_sin
@@ -211,9 +211,14 @@ class Decoder:
         self.max_context = max_context
         self.scale = cfg.head_dim**-0.5
         self.layer_windows: list[int] | None = None  # per layer: attend to the last n positions (0: all)
+        # LongRoPE's fused prefill tables (families.prefill_table; FusedStages.prefill_table_rows)
+        self.rope_long: tuple[torch.Tensor, torch.Tensor] | None = None
         if fused_serves(cfg):  # a family model the fused stages serve: the plain stages' tables
             tables = [(c.to(self.device, self.dtype), s.to(self.device, self.dtype))
                       for c, s in rope_tables(cfg, max_context)]
+            long = prefill_table(cfg, max_context) if fused else None
+            self.rope_long = None if long is None else (long[0].to(self.device, self.dtype),
+                                                        long[1].to(self.device, self.dtype))
             cos, sin = tables[0]
             if fused:
                 self.scale = attention_scale(cfg)

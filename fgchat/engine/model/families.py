@@ -23,8 +23,7 @@ FAMILY_NAMES = {"Qwen3ForCausalLM": "Qwen3", "Gemma3ForCausalLM": "Gemma3", "Phi
 def uses_family_stages(cfg: ModelConfig, fused: bool = False) -> bool:
     """The decoder runs model.family_stages (plain torch ops in every mode): every family
     architecture on the plain path (and the float32 reference, model.family_reference), and on the
-    fused path those whose ops the fused kernels lack (partial RoPE, LongRoPE, a final logit
-    softcap; see fused_serves)."""
+    fused path those whose ops the fused kernels lack (a final logit softcap; see fused_serves)."""
     if cfg.architecture not in FAMILY_ARCHITECTURES:
         return False
     return not (fused and fused_serves(cfg))
@@ -32,16 +31,16 @@ def uses_family_stages(cfg: ModelConfig, fused: bool = False) -> bool:
 
 def fused_serves(cfg: ModelConfig) -> bool:
     """The fused stages run every op of cfg's family model: Llama's with the per-head q/k norm
-    before RoPE (Qwen3; kernels.fused.rope_kv_write applies it), and Gemma 3's beside it: (1 + w)
+    before RoPE (Qwen3; kernels.fused.rope_kv_write applies it), Gemma 3's beside it: (1 + w)
     norms, also after attention and after the MLP (kernels.fused.add_rms_norm), the GELU(tanh)
     gate, the embedding scale, windowed layers with their own RoPE base, query_pre_attn_scalar
-    (model.fused_step). Not Phi-3's partial RoPE or LongRoPE, nor a final logit softcap."""
-    if cfg.architecture not in FAMILY_ARCHITECTURES or not cfg.qk_norm:
-        return False
-    if rotary_dim(cfg) != cfg.head_dim or longrope_cut(cfg) is not None or cfg.final_softcap is not None:
+    (model.fused_step), and Phi-3's partial RoPE (rope_kv_write rotates the first rotary_dim dims
+    of each head) and LongRoPE (rope_tables' per-position rows; a prefill past the original
+    context reads prefill_table's long rows). Not a final logit softcap."""
+    if cfg.architecture not in FAMILY_ARCHITECTURES or cfg.final_softcap is not None:
         return False
     if cfg.gemma_norms:
-        return cfg.activation == "gelu_tanh"
+        return cfg.qk_norm and cfg.activation == "gelu_tanh"
     return cfg.activation == "silu" and not any(cfg.layer_windows) and cfg.attn_scale is None
 
 
@@ -209,6 +208,17 @@ def long_table(cfg: ModelConfig, length: int) -> tuple[torch.Tensor, torch.Tenso
     if longrope_cut(cfg) is None:
         return None
     return _longrope(cfg, torch.arange(length, dtype=torch.float32), "long")
+
+
+def prefill_table(cfg: ModelConfig, length: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """LongRoPE's fused prefill tables [2 * length, rotary_dim]: rope_tables' rows, then
+    long_table's (a prefill row's position plus length where its prompt ends past the original
+    context); None without LongRoPE."""
+    long = long_table(cfg, length)
+    if long is None:
+        return None
+    cos, sin = rope_tables(cfg, length)[0]
+    return torch.cat((cos, long[0])), torch.cat((sin, long[1]))
 
 
 def rope_tables(cfg: ModelConfig, length: int) -> list[tuple[torch.Tensor, torch.Tensor]]:

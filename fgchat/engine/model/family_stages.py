@@ -1,6 +1,6 @@
 """The plain decode stages and prefill of Qwen3, Gemma 3 and Phi-3 (model.families): what the
 Decoder runs for them in every mode, in place of its Llama stages (installed once, at
-construction), except Qwen3 and Gemma 3 on the fused path (model.fused_step,
+construction), except on the fused path where it serves them (model.fused_step,
 families.fused_serves; their fused prefill's windowed attention is here). Same stage contract as
 the Llama ones: no host syncs, no branches on values, so
 the piecewise and full graphs capture them as they are. A windowed layer's attention takes its

@@ -8,9 +8,11 @@ graphs launch identical kernels (modes stay bit-identical):
   our kernel split along K into float32 partial sums that the norm adds in a fixed order (more
   programs in flight, and no reduce launch);
 - the gate/up projection carries SiLU-and-multiply (Gemma: GELU(tanh)) in its epilogue (one launch);
-- Qwen3's and Gemma 3's extra ops ride on the same launches (families.fused_serves): the q/k norm
-  in rope_kv_write, Gemma's norms after attention and after the MLP in the add_rms_norm that adds
-  their sublayer's output, its embedding scale in layer 0's;
+- Qwen3's, Gemma 3's and Phi-3's extra ops ride on the same launches (families.fused_serves): the
+  q/k norm and partial RoPE in rope_kv_write, Gemma's norms after attention and after the MLP in
+  the add_rms_norm that adds their sublayer's output, its embedding scale in layer 0's; LongRoPE's
+  per-position tables need nothing in decode, and a prefill past the original context reads the
+  long rows (prefill_table_rows);
 - a quantized weight (engine.quant: a QuantWeight, or a QuantStack of formats) runs on
   kernels.qgemv, which dequantizes its tiles in registers: always for up to MAX_TILED_ROWS rows (o
   and down split along K where that fills the SMs), through qgemv.linear's prefill path for more;
@@ -135,7 +137,9 @@ class FusedStages:
         per-layer (q_norm, k_norm) [D] for rope_kv_write (None: no q/k norm); the norms' weights
         as add_rms_norm takes them (Gemma: float32 1 + w, one rounding); Gemma's norms after
         attention and after the MLP (None: none), its embedding scale (a value of the model's
-        dtype), its GELU(tanh) gate; which RoPE table each layer reads (Decoder.rope_sets)."""
+        dtype), its GELU(tanh) gate; which RoPE table each layer reads (Decoder.rope_sets, whose
+        width is the rotated dims of a head: Phi-3's partial RoPE; LongRoPE's prefill tables are
+        Decoder.rope_long)."""
         c, w = dec.cfg, dec.w
         n = len(w.layers)
         self.model_dtype = w.final_norm.dtype
@@ -281,8 +285,10 @@ class FusedStages:
 
     def bind_attention(self, rope_in_attention: bool, attention_ours: bool) -> bool:
         """Record how attention runs; returns PDL for the attention's first kernel. A q/k norm
-        keeps RoPE out of attention (rope_kv_write applies the norm)."""
-        self.rope_in_attention = rope_in_attention and self.qk_norms is None
+        keeps RoPE out of attention (rope_kv_write applies the norm), as partial RoPE does (the
+        attention kernel rotates whole heads)."""
+        partial = self.dec.rope_sets[0][0].shape[-1] != self.dec.cfg.head_dim
+        self.rope_in_attention = rope_in_attention and self.qk_norms is None and not partial
         self.attention_ours = attention_ours
         return self.after(self.qkv.ours or not rope_in_attention)
 
@@ -318,15 +324,40 @@ class FusedStages:
 
     def rope_kv_write(self, i: int, qkv: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
                       k_cache: torch.Tensor, v_cache: torch.Tensor, pdl: bool = False,
-                      k_out: torch.Tensor | None = None) -> torch.Tensor:
+                      k_out: torch.Tensor | None = None, table_rows: torch.Tensor | None = None) -> torch.Tensor:
         """Layer i's kernels.fused.rope_kv_write (with its q/k norm where the model has one):
-        q [N, Hq, D] of the qkv rows, their K/V written at (slot, position)."""
-        c = self.dec.cfg
-        cos, sin = self.dec.rope_sets[self.layer_table[i]]
+        q [N, Hq, D] of the qkv rows, their K/V written at (slot, position). table_rows
+        (prefill_table_rows): each row's row of the LongRoPE prefill tables."""
+        c, j = self.dec.cfg, self.layer_table[i]
+        table_rows = table_rows if j == 0 else None  # LongRoPE's long rows are the global table's
+        cos, sin = self.dec.rope_sets[j] if table_rows is None else self.dec.rope_long
         return fk.rope_kv_write(qkv, cos, sin, positions, slots, k_cache, v_cache, c.num_heads,
                                 c.num_kv_heads, c.head_dim, pdl, k_out=k_out,
                                 qk_norm=None if self.qk_norms is None else self.qk_norms[i], norm_eps=c.rms_eps,
-                                norm_one_round=self.one_round)
+                                norm_one_round=self.one_round, table_rows=table_rows)
+
+    def prefill_table_rows(self, pos: torch.Tensor, spans: list[tuple[int, int]] | None, batch: int,
+                           after: tuple[int, int] | None, keep: torch.Tensor | None) -> torch.Tensor | None:
+        """LongRoPE: each row of a fused prefill (prefill._fused_layers, its arguments) as a row of
+        Decoder.rope_long: its position, plus the table's length where its prompt ends past the original
+        context (then every row of that prompt takes the long factors, as the plain stages and
+        transformers prefill it). Prompt ends: after's first + rows; per span; else each of the
+        `batch` equal blocks ends after its row in keep (device indices, no host sync), or at its
+        last row. None without LongRoPE."""
+        long = self.dec.rope_long
+        if long is None:
+            return None
+        n, cut, length = pos.shape[0], fam.longrope_cut(self.dec.cfg), long[0].shape[0] // 2
+        if after is not None:
+            return pos + length if after[1] + n > cut else pos
+        if spans is not None:
+            lift = torch.cat([torch.full((t,), length if t > cut else 0, dtype=torch.int64) for _, t in spans])
+            return pos + lift.to(pos.device, non_blocking=True)
+        t = n // batch
+        if keep is None:
+            return pos + length if t > cut else pos
+        ends = keep - torch.arange(batch, device=pos.device) * t + 1  # prompt j's last row is keep[j]
+        return pos + ((ends > cut).to(torch.int64) * length)[:, None].expand(batch, t).reshape(n)
 
     def after_attention(self, i: int, st: StepState, attn_out: torch.Tensor) -> None:
         lw = self.dec.w.layers[i]

@@ -485,12 +485,13 @@ def _fused_layers(dec: Decoder, ids: torch.Tensor, pos: torch.Tensor, slots: tor
     else:
         rows = None  # prompts at their own lengths, or rows after cached ones
     last_layer = len(w.layers) - 1
+    table_rows = stages.prefill_table_rows(pos, spans, batch, after, keep)  # LongRoPE: long rows past the cut
     with attention_backends(rows, dev):
         for i, lw in enumerate(w.layers):
             h, x = stages.layer_input(i, h, delta)
             qkv = qgemv.linear(x, lw.wqkv, lw.bqkv)
             k = torch.empty((n, c.num_kv_heads, c.head_dim), dtype=qkv.dtype, device=dev)
-            q = stages.rope_kv_write(i, qkv, pos, slots, k_caches[i], v_caches[i], k_out=k)
+            q = stages.rope_kv_write(i, qkv, pos, slots, k_caches[i], v_caches[i], k_out=k, table_rows=table_rows)
             v = qkv[:, v_at:].view(n, c.num_kv_heads, c.head_dim)  # a strided view: no copy
             window = dec.layer_windows[i] if dec.layer_windows else 0
             if window and (after[1] if after else 0) + (rows or n) > window:  # rows that see past it
