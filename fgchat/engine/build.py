@@ -119,10 +119,10 @@ class EngineBuild:
         from fgchat.engine.kernels.attention import get_backend
 
         try:
-            backend = get_backend(name, self.device, self.tuning)
+            backend = get_backend(name, self.device, self.tuning, self.cfg.head_dim)
         except FgchatError as exc:
             if name in ("auto", "torch"):
                 raise
             self.notes.append(f"{exc}; falling back to auto")
-            backend = get_backend("auto", self.device, self.tuning)
+            backend = get_backend("auto", self.device, self.tuning, self.cfg.head_dim)
         return backend, backend.name

@@ -608,3 +608,17 @@ def test_the_engine_names_the_cpu_route_it_takes(tiny_llama) -> None:
         eng = Engine(EngineConfig(model=str(tiny_llama), device="cpu", mode="eager", max_context=64, dtype=dtype,
                                   tuning=Tuning(cpu_attn_half=half), self_check=False))
         assert eng.info().attention_backend == want
+
+
+def test_a_head_dim_the_triton_kernels_lack(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Phi-3-mini's head dim 96: `--attention triton` is one line naming the dims it takes, and
+    auto on CUDA takes torch's attention instead."""
+    import fgchat.engine.kernels.attention as attention
+
+    with pytest.raises(FgchatError) as info:
+        get_backend("triton", torch.device("cuda"), head_dim=96)
+    msg = str(info.value)
+    assert "\n" not in msg and "not 96" in msg and "64, 128, 256" in msg and "--attention torch" in msg
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(attention, "triton_available", lambda: True)
+    assert get_backend("auto", torch.device("cuda"), head_dim=96).name == "torch"

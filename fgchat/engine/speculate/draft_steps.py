@@ -31,6 +31,7 @@ from fgchat.engine.modes import ModeSet
 from fgchat.engine.speculate import MAX_DRAFT_LEN
 from fgchat.engine.speculate.verify import block_rows
 from fgchat.engine.step import ROW_IDS, ROW_POS, ROW_SLOT, StepBuffers, StepOutputs, Variant, bind_program
+from fgchat.protocol.errors import FgchatError
 from fgchat.protocol.events import CaptureReport, Mode
 
 # the most rows per sequence a proposal's first step takes; a longer catch-up (after plain steps,
@@ -49,8 +50,12 @@ class DraftSteps:
         self.dec = dec
         self.max_context = cache.max_context
         self.bufs = StepBuffers(dec.device, cfg.num_heads, cfg.head_dim, dec.dtype)
-        attention = get_backend(attention_name, dec.device, tuning)  # type: ignore[arg-type]
-        self.program = bind_program(dec, cache, self.bufs, attention, attention_name == "triton")
+        try:
+            attention = get_backend(attention_name, dec.device, tuning, cfg.head_dim)  # type: ignore[arg-type]
+        except FgchatError as exc:  # the target's backend lacks the draft's head dim
+            note(f"draft model: {exc}; its attention runs on torch")
+            attention = get_backend("torch", dec.device, tuning)  # type: ignore[arg-type]
+        self.program = bind_program(dec, cache, self.bufs, attention, attention.name == "triton")
         self.modes = ModeSet(self.program, note, share, decode_only=True)
         cuda = dec.device.type == "cuda"
         # each sequence's last real row of the block step (pinned: copied behind the staging)

@@ -25,14 +25,17 @@ def triton_available() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
-def get_backend(name: str, device: torch.device, tuning: Tuning | None = None) -> DecodeAttention:
-    """Build the named backend for `device`. Raises FgchatError (one line) when it cannot run."""
+def get_backend(name: str, device: torch.device, tuning: Tuning | None = None,
+                head_dim: int | None = None) -> DecodeAttention:
+    """Build the named backend for `device` (and the model's `head_dim` where given: auto takes
+    torch on CUDA for a head dim the triton kernels lack). Raises FgchatError (one line) when it
+    cannot run."""
     if name not in BACKEND_NAMES:
         raise FgchatError(f"unknown attention backend '{name}' (choose {', '.join(BACKEND_NAMES)})")
     if name == "auto":
         if device.type == "cuda" and torch.cuda.is_available() and triton_available():
             try:
-                return get_backend("triton", device, tuning)
+                return get_backend("triton", device, tuning, head_dim)
             except FgchatError:  # triton present but unusable (e.g. a broken install): use torch
                 pass
         name = "sdpa" if device.type == "cpu" else "torch"
@@ -50,9 +53,12 @@ def get_backend(name: str, device: torch.device, tuning: Tuning | None = None) -
         if device.type != "cuda":
             raise FgchatError(f"the triton attention backend needs a CUDA device, not {device.type} (use --attention torch)")
         try:
-            from fgchat.engine.kernels.attention.triton_decode import TritonDecodeAttention
+            from fgchat.engine.kernels.attention.triton_decode import DEFAULT_CONFIGS, TritonDecodeAttention
         except ImportError as exc:
             raise FgchatError(f"triton is not importable ({exc}); use --attention torch") from exc
+        if head_dim is not None and head_dim not in DEFAULT_CONFIGS:
+            dims = ", ".join(str(d) for d in sorted(DEFAULT_CONFIGS))
+            raise FgchatError(f"the triton attention kernels take head dim {dims}, not {head_dim} (use --attention torch)")
         return TritonDecodeAttention(device, pdl=True)
     from fgchat.engine.kernels.attention.flash import FlashAttnDecode
 
