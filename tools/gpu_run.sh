@@ -13,10 +13,12 @@
 #   tests     every GPU test (pytest -m gpu); TESTS_PART=1 / 2: one half of the test files (by test count)
 #   real      the correctness table on the real weights (scripts/check_real_weights.py)
 #   bench     fgchat bench: the embedded model (real weights), the 1B and SmolLM2 presets; with .old/fgchat
-#             present (`git archive <sha> fgchat assets | tar -x -C .old`) the old tree and this one
-#             alternate process by process (OLD_COMMIT=<sha> labels the old runs); BENCH_8B=1 adds 8B
+#             present (`git archive <sha> fgchat assets | tar -x -C .old`; OLD_DIR names another folder)
+#             the old tree and this one alternate process by process (OLD_COMMIT=<sha> labels the old
+#             runs); BENCH_8B=1 adds 8B
 #   quant     quantized weights beside bf16 (full mode; with .old/fgchat the 1B rows of the old tree first): the 1B preset none / fp8 / int4, 8B none / int4, and
 #             the embedded GGUF's own blocks against --dequantize (full, piecewise, eager)
+#   qstages   the 1B's int4 / fp8 at qgemv's picked tiles and at deeper pipelines (FGCHAT_PROJ_CONFIGS)
 #   spec      speculation (oracle, ngram, draft) beside plain decoding, full mode
 #   families  qwen3-0.6b and gemma-3-1b beside llama.cpp on random GGUFs of their shapes (after llamabuild)
 #   quantpeers  llama.cpp and fgchat on the same Q8_0 / Q4_K_M files of the random 1B (BENCH_8B=1: and
@@ -47,7 +49,7 @@ case ${1:-} in
   put) shift; put; [[ $# -eq 0 ]] && exit 0 ;;
   "") echo "usage: $0 split | put [TARGET...] | TARGET..." >&2; exit 2 ;;
 esac
-TARGETS=" tests real bench quant spec families quantpeers tui llamacpp llamabuild llamawait peers "
+TARGETS=" tests real bench quant qstages spec families quantpeers tui llamacpp llamabuild llamawait peers "
 for what in "$@"; do
   [[ $TARGETS == *" $what "* ]] || { echo "gpu_run: unknown target '$what' (targets:$TARGETS)" >&2; exit 2; }
 done
@@ -73,7 +75,7 @@ echo "commit ${FGCHAT_COMMIT:-unknown} (FGCHAT_COMMIT labels the runs)" | tee -a
 bench() {  # tree (new|old), name, args...
   local tree=$1 name=$2; shift 2
   local pp=$PYTHONPATH commit=${FGCHAT_COMMIT:-}
-  [[ $tree == old ]] && pp="$PWD/.old:/tmp/site" commit=${OLD_COMMIT:-old}  # the .old tree's sha
+  [[ $tree == old ]] && pp="$PWD/${OLD_DIR:-.old}:/tmp/site" commit=${OLD_COMMIT:-old}  # the old tree's sha
   # -P: the working directory stays off sys.path, so PYTHONPATH alone says which tree is imported
   PYTHONPATH=$pp FGCHAT_COMMIT=$commit timeout "${BENCH_TIMEOUT:-240}" python3 -P -m fgchat.cli bench --no-progress \
     --json "$JSON/bench_${tree}_$name.json" "$@" 2>&1 | tee -a "$OUT/bench.log" | grep -E "^(│|\||fgchat|startup)" | tail -14
@@ -110,7 +112,7 @@ for what in "$@"; do
       timeout 400 python3 scripts/check_real_weights.py --model "$GGUF" --json "$JSON/correctness.json" 2>&1 \
         | grep -v Loading | tee "$OUT/correctness.log" | tail -30 ;;
     bench)
-      trees=(new); [[ -d .old/fgchat ]] && trees=(old new old new)
+      trees=(new); [[ -d ${OLD_DIR:-.old}/fgchat ]] && trees=(old new old new)
       i=0
       for tree in "${trees[@]}"; do
         i=$((i + 1))
@@ -124,7 +126,7 @@ for what in "$@"; do
     quant)  # QUANT_SETS: which of 1b 8b embedded (default all three)
       q=(--random-weights --batch-sizes 1,8 --repeats 2 --modes full)
       sets=" ${QUANT_SETS:-1b 8b embedded} "
-      trees=(new); [[ -d .old/fgchat ]] && trees=(old new)
+      trees=(new); [[ -d ${OLD_DIR:-.old}/fgchat ]] && trees=(old new)
       if [[ $sets == *" 1b "* ]]; then
         for tree in "${trees[@]}"; do
           bench $tree "q-1b" --preset llama-3.2-1b "${q[@]}" --quantize none,fp8,int4
@@ -135,6 +137,16 @@ for what in "$@"; do
         bench new q-embedded --model "$GGUF" "${q[@]:1}" --modes full,piecewise,eager
         bench new q-embedded-dequantized --model "$GGUF" --dequantize "${q[@]:1}" --modes full,piecewise,eager
       fi ;;
+    qstages)  # qgemv's pipeline depth, end to end: the 1B preset's int4 and fp8 at the picked tiles,
+      # then at deeper pipelines given per role through FGCHAT_PROJ_CONFIGS (one format per process,
+      # so bf16's tiles are not overridden)
+      q=(--preset llama-3.2-1b --random-weights --batch-sizes 1,8 --repeats 2 --modes full)
+      bench new qs-int4-picked "${q[@]}" --quantize int4
+      FGCHAT_PROJ_CONFIGS="qkv=8,512,1,4;gate_up=16,512,1,4;down=32,512,4,2,0,8" \
+        bench new qs-int4-deep "${q[@]}" --quantize int4
+      bench new qs-fp8-picked "${q[@]}" --quantize fp8
+      FGCHAT_PROJ_CONFIGS="qkv=8,256,1,4;gate_up=16,256,1,4;down=32,256,4,4,0,8" \
+        bench new qs-fp8-deep "${q[@]}" --quantize fp8 ;;
     spec)  # speculation beside plain decoding (full): the oracle at k = 4 on the 1B preset, ngram on
       # the real weights, the 1B preset drafting the 8B preset and the 1B drafting itself
       # (SPEC_SETS: which of oracle ngram draft self; default all)
