@@ -131,6 +131,9 @@ def main() -> None:
         for hb, warps in ((1, 1), (64, 4)):  # a head per program (decode), a row per program (prefill)
             build(fused._rope_kv_kernel, rope, dict(HEAD_DIM=64, HB=hb, USE_PDL=pdl, K_OUT=True),
                   num_warps=warps, launch_pdl=pdl)
+        for hb, warps in ((1, 1), (32, 8)):  # Phi-4-mini's partial rotary (96 of 128 dims), 24 + 8 heads
+            build(fused._rope_kv_kernel, rope, dict(HEAD_DIM=128, HB=hb, USE_PDL=pdl, K_OUT=True, ROT=96, HALF_P=64,
+                                                    TAIL_P=32), num_warps=warps, launch_pdl=pdl)
         build(fused._step_inputs_kernel, {"ids_ptr": "*i64", "pos_ptr": "*i64", "slot_ptr": "*i64", "embed_ptr": "*bf16",
                                           "h_ptr": "*bf16", "len_ptr": "*i32", "slot32_ptr": "*i32"},
               dict(hidden=2048, BLOCK=2048), num_warps=4)
