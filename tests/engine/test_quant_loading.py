@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from quant_gguf_files import block_bytes, llama_cpp_permute, write_gguf
+from quant_gguf_files import llama_blocks_gguf
 
 from fgchat.engine.loader import load_model, load_random
 from fgchat.engine.model import resolve as resolve_mod
@@ -29,11 +29,6 @@ CPU = torch.device("cpu")
 # GGUF type per projection of the tiny GGUF (k: a type we do not keep)
 TYPES = {"attn_q": "Q8_0", "attn_k": "Q5_0", "attn_v": "Q8_0", "attn_output": "Q4_0",
          "ffn_gate": "Q4_1", "ffn_up": "Q8_0", "ffn_down": "Q4_0"}
-HF = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-      "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
-      "ffn_down": "mlp.down_proj"}
-
-
 def _gguf_dequant(raw: np.ndarray, kind: str) -> torch.Tensor:
     return torch.from_numpy(gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[kind]).copy())
 
@@ -48,19 +43,8 @@ def _unpermute(w: torch.Tensor, heads: int) -> torch.Tensor:
 def tiny_gguf(tiny_llama, tmp_path, monkeypatch):
     """A "llama" GGUF of the tiny llama's shapes (random blocks, llama.cpp's q / k row order),
     resolved as if the tiny llama's directory were its conversion. Returns (path, raw tensors)."""
-    cfg = parse_config(read_config(tiny_llama))
-    sd = load_safetensors(tiny_llama)
-    rng = np.random.default_rng(5)
-    tensors = {}
-    for i in range(cfg.num_layers):
-        for g, kind in TYPES.items():
-            n, k = sd[f"model.layers.{i}.{HF[g]}.weight"].shape
-            raw = block_bytes(kind, n, k, rng)
-            if g in ("attn_q", "attn_k"):
-                raw = llama_cpp_permute(raw, cfg.num_heads if g == "attn_q" else cfg.num_kv_heads)
-            tensors[f"blk.{i}.{g}.weight"] = (raw, kind)
-    tensors["token_embd.weight"] = (block_bytes("Q8_0", cfg.vocab_size, cfg.hidden_size, rng), "Q8_0")
-    path = write_gguf(tmp_path / "tiny.gguf", "llama", tensors)
+    path = tmp_path / "tiny.gguf"
+    tensors, cfg = llama_blocks_gguf(tiny_llama, path, TYPES, "Q8_0", seed=5)
     monkeypatch.setattr(resolve_mod, "resolve_model",
                         lambda arg, cache_dir=None: resolve_mod.ResolvedModel(tiny_llama, "tiny-gguf", "gguf"))
     return path, tensors, cfg
