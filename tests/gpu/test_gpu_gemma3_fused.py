@@ -22,9 +22,6 @@ import torch
 import gpu_runs
 import tiny_models
 from fgchat.engine.core import Engine, EngineConfig
-from fgchat.engine.startup_check import path_name
-from fgchat.protocol.events import Mode
-from fgchat.protocol.tuning import Tuning
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -41,14 +38,10 @@ def gemma_dir(tmp_path_factory):
 
 
 def _assert_fused(eng: Engine, label: str) -> None:
-    info = eng.info()
-    print(f"\n{label}: {path_name(eng)}; notes {info.notes}; modes {info.available_modes}")
+    gpu_runs.assert_fused_line(eng, label, "q/k norm", MODES)
     st = eng.decoder.fused_stages
-    assert eng.decoder.fused and st.qk_norms is not None and st.one_round and st.gelu
+    assert st.qk_norms is not None and st.one_round and st.gelu
     assert eng.decoder.layer_windows and not eng.decoder.rope_in_attention
-    assert not any("plain torch stages" in n for n in info.notes)
-    assert "q/k norm" in info.available_modes["mega"]
-    assert not any(info.available_modes[m] for m in MODES), info.available_modes
 
 
 def test_float32_every_mode_matches_transformers(gemma_dir):
@@ -60,28 +53,16 @@ def test_float32_every_mode_matches_transformers(gemma_dir):
 
 def test_bf16_fused_passes_the_startup_check_and_modes_agree(gemma_dir):
     eng = Engine(EngineConfig(model=str(gemma_dir), device="cuda", dtype="bfloat16", max_context=512))
-    eng.run_startup_check()
-    sc = eng.startup_check
-    print(f"\ngemma3 tiny bf16: startup check {sc}")
-    assert sc is not None and sc.passed, sc
+    gpu_runs.assert_startup_check_passes(eng, "gemma3 tiny bf16")
     _assert_fused(eng, "gemma3 tiny bf16")
     prompts = [gpu_runs.prompt(n, 800 + n, eng.cfg.vocab_size) for n in PROMPTS]
-    tokens = {m: gpu_runs.run(eng, m, prompts, NEW) for m in MODES}
-    assert tokens["eager"] == tokens["piecewise"] == tokens["full"]
+    gpu_runs.assert_modes_agree(eng, prompts, NEW, MODES)
 
 
 def test_preset_gemma_3_1b_every_mode_against_the_reference_and_its_step_time():
     eng = Engine(EngineConfig(preset="gemma-3-1b", device="cuda", dtype="bfloat16", max_context=2048))
-    eng.run_startup_check()
-    print(f"\ngemma-3-1b: startup check {eng.startup_check}")
-    assert eng.startup_check.passed
+    gpu_runs.assert_startup_check_passes(eng, "gemma-3-1b")
     _assert_fused(eng, "gemma-3-1b bf16")
     prompt = gpu_runs.prompt(600, 5, eng.cfg.vocab_size)  # past the 512 window
-    for mode in MODES:
-        for p in ([prompt], [prompt, prompt[:300]]):
-            assert eng.modes._check_against_reference(Mode(mode), [x[-1] for x in p], [len(x) for x in p]), \
-                (mode, len(p))
-    plain = Engine(EngineConfig(preset="gemma-3-1b", device="cuda", dtype="bfloat16", max_context=2048,
-                                tuning=Tuning(fused=False)))
-    assert not plain.decoder.fused and plain.decoder.family is not None
-    gpu_runs.print_step_times(eng, plain, MODES, prompt, "gemma-3-1b")
+    gpu_runs.assert_preset_modes_match_the_reference(eng, prompt, MODES)
+    gpu_runs.print_step_times(eng, gpu_runs.plain_twin("gemma-3-1b"), MODES, prompt, "gemma-3-1b")

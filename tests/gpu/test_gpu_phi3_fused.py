@@ -23,9 +23,6 @@ import torch
 import gpu_runs
 import tiny_models
 from fgchat.engine.core import Engine, EngineConfig
-from fgchat.engine.startup_check import path_name
-from fgchat.protocol.events import Mode
-from fgchat.protocol.tuning import Tuning
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -68,14 +65,10 @@ def test_rope_kv_write_partial_at_phi_4_mini_head():
 
 
 def _assert_fused(eng: Engine, label: str) -> None:
-    info = eng.info()
-    print(f"\n{label}: {path_name(eng)}; notes {info.notes}; modes {info.available_modes}")
+    gpu_runs.assert_fused_line(eng, label, "partial RoPE", MODES)
     dec = eng.decoder
-    assert dec.fused and dec.family is None and not dec.rope_in_attention
+    assert dec.family is None and not dec.rope_in_attention
     assert dec.rope_sets[0][0].shape[1] == eng.cfg.rotary_dim < eng.cfg.head_dim
-    assert not any("plain torch stages" in n for n in info.notes)
-    assert "partial RoPE" in info.available_modes["mega"]
-    assert not any(info.available_modes[m] for m in MODES), info.available_modes
 
 
 def test_float32_every_mode_matches_transformers(phi3_dir):
@@ -88,28 +81,16 @@ def test_float32_every_mode_matches_transformers(phi3_dir):
 
 def test_bf16_fused_passes_the_startup_check_and_modes_agree(phi3_dir):
     eng = Engine(EngineConfig(model=str(phi3_dir), device="cuda", dtype="bfloat16", max_context=512))
-    eng.run_startup_check()
-    sc = eng.startup_check
-    print(f"\nphi3 tiny bf16: startup check {sc}")
-    assert sc is not None and sc.passed, sc
+    gpu_runs.assert_startup_check_passes(eng, "phi3 tiny bf16")
     _assert_fused(eng, "phi3 tiny bf16")
     prompts = [gpu_runs.prompt(n, 950 + n, eng.cfg.vocab_size) for n in PROMPTS]
-    tokens = {m: gpu_runs.run(eng, m, prompts, NEW) for m in MODES}
-    assert tokens["eager"] == tokens["piecewise"] == tokens["full"]
+    gpu_runs.assert_modes_agree(eng, prompts, NEW, MODES)
 
 
 def test_preset_phi_4_mini_every_mode_against_the_reference_and_its_step_time():
     eng = Engine(EngineConfig(preset="phi-4-mini", device="cuda", dtype="bfloat16", max_context=2048))
-    eng.run_startup_check()
-    print(f"\nphi-4-mini: startup check {eng.startup_check}")
-    assert eng.startup_check.passed
+    gpu_runs.assert_startup_check_passes(eng, "phi-4-mini")
     _assert_fused(eng, "phi-4-mini bf16")
     prompt = gpu_runs.prompt(600, 7, eng.cfg.vocab_size)
-    for mode in MODES:
-        for p in ([prompt], [prompt, prompt[:300]]):
-            assert eng.modes._check_against_reference(Mode(mode), [x[-1] for x in p], [len(x) for x in p]), \
-                (mode, len(p))
-    plain = Engine(EngineConfig(preset="phi-4-mini", device="cuda", dtype="bfloat16", max_context=2048,
-                                tuning=Tuning(fused=False)))
-    assert not plain.decoder.fused and plain.decoder.family is not None
-    gpu_runs.print_step_times(eng, plain, MODES, prompt, "phi-4-mini")
+    gpu_runs.assert_preset_modes_match_the_reference(eng, prompt, MODES)
+    gpu_runs.print_step_times(eng, gpu_runs.plain_twin("phi-4-mini"), MODES, prompt, "phi-4-mini")

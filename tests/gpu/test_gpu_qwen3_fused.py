@@ -6,7 +6,8 @@
   Triton kernels (no "plain torch stages" line) and mega is unavailable with its reason;
 - bf16: the start-up check passes on the fused kernels; every mode gives the same tokens;
 - the qwen3-0.6b preset's random weights (bf16) in every mode against the float32 reference, and
-  the decode time per token at batch 1 of the fused stages beside the plain ones (printed).
+  the decode time per token at batch 1 and 8 in full mode of the fused stages beside the plain
+  ones (printed).
 
 Run: pytest -m gpu tests/gpu/test_gpu_qwen3_fused.py -s (prints what it measured)
 """
@@ -19,9 +20,6 @@ import torch
 import gpu_runs
 import tiny_models
 from fgchat.engine.core import Engine, EngineConfig
-from fgchat.engine.startup_check import path_name
-from fgchat.protocol.events import Mode, RequestFinished, SamplingParams
-from fgchat.protocol.tuning import Tuning
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -38,22 +36,9 @@ def dirs(tmp_path_factory):
             for d in (64, 128)}
 
 
-def _prompt(n: int, seed: int, vocab: int) -> list[int]:
-    return gpu_runs.prompt(n, seed, vocab)
-
-
-def _run(eng: Engine, mode: str, prompts: list[list[int]], new: int = NEW) -> list[list[int]]:
-    return gpu_runs.run(eng, mode, prompts, new)
-
-
 def _assert_fused(eng: Engine, label: str) -> None:
-    info = eng.info()
-    print(f"\n{label}: {path_name(eng)}; notes {info.notes}; modes {info.available_modes}")
-    assert eng.decoder.fused and eng.decoder.fused_stages.qk_norms is not None
-    assert not eng.decoder.rope_in_attention
-    assert not any("plain torch stages" in n for n in info.notes)
-    assert "q/k norm" in info.available_modes["mega"]
-    assert not any(info.available_modes[m] for m in MODES), info.available_modes
+    gpu_runs.assert_fused_line(eng, label, "q/k norm", MODES)
+    assert eng.decoder.fused_stages.qk_norms is not None and not eng.decoder.rope_in_attention
 
 
 @pytest.mark.parametrize("d", [64, 128])
@@ -94,51 +79,26 @@ def test_rope_kv_write_qk_norm_against_float64(d):
 def test_float32_every_mode_matches_transformers(dirs, d):
     eng = Engine(EngineConfig(model=str(dirs[d]), device="cuda", dtype="float32", max_context=512))
     _assert_fused(eng, f"qwen3 tiny d={d} float32")
-    prompts = [_prompt(n, 500 + n, eng.cfg.vocab_size) for n in PROMPTS]
-    want = tiny_models.hf_greedy(dirs[d], prompts, NEW)
-    for mode in MODES:
-        alone = [_run(eng, mode, [p])[0] for p in prompts]
-        pair = _run(eng, mode, prompts[1:])
-        print(f"qwen3 d={d} {mode}: batch 1 equal {[a == w for a, w in zip(alone, want)]}, "
-              f"batch 2 equal {[a == w for a, w in zip(pair, want[1:])]}")
-        assert alone == want and pair == want[1:], mode
+    prompts = [gpu_runs.prompt(n, 500 + n, eng.cfg.vocab_size) for n in PROMPTS]
+    gpu_runs.assert_modes_match_transformers(eng, dirs[d], prompts, NEW, f"qwen3 d={d}", MODES)
 
 
 @pytest.mark.parametrize("d", [64, 128])
 def test_bf16_fused_passes_the_startup_check_and_modes_agree(dirs, d):
     eng = Engine(EngineConfig(model=str(dirs[d]), device="cuda", dtype="bfloat16", max_context=512))
-    eng.run_startup_check()
-    sc = eng.startup_check
-    print(f"\nqwen3 tiny d={d} bf16: startup check {sc}")
-    assert sc is not None and sc.passed, sc
+    gpu_runs.assert_startup_check_passes(eng, f"qwen3 tiny d={d} bf16")
     _assert_fused(eng, f"qwen3 tiny d={d} bf16")
-    prompts = [_prompt(n, 600 + n, eng.cfg.vocab_size) for n in PROMPTS]
-    tokens = {m: _run(eng, m, prompts) for m in MODES}
-    assert tokens["eager"] == tokens["piecewise"] == tokens["full"]
+    prompts = [gpu_runs.prompt(n, 600 + n, eng.cfg.vocab_size) for n in PROMPTS]
+    gpu_runs.assert_modes_agree(eng, prompts, NEW, MODES)
 
 
 def test_preset_qwen3_0_6b_every_mode_against_the_reference_and_its_step_time():
     """Each mode checked against the float32 reference step (engine.modes) at 600-token prompts,
-    batch 1 and 2; then 128 tokens at batch 1 in full mode, fused beside plain (printed)."""
+    batch 1 and 2; then the decode time per token at batch 1 and 8 in full mode, fused beside
+    plain (printed)."""
     eng = Engine(EngineConfig(preset="qwen3-0.6b", device="cuda", dtype="bfloat16", max_context=2048))
-    eng.run_startup_check()
-    print(f"\nqwen3-0.6b: startup check {eng.startup_check}")
-    assert eng.startup_check.passed
+    gpu_runs.assert_startup_check_passes(eng, "qwen3-0.6b")
     _assert_fused(eng, "qwen3-0.6b bf16")
-    prompt = _prompt(600, 5, eng.cfg.vocab_size)
-    for mode in MODES:
-        for p in ([prompt], [prompt, prompt[:300]]):
-            assert eng.modes._check_against_reference(Mode(mode), [x[-1] for x in p], [len(x) for x in p]), \
-                (mode, len(p))
-    tpot = {}
-    plain = Engine(EngineConfig(preset="qwen3-0.6b", device="cuda", dtype="bfloat16", max_context=2048,
-                                tuning=Tuning(fused=False)))
-    assert not plain.decoder.fused and plain.decoder.family is not None
-    for name, e in (("fused", eng), ("plain", plain)):
-        e.set_mode("full")
-        _run(e, "full", [prompt[:32]], new=16)  # warm
-        rid = e.submit(prompt[:32], SamplingParams(max_tokens=128, ignore_eos=True))
-        done = [ev.summary for ev in e.run_until_done() if isinstance(ev, RequestFinished)]
-        tpot[name] = next(s.tpot_ms for s in done if s.request_id == rid)
-    print(f"qwen3-0.6b full mode batch 1: {tpot['fused']:.3f} ms/token fused, {tpot['plain']:.3f} plain "
-          f"({tpot['plain'] / tpot['fused']:.2f}x)")
+    prompt = gpu_runs.prompt(600, 5, eng.cfg.vocab_size)
+    gpu_runs.assert_preset_modes_match_the_reference(eng, prompt, MODES)
+    gpu_runs.print_step_times(eng, gpu_runs.plain_twin("qwen3-0.6b"), ("full",), prompt, "qwen3-0.6b")
