@@ -79,3 +79,11 @@ def assert_float32_equal(model_dir, plain: tuple, fused: tuple, prompts, steps: 
     assert got_toks == want_toks
     assert worst(got, want) <= tol, worst(got, want)
     assert got_toks == tiny_models.hf_greedy(model_dir, [list(p) for p in prompts], steps + 1)
+
+
+def assert_taken_out_fails(broken: tuple, want: torch.Tensor, name: str, tol: float) -> None:
+    """A broken variant's prefill (decode's (tokens, [logits]) at 0 steps) is off `want`'s logits
+    by more than 100 x tol of their scale (the comparison sees the op taken out)."""
+    off = worst(broken[1], [want])
+    print(f"{name}: logits off by {off:.3g} of their scale")
+    assert off > 100 * tol
